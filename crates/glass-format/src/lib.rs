@@ -1,0 +1,160 @@
+//! The `.glass` recording format: a versioned header followed by a stream of
+//! length-prefixed records, written as they happen.
+//!
+//! Why a stream of self-delimiting records: a recorder that is killed halfway (SIGKILL,
+//! full disk, power loss) leaves a file whose every complete record is still readable.
+//! The reader stops at the first incomplete record and says the file was truncated;
+//! a complete file ends with an [`Record::End`] record.
+//!
+//! This crate depends on nothing else in glass, so other tools can read recordings.
+//! The layout is documented byte for byte in `docs/format.md`.
+
+mod reader;
+mod varint;
+mod writer;
+
+pub use reader::{read_bytes, read_file, FormatError, Reader, Recording};
+pub use writer::Writer;
+
+/// The first eight bytes of every `.glass` file.
+pub const MAGIC: [u8; 8] = *b"GLASSREC";
+/// Bumped whenever a record's layout changes incompatibly.
+pub const VERSION: u32 = 1;
+/// Magic + version + reserved flags.
+pub const HEADER_LEN: usize = 16;
+
+/// Sample flag: the stack walk ended early (depth limit, a frame pointer that did not
+/// move up the stack, or unreadable memory); the outermost frames are missing.
+pub const SAMPLE_TRUNCATED: u8 = 1 << 0;
+/// Sample flag: the thread was inside a system call when it was stopped (off-CPU).
+pub const SAMPLE_IN_SYSCALL: u8 = 1 << 1;
+
+/// How the recording was made and for what.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Meta {
+    /// Wall-clock time at the start, nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// The sampling backend that ran ("ptrace", ...).
+    pub backend: String,
+    /// The unwinder that produced the frames ("fp", ...).
+    pub unwind: String,
+    pub frequency_hz: u32,
+    pub max_depth: u32,
+    /// The pid first attached to (launched or `--pid`).
+    pub target_pid: u32,
+    /// The command line that was launched, or empty for `--pid`.
+    pub command: Vec<String>,
+    pub hostname: String,
+    pub glass_version: String,
+}
+
+/// A process appears: attached, forked, or replaced by exec. After an exec record the
+/// process's earlier modules no longer apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub parent_pid: u32,
+    pub kind: ProcessKind,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessKind {
+    Attached = 0,
+    Forked = 1,
+    Exec = 2,
+}
+
+/// One executable mapping of a process: `[start, end)` maps `path` from `file_offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Module {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The ELF GNU build id read from the file at record time (empty if none).
+    pub build_id: Vec<u8>,
+    pub path: String,
+}
+
+/// A thread appears or is renamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thread {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+}
+
+/// A thread ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadExit {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+}
+
+/// One stack sample. `frames[0]` is the instruction pointer; the rest are return
+/// addresses, innermost first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Nanoseconds since the recording started (monotonic clock).
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// How long this thread was stopped to take the sample, in nanoseconds.
+    pub stopped_ns: u32,
+    pub flags: u8,
+    pub frames: Vec<u64>,
+}
+
+/// The cost figures of a recording, written once at the end.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Summary {
+    pub duration_ns: u64,
+    pub samples: u64,
+    /// Sampling ticks (one tick samples every thread).
+    pub ticks: u64,
+    pub threads: u32,
+    pub processes: u32,
+    pub missed_deadlines: u64,
+    /// Per-tick time the target was stopped: mean, median, 99th percentile, max.
+    pub stopped_mean_ns: u64,
+    pub stopped_p50_ns: u64,
+    pub stopped_p99_ns: u64,
+    pub stopped_max_ns: u64,
+    /// Sum over ticks of the time the target was stopped.
+    pub stopped_total_ns: u64,
+    /// Samples dropped (a thread that could not be stopped or read in time).
+    pub lost_samples: u64,
+    /// The launched command's exit status as a shell reports it (code, or 128+signal);
+    /// -1 when not known (attached with `--pid`, or still running).
+    pub exit_status: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Meta(Meta),
+    Process(Process),
+    Module(Module),
+    Thread(Thread),
+    ThreadExit(ThreadExit),
+    Sample(Sample),
+    Summary(Summary),
+    /// The recorder finished cleanly; nothing follows.
+    End,
+}
+
+/// Record tags on disk.
+pub(crate) mod tag {
+    pub const META: u8 = 1;
+    pub const PROCESS: u8 = 2;
+    pub const MODULE: u8 = 3;
+    pub const THREAD: u8 = 4;
+    pub const THREAD_EXIT: u8 = 5;
+    pub const SAMPLE: u8 = 6;
+    pub const SUMMARY: u8 = 7;
+    pub const END: u8 = 0xff;
+}

@@ -1,0 +1,324 @@
+use std::path::Path;
+
+use crate::varint::{get_i64, get_u64};
+use crate::{tag, Meta, Module, Process, ProcessKind, Record, Sample, Summary, Thread, ThreadExit};
+use crate::{HEADER_LEN, MAGIC, VERSION};
+
+/// Records larger than this are taken as corruption rather than allocated.
+const MAX_RECORD_LEN: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("not a .glass file (bad magic)")]
+    NotGlass,
+    #[error(".glass format version {0} is not supported (this glass reads version {VERSION})")]
+    UnsupportedVersion(u32),
+    #[error("truncated at byte {offset}: the recorder stopped before finishing the file")]
+    Truncated { offset: usize },
+    #[error("corrupt record at byte {offset}: {what}")]
+    Corrupt { offset: usize, what: &'static str },
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Iterates the records of an in-memory `.glass` file. After the first error it yields
+/// nothing more: the bytes behind a damaged record cannot be framed reliably.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    failed: bool,
+    ended: bool,
+}
+
+impl<'a> Reader<'a> {
+    /// Checks the header.
+    pub fn new(bytes: &'a [u8]) -> Result<Self, FormatError> {
+        if bytes.len() < 8 || bytes[..8] != MAGIC {
+            return Err(FormatError::NotGlass);
+        }
+        if bytes.len() < HEADER_LEN {
+            return Err(FormatError::Truncated {
+                offset: bytes.len(),
+            });
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        if version != VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        Ok(Reader {
+            bytes,
+            pos: HEADER_LEN,
+            failed: false,
+            ended: false,
+        })
+    }
+
+    /// Byte offset of the next record.
+    pub fn offset(&self) -> usize {
+        self.pos
+    }
+
+    fn next_record(&mut self) -> Result<Option<Record>, FormatError> {
+        let start = self.pos;
+        if start == self.bytes.len() {
+            return Ok(None);
+        }
+        let frame = self
+            .bytes
+            .get(start..start + 5)
+            .ok_or(FormatError::Truncated { offset: start })?;
+        let len = u32::from_le_bytes(frame[1..5].try_into().unwrap()) as usize;
+        if len > MAX_RECORD_LEN {
+            return Err(FormatError::Corrupt {
+                offset: start,
+                what: "record length out of range",
+            });
+        }
+        let payload = self
+            .bytes
+            .get(start + 5..start + 5 + len)
+            .ok_or(FormatError::Truncated { offset: start })?;
+        let corrupt = |what| FormatError::Corrupt {
+            offset: start,
+            what,
+        };
+        let record = decode(frame[0], payload).map_err(corrupt)?;
+        self.pos = start + 5 + len;
+        Ok(Some(record))
+    }
+}
+
+impl Iterator for Reader<'_> {
+    type Item = Result<Record, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.ended {
+            return None;
+        }
+        loop {
+            match self.next_record() {
+                Ok(Some(Record::End)) => {
+                    self.ended = true;
+                    return Some(Ok(Record::End));
+                }
+                Ok(Some(record)) => return Some(Ok(record)),
+                Ok(None) => return None,
+                Err(FormatError::Corrupt {
+                    what: "unknown record tag",
+                    ..
+                }) => {
+                    // A newer writer's record type: its length is known, so skip it.
+                    let len = u32::from_le_bytes(
+                        self.bytes[self.pos + 1..self.pos + 5].try_into().unwrap(),
+                    );
+                    self.pos += 5 + len as usize;
+                }
+                Err(error) => {
+                    self.failed = true;
+                    return Some(Err(error));
+                }
+            }
+        }
+    }
+}
+
+/// Everything a `.glass` file holds, in file order per kind.
+#[derive(Debug, Default, Clone)]
+pub struct Recording {
+    pub meta: Option<Meta>,
+    pub processes: Vec<Process>,
+    pub modules: Vec<Module>,
+    pub threads: Vec<Thread>,
+    pub thread_exits: Vec<ThreadExit>,
+    pub samples: Vec<Sample>,
+    pub summary: Option<Summary>,
+    /// The file ended with an End record.
+    pub complete: bool,
+    /// What stopped the reader early, if anything: the records before it are kept.
+    pub damage: Option<FormatError>,
+    pub file_len: usize,
+}
+
+/// Reads a whole recording. Errors only when nothing can be read at all (not a .glass
+/// file, unsupported version, unreadable file); a damaged or truncated tail is reported
+/// in [`Recording::damage`] with everything before it kept.
+pub fn read_file(path: &Path) -> Result<Recording, FormatError> {
+    let bytes = std::fs::read(path).map_err(|e| FormatError::Io(e.to_string()))?;
+    read_bytes(&bytes)
+}
+
+pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
+    let mut recording = Recording {
+        file_len: bytes.len(),
+        ..Recording::default()
+    };
+    let mut reader = Reader::new(bytes)?;
+    for record in &mut reader {
+        match record {
+            Ok(Record::Meta(meta)) => recording.meta = Some(meta),
+            Ok(Record::Process(process)) => recording.processes.push(process),
+            Ok(Record::Module(module)) => recording.modules.push(module),
+            Ok(Record::Thread(thread)) => recording.threads.push(thread),
+            Ok(Record::ThreadExit(exit)) => recording.thread_exits.push(exit),
+            Ok(Record::Sample(sample)) => recording.samples.push(sample),
+            Ok(Record::Summary(summary)) => recording.summary = Some(summary),
+            Ok(Record::End) => recording.complete = true,
+            Err(error) => recording.damage = Some(error),
+        }
+    }
+    if !recording.complete && recording.damage.is_none() {
+        recording.damage = Some(FormatError::Truncated {
+            offset: reader.offset(),
+        });
+    }
+    Ok(recording)
+}
+
+/// A cursor over one record's payload; every getter fails instead of panicking.
+struct Payload<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Payload<'a> {
+    fn u64(&mut self) -> Result<u64, &'static str> {
+        get_u64(self.bytes, &mut self.pos).ok_or("bad integer")
+    }
+    fn i64(&mut self) -> Result<i64, &'static str> {
+        get_i64(self.bytes, &mut self.pos).ok_or("bad integer")
+    }
+    fn u32(&mut self) -> Result<u32, &'static str> {
+        u32::try_from(self.u64()?).map_err(|_| "integer out of range")
+    }
+    fn u8(&mut self) -> Result<u8, &'static str> {
+        let byte = *self.bytes.get(self.pos).ok_or("record too short")?;
+        self.pos += 1;
+        Ok(byte)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], &'static str> {
+        let len = usize::try_from(self.u64()?).map_err(|_| "length out of range")?;
+        let end = self.pos.checked_add(len).ok_or("length out of range")?;
+        let slice = self
+            .bytes
+            .get(self.pos..end)
+            .ok_or("string runs past record")?;
+        self.pos = end;
+        Ok(slice)
+    }
+    fn string(&mut self) -> Result<String, &'static str> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+    fn finish<T>(&self, value: T) -> Result<T, &'static str> {
+        if self.pos == self.bytes.len() {
+            Ok(value)
+        } else {
+            Err("trailing bytes in record")
+        }
+    }
+}
+
+fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
+    let mut p = Payload { bytes, pos: 0 };
+    let record = match tag {
+        tag::META => {
+            let start_unix_ns = p.u64()?;
+            let backend = p.string()?;
+            let unwind = p.string()?;
+            let frequency_hz = p.u32()?;
+            let max_depth = p.u32()?;
+            let target_pid = p.u32()?;
+            let argc = p.u64()?;
+            // Each argument takes at least one byte, which bounds the allocation.
+            if argc > bytes.len() as u64 {
+                return Err("argument count out of range");
+            }
+            let command = (0..argc).map(|_| p.string()).collect::<Result<_, _>>()?;
+            Record::Meta(Meta {
+                start_unix_ns,
+                backend,
+                unwind,
+                frequency_hz,
+                max_depth,
+                target_pid,
+                command,
+                hostname: p.string()?,
+                glass_version: p.string()?,
+            })
+        }
+        tag::PROCESS => Record::Process(Process {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            parent_pid: p.u32()?,
+            kind: match p.u8()? {
+                0 => ProcessKind::Attached,
+                1 => ProcessKind::Forked,
+                2 => ProcessKind::Exec,
+                _ => return Err("unknown process kind"),
+            },
+            name: p.string()?,
+        }),
+        tag::MODULE => Record::Module(Module {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            start: p.u64()?,
+            end: p.u64()?,
+            file_offset: p.u64()?,
+            build_id: p.bytes()?.to_vec(),
+            path: p.string()?,
+        }),
+        tag::THREAD => Record::Thread(Thread {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            tid: p.u32()?,
+            name: p.string()?,
+        }),
+        tag::THREAD_EXIT => Record::ThreadExit(ThreadExit {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            tid: p.u32()?,
+        }),
+        tag::SAMPLE => {
+            let time_ns = p.u64()?;
+            let pid = p.u32()?;
+            let tid = p.u32()?;
+            let stopped_ns = p.u32()?;
+            let flags = p.u8()?;
+            let count = p.u64()?;
+            if count > bytes.len() as u64 {
+                return Err("frame count out of range");
+            }
+            let mut frames = Vec::with_capacity(count as usize);
+            let mut previous = 0u64;
+            for _ in 0..count {
+                previous = previous.wrapping_add(p.i64()? as u64);
+                frames.push(previous);
+            }
+            Record::Sample(Sample {
+                time_ns,
+                pid,
+                tid,
+                stopped_ns,
+                flags,
+                frames,
+            })
+        }
+        tag::SUMMARY => Record::Summary(Summary {
+            duration_ns: p.u64()?,
+            samples: p.u64()?,
+            ticks: p.u64()?,
+            threads: p.u32()?,
+            processes: p.u32()?,
+            missed_deadlines: p.u64()?,
+            stopped_mean_ns: p.u64()?,
+            stopped_p50_ns: p.u64()?,
+            stopped_p99_ns: p.u64()?,
+            stopped_max_ns: p.u64()?,
+            stopped_total_ns: p.u64()?,
+            lost_samples: p.u64()?,
+            exit_status: i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?,
+        }),
+        tag::END => Record::End,
+        _ => return Err("unknown record tag"),
+    };
+    p.finish(record)
+}

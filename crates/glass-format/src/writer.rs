@@ -1,0 +1,189 @@
+use std::io::{self, Write};
+
+use crate::varint::{put_i64, put_u64};
+use crate::{tag, Meta, Module, Process, Record, Summary, Thread, ThreadExit};
+use crate::{HEADER_LEN, MAGIC, VERSION};
+
+/// Streams records to `out`. Each record is encoded into a reused scratch buffer and
+/// written whole, so a crash between records never leaves a half-framed record behind
+/// the last flush (a crash inside a write can, and the reader tolerates that).
+pub struct Writer<W: Write> {
+    out: W,
+    scratch: Vec<u8>,
+}
+
+impl<W: Write> Writer<W> {
+    /// Writes the header.
+    pub fn new(mut out: W) -> io::Result<Self> {
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(&MAGIC);
+        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        out.write_all(&header)?;
+        Ok(Writer {
+            out,
+            scratch: Vec::with_capacity(4096),
+        })
+    }
+
+    pub fn write(&mut self, record: &Record) -> io::Result<()> {
+        match record {
+            Record::Meta(meta) => self.meta(meta),
+            Record::Process(process) => self.process(process),
+            Record::Module(module) => self.module(module),
+            Record::Thread(thread) => self.thread(thread),
+            Record::ThreadExit(exit) => self.thread_exit(exit),
+            Record::Sample(sample) => self.sample(
+                sample.time_ns,
+                sample.pid,
+                sample.tid,
+                sample.stopped_ns,
+                sample.flags,
+                &sample.frames,
+            ),
+            Record::Summary(summary) => self.summary(summary),
+            Record::End => self.end(),
+        }
+    }
+
+    pub fn meta(&mut self, meta: &Meta) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, meta.start_unix_ns);
+        put_str(b, &meta.backend);
+        put_str(b, &meta.unwind);
+        put_u64(b, meta.frequency_hz as u64);
+        put_u64(b, meta.max_depth as u64);
+        put_u64(b, meta.target_pid as u64);
+        put_u64(b, meta.command.len() as u64);
+        for arg in &meta.command {
+            put_str(b, arg);
+        }
+        put_str(b, &meta.hostname);
+        put_str(b, &meta.glass_version);
+        self.emit(tag::META)
+    }
+
+    pub fn process(&mut self, process: &Process) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, process.time_ns);
+        put_u64(b, process.pid as u64);
+        put_u64(b, process.parent_pid as u64);
+        b.push(process.kind as u8);
+        put_str(b, &process.name);
+        self.emit(tag::PROCESS)
+    }
+
+    pub fn module(&mut self, module: &Module) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, module.time_ns);
+        put_u64(b, module.pid as u64);
+        put_u64(b, module.start);
+        put_u64(b, module.end);
+        put_u64(b, module.file_offset);
+        put_bytes(b, &module.build_id);
+        put_str(b, &module.path);
+        self.emit(tag::MODULE)
+    }
+
+    pub fn thread(&mut self, thread: &Thread) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, thread.time_ns);
+        put_u64(b, thread.pid as u64);
+        put_u64(b, thread.tid as u64);
+        put_str(b, &thread.name);
+        self.emit(tag::THREAD)
+    }
+
+    pub fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, exit.time_ns);
+        put_u64(b, exit.pid as u64);
+        put_u64(b, exit.tid as u64);
+        self.emit(tag::THREAD_EXIT)
+    }
+
+    /// Frames are stored as the first address, then signed deltas between neighbours:
+    /// return addresses of one stack mostly lie in the same module.
+    pub fn sample(
+        &mut self,
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
+        stopped_ns: u32,
+        flags: u8,
+        frames: &[u64],
+    ) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, time_ns);
+        put_u64(b, pid as u64);
+        put_u64(b, tid as u64);
+        put_u64(b, stopped_ns as u64);
+        b.push(flags);
+        put_u64(b, frames.len() as u64);
+        let mut previous = 0u64;
+        for &frame in frames {
+            put_i64(b, frame.wrapping_sub(previous) as i64);
+            previous = frame;
+        }
+        self.emit(tag::SAMPLE)
+    }
+
+    pub fn summary(&mut self, s: &Summary) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        for value in [
+            s.duration_ns,
+            s.samples,
+            s.ticks,
+            s.threads as u64,
+            s.processes as u64,
+            s.missed_deadlines,
+            s.stopped_mean_ns,
+            s.stopped_p50_ns,
+            s.stopped_p99_ns,
+            s.stopped_max_ns,
+            s.stopped_total_ns,
+            s.lost_samples,
+        ] {
+            put_u64(b, value);
+        }
+        put_i64(b, s.exit_status as i64);
+        self.emit(tag::SUMMARY)
+    }
+
+    pub fn end(&mut self) -> io::Result<()> {
+        self.scratch.clear();
+        self.emit(tag::END)?;
+        self.out.flush()
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    fn emit(&mut self, tag: u8) -> io::Result<()> {
+        let mut frame = [0u8; 5];
+        frame[0] = tag;
+        frame[1..].copy_from_slice(&(self.scratch.len() as u32).to_le_bytes());
+        self.out.write_all(&frame)?;
+        self.out.write_all(&self.scratch)
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_u64(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn put_str(out: &mut Vec<u8>, text: &str) {
+    put_bytes(out, text.as_bytes());
+}

@@ -1,0 +1,174 @@
+//! Round trips, truncation at every byte, and a property-based fuzz of the reader over
+//! random and mutated bytes: the reader returns errors, never panics.
+
+use glass_format::*;
+use proptest::prelude::*;
+
+fn sample_records() -> Vec<Record> {
+    vec![
+        Record::Meta(Meta {
+            start_unix_ns: 1_700_000_000_000_000_000,
+            backend: "ptrace".into(),
+            unwind: "fp".into(),
+            frequency_hz: 999,
+            max_depth: 512,
+            target_pid: 4242,
+            command: vec!["./prog".into(), "--flag".into(), "ünïcode".into()],
+            hostname: "host".into(),
+            glass_version: "0.1.0".into(),
+        }),
+        Record::Process(Process {
+            time_ns: 5,
+            pid: 4242,
+            parent_pid: 1,
+            kind: ProcessKind::Exec,
+            name: "prog".into(),
+        }),
+        Record::Module(Module {
+            time_ns: 6,
+            pid: 4242,
+            start: 0x5555_5555_4000,
+            end: 0x5555_5555_9000,
+            file_offset: 0x1000,
+            build_id: vec![0xde, 0xad, 0xbe, 0xef],
+            path: "/usr/bin/prog".into(),
+        }),
+        Record::Thread(Thread {
+            time_ns: 7,
+            pid: 4242,
+            tid: 4243,
+            name: "worker".into(),
+        }),
+        Record::Sample(Sample {
+            time_ns: 1_000_000,
+            pid: 4242,
+            tid: 4243,
+            stopped_ns: 12_345,
+            flags: SAMPLE_TRUNCATED,
+            frames: vec![
+                0x5555_5555_5123,
+                0x5555_5555_5001,
+                0x7fff_f7a0_0000,
+                0,
+                u64::MAX,
+            ],
+        }),
+        Record::ThreadExit(ThreadExit {
+            time_ns: 9,
+            pid: 4242,
+            tid: 4243,
+        }),
+        Record::Summary(Summary {
+            duration_ns: 3_000_000_000,
+            samples: 1,
+            ticks: 1,
+            threads: 2,
+            processes: 1,
+            missed_deadlines: 3,
+            stopped_mean_ns: 10,
+            stopped_p50_ns: 9,
+            stopped_p99_ns: 20,
+            stopped_max_ns: 30,
+            stopped_total_ns: 10,
+            lost_samples: 0,
+            exit_status: -1,
+        }),
+        Record::End,
+    ]
+}
+
+fn encode(records: &[Record]) -> Vec<u8> {
+    let mut writer = Writer::new(Vec::new()).unwrap();
+    for record in records {
+        writer.write(record).unwrap();
+    }
+    writer.into_inner()
+}
+
+#[test]
+fn every_record_round_trips() {
+    let records = sample_records();
+    let bytes = encode(&records);
+    let decoded: Vec<Record> = Reader::new(&bytes).unwrap().map(Result::unwrap).collect();
+    assert_eq!(decoded, records);
+    let recording = read_bytes(&bytes).unwrap();
+    assert!(recording.complete);
+    assert!(recording.damage.is_none());
+    assert_eq!(recording.samples.len(), 1);
+}
+
+#[test]
+fn every_truncation_keeps_the_complete_prefix() {
+    let records = sample_records();
+    let bytes = encode(&records);
+    for cut in 16..bytes.len() {
+        let recording = read_bytes(&bytes[..cut]).unwrap();
+        assert!(!recording.complete, "cut at {cut}");
+        assert!(
+            matches!(recording.damage, Some(FormatError::Truncated { .. })),
+            "cut at {cut}: {:?}",
+            recording.damage
+        );
+        // Records are written in order, so the prefix holds the first ones whole.
+        if cut >= bytes.len() - 5 {
+            assert_eq!(recording.samples.len(), 1);
+            assert!(recording.summary.is_some());
+        }
+    }
+}
+
+#[test]
+fn rejects_foreign_files() {
+    assert_eq!(read_bytes(b"").unwrap_err(), FormatError::NotGlass);
+    assert_eq!(
+        read_bytes(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0").unwrap_err(),
+        FormatError::NotGlass
+    );
+    let mut bytes = encode(&sample_records());
+    bytes[8] = 99;
+    assert_eq!(
+        read_bytes(&bytes).unwrap_err(),
+        FormatError::UnsupportedVersion(99)
+    );
+}
+
+#[test]
+fn skips_unknown_record_kinds() {
+    let mut bytes = encode(&sample_records()[..2]);
+    bytes.extend_from_slice(&[0x42, 3, 0, 0, 0, 1, 2, 3]);
+    bytes.extend_from_slice(&encode(&[Record::End])[HEADER_LEN..]);
+    let recording = read_bytes(&bytes).unwrap();
+    assert!(recording.complete);
+    assert_eq!(recording.processes.len(), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn random_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut bytes = encode(&[]);
+        bytes.extend_from_slice(&tail);
+        let _ = read_bytes(&bytes);
+        let _ = read_bytes(&tail);
+    }
+
+    #[test]
+    fn mutated_files_never_panic(
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        cut in any::<usize>(),
+    ) {
+        let mut bytes = encode(&sample_records());
+        for (at, value) in flips {
+            let at = HEADER_LEN + at % (bytes.len() - HEADER_LEN);
+            bytes[at] = value;
+        }
+        let cut = HEADER_LEN + cut % (bytes.len() - HEADER_LEN + 1);
+        if let Ok(recording) = read_bytes(&bytes[..cut]) {
+            // Whatever was read must be internally sane: no sample with an absurd frame count.
+            for sample in &recording.samples {
+                prop_assert!(sample.frames.len() <= bytes.len());
+            }
+        }
+    }
+}

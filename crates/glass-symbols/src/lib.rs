@@ -1,0 +1,1 @@
+//! Offline symbolization: module maps, ELF symbols and DWARF line info

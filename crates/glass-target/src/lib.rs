@@ -1,0 +1,1 @@
+//! How a target is stopped, read and resumed: one module per backend

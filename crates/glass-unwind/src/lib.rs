@@ -1,0 +1,1 @@
+//! Stack unwinders: frame-pointer walk over copied stack windows

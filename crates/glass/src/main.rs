@@ -1,0 +1,111 @@
+//! `glass`: the command line. One module per subcommand; this file only parses the
+//! arguments and turns failures into one line and an exit code.
+
+mod error;
+mod info;
+mod record;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "glass",
+    version,
+    about = "A transparent, low-overhead profiler: sample stacks from outside the target"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sample the stacks of a new or running process
+    Record(RecordArgs),
+    /// Symbolize a recording and print or write a profile
+    Report(ReportArgs),
+    /// Show what a recording holds and what it cost the target
+    Info(InfoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RecordArgs {
+    /// Output recording
+    #[arg(short, long, default_value = "prof.glass")]
+    pub output: PathBuf,
+    /// Sampling frequency in Hz
+    #[arg(short = 'F', long = "frequency", default_value_t = 99, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub frequency: u32,
+    /// Stop after this many seconds (default: until the target exits or Ctrl-C)
+    #[arg(short, long)]
+    pub duration: Option<f64>,
+    /// Deepest stack to walk; deeper stacks are marked truncated
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_depth: u32,
+    /// Sample this running process (all its threads); it keeps running afterwards
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// Pin the sampling thread to this CPU (keep it off the target's core)
+    #[arg(long)]
+    pub sampler_cpu: Option<usize>,
+    /// Do not print the cost summary at the end
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The command to launch and sample
+    #[arg(last = true, required_unless_present = "pid")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// The recording to read
+    pub input: PathBuf,
+    /// Output format
+    #[arg(long, value_enum, default_value_t = glass_report::Format::Top)]
+    pub format: glass_report::Format,
+    /// Write here instead of standard output
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Split the profile by thread
+    #[arg(long)]
+    pub threads: bool,
+    /// Keep only this thread
+    #[arg(long)]
+    pub tid: Option<u32>,
+    /// Rows in the top table
+    #[arg(long, default_value_t = 30)]
+    pub limit: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// The recording to read
+    pub input: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { 2 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Record(args) => record::run(&args),
+        Command::Report(args) => report::run(&args).map(|()| 0),
+        Command::Info(args) => info::run(&args).map(|()| 0),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(failure) => {
+            eprintln!("glass: {failure}");
+            ExitCode::from(failure.exit_code as u8)
+        }
+    }
+}
