@@ -1,0 +1,218 @@
+//! The frame-pointer walk (x86-64 and AArch64 lay frames out the same way: the frame
+//! pointer points at the saved caller frame pointer, with the return address one word
+//! above it).
+//!
+//! Written here rather than taken from framehop because it must run inside the
+//! target's stopped window against a [`StackWindow`] that reads more stack on demand;
+//! it is a dozen lines.
+
+use crate::window::{RemoteMemory, StackWindow};
+use crate::UnwindRegs;
+
+/// Why the walk stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalkEnd {
+    /// Reached the outermost frame (a zero frame pointer or return address).
+    Complete,
+    /// Hit the depth limit.
+    DepthLimit,
+    /// A frame pointer that did not move up the stack, or that lay outside it.
+    BadFramePointer,
+    /// Stack memory could not be read.
+    Unreadable,
+}
+
+impl WalkEnd {
+    pub fn is_truncated(self) -> bool {
+        self != WalkEnd::Complete
+    }
+}
+
+/// No thread stack is larger than this; a frame pointer further above the stack pointer
+/// is not a frame pointer (the register holds data in code built without them).
+const MAX_STACK_SPAN: u64 = 512 << 20;
+
+/// Appends the instruction pointer and then each return address to `frames`, at most
+/// `max_depth` addresses in all.
+pub fn walk_frame_pointers(
+    regs: UnwindRegs,
+    window: &mut StackWindow,
+    memory: &mut impl RemoteMemory,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+) -> WalkEnd {
+    frames.push(regs.ip);
+    let mut fp = regs.fp;
+    let mut lowest_allowed = regs.sp;
+    loop {
+        if fp == 0 {
+            return WalkEnd::Complete;
+        }
+        if fp < lowest_allowed || fp % 8 != 0 || fp - regs.sp > MAX_STACK_SPAN {
+            return WalkEnd::BadFramePointer;
+        }
+        if frames.len() >= max_depth {
+            return WalkEnd::DepthLimit;
+        }
+        let Some(return_address) = window.word(memory, fp + 8) else {
+            return WalkEnd::Unreadable;
+        };
+        let Some(caller_fp) = window.word(memory, fp) else {
+            return WalkEnd::Unreadable;
+        };
+        if return_address == 0 {
+            return WalkEnd::Complete;
+        }
+        frames.push(return_address);
+        // The caller's frame must lie strictly above this one: this is the loop check.
+        lowest_allowed = fp + 16;
+        fp = caller_fp;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake stack: the test builds real frame layouts in a byte array.
+    struct Memory {
+        base: u64,
+        bytes: Vec<u8>,
+        reads: usize,
+    }
+
+    impl RemoteMemory for Memory {
+        fn read(&mut self, addr: u64, buf: &mut [u8]) -> usize {
+            self.reads += 1;
+            let Some(offset) = addr.checked_sub(self.base) else {
+                return 0;
+            };
+            let offset = offset as usize;
+            if offset >= self.bytes.len() {
+                return 0;
+            }
+            let n = buf.len().min(self.bytes.len() - offset);
+            buf[..n].copy_from_slice(&self.bytes[offset..offset + n]);
+            n
+        }
+    }
+
+    fn stack_with_frames(base: u64, size: usize, frames: &[(u64, u64, u64)]) -> Memory {
+        // (frame address, saved fp, return address)
+        let mut bytes = vec![0u8; size];
+        for &(at, saved, ret) in frames {
+            let o = (at - base) as usize;
+            bytes[o..o + 8].copy_from_slice(&saved.to_le_bytes());
+            bytes[o + 8..o + 16].copy_from_slice(&ret.to_le_bytes());
+        }
+        Memory {
+            base,
+            bytes,
+            reads: 0,
+        }
+    }
+
+    #[test]
+    fn walks_a_chain_to_the_end() {
+        let base = 0x7000_0000;
+        let mut memory = stack_with_frames(
+            base,
+            0x1000,
+            &[
+                (base + 0x100, base + 0x200, 0x401000),
+                (base + 0x200, base + 0x300, 0x402000),
+                (base + 0x300, 0, 0x403000),
+            ],
+        );
+        let mut window = StackWindow::new();
+        window.fill(&mut memory, base);
+        let mut frames = Vec::new();
+        let regs = UnwindRegs {
+            ip: 0x400500,
+            sp: base,
+            fp: base + 0x100,
+        };
+        let end = walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames);
+        assert_eq!(end, WalkEnd::Complete);
+        assert_eq!(frames, vec![0x400500, 0x401000, 0x402000, 0x403000]);
+        assert_eq!(window.reads(), 1);
+    }
+
+    #[test]
+    fn a_frame_pointer_that_does_not_move_up_is_a_loop() {
+        let base = 0x7000_0000;
+        let mut memory = stack_with_frames(base, 0x1000, &[(base + 0x100, base + 0x100, 0x401000)]);
+        let mut window = StackWindow::new();
+        window.fill(&mut memory, base);
+        let mut frames = Vec::new();
+        let regs = UnwindRegs {
+            ip: 1,
+            sp: base,
+            fp: base + 0x100,
+        };
+        assert_eq!(
+            walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames),
+            WalkEnd::BadFramePointer
+        );
+        assert_eq!(frames, vec![1, 0x401000]);
+    }
+
+    #[test]
+    fn depth_limit_and_deep_stacks_need_few_reads() {
+        let base = 0x7000_0000u64;
+        let depth = 2000u64;
+        let frames_spec: Vec<_> = (0..depth)
+            .map(|i| {
+                let at = base + 64 + i * 48;
+                let saved = if i + 1 == depth { 0 } else { at + 48 };
+                (at, saved, 0x400000 + i)
+            })
+            .collect();
+        let mut memory = stack_with_frames(base, (64 + depth * 48 + 64) as usize, &frames_spec);
+        let mut window = StackWindow::new();
+        window.fill(&mut memory, base);
+        let mut frames = Vec::new();
+        let regs = UnwindRegs {
+            ip: 7,
+            sp: base,
+            fp: base + 64,
+        };
+        assert_eq!(
+            walk_frame_pointers(regs, &mut window, &mut memory, 100_000, &mut frames),
+            WalkEnd::Complete
+        );
+        assert_eq!(frames.len() as u64, depth + 1);
+        assert!(window.reads() <= 4, "{} reads", window.reads());
+        // The next sample of the same depth reads once.
+        window.finish();
+        window.fill(&mut memory, base);
+        frames.clear();
+        walk_frame_pointers(regs, &mut window, &mut memory, 100_000, &mut frames);
+        assert_eq!(window.reads(), 1);
+        frames.clear();
+        assert_eq!(
+            walk_frame_pointers(regs, &mut window, &mut memory, 10, &mut frames),
+            WalkEnd::DepthLimit
+        );
+        assert_eq!(frames.len(), 10);
+    }
+
+    #[test]
+    fn an_unmapped_frame_pointer_is_unreadable() {
+        let base = 0x7000_0000;
+        let mut memory =
+            stack_with_frames(base, 0x1000, &[(base + 0x100, base + 0x4000, 0x401000)]);
+        let mut window = StackWindow::new();
+        window.fill(&mut memory, base);
+        let mut frames = Vec::new();
+        let regs = UnwindRegs {
+            ip: 1,
+            sp: base,
+            fp: base + 0x100,
+        };
+        assert_eq!(
+            walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames),
+            WalkEnd::Unreadable
+        );
+    }
+}
