@@ -1,0 +1,133 @@
+//! Bad input gets one clear error line and exit code 2, never a panic.
+
+mod common;
+use common::*;
+
+#[test]
+fn a_pid_that_does_not_exist() {
+    // Pids above pid_max are never in use.
+    let output = glass(&[
+        "record",
+        "--pid",
+        "99999999",
+        "-o",
+        "/tmp/glass-unused.glass",
+    ]);
+    assert_clean_failure(&output, 2, "no process with pid 99999999");
+}
+
+/// A kernel thread cannot be traced, even by root.
+#[test]
+fn a_pid_glass_may_not_trace() {
+    let kernel_thread = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            // Kernel threads have no executable and an empty command line.
+            *pid > 1
+                && std::fs::read_link(format!("/proc/{pid}/exe")).is_err()
+                && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty())
+        })
+        .expect("a kernel thread");
+    let dir = scratch("not_permitted");
+    let out = dir.join("x.glass");
+    let output = glass(&[
+        "record",
+        "--pid",
+        &kernel_thread.to_string(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 2, "cannot trace pid");
+    assert!(!out.exists(), "no empty recording is left behind");
+}
+
+#[test]
+fn a_command_that_does_not_exist() {
+    let output = glass(&[
+        "record",
+        "-o",
+        "/tmp/glass-unused.glass",
+        "--",
+        "/no/such/program",
+    ]);
+    assert_clean_failure(&output, 2, "command not found: /no/such/program");
+    let output = glass(&[
+        "record",
+        "-o",
+        "/tmp/glass-unused.glass",
+        "--",
+        "no-such-program-anywhere",
+    ]);
+    assert_clean_failure(&output, 2, "command not found");
+}
+
+#[test]
+fn a_file_that_is_not_a_recording() {
+    let dir = scratch("not_glass");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "hello, this is not a profile\n").unwrap();
+    assert_clean_failure(
+        &glass(&["report", file.to_str().unwrap()]),
+        2,
+        "not a .glass file",
+    );
+    assert_clean_failure(
+        &glass(&["info", file.to_str().unwrap()]),
+        2,
+        "not a .glass file",
+    );
+    assert_clean_failure(
+        &glass(&["report", "/no/such/file.glass"]),
+        2,
+        "/no/such/file.glass",
+    );
+}
+
+#[test]
+fn a_truncated_recording_reports_what_it_has() {
+    let dir = scratch("truncated");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let recording = dir.join("full.glass");
+    record(&recording, 499, &[split.to_str().unwrap(), "3000"]);
+    let bytes = std::fs::read(&recording).unwrap();
+    let cut = dir.join("cut.glass");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let report = glass(&["report", cut.to_str().unwrap(), "--format", "folded"]);
+    assert_eq!(report.status.code(), Some(0), "{}", stderr(&report));
+    assert!(stderr(&report).contains("truncated"), "{}", stderr(&report));
+    assert!(stdout(&report).contains("alpha"));
+    let info = glass(&["info", cut.to_str().unwrap()]);
+    assert_eq!(info.status.code(), Some(0), "{}", stderr(&info));
+    assert!(stdout(&info).contains("truncated"), "{}", stdout(&info));
+}
+
+#[test]
+fn an_output_path_in_a_missing_directory() {
+    let output = glass(&["record", "-o", "/no/such/dir/prof.glass", "--", "true"]);
+    assert_clean_failure(&output, 2, "cannot write /no/such/dir/prof.glass");
+    let dir = scratch("missing_dir");
+    let recording = dir.join("ok.glass");
+    record(&recording, 99, &["true"]);
+    for format in ["top", "folded", "flamegraph"] {
+        let output = glass(&[
+            "report",
+            recording.to_str().unwrap(),
+            "--format",
+            format,
+            "-o",
+            "/no/such/dir/out",
+        ]);
+        assert_clean_failure(&output, 2, "/no/such/dir/out");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let output = glass(&["record", "-F", "0", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2));
+    let output = glass(&["record"]);
+    assert_eq!(output.status.code(), Some(2));
+    let output = glass(&["frobnicate"]);
+    assert_eq!(output.status.code(), Some(2));
+}

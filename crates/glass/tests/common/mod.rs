@@ -1,0 +1,122 @@
+//! Shared helpers for the end-to-end tests: compile a fixture with gcc, run glass, and
+//! read its folded output.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const GLASS: &str = env!("CARGO_BIN_EXE_glass");
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// A fresh directory for one test's binaries and recordings.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles `tests/fixtures/<source>` into `dir/<output>` with frame pointers.
+pub fn compile(dir: &Path, source: &str, output: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(output);
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer"])
+        .arg(fixtures_dir().join(source))
+        .arg("-o")
+        .arg(&out)
+        .args(extra)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed for {source}");
+    out
+}
+
+pub fn glass(args: &[&str]) -> Output {
+    Command::new(GLASS).args(args).output().expect("glass runs")
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Records `command` with glass at `hz`, asserting success.
+pub fn record(recording: &Path, hz: u32, command: &[&str]) -> Output {
+    let hz = hz.to_string();
+    let mut args = vec!["record", "-F", &hz, "-o", recording.to_str().unwrap(), "--"];
+    args.extend_from_slice(command);
+    let output = glass(&args);
+    assert!(
+        output.status.success(),
+        "glass record failed: {}",
+        stderr(&output)
+    );
+    output
+}
+
+/// `glass report --format folded` as (stack frames root first, count).
+pub fn folded(recording: &Path, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let mut args = vec!["report", recording.to_str().unwrap(), "--format", "folded"];
+    args.extend_from_slice(extra);
+    let output = glass(&args);
+    assert!(
+        output.status.success(),
+        "glass report failed: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let (stack, count) = line.rsplit_once(' ').expect("folded line has a count");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                count.parse().expect("count"),
+            )
+        })
+        .collect()
+}
+
+pub fn total(stacks: &[(Vec<String>, u64)]) -> u64 {
+    stacks.iter().map(|(_, n)| n).sum()
+}
+
+/// Samples whose stack contains `function`, and whose leaf is `function`.
+pub fn samples_in(stacks: &[(Vec<String>, u64)], function: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == function))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+pub fn self_samples(stacks: &[(Vec<String>, u64)]) -> BTreeMap<String, u64> {
+    let mut by_leaf = BTreeMap::new();
+    for (frames, n) in stacks {
+        *by_leaf
+            .entry(frames.last().cloned().unwrap_or_default())
+            .or_insert(0) += n;
+    }
+    by_leaf
+}
+
+/// Asserts a failure is one clear line with the given exit code and no panic.
+pub fn assert_clean_failure(output: &Output, code: i32, needle: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "stderr: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "expected one line, got: {err}"
+    );
+    assert!(err.starts_with("glass: "), "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
