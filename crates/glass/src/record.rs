@@ -33,13 +33,15 @@ const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 const MAPS_REFRESH_PERIOD: Duration = Duration::from_millis(20);
 
 pub fn run(args: &RecordArgs) -> Result<i32> {
+    if let Some(cpu) = args.sampler_cpu {
+        // Check the CPU before starting anything; pin only after launching, so the
+        // target does not inherit the sampler's core.
+        check_cpu(cpu)?;
+    }
     let file = create_output(&args.output)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
     let stop_signals = stop_signal_fd()?;
-    if let Some(cpu) = args.sampler_cpu {
-        pin_to_cpu(cpu)?;
-    }
 
     let target = match args.pid {
         Some(pid) => ProcessTarget::attach(pid),
@@ -54,6 +56,9 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         }
     })?;
 
+    if let Some(cpu) = args.sampler_cpu {
+        pin_to_cpu(cpu)?;
+    }
     let writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
         .map_err(|e| write_failure(&args.output, &e))?;
     let mut recorder = Recorder::new(args, target, writer);
@@ -92,6 +97,16 @@ fn stop_signal_fd() -> Result<SignalFd> {
     mask.thread_block()
         .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
         .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))
+}
+
+fn check_cpu(cpu: usize) -> Result<()> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(|e| Failure::runtime(format!("cannot read CPU affinity: {e}")))?;
+    if allowed.is_set(cpu).unwrap_or(false) {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(format!("--sampler-cpu {cpu}: no such CPU available to glass")))
+    }
 }
 
 fn pin_to_cpu(cpu: usize) -> Result<()> {
