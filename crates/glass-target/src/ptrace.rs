@@ -13,7 +13,6 @@
 //! signals, and a profiler must re-deliver every signal it intercepts.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -240,32 +239,6 @@ fn seize(tid: i32) -> Result<(), i32> {
     }
 }
 
-/// Resolves a command the way execvp would, so that a missing command is an error
-/// before anything is started.
-fn resolve_command(command: &str) -> Result<std::path::PathBuf, TargetError> {
-    use std::os::unix::fs::PermissionsExt;
-    let is_executable = |path: &std::path::Path| {
-        std::fs::metadata(path)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
-    if command.contains('/') {
-        let path = std::path::PathBuf::from(command);
-        if !path.exists() {
-            return Err(TargetError::CommandNotFound(command.to_string()));
-        }
-        if !is_executable(&path) {
-            return Err(TargetError::CommandNotExecutable(command.to_string()));
-        }
-        return Ok(path);
-    }
-    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&search)
-        .map(|dir| dir.join(command))
-        .find(|candidate| is_executable(candidate))
-        .ok_or_else(|| TargetError::CommandNotFound(command.to_string()))
-}
-
 impl ProcessTarget {
     fn empty(leader: i32) -> io::Result<Self> {
         Ok(ProcessTarget {
@@ -283,75 +256,25 @@ impl ProcessTarget {
     /// Starts `argv` under the tracer. The new process is attached before it runs its
     /// first instruction of the new program.
     pub fn launch(argv: &[String]) -> Result<Self, TargetError> {
-        let program = argv
-            .first()
-            .ok_or(TargetError::CommandNotFound(String::new()))?;
-        let path = resolve_command(program)?;
-        let to_c = |s: &str| CString::new(s).map_err(|_| TargetError::BadArgument(s.to_string()));
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| TargetError::BadArgument(program.clone()))?;
-        let c_args = argv
-            .iter()
-            .map(|a| to_c(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
-        c_argv.push(std::ptr::null());
-
-        let mut target = Self::empty(0).map_err(TargetError::Io)?;
-        let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| TargetError::Io(e.into()))?;
-        let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| TargetError::Io(e.into()))?;
-
-        // SAFETY: glass is single-threaded here; the child only makes async-signal-safe
-        // calls before exec.
-        let child = unsafe { libc::fork() };
-        if child < 0 {
-            return Err(TargetError::Io(io::Error::last_os_error()));
-        }
-        if child == 0 {
-            unsafe {
-                let empty: libc::sigset_t = std::mem::zeroed();
-                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                drop_fd_in_child(go_write.as_raw_fd());
-                let mut byte = 0u8;
-                // Wait until the parent has attached (it closes the pipe).
-                while libc::read(go_read.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) < 0 {}
-                libc::execv(c_path.as_ptr(), c_argv.as_ptr());
-                let code = *libc::__errno_location();
-                libc::write(err_write.as_raw_fd(), (&code as *const i32).cast(), 4);
-                libc::_exit(127);
-            }
-        }
-        drop(go_read);
-        drop(err_write);
-        target.leader = child;
-        if let Err(code) = seize(child) {
-            // SAFETY: killing our own child that has not exec'd yet.
-            unsafe { libc::kill(child, libc::SIGKILL) };
-            drop(go_write);
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+        let child = crate::launch::spawn_paused(argv)?;
+        let mut target = Self::empty(child.pid).map_err(TargetError::Io)?;
+        if let Err(code) = seize(child.pid) {
+            let pid = child.pid;
+            child.abandon();
             target.detached = true;
-            return Err(TargetError::Attach(child, code));
+            return Err(TargetError::Attach(pid, code));
         }
         target.threads.insert(
-            child,
+            child.pid,
             ThreadState {
-                pid: child,
+                pid: child.pid,
                 run: RunState::Running,
                 window: StackWindow::new(),
             },
         );
-        drop(go_write);
-        let mut code = [0u8; 4];
-        let n = nix::unistd::read(&err_read, &mut code).unwrap_or(0);
-        if n == 4 {
-            let code = i32::from_ne_bytes(code);
+        if let Err(error) = child.release() {
             target.wait_for_exit_of_leader();
-            return Err(TargetError::Exec(
-                program.clone(),
-                io::Error::from_raw_os_error(code),
-            ));
+            return Err(error);
         }
         // Handle the exec stop now, so the first tick finds the new program running.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -800,9 +723,4 @@ fn wait_nohang() -> Option<(i32, i32)> {
     // SAFETY: waitpid writes the status word.
     let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::WNOHANG) };
     (tid > 0).then_some((tid, status))
-}
-
-/// Closes a descriptor in the forked child without running destructors there.
-unsafe fn drop_fd_in_child(fd: i32) {
-    libc::close(fd);
 }

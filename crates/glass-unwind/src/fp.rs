@@ -48,7 +48,7 @@ pub fn walk_frame_pointers(
         if fp == 0 {
             return WalkEnd::Complete;
         }
-        if fp < lowest_allowed || fp % 8 != 0 || fp - regs.sp > MAX_STACK_SPAN {
+        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - regs.sp > MAX_STACK_SPAN {
             return WalkEnd::BadFramePointer;
         }
         if frames.len() >= max_depth {
