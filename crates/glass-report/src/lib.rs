@@ -1,4 +1,18 @@
-//! Aggregation of recordings into call trees, one module per output format.
+//! From a recording to what a person reads: one in-memory [`Profile`] (symbolized
+//! stacks with counts) built once, and one module per output format, each a function
+//! from the profile to bytes.
+
+mod flamegraph;
+mod folded;
+mod modules;
+mod profile;
+mod top;
+
+pub use flamegraph::write_flamegraph;
+pub use folded::write_folded;
+pub use modules::ModuleTimeline;
+pub use profile::{Profile, ProfileOptions, Stack};
+pub use top::write_top;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -9,3 +23,8 @@ pub enum Format {
     /// An interactive SVG flame graph (hover, zoom, search)
     Flamegraph,
 }
+
+/// Marks the outermost frames a stack walk could not reach.
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+/// An address in no known module.
+pub const UNKNOWN_FRAME: &str = "[unknown]";

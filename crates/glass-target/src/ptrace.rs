@@ -161,7 +161,8 @@ pub struct ProcessTarget {
     /// The process glass launched or attached to first.
     pub leader: i32,
     threads: HashMap<i32, ThreadState>,
-    events: Vec<TargetEvent>,
+    /// Events with the instant they were observed.
+    events: Vec<(Instant, TargetEvent)>,
     /// SIGCHLD as a file descriptor: ptrace reports arrive as SIGCHLD, so waiting for
     /// a stop with a timeout is a poll on this descriptor.
     sigchld: SignalFd,
@@ -288,7 +289,7 @@ impl ProcessTarget {
         }
         target
             .events
-            .retain(|e| !matches!(e, TargetEvent::ProcessExec { .. }));
+            .retain(|(_, e)| !matches!(e, TargetEvent::ProcessExec { .. }));
         Ok(target)
     }
 
@@ -357,7 +358,11 @@ impl ProcessTarget {
         }
     }
 
-    pub fn take_events(&mut self) -> std::vec::Drain<'_, TargetEvent> {
+    fn emit(&mut self, event: TargetEvent) {
+        self.events.push((Instant::now(), event));
+    }
+
+    pub fn take_events(&mut self) -> std::vec::Drain<'_, (Instant, TargetEvent)> {
         self.events.drain(..)
     }
 
@@ -575,10 +580,9 @@ impl ProcessTarget {
                     });
                     state.pid = pid;
                     if is_thread {
-                        self.events
-                            .push(TargetEvent::ThreadStarted { pid, tid: new_tid });
+                        self.emit(TargetEvent::ThreadStarted { pid, tid: new_tid });
                     } else {
-                        self.events.push(TargetEvent::ProcessForked {
+                        self.emit(TargetEvent::ProcessForked {
                             parent: parent_pid,
                             child: new_tid,
                         });
@@ -595,8 +599,7 @@ impl ProcessTarget {
                 self.threads
                     .retain(|&other, t| t.pid != pid || other == tid);
                 if former != tid {
-                    self.events
-                        .push(TargetEvent::ThreadExited { pid, tid: former });
+                    self.emit(TargetEvent::ThreadExited { pid, tid: former });
                 }
                 if let Some(thread) = self.threads.get_mut(&tid) {
                     thread.window = StackWindow::new();
@@ -604,7 +607,7 @@ impl ProcessTarget {
                 } else {
                     self.adopt(tid);
                 }
-                self.events.push(TargetEvent::ProcessExec { pid });
+                self.emit(TargetEvent::ProcessExec { pid });
                 resume(tid, 0);
                 None
             }
@@ -627,12 +630,12 @@ impl ProcessTarget {
             },
         );
         if pid == tid {
-            self.events.push(TargetEvent::ProcessForked {
+            self.emit(TargetEvent::ProcessForked {
                 parent: 0,
                 child: tid,
             });
         } else {
-            self.events.push(TargetEvent::ThreadStarted { pid, tid });
+            self.emit(TargetEvent::ThreadStarted { pid, tid });
         }
     }
 
@@ -645,12 +648,12 @@ impl ProcessTarget {
         if tid == pid {
             // The thread group leader reports last: the whole process is gone.
             self.threads.retain(|_, t| t.pid != pid);
-            self.events.push(TargetEvent::ProcessExited { pid, status });
+            self.emit(TargetEvent::ProcessExited { pid, status });
             if pid == self.leader {
                 self.leader_status = Some(status);
             }
         } else {
-            self.events.push(TargetEvent::ThreadExited { pid, tid });
+            self.emit(TargetEvent::ThreadExited { pid, tid });
         }
     }
 

@@ -1,7 +1,117 @@
-//! `glass info`: placeholder until the report pipeline lands.
-use crate::error::{Failure, Result};
+//! `glass info`: what a recording holds, how it was made, and what it cost the target.
+
+use std::collections::HashSet;
+use std::time::{Duration, UNIX_EPOCH};
+
+use glass_format::{SAMPLE_TRUNCATED, VERSION};
+
+use crate::error::Result;
+use crate::report::open_recording;
 use crate::InfoArgs;
 
-pub fn run(_args: &InfoArgs) -> Result<()> {
-    Err(Failure::runtime("info is not built yet"))
+/// A UTC date and time from nanoseconds since the epoch (civil-from-days, H. Hinnant).
+fn utc(ns: u64) -> String {
+    let time = UNIX_EPOCH + Duration::from_nanos(ns);
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn run(args: &InfoArgs) -> Result<()> {
+    let recording = open_recording(&args.input)?;
+    let us = |ns: u64| format!("{:.1} us", ns as f64 / 1000.0);
+    println!(
+        "file:        {} ({} bytes, format version {VERSION})",
+        args.input.display(),
+        recording.file_len
+    );
+    match &recording.damage {
+        None => println!("state:       complete"),
+        Some(damage) => println!("state:       {damage}"),
+    }
+    if let Some(meta) = &recording.meta {
+        println!(
+            "recorded:    {} on {} by glass {}",
+            utc(meta.start_unix_ns),
+            meta.hostname,
+            meta.glass_version
+        );
+        if meta.command.is_empty() {
+            println!("target:      pid {} (attached)", meta.target_pid);
+        } else {
+            println!(
+                "target:      {} (launched, pid {})",
+                meta.command.join(" "),
+                meta.target_pid
+            );
+        }
+        println!(
+            "sampling:    {} backend, {} unwinding, {} Hz, max depth {}",
+            meta.backend, meta.unwind, meta.frequency_hz, meta.max_depth
+        );
+    }
+    let truncated = recording
+        .samples
+        .iter()
+        .filter(|s| s.flags & SAMPLE_TRUNCATED != 0)
+        .count();
+    let threads: HashSet<u32> = recording.samples.iter().map(|s| s.tid).collect();
+    let processes: HashSet<u32> = recording.processes.iter().map(|p| p.pid).collect();
+    println!(
+        "contents:    {} samples ({} truncated stacks), {} threads sampled, {} processes, {} module mappings",
+        recording.samples.len(),
+        truncated,
+        threads.len(),
+        processes.len(),
+        recording.modules.len()
+    );
+    match &recording.summary {
+        Some(s) => {
+            let overhead = if s.duration_ns > 0 {
+                s.stopped_total_ns as f64 * 100.0 / s.duration_ns as f64
+            } else {
+                0.0
+            };
+            println!(
+                "duration:    {:.3} s, {} ticks, {} missed deadlines",
+                s.duration_ns as f64 / 1e9,
+                s.ticks,
+                s.missed_deadlines
+            );
+            println!(
+                "cost:        target stopped per sample: mean {}, p50 {}, p99 {}, max {}",
+                us(s.stopped_mean_ns),
+                us(s.stopped_p50_ns),
+                us(s.stopped_p99_ns),
+                us(s.stopped_max_ns)
+            );
+            println!(
+                "             overhead {overhead:.3}% of wall time ({} stopped in all)",
+                us(s.stopped_total_ns)
+            );
+            println!("             lost samples {}", s.lost_samples);
+            if s.exit_status >= 0 {
+                println!("exit status: {}", s.exit_status);
+            }
+        }
+        None => println!("cost:        not recorded (the recorder did not finish the file)"),
+    }
+    Ok(())
 }

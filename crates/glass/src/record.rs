@@ -105,7 +105,9 @@ fn check_cpu(cpu: usize) -> Result<()> {
     if allowed.is_set(cpu).unwrap_or(false) {
         Ok(())
     } else {
-        Err(Failure::bad_input(format!("--sampler-cpu {cpu}: no such CPU available to glass")))
+        Err(Failure::bad_input(format!(
+            "--sampler-cpu {cpu}: no such CPU available to glass"
+        )))
     }
 }
 
@@ -211,8 +213,6 @@ struct Recorder<'a> {
     lost: u64,
     missed_deadlines: u64,
     stopped_per_tick: Vec<u64>,
-    /// Scratch for a sample's frames after the address check.
-    checked: Vec<u64>,
 }
 
 impl<'a> Recorder<'a> {
@@ -232,7 +232,6 @@ impl<'a> Recorder<'a> {
             lost: 0,
             missed_deadlines: 0,
             stopped_per_tick: Vec::new(),
-            checked: Vec::with_capacity(args.max_depth as usize + 1),
         }
     }
 
@@ -341,18 +340,24 @@ impl<'a> Recorder<'a> {
             glass_version: env!("CARGO_PKG_VERSION").into(),
         })?;
         let leader = self.target.leader;
-        self.write_process(leader, 0, ProcessKind::Attached)?;
+        self.write_process(leader, 0, ProcessKind::Attached, 0)?;
         for (pid, tid) in self.target.threads() {
             self.note_thread(pid, tid)?;
         }
         Ok(())
     }
 
-    fn write_process(&mut self, pid: i32, parent: i32, kind: ProcessKind) -> std::io::Result<()> {
+    fn write_process(
+        &mut self,
+        pid: i32,
+        parent: i32,
+        kind: ProcessKind,
+        time_ns: u64,
+    ) -> std::io::Result<()> {
         self.processes_seen += 1;
         let name = procfs::thread_name(pid, pid);
         self.writer.process(&Process {
-            time_ns: self.now_ns(),
+            time_ns,
             pid: pid as u32,
             parent_pid: parent.max(0) as u32,
             kind,
@@ -366,18 +371,17 @@ impl<'a> Recorder<'a> {
             }
             ProcessKind::Attached | ProcessKind::Exec => {
                 self.modules.insert(pid, ModuleMap::default());
-                self.refresh_modules(pid)?;
+                self.refresh_modules(pid, time_ns)?;
             }
         }
         Ok(())
     }
 
     /// Re-reads /proc/PID/maps and writes the mappings the file does not have yet.
-    fn refresh_modules(&mut self, pid: i32) -> std::io::Result<()> {
+    fn refresh_modules(&mut self, pid: i32, time_ns: u64) -> std::io::Result<()> {
         let Ok(current) = procfs::executable_mappings(pid) else {
             return Ok(());
         };
-        let time_ns = self.now_ns();
         let known = self.modules.entry(pid).or_default();
         known.last_refresh = Some(Instant::now());
         let new: Vec<Mapping> = current
@@ -418,7 +422,7 @@ impl<'a> Recorder<'a> {
         } else {
             mapping.path.as_str()
         };
-        let id = TEMP_build_id(Path::new(path)).unwrap_or_default();
+        let id = glass_symbols::build_id(Path::new(path)).unwrap_or_default();
         if !mapping.deleted {
             self.build_ids.insert(mapping.path.clone(), id.clone());
         }
@@ -457,23 +461,26 @@ impl<'a> Recorder<'a> {
     }
 
     fn write_events(&mut self) -> std::io::Result<()> {
-        let events: Vec<TargetEvent> = self.target.take_events().collect();
-        for event in events {
+        let events: Vec<(Instant, TargetEvent)> = self.target.take_events().collect();
+        for (seen, event) in events {
+            // Stamped when the kernel reported it, not when written: samples taken in
+            // between must fall after an exec, not before it.
+            let time_ns = seen.saturating_duration_since(self.origin).as_nanos() as u64;
             match event {
                 TargetEvent::ThreadStarted { pid, tid } => self.note_thread(pid, tid)?,
                 TargetEvent::ThreadExited { pid, tid } => {
                     self.writer.thread_exit(&ThreadExit {
-                        time_ns: self.now_ns(),
+                        time_ns,
                         pid: pid as u32,
                         tid: tid as u32,
                     })?;
                 }
                 TargetEvent::ProcessForked { parent, child } => {
-                    self.write_process(child, parent, ProcessKind::Forked)?;
+                    self.write_process(child, parent, ProcessKind::Forked, time_ns)?;
                     self.note_thread(child, child)?;
                 }
                 TargetEvent::ProcessExec { pid } => {
-                    self.write_process(pid, 0, ProcessKind::Exec)?;
+                    self.write_process(pid, 0, ProcessKind::Exec, time_ns)?;
                     self.thread_names.remove(&pid);
                     self.refresh_thread_names()?;
                 }
@@ -492,16 +499,8 @@ impl<'a> Recorder<'a> {
                 self.note_thread(sample.pid, sample.tid)?;
             }
             let frames = tick.frames_of(sample);
-            let mut truncated = sample.truncated;
-            let usable = self.known_prefix(sample.pid, frames)?;
-            if usable < frames.len() {
-                // A return address in no executable mapping: the frame-pointer chain
-                // went through code built without frame pointers. Keep what is sound.
-                truncated = true;
-            }
-            self.checked.clear();
-            self.checked.extend_from_slice(&frames[..usable]);
-            let flags = if truncated {
+            self.check_modules(sample.pid, frames)?;
+            let flags = if sample.truncated {
                 glass_format::SAMPLE_TRUNCATED
             } else {
                 0
@@ -516,35 +515,28 @@ impl<'a> Recorder<'a> {
                 sample.tid as u32,
                 sample.stopped_ns,
                 flags,
-                &self.checked,
+                frames,
             )?;
             self.samples += 1;
         }
         Ok(())
     }
 
-    /// How many leading frames lie in known code, re-reading the module map (rate
-    /// limited) when one does not: that is how code mapped after the start is found.
-    fn known_prefix(&mut self, pid: i32, frames: &[u64]) -> std::io::Result<usize> {
+    /// Re-reads the module map (rate limited) when a sample holds an address outside
+    /// every known mapping: that is how code mapped after the start (the libraries the
+    /// dynamic loader maps, dlopen, a JIT) gets into the recording.
+    fn check_modules(&mut self, pid: i32, frames: &[u64]) -> std::io::Result<()> {
         let map = self.modules.entry(pid).or_default();
-        let first_unknown = frames.iter().position(|&a| !map.contains(a));
-        let Some(_) = first_unknown else {
-            return Ok(frames.len());
-        };
-        let stale = map
-            .last_refresh
-            .is_none_or(|t| t.elapsed() >= MAPS_REFRESH_PERIOD);
-        if stale {
-            self.refresh_modules(pid)?;
+        if frames.iter().all(|&a| map.contains(a)) {
+            return Ok(());
         }
-        let map = &self.modules[&pid];
-        // The instruction pointer is kept even outside known code (it is what ran).
-        let first_unknown = frames
-            .iter()
-            .skip(1)
-            .position(|&a| !map.contains(a))
-            .map(|i| i + 1);
-        Ok(first_unknown.unwrap_or(frames.len()))
+        if map
+            .last_refresh
+            .is_none_or(|t| t.elapsed() >= MAPS_REFRESH_PERIOD)
+        {
+            self.refresh_modules(pid, self.now_ns())?;
+        }
+        Ok(())
     }
 
     fn finish(mut self, outcome: Outcome) -> Result<i32> {
@@ -645,9 +637,4 @@ impl<'a> Recorder<'a> {
             s.lost_samples
         );
     }
-}
-
-#[allow(non_snake_case)]
-fn TEMP_build_id(_: &Path) -> Option<Vec<u8>> {
-    None
 }

@@ -1,7 +1,114 @@
-//! `glass report`: placeholder until the report pipeline lands.
+//! `glass report`: read a recording, symbolize it, and write one output format.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use glass_format::{FormatError, Recording};
+use glass_report::{Format, Profile, ProfileOptions};
+
 use crate::error::{Failure, Result};
 use crate::ReportArgs;
 
-pub fn run(_args: &ReportArgs) -> Result<()> {
-    Err(Failure::runtime("report is not built yet"))
+/// Reads a recording for a command: a file glass cannot read at all is bad input; a
+/// damaged or truncated one is reported with a warning and used as far as it goes.
+pub fn open_recording(path: &Path) -> Result<Recording> {
+    let recording = glass_format::read_file(path).map_err(|error| match error {
+        FormatError::Io(message) => Failure::bad_input(format!(
+            "cannot read {}: {}",
+            path.display(),
+            strip_os_error(&message)
+        )),
+        other => Failure::bad_input(format!("{}: {other}", path.display())),
+    })?;
+    if let Some(damage) = &recording.damage {
+        eprintln!(
+            "glass: warning: {}: {damage}; using the {} samples before it",
+            path.display(),
+            recording.samples.len()
+        );
+    }
+    Ok(recording)
+}
+
+fn strip_os_error(message: &str) -> &str {
+    message.split(" (os error").next().unwrap_or(message)
+}
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let recording = open_recording(&args.input)?;
+    // Open the output before the (possibly long) symbolization, so a bad path fails fast.
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
+            Failure::bad_input(format!(
+                "cannot write {}: {}",
+                path.display(),
+                strip_os_error(&e.to_string())
+            ))
+        })?)),
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    };
+    let options = ProfileOptions {
+        split_threads: args.threads,
+        tid: args.tid,
+    };
+    let profile = Profile::build(&recording, &options);
+    for warning in &profile.warnings {
+        eprintln!("glass: warning: {warning}");
+    }
+    if let Some(tid) = args.tid {
+        if profile.samples == 0 {
+            eprintln!(
+                "glass: warning: no samples of thread {tid} in {}",
+                args.input.display()
+            );
+        }
+    }
+    let written = match args.format {
+        Format::Top => glass_report::write_top(
+            &profile,
+            &header(&recording, &profile, &args.input),
+            args.threads,
+            args.limit,
+            &mut out,
+        ),
+        Format::Folded => glass_report::write_folded(&profile, &mut out),
+        Format::Flamegraph => {
+            glass_report::write_flamegraph(&profile, &title(&recording), &mut out)
+        }
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        // `glass report | head` is not a failure.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
+    }
+}
+
+fn title(recording: &Recording) -> String {
+    match &recording.meta {
+        Some(meta) if !meta.command.is_empty() => format!("glass: {}", meta.command.join(" ")),
+        Some(meta) => format!("glass: pid {}", meta.target_pid),
+        None => "glass".to_string(),
+    }
+}
+
+fn header(recording: &Recording, profile: &Profile, path: &Path) -> String {
+    let duration = recording
+        .summary
+        .as_ref()
+        .map(|s| format!(", {:.2} s", s.duration_ns as f64 / 1e9))
+        .unwrap_or_default();
+    let lost = recording
+        .summary
+        .as_ref()
+        .filter(|s| s.lost_samples > 0)
+        .map(|s| format!(", {} samples lost", s.lost_samples))
+        .unwrap_or_default();
+    format!(
+        "{}: {} samples, {} threads{duration}{lost}",
+        title(recording),
+        profile.samples,
+        profile.threads.len(),
+    ) + &format!(" ({})", path.display())
 }

@@ -120,3 +120,11 @@ pub fn assert_clean_failure(output: &Output, code: i32, needle: &str) {
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The ptrace sampler counts wall-clock time: a target that waits for a CPU is sampled
+/// where it waits. Tests that check a known split hold this lock so that two sampled
+/// workloads of the same test binary never compete for the two cores.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
