@@ -22,6 +22,8 @@ pub struct ProfileOptions {
 pub struct Stack {
     /// Root first: the process, the thread (when split), then functions outermost first.
     pub frames: Vec<String>,
+    /// Per frame: it was inlined into the frame before it (from DWARF).
+    pub inlined: Vec<bool>,
     pub count: u64,
 }
 
@@ -73,18 +75,20 @@ impl Profile {
                 .push((process.time_ns, process.name.clone()));
         }
 
-        let mut counts: HashMap<Vec<String>, u64> = HashMap::new();
+        let mut counts: HashMap<(Vec<String>, Vec<bool>), u64> = HashMap::new();
         let mut profile = Profile {
             context_frames: if options.split_threads { 2 } else { 1 },
             ..Profile::default()
         };
         let mut threads_seen: HashMap<u32, String> = HashMap::new();
         let mut frames: Vec<String> = Vec::with_capacity(64);
+        let mut inlined: Vec<bool> = Vec::with_capacity(64);
         for sample in &recording.samples {
             if options.tid.is_some_and(|tid| tid != sample.tid) {
                 continue;
             }
             frames.clear();
+            inlined.clear();
             let process = exec_names
                 .get(&sample.pid)
                 .and_then(|names| {
@@ -130,17 +134,28 @@ impl Profile {
                                 .entry(frame.function.clone())
                                 .or_insert_with(|| frame.module.clone());
                             frames.push(frame.function.clone());
+                            inlined.push(frame.inlined);
                         }
                     }
-                    None => frames.push(UNKNOWN_FRAME.to_string()),
+                    None => {
+                        frames.push(UNKNOWN_FRAME.to_string());
+                        inlined.push(false);
+                    }
                 }
             }
-            *counts.entry(frames.clone()).or_insert(0) += 1;
+            // The context frames (process, thread, [truncated]) are never inlined.
+            let context = frames.len() - inlined.len();
+            inlined.splice(0..0, std::iter::repeat_n(false, context));
+            *counts.entry((frames.clone(), inlined.clone())).or_insert(0) += 1;
             profile.samples += 1;
         }
         profile.stacks = counts
             .into_iter()
-            .map(|(frames, count)| Stack { frames, count })
+            .map(|((frames, inlined), count)| Stack {
+                frames,
+                inlined,
+                count,
+            })
             .collect();
         profile.stacks.sort_by(|a, b| a.frames.cmp(&b.frames));
         profile.threads = threads_seen.into_iter().collect();
@@ -152,5 +167,16 @@ impl Profile {
     /// The functions of a stack, without the process and thread frames.
     pub fn functions<'a>(&self, stack: &'a Stack) -> &'a [String] {
         &stack.frames[self.context_frames.min(stack.frames.len())..]
+    }
+
+    /// The function a stack's time counts as "self" for: the innermost one that was
+    /// not inlined (as perf and the symbol table see it; inlined callees still count
+    /// in the totals).
+    pub fn self_function<'a>(&self, stack: &'a Stack) -> Option<&'a String> {
+        let first = self.context_frames.min(stack.frames.len());
+        (first..stack.frames.len())
+            .rev()
+            .find(|&i| !stack.inlined.get(i).copied().unwrap_or(false))
+            .map(|i| &stack.frames[i])
     }
 }

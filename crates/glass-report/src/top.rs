@@ -1,5 +1,7 @@
 //! The top table: per function, the share of samples it was running in (self) and the
 //! share it was on the stack for (total, counted once per sample even when recursive).
+//! Self time goes to the innermost function that was not inlined, as in perf; inlined
+//! functions appear with their total.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
@@ -25,7 +27,7 @@ fn rows<'a>(profile: &'a Profile, thread: Option<&str>) -> (Vec<Row<'a>>, u64) {
         }
         samples += stack.count;
         let functions = profile.functions(stack);
-        if let Some(leaf) = functions.last() {
+        if let Some(leaf) = profile.self_function(stack) {
             *self_counts.entry(leaf).or_insert(0) += stack.count;
         }
         let mut seen = HashSet::new();
