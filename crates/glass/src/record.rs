@@ -431,7 +431,10 @@ impl<'a> Recorder<'a> {
 
     fn note_thread(&mut self, pid: i32, tid: i32) -> std::io::Result<()> {
         self.threads_seen += 1;
-        let name = procfs::thread_name(pid, tid);
+        self.write_thread_name(pid, tid, procfs::thread_name(pid, tid))
+    }
+
+    fn write_thread_name(&mut self, pid: i32, tid: i32, name: String) -> std::io::Result<()> {
         self.writer.thread(&Thread {
             time_ns: self.now_ns(),
             pid: pid as u32,
@@ -446,16 +449,9 @@ impl<'a> Recorder<'a> {
     fn refresh_thread_names(&mut self) -> std::io::Result<()> {
         for (pid, tid) in self.target.threads() {
             let name = procfs::thread_name(pid, tid);
-            if name.is_empty() || self.thread_names.get(&tid) == Some(&name) {
-                continue;
+            if !name.is_empty() && self.thread_names.get(&tid) != Some(&name) {
+                self.write_thread_name(pid, tid, name)?;
             }
-            self.writer.thread(&Thread {
-                time_ns: self.now_ns(),
-                pid: pid as u32,
-                tid: tid as u32,
-                name: name.clone(),
-            })?;
-            self.thread_names.insert(tid, name);
         }
         Ok(())
     }

@@ -121,15 +121,7 @@ fn a_recursion_300_deep_is_captured_whole() {
 fn a_library_loaded_with_dlopen_is_named() {
     let _alone = exclusive();
     let dir = scratch("dlopen");
-    let library = dir.join("libplugin.so");
-    let status = std::process::Command::new("gcc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
-        .arg(fixtures_dir().join("plugin.c"))
-        .arg("-o")
-        .arg(&library)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let library = compile_library(&dir, "plugin.c", "libplugin.so", &[]);
     let program = compile(&dir, "dlopen.c", "dlopen", &["-ldl"]);
     let recording = dir.join("dlopen.glass");
     record(

@@ -15,15 +15,7 @@ fn strip(path: &std::path::Path) {
 fn a_stripped_library_still_has_dynsym_names_and_a_stripped_program_has_offsets() {
     let _alone = exclusive();
     let dir = scratch("stripped");
-    let library = dir.join("libplugin.so");
-    let status = Command::new("gcc")
-        .args(["-O2", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
-        .arg(fixtures_dir().join("plugin.c"))
-        .arg("-o")
-        .arg(&library)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let library = compile_library(&dir, "plugin.c", "libplugin.so", &[]);
     strip(&library);
     let program = compile(&dir, "dlopen.c", "dlopen", &["-ldl"]);
     strip(&program);

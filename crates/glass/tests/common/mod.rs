@@ -35,6 +35,16 @@ pub fn compile(dir: &Path, source: &str, output: &str, extra: &[&str]) -> PathBu
     out
 }
 
+/// Compiles `tests/fixtures/<source>` into the shared library `dir/<output>`.
+pub fn compile_library(dir: &Path, source: &str, output: &str, extra: &[&str]) -> PathBuf {
+    compile(
+        dir,
+        source,
+        output,
+        &[&["-shared", "-fPIC"], extra].concat(),
+    )
+}
+
 pub fn glass(args: &[&str]) -> Output {
     Command::new(GLASS).args(args).output().expect("glass runs")
 }
