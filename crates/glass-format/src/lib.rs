@@ -46,6 +46,9 @@ pub struct Meta {
     pub command: Vec<String>,
     pub hostname: String,
     pub glass_version: String,
+    /// What each sample holds: "frames" (unwound while recording) or "raw" (registers
+    /// and a compacted stack, unwound by the report).
+    pub capture: String,
 }
 
 /// A process appears: attached, forked, or replaced by exec. After an exec record the
@@ -110,6 +113,21 @@ pub struct Sample {
     pub frames: Vec<u64>,
 }
 
+/// A raw sample: registers and a compacted copy of the stack from `sp` upwards, unwound
+/// when the report is made (see `glass_unwind::snapshot` for the compaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub stopped_ns: u32,
+    pub flags: u8,
+    pub ip: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub stack: Vec<u8>,
+}
+
 /// The cost figures of a recording, written once at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -142,6 +160,7 @@ pub enum Record {
     Thread(Thread),
     ThreadExit(ThreadExit),
     Sample(Sample),
+    Snapshot(Snapshot),
     Summary(Summary),
     /// The recorder finished cleanly; nothing follows.
     End,
@@ -156,5 +175,6 @@ pub(crate) mod tag {
     pub const THREAD_EXIT: u8 = 5;
     pub const SAMPLE: u8 = 6;
     pub const SUMMARY: u8 = 7;
+    pub const SNAPSHOT: u8 = 8;
     pub const END: u8 = 0xff;
 }

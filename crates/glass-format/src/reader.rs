@@ -1,7 +1,9 @@
 use std::path::Path;
 
 use crate::varint::{get_i64, get_u64};
-use crate::{tag, Meta, Module, Process, ProcessKind, Record, Sample, Summary, Thread, ThreadExit};
+use crate::{
+    tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
+};
 use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Records larger than this are taken as corruption rather than allocated.
@@ -131,6 +133,7 @@ pub struct Recording {
     pub threads: Vec<Thread>,
     pub thread_exits: Vec<ThreadExit>,
     pub samples: Vec<Sample>,
+    pub snapshots: Vec<Snapshot>,
     pub summary: Option<Summary>,
     /// The file ended with an End record.
     pub complete: bool,
@@ -161,6 +164,7 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
             Ok(Record::Thread(thread)) => recording.threads.push(thread),
             Ok(Record::ThreadExit(exit)) => recording.thread_exits.push(exit),
             Ok(Record::Sample(sample)) => recording.samples.push(sample),
+            Ok(Record::Snapshot(snapshot)) => recording.snapshots.push(snapshot),
             Ok(Record::Summary(summary)) => recording.summary = Some(summary),
             Ok(Record::End) => recording.complete = true,
             Err(error) => recording.damage = Some(error),
@@ -243,6 +247,7 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
                 command,
                 hostname: p.string()?,
                 glass_version: p.string()?,
+                capture: p.string()?,
             })
         }
         tag::PROCESS => Record::Process(Process {
@@ -302,6 +307,17 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
                 frames,
             })
         }
+        tag::SNAPSHOT => Record::Snapshot(Snapshot {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            tid: p.u32()?,
+            stopped_ns: p.u32()?,
+            flags: p.u8()?,
+            ip: p.u64()?,
+            sp: p.u64()?,
+            fp: p.u64()?,
+            stack: p.bytes()?.to_vec(),
+        }),
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,
             samples: p.u64()?,

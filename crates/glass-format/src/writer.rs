@@ -1,7 +1,7 @@
 use std::io::{self, Write};
 
 use crate::varint::{put_i64, put_u64};
-use crate::{tag, Meta, Module, Process, Record, Summary, Thread, ThreadExit};
+use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
 use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Streams records to `out`. Each record is encoded into a reused scratch buffer and
@@ -40,6 +40,7 @@ impl<W: Write> Writer<W> {
                 sample.flags,
                 &sample.frames,
             ),
+            Record::Snapshot(snapshot) => self.snapshot(snapshot),
             Record::Summary(summary) => self.summary(summary),
             Record::End => self.end(),
         }
@@ -60,6 +61,7 @@ impl<W: Write> Writer<W> {
         }
         put_str(b, &meta.hostname);
         put_str(b, &meta.glass_version);
+        put_str(b, &meta.capture);
         self.emit(tag::META)
     }
 
@@ -131,6 +133,20 @@ impl<W: Write> Writer<W> {
             previous = frame;
         }
         self.emit(tag::SAMPLE)
+    }
+
+    pub fn snapshot(&mut self, s: &Snapshot) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        for value in [s.time_ns, s.pid as u64, s.tid as u64, s.stopped_ns as u64] {
+            put_u64(b, value);
+        }
+        b.push(s.flags);
+        for value in [s.ip, s.sp, s.fp] {
+            put_u64(b, value);
+        }
+        put_bytes(b, &s.stack);
+        self.emit(tag::SNAPSHOT)
     }
 
     pub fn summary(&mut self, s: &Summary) -> io::Result<()> {

@@ -16,6 +16,7 @@ fn sample_records() -> Vec<Record> {
             command: vec!["./prog".into(), "--flag".into(), "ünïcode".into()],
             hostname: "host".into(),
             glass_version: "0.1.0".into(),
+            capture: "raw".into(),
         }),
         Record::Process(Process {
             time_ns: 5,
@@ -52,6 +53,17 @@ fn sample_records() -> Vec<Record> {
                 0,
                 u64::MAX,
             ],
+        }),
+        Record::Snapshot(Snapshot {
+            time_ns: 2_000_000,
+            pid: 4242,
+            tid: 4243,
+            stopped_ns: 0,
+            flags: 0,
+            ip: 0x5555_5555_5123,
+            sp: 0x7ffd_0000_1000,
+            fp: 0x7ffd_0000_1040,
+            stack: vec![3, 1, 2, 1, 2, 3, 4, 5, 6, 7, 8],
         }),
         Record::ThreadExit(ThreadExit {
             time_ns: 9,

@@ -51,6 +51,7 @@ pub enum PerfRecord<'a> {
         stack: &'a [u8],
     },
     Mmap {
+        time_ns: u64,
         pid: u32,
         start: u64,
         len: u64,
@@ -59,17 +60,20 @@ pub enum PerfRecord<'a> {
         path: &'a str,
     },
     Comm {
+        time_ns: u64,
         pid: u32,
         tid: u32,
         exec: bool,
         name: &'a str,
     },
     Fork {
+        time_ns: u64,
         pid: u32,
         parent_pid: u32,
         tid: u32,
     },
     Exit {
+        time_ns: u64,
         pid: u32,
         tid: u32,
     },
@@ -312,6 +316,14 @@ impl<'a> Cursor<'a> {
 
 fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
     let mut c = Cursor { bytes: body, at: 0 };
+    // With sample_id_all, every other record ends with the sample's TID and TIME.
+    let time_ns = body
+        .len()
+        .checked_sub(8)
+        .and_then(|at| body.get(at..))
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_ne_bytes)
+        .unwrap_or(0);
     match kind {
         b::PERF_RECORD_SAMPLE => {
             let pid = c.u32()?;
@@ -350,6 +362,7 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             let _flags = c.u32()?;
             let path = c.c_str()?;
             Some(PerfRecord::Mmap {
+                time_ns,
                 pid,
                 start,
                 len,
@@ -363,6 +376,7 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             let tid = c.u32()?;
             let name = c.c_str()?;
             Some(PerfRecord::Comm {
+                time_ns,
                 pid,
                 tid,
                 exec: misc & b::PERF_RECORD_MISC_COMM_EXEC as u16 != 0,
@@ -370,6 +384,7 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             })
         }
         b::PERF_RECORD_FORK => Some(PerfRecord::Fork {
+            time_ns,
             pid: c.u32()?,
             parent_pid: c.u32()?,
             tid: c.u32()?,
@@ -378,7 +393,7 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             let pid = c.u32()?;
             let _ppid = c.u32()?;
             let tid = c.u32()?;
-            Some(PerfRecord::Exit { pid, tid })
+            Some(PerfRecord::Exit { time_ns, pid, tid })
         }
         b::PERF_RECORD_LOST => {
             let _id = c.u64()?;

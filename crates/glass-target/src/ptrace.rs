@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use glass_unwind::{walk_frame_pointers, RemoteMemory, StackWindow};
+use glass_unwind::{walk_frame_pointers, RemoteMemory, StackWindow, UnwindRegs};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
@@ -74,6 +74,19 @@ struct ThreadState {
     pid: i32,
     run: RunState,
     window: StackWindow,
+    /// Bytes of stack to copy in [`Capture::StackCopy`], learned from unwinding.
+    stack_copy: usize,
+}
+
+impl ThreadState {
+    fn new(pid: i32, run: RunState) -> Self {
+        ThreadState {
+            pid,
+            run,
+            window: StackWindow::new(),
+            stack_copy: DEFAULT_STACK_COPY,
+        }
+    }
 }
 
 /// One sampled thread of a tick; its frames are `frames[first..first + count]` of the
@@ -87,9 +100,27 @@ pub struct SampleHeader {
     pub stopped_ns: u32,
     pub truncated: bool,
     pub in_syscall: bool,
+    pub regs: UnwindRegs,
+    /// Walked frames: `frames[first..first + count]` of the tick.
     pub first: usize,
     pub count: usize,
+    /// Copied stack from `regs.sp`: `stack[stack_first..stack_first + stack_len]`.
+    pub stack_first: usize,
+    pub stack_len: usize,
 }
+
+/// What a tick keeps of each stopped thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// Walk the frame-pointer chain while the thread is stopped; keep the addresses.
+    FramePointers { max_depth: usize },
+    /// Copy the registers and the top of the stack; unwinding happens after resume.
+    StackCopy,
+}
+
+/// The stack copied per thread at first, and the most a copy grows to.
+pub const DEFAULT_STACK_COPY: usize = 16 << 10;
+pub const MAX_STACK_COPY: usize = 256 << 10;
 
 /// The samples of one tick. Reused from tick to tick so the sample path does not
 /// allocate once the buffers have grown.
@@ -97,6 +128,7 @@ pub struct SampleHeader {
 pub struct Tick {
     pub samples: Vec<SampleHeader>,
     pub frames: Vec<u64>,
+    pub stack: Vec<u8>,
     /// From the first interrupt to the last resume: the time some thread of the target
     /// was stopped by this tick.
     pub stopped_ns: u64,
@@ -107,6 +139,10 @@ pub struct Tick {
 impl Tick {
     pub fn frames_of(&self, sample: &SampleHeader) -> &[u64] {
         &self.frames[sample.first..sample.first + sample.count]
+    }
+
+    pub fn stack_of(&self, sample: &SampleHeader) -> &[u8] {
+        &self.stack[sample.stack_first..sample.stack_first + sample.stack_len]
     }
 }
 
@@ -265,14 +301,9 @@ impl ProcessTarget {
             target.detached = true;
             return Err(TargetError::Attach(pid, code));
         }
-        target.threads.insert(
-            child.pid,
-            ThreadState {
-                pid: child.pid,
-                run: RunState::Running,
-                window: StackWindow::new(),
-            },
-        );
+        target
+            .threads
+            .insert(child.pid, ThreadState::new(child.pid, RunState::Running));
         if let Err(error) = child.release() {
             target.wait_for_exit_of_leader();
             return Err(error);
@@ -315,14 +346,9 @@ impl ProcessTarget {
                     Err(code) => return Err(TargetError::Attach(pid, code)),
                 }
                 new += 1;
-                target.threads.insert(
-                    tid,
-                    ThreadState {
-                        pid,
-                        run: RunState::Running,
-                        window: StackWindow::new(),
-                    },
-                );
+                target
+                    .threads
+                    .insert(tid, ThreadState::new(pid, RunState::Running));
             }
             if new == 0 {
                 break;
@@ -379,6 +405,15 @@ impl ProcessTarget {
         self.threads.iter().map(|(&tid, t)| (t.pid, tid)).collect()
     }
 
+    /// Unwinding a copied stack of `tid` needed `bytes` of it: copy that much (and a
+    /// little more) from now on, up to [`MAX_STACK_COPY`].
+    pub fn want_stack_copy(&mut self, tid: i32, bytes: usize) {
+        if let Some(thread) = self.threads.get_mut(&tid) {
+            let wanted = (bytes + 4096).next_multiple_of(4096).min(MAX_STACK_COPY);
+            thread.stack_copy = thread.stack_copy.max(wanted);
+        }
+    }
+
     /// The first process's exit status, once it has exited.
     pub fn leader_status(&self) -> Option<i32> {
         self.leader_status
@@ -386,9 +421,10 @@ impl ProcessTarget {
 
     /// Samples every running thread once: interrupt all, and as each one stops copy its
     /// registers and stack, walk its frame pointers, and resume it.
-    pub fn sample(&mut self, tick: &mut Tick, origin: Instant, max_depth: usize) {
+    pub fn sample(&mut self, tick: &mut Tick, origin: Instant, capture: Capture) {
         tick.samples.clear();
         tick.frames.clear();
+        tick.stack.clear();
         tick.lost = 0;
         tick.stopped_ns = 0;
         self.awaiting.clear();
@@ -423,14 +459,27 @@ impl ProcessTarget {
                 Ok(registers) => {
                     let mut memory = ProcessMemory { pid: thread.pid };
                     let first = tick.frames.len();
-                    thread.window.fill(&mut memory, registers.unwind.sp);
-                    let end = walk_frame_pointers(
-                        registers.unwind,
-                        &mut thread.window,
-                        &mut memory,
-                        max_depth,
-                        &mut tick.frames,
-                    );
+                    let stack_first = tick.stack.len();
+                    let mut truncated = false;
+                    match capture {
+                        Capture::FramePointers { max_depth } => {
+                            thread.window.fill(&mut memory, registers.unwind.sp);
+                            let end = walk_frame_pointers(
+                                registers.unwind,
+                                &mut thread.window,
+                                &mut memory,
+                                max_depth,
+                                &mut tick.frames,
+                            );
+                            truncated = end.is_truncated();
+                        }
+                        Capture::StackCopy => {
+                            tick.stack.resize(stack_first + thread.stack_copy, 0);
+                            let got =
+                                memory.read(registers.unwind.sp, &mut tick.stack[stack_first..]);
+                            tick.stack.truncate(stack_first + got);
+                        }
+                    }
                     resume(tid, 0);
                     let resumed = Instant::now();
                     thread.window.finish();
@@ -443,10 +492,13 @@ impl ProcessTarget {
                             .duration_since(interrupted_at)
                             .as_nanos()
                             .min(u32::MAX as u128) as u32,
-                        truncated: end.is_truncated(),
+                        truncated,
                         in_syscall: registers.in_syscall,
+                        regs: registers.unwind,
                         first,
                         count: tick.frames.len() - first,
+                        stack_first,
+                        stack_len: tick.stack.len() - stack_first,
                     });
                 }
                 Err(_) => {
@@ -573,11 +625,10 @@ impl ProcessTarget {
                     let is_thread = event == libc::PTRACE_EVENT_CLONE
                         && crate::procfs::thread_group_of(new_tid) != Some(new_tid);
                     let pid = if is_thread { parent_pid } else { new_tid };
-                    let state = self.threads.entry(new_tid).or_insert(ThreadState {
-                        pid,
-                        run: RunState::Starting,
-                        window: StackWindow::new(),
-                    });
+                    let state = self
+                        .threads
+                        .entry(new_tid)
+                        .or_insert(ThreadState::new(pid, RunState::Starting));
                     state.pid = pid;
                     if is_thread {
                         self.emit(TargetEvent::ThreadStarted { pid, tid: new_tid });
@@ -621,14 +672,8 @@ impl ProcessTarget {
     /// A thread the kernel attached whose creation we have not seen yet.
     fn adopt(&mut self, tid: i32) {
         let pid = crate::procfs::thread_group_of(tid).unwrap_or(tid);
-        self.threads.insert(
-            tid,
-            ThreadState {
-                pid,
-                run: RunState::Running,
-                window: StackWindow::new(),
-            },
-        );
+        self.threads
+            .insert(tid, ThreadState::new(pid, RunState::Running));
         if pid == tid {
             self.emit(TargetEvent::ProcessForked {
                 parent: 0,
@@ -697,11 +742,9 @@ impl ProcessTarget {
                 ) {
                     // The new thread or child is attached too: it must be let go as well.
                     if let Some(new_tid) = event_message(tid) {
-                        self.threads.entry(new_tid).or_insert(ThreadState {
-                            pid: new_tid,
-                            run: RunState::Starting,
-                            window: StackWindow::new(),
-                        });
+                        self.threads
+                            .entry(new_tid)
+                            .or_insert(ThreadState::new(new_tid, RunState::Starting));
                     }
                 }
                 let _ = ptrace_raw(libc::PTRACE_DETACH, tid, signal as usize);

@@ -7,6 +7,7 @@
 
 pub mod dwarf;
 pub mod fp;
+pub mod snapshot;
 pub mod window;
 
 pub use dwarf::DwarfUnwinder;

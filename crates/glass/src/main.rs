@@ -52,12 +52,56 @@ pub struct RecordArgs {
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,
+    /// How samples are taken: perf (the kernel copies registers and stack; the target
+    /// never stops), ptrace (glass stops each thread), auto (perf where permitted)
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// How stacks are unwound: dwarf (CFI from .eh_frame/.debug_frame), fp (frame
+    /// pointers), auto (CFI where present, frame pointers elsewhere, per frame)
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+    /// What is stored: frames (unwound while recording) or raw (registers and a
+    /// compacted stack copy, unwound by the report)
+    #[arg(long, value_enum, default_value_t = CaptureMode::Frames)]
+    pub capture: CaptureMode,
+    /// Bytes of user stack the kernel copies per sample (perf backend)
+    #[arg(long, default_value_t = 16384, value_parser = parse_stack_size)]
+    pub stack_size: u32,
     /// Do not print the cost summary at the end
     #[arg(short, long)]
     pub quiet: bool,
     /// The command to launch and sample
     #[arg(last = true, required_unless_present = "pid")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Perf,
+    Ptrace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    Auto,
+    Fp,
+    Dwarf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureMode {
+    Frames,
+    Raw,
+}
+
+/// The kernel wants a multiple of 8 below 64 KiB.
+fn parse_stack_size(text: &str) -> Result<u32, String> {
+    let size: u32 = text.parse().map_err(|_| format!("not a number: {text}"))?;
+    if size == 0 || !size.is_multiple_of(8) || size > 65528 {
+        return Err("must be a multiple of 8 between 8 and 65528".to_string());
+    }
+    Ok(size)
 }
 
 #[derive(Args, Debug, Clone)]

@@ -1,0 +1,289 @@
+//! `glass record`: set-up shared by the backends, then one module per backend loop:
+//!
+//! - [`perf`]: the kernel samples the target (cpu-clock) and copies its registers and
+//!   stack; the target is never stopped. The default where perf_event_open is allowed.
+//! - [`ptrace`]: glass stops each thread at every tick, copies what it needs, resumes.
+//!
+//! Both hand their samples to a [`sink::Sink`], which unwinds, keeps module maps, and
+//! writes the file after the target has its CPU back.
+
+mod perf;
+mod ptrace;
+mod sink;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use glass_format::Writer;
+use glass_target::TargetError;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use crate::error::{Failure, Result};
+use crate::{BackendChoice, CaptureMode, RecordArgs, UnwindMode};
+use sink::Sink;
+
+/// Why the recording ended.
+pub enum Outcome {
+    TargetExited,
+    DurationElapsed,
+    Signalled(i32),
+    WriteFailed(std::io::Error),
+}
+
+pub fn run(args: &RecordArgs) -> Result<i32> {
+    if let Some(cpu) = args.sampler_cpu {
+        // Check the CPU before starting anything; pin only after launching, so the
+        // target does not inherit the sampler's core.
+        check_cpu(cpu)?;
+    }
+    let backend = match args.backend {
+        BackendChoice::Ptrace => BackendChoice::Ptrace,
+        BackendChoice::Perf => {
+            if !glass_target::perf::available() {
+                return Err(Failure::runtime(
+                    "--backend perf: perf_event_open is not permitted here (see /proc/sys/kernel/perf_event_paranoid); use --backend ptrace",
+                ));
+            }
+            BackendChoice::Perf
+        }
+        BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
+        BackendChoice::Auto => BackendChoice::Ptrace,
+    };
+    let file = create_output(&args.output)?;
+    // Block the signals glass waits for before any target exists, so they arrive as
+    // descriptor reads and never interrupt a half-written record.
+    let stop_signals = stop_signal_fd()?;
+    let writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
+        .map_err(|e| write_failure(&args.output, &e))?;
+    let sink = Sink::new(args, writer);
+    let start_failed = |error: TargetError| {
+        let _ = std::fs::remove_file(&args.output);
+        if error.is_bad_input() {
+            Failure::bad_input(error.to_string())
+        } else {
+            Failure::runtime(error.to_string())
+        }
+    };
+    match backend {
+        BackendChoice::Perf => perf::record(sink, &stop_signals).map_err(start_failed)?,
+        _ => ptrace::record(sink, &stop_signals).map_err(start_failed)?,
+    }
+}
+
+/// The name the file records for the unwinder in use.
+fn unwind_name(mode: UnwindMode) -> &'static str {
+    match mode {
+        UnwindMode::Auto => "auto (CFI, frame pointers where there is none)",
+        UnwindMode::Dwarf => "dwarf",
+        UnwindMode::Fp => "fp",
+    }
+}
+
+/// The recording's end, common to the backends: summary, end marker, the printed
+/// figures, and the exit status to return.
+fn finish(
+    mut sink: Sink,
+    outcome: Outcome,
+    exit_status: Option<i32>,
+    backend: &str,
+) -> Result<i32> {
+    let summary = sink.summary(exit_status);
+    let written = match &outcome {
+        Outcome::WriteFailed(_) => Ok(()),
+        _ => sink.finish(&summary),
+    };
+    let _ = sink.flush();
+    if let Outcome::WriteFailed(error) = &outcome {
+        return Err(write_failure(&sink.args.output, error));
+    }
+    written.map_err(|e| write_failure(&sink.args.output, &e))?;
+    let args = sink.args;
+    if !args.quiet {
+        print_summary(args, &summary, &outcome, backend);
+    }
+    Ok(match (args.pid, summary.exit_status) {
+        (None, status) if status >= 0 => status,
+        _ => 0,
+    })
+}
+
+fn print_summary(args: &RecordArgs, s: &glass_format::Summary, outcome: &Outcome, backend: &str) {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let size = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let ended = match outcome {
+        Outcome::TargetExited => "target exited".to_string(),
+        Outcome::DurationElapsed => "duration elapsed; target detached and running".to_string(),
+        Outcome::Signalled(signal) => format!(
+            "stopped by {}; target detached",
+            Signal::try_from(*signal)
+                .map(|s| s.as_str())
+                .unwrap_or("a signal")
+        ),
+        Outcome::WriteFailed(_) => "write failed".to_string(),
+    };
+    let capture = match args.capture {
+        CaptureMode::Frames => "",
+        CaptureMode::Raw => ", raw stacks",
+    };
+    eprintln!(
+        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}) -> {} ({} KiB)",
+        s.samples,
+        s.threads,
+        s.processes,
+        s.duration_ns as f64 / 1e9,
+        args.frequency,
+        args.output.display(),
+        size.div_ceil(1024)
+    );
+    if backend == "perf" {
+        eprintln!(
+            "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",
+            s.lost_samples
+        );
+        return;
+    }
+    eprintln!(
+        "glass: target stopped per sample: mean {:.1} us, p50 {:.1} us, p99 {:.1} us, max {:.1} us; overhead {:.3}% of wall time; missed deadlines {}; lost samples {}",
+        us(s.stopped_mean_ns),
+        us(s.stopped_p50_ns),
+        us(s.stopped_p99_ns),
+        us(s.stopped_max_ns),
+        if s.duration_ns > 0 { s.stopped_total_ns as f64 * 100.0 / s.duration_ns as f64 } else { 0.0 },
+        s.missed_deadlines,
+        s.lost_samples
+    );
+}
+
+fn create_output(path: &Path) -> Result<File> {
+    File::create(path).map_err(|error| {
+        Failure::bad_input(format!(
+            "cannot write {}: {}",
+            path.display(),
+            error_text(&error)
+        ))
+    })
+}
+
+fn error_text(error: &std::io::Error) -> String {
+    let text = error.to_string();
+    text.split(" (os error").next().unwrap_or(&text).to_string()
+}
+
+fn write_failure(path: &Path, error: &std::io::Error) -> Failure {
+    Failure::runtime(format!(
+        "writing {} failed: {}",
+        path.display(),
+        error_text(error)
+    ))
+}
+
+fn stop_signal_fd() -> Result<SignalFd> {
+    let mut mask = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        mask.add(signal);
+    }
+    mask.thread_block()
+        .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
+        .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))
+}
+
+fn check_cpu(cpu: usize) -> Result<()> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(|e| Failure::runtime(format!("cannot read CPU affinity: {e}")))?;
+    if allowed.is_set(cpu).unwrap_or(false) {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(format!(
+            "--sampler-cpu {cpu}: no such CPU available to glass"
+        )))
+    }
+}
+
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(std::io::Error::from)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes; returns which were.
+fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: valid pollfds.
+    let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout_ms) };
+    if ready <= 0 {
+        return vec![false; fds.len()];
+    }
+    polls.iter().map(|p| p.revents != 0).collect()
+}
+
+/// A SIGINT/SIGTERM/SIGHUP waiting on the descriptor, if any.
+fn take_stop_signal(stop_signals: &SignalFd) -> Option<i32> {
+    stop_signals
+        .read_signal()
+        .ok()
+        .flatten()
+        .map(|info| info.ssi_signo as i32)
+}
+
+/// A periodic CLOCK_MONOTONIC timer with absolute deadlines.
+fn tick_timer(frequency_hz: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain system calls on a descriptor we own.
+    unsafe {
+        let fd = libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let period_ns = 1_000_000_000u64 / frequency_hz as u64;
+        let mut now: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+        let first = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64 + period_ns;
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: (period_ns / 1_000_000_000) as i64,
+                tv_nsec: (period_ns % 1_000_000_000) as i64,
+            },
+            it_value: libc::timespec {
+                tv_sec: (first / 1_000_000_000) as i64,
+                tv_nsec: (first % 1_000_000_000) as i64,
+            },
+        };
+        if libc::timerfd_settime(
+            fd.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        ) < 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
+
+/// Expirations since the last read (0 if none).
+fn read_expirations(fd: &OwnedFd) -> u64 {
+    let mut count = 0u64;
+    // SAFETY: reads 8 bytes into `count`.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    if n == 8 {
+        count
+    } else {
+        0
+    }
+}

@@ -1,0 +1,466 @@
+//! Everything a recording does after a sample is taken, whatever backend took it:
+//! keeping each process's module map and unwind tables, unwinding copied stacks (or
+//! compacting them for `--capture raw`), writing records, and the cost statistics.
+//! Nothing here runs while the target is stopped.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use glass_format::{
+    Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread, ThreadExit, Writer,
+};
+use glass_target::procfs::{self, Mapping};
+use glass_unwind::snapshot::compact;
+use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
+
+use crate::{CaptureMode, RecordArgs, UnwindMode};
+
+/// The module map of a process is re-read at most this often when samples show
+/// addresses outside every known mapping (code mapped by dlopen, a JIT).
+const MAPS_REFRESH_PERIOD: Duration = Duration::from_millis(20);
+
+/// One process's executable mappings, as the file has them, and its unwind tables.
+#[derive(Default, Clone)]
+struct AddressSpace {
+    mappings: Vec<Mapping>,
+    last_refresh: Option<Instant>,
+    unwinder: DwarfUnwinder,
+}
+
+impl AddressSpace {
+    fn contains(&self, address: u64) -> bool {
+        let index = self.mappings.partition_point(|m| m.start <= address);
+        index > 0 && address < self.mappings[index - 1].end
+    }
+}
+
+/// Stack memory from a copy taken at the sample.
+struct CopiedStack<'a> {
+    sp: u64,
+    bytes: &'a [u8],
+    /// The highest address an unwinder asked for, to size later copies.
+    high_water: u64,
+}
+
+impl CopiedStack<'_> {
+    fn word(&mut self, address: u64) -> Option<u64> {
+        self.high_water = self.high_water.max(address + 8);
+        let offset = usize::try_from(address.checked_sub(self.sp)?).ok()?;
+        let word = self.bytes.get(offset..offset.checked_add(8)?)?;
+        Some(u64::from_le_bytes(word.try_into().ok()?))
+    }
+}
+
+impl RemoteMemory for CopiedStack<'_> {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> usize {
+        self.high_water = self.high_water.max(address + buf.len() as u64);
+        let Some(offset) = address
+            .checked_sub(self.sp)
+            .and_then(|o| usize::try_from(o).ok())
+        else {
+            return 0;
+        };
+        let available = self.bytes.len().saturating_sub(offset);
+        let n = available.min(buf.len());
+        if n > 0 {
+            buf[..n].copy_from_slice(&self.bytes[offset..offset + n]);
+        }
+        n
+    }
+}
+
+pub struct Sink<'a> {
+    pub args: &'a RecordArgs,
+    writer: Writer<BufWriter<File>>,
+    pub origin: Instant,
+    spaces: HashMap<i32, AddressSpace>,
+    build_ids: HashMap<String, Vec<u8>>,
+    thread_names: HashMap<i32, String>,
+    threads_seen: HashSet<i32>,
+    processes_seen: HashSet<i32>,
+    pub ticks: u64,
+    pub samples: u64,
+    pub lost: u64,
+    pub missed_deadlines: u64,
+    stopped_per_tick: Vec<u64>,
+    frames: Vec<u64>,
+    encoded: Vec<u8>,
+    window: StackWindow,
+}
+
+impl<'a> Sink<'a> {
+    pub fn new(args: &'a RecordArgs, writer: Writer<BufWriter<File>>) -> Self {
+        Sink {
+            args,
+            writer,
+            origin: Instant::now(),
+            spaces: HashMap::new(),
+            build_ids: HashMap::new(),
+            thread_names: HashMap::new(),
+            threads_seen: HashSet::new(),
+            processes_seen: HashSet::new(),
+            ticks: 0,
+            samples: 0,
+            lost: 0,
+            missed_deadlines: 0,
+            stopped_per_tick: Vec::new(),
+            frames: Vec::with_capacity(args.max_depth as usize + 1),
+            encoded: Vec::new(),
+            window: StackWindow::new(),
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    pub fn ns_since_origin(&self, instant: Instant) -> u64 {
+        instant.saturating_duration_since(self.origin).as_nanos() as u64
+    }
+
+    pub fn write_meta(&mut self, backend: &str, unwind: &str, target_pid: i32) -> io::Result<()> {
+        let start_unix_ns = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let capture = match self.args.capture {
+            CaptureMode::Frames => "frames",
+            CaptureMode::Raw => "raw",
+        };
+        self.writer.meta(&Meta {
+            start_unix_ns,
+            backend: backend.into(),
+            unwind: unwind.into(),
+            frequency_hz: self.args.frequency,
+            max_depth: self.args.max_depth,
+            target_pid: target_pid as u32,
+            command: self.args.command.clone(),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            glass_version: env!("CARGO_PKG_VERSION").into(),
+            capture: capture.into(),
+        })
+    }
+
+    /// A process appears. For an attached or exec'd process with `read_maps`, its
+    /// mappings are read from /proc now; otherwise they arrive through
+    /// [`Sink::add_mapping`].
+    pub fn process(
+        &mut self,
+        pid: i32,
+        parent: i32,
+        kind: ProcessKind,
+        time_ns: u64,
+        read_maps: bool,
+    ) -> io::Result<()> {
+        self.processes_seen.insert(pid);
+        let name = procfs::thread_name(pid, pid);
+        self.writer.process(&Process {
+            time_ns,
+            pid: pid as u32,
+            parent_pid: parent.max(0) as u32,
+            kind,
+            name,
+        })?;
+        match kind {
+            ProcessKind::Forked => {
+                // The child starts with its parent's mappings; readers copy them too.
+                let inherited = self.spaces.get(&parent).cloned().unwrap_or_default();
+                self.spaces.insert(pid, inherited);
+            }
+            ProcessKind::Attached | ProcessKind::Exec => {
+                self.spaces.insert(pid, AddressSpace::default());
+                self.thread_names.remove(&pid);
+                if read_maps {
+                    self.refresh_modules(pid, time_ns)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-reads /proc/PID/maps and records the mappings the file does not have yet.
+    pub fn refresh_modules(&mut self, pid: i32, time_ns: u64) -> io::Result<()> {
+        let Ok(current) = procfs::executable_mappings(pid) else {
+            return Ok(());
+        };
+        self.spaces.entry(pid).or_default().last_refresh = Some(Instant::now());
+        for mapping in current {
+            self.add_mapping(pid, mapping, time_ns)?;
+        }
+        Ok(())
+    }
+
+    /// Records one executable mapping (if new) and loads its unwind tables.
+    pub fn add_mapping(&mut self, pid: i32, mapping: Mapping, time_ns: u64) -> io::Result<()> {
+        let space = self.spaces.entry(pid).or_default();
+        if space.mappings.contains(&mapping) {
+            return Ok(());
+        }
+        let build_id = self.build_id(pid, &mapping);
+        self.writer.module(&Module {
+            time_ns,
+            pid: pid as u32,
+            start: mapping.start,
+            end: mapping.end,
+            file_offset: mapping.file_offset,
+            build_id,
+            path: mapping.path.clone(),
+        })?;
+        let space = self.spaces.entry(pid).or_default();
+        if self.args.unwind != UnwindMode::Fp
+            && !mapping.path.starts_with('[')
+            && !space.unwinder.has_module(mapping.start)
+        {
+            let path = readable_path(pid, &mapping);
+            // A module whose tables cannot be read unwinds by frame pointers.
+            let _ = space.unwinder.add_module(
+                Path::new(&path),
+                mapping.start,
+                mapping.end,
+                mapping.file_offset,
+            );
+        }
+        // Overlapping older mappings (an unmapped and reused range) give way.
+        space
+            .mappings
+            .retain(|m| m.end <= mapping.start || m.start >= mapping.end);
+        let at = space.mappings.partition_point(|m| m.start < mapping.start);
+        space.mappings.insert(at, mapping);
+        Ok(())
+    }
+
+    fn build_id(&mut self, pid: i32, mapping: &Mapping) -> Vec<u8> {
+        if mapping.path.starts_with('[') {
+            return Vec::new();
+        }
+        if let Some(id) = self.build_ids.get(&mapping.path) {
+            return id.clone();
+        }
+        let id =
+            glass_symbols::build_id(Path::new(&readable_path(pid, mapping))).unwrap_or_default();
+        if !mapping.deleted {
+            self.build_ids.insert(mapping.path.clone(), id.clone());
+        }
+        id
+    }
+
+    pub fn thread(&mut self, pid: i32, tid: i32) -> io::Result<()> {
+        self.threads_seen.insert(tid);
+        self.thread_name(pid, tid, procfs::thread_name(pid, tid))
+    }
+
+    pub fn thread_name(&mut self, pid: i32, tid: i32, name: String) -> io::Result<()> {
+        if name.is_empty() || self.thread_names.get(&tid) == Some(&name) {
+            return Ok(());
+        }
+        self.writer.thread(&Thread {
+            time_ns: self.now_ns(),
+            pid: pid as u32,
+            tid: tid as u32,
+            name: name.clone(),
+        })?;
+        self.thread_names.insert(tid, name);
+        self.threads_seen.insert(tid);
+        Ok(())
+    }
+
+    pub fn knows_thread(&self, tid: i32) -> bool {
+        self.thread_names.contains_key(&tid)
+    }
+
+    /// Threads often name themselves after they start: write names that changed.
+    pub fn refresh_thread_names(&mut self, threads: &[(i32, i32)]) -> io::Result<()> {
+        for &(pid, tid) in threads {
+            self.thread_name(pid, tid, procfs::thread_name(pid, tid))?;
+        }
+        Ok(())
+    }
+
+    pub fn thread_exit(&mut self, pid: i32, tid: i32, time_ns: u64) -> io::Result<()> {
+        self.writer.thread_exit(&ThreadExit {
+            time_ns,
+            pid: pid as u32,
+            tid: tid as u32,
+        })
+    }
+
+    pub fn process_exit(&mut self, pid: i32) {
+        self.spaces.remove(&pid);
+    }
+
+    pub fn tick(&mut self, stopped_ns: u64) {
+        self.ticks += 1;
+        self.stopped_per_tick.push(stopped_ns);
+    }
+
+    /// A sample already unwound (the frame-pointer walk in the stopped window).
+    pub fn frames_sample(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        flags: u8,
+        frames: &[u64],
+    ) -> io::Result<()> {
+        self.check_modules(pid, frames)?;
+        self.writer
+            .sample(time_ns, pid as u32, tid as u32, stopped_ns, flags, frames)?;
+        self.samples += 1;
+        Ok(())
+    }
+
+    /// A sample holding registers and a copy of the stack from `regs.sp`. Unwinds it
+    /// (or, with `--capture raw`, compacts and stores it). Returns how many bytes of
+    /// stack the unwinder wanted, so the backend can copy enough next time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stack_sample(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        in_syscall: bool,
+        regs: UnwindRegs,
+        stack: &[u8],
+    ) -> io::Result<usize> {
+        let syscall_flag = if in_syscall {
+            glass_format::SAMPLE_IN_SYSCALL
+        } else {
+            0
+        };
+        let mut frames = std::mem::take(&mut self.frames);
+        frames.clear();
+        let mut copy = CopiedStack {
+            sp: regs.sp,
+            bytes: stack,
+            high_water: regs.sp,
+        };
+        let max_depth = self.args.max_depth as usize;
+        let space = self.spaces.entry(pid).or_default();
+        let end = match self.args.unwind {
+            UnwindMode::Fp => {
+                self.window.fill(&mut copy, regs.sp);
+                walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, &mut frames)
+            }
+            UnwindMode::Auto | UnwindMode::Dwarf => space.unwinder.walk(
+                regs,
+                &mut |address| copy.word(address),
+                max_depth,
+                &mut frames,
+            ),
+        };
+        let wanted = (copy.high_water - regs.sp) as usize;
+        let flags = syscall_flag
+            | if end.is_truncated() {
+                glass_format::SAMPLE_TRUNCATED
+            } else {
+                0
+            };
+        let result = match self.args.capture {
+            CaptureMode::Frames => {
+                self.frames_sample(pid, tid, time_ns, stopped_ns, flags, &frames)
+            }
+            CaptureMode::Raw => {
+                // The unwind above only told which modules the stack touches.
+                self.check_modules(pid, &frames)?;
+                let space = &self.spaces[&pid];
+                let mut encoded = std::mem::take(&mut self.encoded);
+                encoded.clear();
+                compact(stack, regs.sp, &|value| space.contains(value), &mut encoded);
+                let written = self.writer.snapshot(&Snapshot {
+                    time_ns,
+                    pid: pid as u32,
+                    tid: tid as u32,
+                    stopped_ns,
+                    flags: syscall_flag,
+                    ip: regs.ip,
+                    sp: regs.sp,
+                    fp: regs.fp,
+                    stack: std::mem::take(&mut encoded),
+                });
+                self.samples += 1;
+                written
+            }
+        };
+        self.frames = frames;
+        result.map(|()| wanted)
+    }
+
+    /// Re-reads the module map (rate limited) when a sample holds an address outside
+    /// every known mapping: that is how code mapped after the start (the libraries the
+    /// dynamic loader maps, dlopen, a JIT) gets into the recording.
+    fn check_modules(&mut self, pid: i32, frames: &[u64]) -> io::Result<()> {
+        let space = self.spaces.entry(pid).or_default();
+        if frames.iter().all(|&a| space.contains(a)) {
+            return Ok(());
+        }
+        if space
+            .last_refresh
+            .is_none_or(|t| t.elapsed() >= MAPS_REFRESH_PERIOD)
+        {
+            self.refresh_modules(pid, self.now_ns())?;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+
+    pub fn summary(&self, exit_status: Option<i32>) -> Summary {
+        let mut stopped = self.stopped_per_tick.clone();
+        stopped.sort_unstable();
+        let total: u64 = stopped.iter().sum();
+        let percentile = |p: f64| -> u64 {
+            if stopped.is_empty() {
+                0
+            } else {
+                stopped[((stopped.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        Summary {
+            duration_ns: self.now_ns(),
+            samples: self.samples,
+            ticks: self.ticks,
+            threads: self.threads_seen.len() as u32,
+            processes: self.processes_seen.len() as u32,
+            missed_deadlines: self.missed_deadlines,
+            stopped_mean_ns: if stopped.is_empty() {
+                0
+            } else {
+                total / stopped.len() as u64
+            },
+            stopped_p50_ns: percentile(0.5),
+            stopped_p99_ns: percentile(0.99),
+            stopped_max_ns: stopped.last().copied().unwrap_or(0),
+            stopped_total_ns: total,
+            lost_samples: self.lost,
+            exit_status: exit_status.unwrap_or(-1),
+        }
+    }
+
+    /// Writes the summary and the end marker.
+    pub fn finish(&mut self, summary: &Summary) -> io::Result<()> {
+        self.writer.summary(summary)?;
+        self.writer.end()
+    }
+}
+
+/// A path that reads the mapped file: a deleted or replaced file is still readable
+/// through the mapping itself.
+fn readable_path(pid: i32, mapping: &Mapping) -> String {
+    if mapping.deleted {
+        format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        )
+    } else {
+        mapping.path.clone()
+    }
+}
