@@ -6,12 +6,14 @@ mod flamegraph;
 mod folded;
 mod modules;
 mod profile;
+mod raw;
 mod top;
 
 pub use flamegraph::write_flamegraph;
 pub use folded::write_folded;
 pub use modules::ModuleTimeline;
 pub use profile::{Profile, ProfileOptions, Stack};
+pub use raw::unwind_snapshots;
 pub use top::write_top;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

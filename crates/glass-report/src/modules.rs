@@ -44,35 +44,65 @@ impl ModuleTimeline {
 
     /// The module containing `address` in process `pid` at `time_ns`.
     pub fn find(&self, pid: u32, time_ns: u64, address: u64) -> Option<&Module> {
-        self.find_depth(pid, time_ns, address, 0)
+        self.in_force(pid, time_ns)
+            .into_iter()
+            .find(|m| address >= m.start && address < m.end)
     }
 
-    fn find_depth(&self, pid: u32, time_ns: u64, address: u64, depth: u32) -> Option<&Module> {
+    /// The start of the epoch (last exec or attach) a sample at `time_ns` falls in: with
+    /// the pid, it names one address space.
+    pub fn epoch(&self, pid: u32, time_ns: u64) -> Option<u64> {
         let history = self.processes.get(&pid)?;
-        // The map in force began at the last exec (or attach) before the sample.
+        history
+            .epochs
+            .iter()
+            .copied()
+            .filter(|&t| t <= time_ns)
+            .max()
+    }
+
+    /// Every mapping in force in `pid` at `time_ns`, latest recorded first.
+    pub fn in_force(&self, pid: u32, time_ns: u64) -> Vec<&Module> {
+        let mut found = Vec::new();
+        self.collect(pid, time_ns, 0, &mut found);
+        found
+    }
+
+    fn collect<'a>(&'a self, pid: u32, time_ns: u64, depth: u32, found: &mut Vec<&'a Module>) {
+        let Some(history) = self.processes.get(&pid) else {
+            return;
+        };
+        // The map in force began at the last exec (or attach) before the sample and
+        // ends at the next one.
         let epoch = history
             .epochs
             .iter()
             .copied()
             .filter(|&t| t <= time_ns)
             .max();
-        let found = history
-            .modules
+        let next = history
+            .epochs
             .iter()
-            .rev()
-            // Mappings are recorded when glass first sees code in them, which can be just
-            // after the first sample in them: within an epoch, time does not exclude.
-            .filter(|m| epoch.is_none_or(|e| m.time_ns >= e))
-            .find(|m| address >= m.start && address < m.end);
-        if found.is_some() {
-            return found;
-        }
+            .copied()
+            .filter(|&t| t > time_ns)
+            .min();
+        found.extend(
+            history
+                .modules
+                .iter()
+                .rev()
+                // Mappings are recorded when glass first sees code in them, which can be
+                // just after the first sample in them: within an epoch, time does not
+                // exclude.
+                .filter(|m| {
+                    epoch.is_none_or(|e| m.time_ns >= e) && next.is_none_or(|n| m.time_ns < n)
+                }),
+        );
         // Without an exec of its own, a forked child still runs its parent's code.
-        match (history.forked_from, epoch) {
-            (Some((parent, fork_time)), None) if depth < 64 => {
-                self.find_depth(parent, fork_time.min(time_ns), address, depth + 1)
+        if let (Some((parent, fork_time)), None) = (history.forked_from, epoch) {
+            if depth < 64 {
+                self.collect(parent, fork_time.min(time_ns), depth + 1, found);
             }
-            _ => None,
         }
     }
 }

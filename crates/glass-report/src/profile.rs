@@ -83,7 +83,8 @@ impl Profile {
         let mut threads_seen: HashMap<u32, String> = HashMap::new();
         let mut frames: Vec<String> = Vec::with_capacity(64);
         let mut inlined: Vec<bool> = Vec::with_capacity(64);
-        for sample in &recording.samples {
+        let unwound = crate::raw::unwind_snapshots(recording);
+        for sample in recording.samples.iter().chain(&unwound) {
             if options.tid.is_some_and(|tid| tid != sample.tid) {
                 continue;
             }

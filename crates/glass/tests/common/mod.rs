@@ -59,8 +59,15 @@ pub fn stdout(output: &Output) -> String {
 
 /// Records `command` with glass at `hz`, asserting success.
 pub fn record(recording: &Path, hz: u32, command: &[&str]) -> Output {
+    record_with(recording, hz, &[], command)
+}
+
+/// Records with extra options (`--backend ptrace`, `--unwind fp`, ...).
+pub fn record_with(recording: &Path, hz: u32, options: &[&str], command: &[&str]) -> Output {
     let hz = hz.to_string();
-    let mut args = vec!["record", "-F", &hz, "-o", recording.to_str().unwrap(), "--"];
+    let mut args = vec!["record", "-F", &hz, "-o", recording.to_str().unwrap()];
+    args.extend_from_slice(options);
+    args.push("--");
     args.extend_from_slice(command);
     let output = glass(&args);
     assert!(
