@@ -63,8 +63,8 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             );
         }
         println!(
-            "sampling:    {} backend, {} unwinding, {} Hz, max depth {}",
-            meta.backend, meta.unwind, meta.frequency_hz, meta.max_depth
+            "sampling:    {} backend, {} unwinding, {} Hz, max depth {}, {} capture",
+            meta.backend, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
         );
     }
     let truncated = recording
@@ -72,12 +72,18 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         .iter()
         .filter(|s| s.flags & SAMPLE_TRUNCATED != 0)
         .count();
-    let threads: HashSet<u32> = recording.samples.iter().map(|s| s.tid).collect();
+    let threads: HashSet<u32> = recording
+        .samples
+        .iter()
+        .map(|s| s.tid)
+        .chain(recording.snapshots.iter().map(|s| s.tid))
+        .collect();
     let processes: HashSet<u32> = recording.processes.iter().map(|p| p.pid).collect();
     println!(
-        "contents:    {} samples ({} truncated stacks), {} threads sampled, {} processes, {} module mappings",
+        "contents:    {} samples ({} truncated stacks), {} raw stack snapshots, {} threads sampled, {} processes, {} module mappings",
         recording.samples.len(),
         truncated,
+        recording.snapshots.len(),
         threads.len(),
         processes.len(),
         recording.modules.len()
@@ -95,6 +101,9 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 s.ticks,
                 s.missed_deadlines
             );
+            if recording.meta.as_ref().is_some_and(|m| m.backend == "perf") {
+                println!("cost:        the target was never stopped: the kernel copied registers and stack at each sample");
+            }
             println!(
                 "cost:        target stopped per sample: mean {}, p50 {}, p99 {}, max {}",
                 us(s.stopped_mean_ns),
