@@ -1,8 +1,11 @@
 //! Offline symbolization: turn (module, address) into function names, after the target
 //! is gone.
 //!
-//! Names come from DWARF with inline frames when the file has it, else from `.symtab`,
-//! else `.dynsym` (a stripped binary keeps its exported names), else `module+0xoffset`.
+//! Names come from DWARF with inline frames when the file (or its separate debug file,
+//! found by build id under /usr/lib/debug/.build-id or by `.gnu_debuglink`) has it, else
+//! from `.symtab`, else `.dynsym` (a stripped binary keeps its exported names), else
+//! `module+0xoffset`. Symbol lookups check the symbol's size: an address in a function
+//! without a symbol is never named after the function before it.
 //! Files are checked against the build id recorded at sampling time, so a binary that
 //! was rebuilt since shows offsets rather than wrong names. The parsing is done by
 //! `addr2line` (which uses `gimli` and `object`); this crate only maps process addresses
@@ -12,7 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 
-use object::{Object, ObjectSegment};
+use object::{Object, ObjectSegment, ObjectSymbol};
 
 /// The GNU build id of an ELF file, read through a memory map (only the notes are
 /// touched, so this is cheap even for large files).
@@ -46,12 +49,17 @@ pub struct ModuleRef<'a> {
     pub file_offset: u64,
 }
 
+/// A loadable segment: (file offset, file size, virtual address).
+type Segment = (u64, u64, u64);
+
 /// An opened module file.
 struct ModuleFile {
-    /// None when the file is missing, unreadable, not ELF or a different build.
+    /// DWARF, when the file or its debug file has it. None when the file is missing,
+    /// unreadable, not ELF or a different build.
     loader: Option<addr2line::Loader>,
-    /// Loadable segments: (file offset, file size, virtual address).
-    segments: Vec<(u64, u64, u64)>,
+    /// Function symbols sorted by address: (address, size, demangled name).
+    symbols: Vec<(u64, u64, String)>,
+    segments: Vec<Segment>,
     basename: String,
 }
 
@@ -92,21 +100,21 @@ impl Symbolizer {
         let basename = basename(module.path);
         let mut opened = ModuleFile {
             loader: None,
+            symbols: Vec::new(),
             segments: Vec::new(),
             basename,
         };
         // Pseudo-files ([vdso], [anon], ...) have nothing on disk.
         if !module.path.starts_with('[') {
             match self.inspect(module) {
-                Ok(segments) => {
+                Ok((segments, debug_file)) => {
                     opened.segments = segments;
-                    match addr2line::Loader::new(module.path) {
-                        Ok(loader) => opened.loader = Some(loader),
-                        Err(error) => self.warnings.push(format!(
-                            "{}: cannot read symbols ({error}); showing offsets",
-                            module.path
-                        )),
+                    let debug = debug_file.as_deref().unwrap_or(module.path);
+                    opened.symbols = function_symbols(debug);
+                    if opened.symbols.is_empty() && debug != module.path {
+                        opened.symbols = function_symbols(module.path);
                     }
+                    opened.loader = addr2line::Loader::new(debug).ok();
                 }
                 Err(reason) => self
                     .warnings
@@ -119,7 +127,7 @@ impl Symbolizer {
     }
 
     /// Checks the file on disk is the one that was mapped, and reads its segments.
-    fn inspect(&self, module: &ModuleRef) -> Result<Vec<(u64, u64, u64)>, String> {
+    fn inspect(&self, module: &ModuleRef) -> Result<(Vec<Segment>, Option<String>), String> {
         let file = std::fs::File::open(module.path).map_err(|e| format!("cannot open ({e})"))?;
         // SAFETY: read-only map of a regular file.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot map ({e})"))?;
@@ -128,13 +136,14 @@ impl Symbolizer {
         if !module.build_id.is_empty() && on_disk != module.build_id {
             return Err("changed since recording (build id differs)".to_string());
         }
-        Ok(elf
+        let segments = elf
             .segments()
             .map(|s| {
                 let (offset, size) = s.file_range();
                 (offset, size, s.address())
             })
-            .collect())
+            .collect();
+        Ok((segments, debug_file_for(module.path, on_disk, &elf)))
     }
 
     /// The frames for `address` in `module`. `is_return_address` marks an address taken
@@ -164,8 +173,11 @@ impl Symbolizer {
         let offset = probe
             .wrapping_sub(module.start)
             .wrapping_add(module.file_offset);
-        let frames: Rc<[Frame]> = match (file.loader.as_ref(), file.address_for_offset(offset)) {
-            (Some(loader), Some(svma)) => lookup(loader, svma, &file.basename).into(),
+        let frames: Rc<[Frame]> = match (
+            file.loader.is_some() || !file.symbols.is_empty(),
+            file.address_for_offset(offset),
+        ) {
+            (true, Some(svma)) => lookup(&file, svma).into(),
             (_, svma) => {
                 let shown = svma.unwrap_or(offset);
                 vec![Frame {
@@ -181,21 +193,29 @@ impl Symbolizer {
     }
 }
 
-fn lookup(loader: &addr2line::Loader, svma: u64, module: &str) -> Vec<Frame> {
+fn lookup(file: &ModuleFile, svma: u64) -> Vec<Frame> {
+    let module = file.basename.as_str();
     let mut frames = Vec::new();
-    if let Ok(mut iter) = loader.find_frames(svma) {
-        // addr2line yields the innermost (inlined) function first.
-        while let Ok(Some(frame)) = iter.next() {
-            if let Some(function) = frame.function.as_ref() {
-                if let Ok(name) = function.demangle() {
-                    frames.push(name.into_owned());
+    if let Some(loader) = &file.loader {
+        if let Ok(mut iter) = loader.find_frames(svma) {
+            // addr2line yields the innermost (inlined) function first.
+            while let Ok(Some(frame)) = iter.next() {
+                if let Some(function) = frame.function.as_ref() {
+                    if let Ok(name) = function.demangle() {
+                        frames.push(name.into_owned());
+                    }
                 }
             }
         }
     }
     if frames.is_empty() {
-        if let Some(symbol) = loader.find_symbol(svma) {
-            frames.push(addr2line::demangle_auto(symbol.into(), None).into_owned());
+        let index = file
+            .symbols
+            .partition_point(|(address, _, _)| *address <= svma);
+        if let Some((address, size, name)) = index.checked_sub(1).map(|i| &file.symbols[i]) {
+            if *size == 0 || svma < address + size {
+                frames.push(name.clone());
+            }
         }
     }
     if frames.is_empty() {
@@ -211,4 +231,65 @@ fn lookup(loader: &addr2line::Loader, svma: u64, module: &str) -> Vec<Frame> {
             inlined: i > 0,
         })
         .collect()
+}
+
+/// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none.
+fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    // SAFETY: read-only map of a regular file.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return Vec::new();
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return Vec::new();
+    };
+    let collect =
+        |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<(u64, u64, String)> {
+            symbols
+                .filter(|s| {
+                    s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0
+                })
+                .filter_map(|s| {
+                    let name = s.name().ok()?;
+                    Some((
+                        s.address(),
+                        s.size(),
+                        addr2line::demangle_auto(name.into(), None).into_owned(),
+                    ))
+                })
+                .collect()
+        };
+    let mut symbols = collect(&mut elf.symbols());
+    if symbols.is_empty() {
+        symbols = collect(&mut elf.dynamic_symbols());
+    }
+    // Several names for one address (aliases): keep the first, sized one.
+    symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    symbols.dedup_by_key(|s| s.0);
+    symbols
+}
+
+/// A separate debug file for `path`: by build id under /usr/lib/debug/.build-id, or by
+/// the `.gnu_debuglink` name next to the file, in its `.debug/`, or under /usr/lib/debug.
+fn debug_file_for(path: &str, build_id: &[u8], elf: &object::File) -> Option<String> {
+    let exists = |candidate: &str| std::path::Path::new(candidate).is_file();
+    if build_id.len() > 1 {
+        let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+        let candidate = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+        if exists(&candidate) {
+            return Some(candidate);
+        }
+    }
+    let (name, _crc) = elf.gnu_debuglink().ok().flatten()?;
+    let name = std::str::from_utf8(name).ok()?;
+    let dir = std::path::Path::new(path).parent()?.to_str()?;
+    [
+        format!("{dir}/{name}"),
+        format!("{dir}/.debug/{name}"),
+        format!("/usr/lib/debug{dir}/{name}"),
+    ]
+    .into_iter()
+    .find(|candidate| candidate != path && exists(candidate))
 }

@@ -22,14 +22,17 @@ struct Captured {
 
 /// Runs `argv` under the perf sampler and keeps every sample's full stack copy and the
 /// executable mappings of every process.
-fn capture(argv: &[&str]) -> (Vec<Captured>, HashMap<u32, Vec<(u64, u64, u64, String)>>) {
+/// Per process: (start, end, file offset, path) of each executable mapping.
+type Mappings = HashMap<u32, Vec<(u64, u64, u64, String)>>;
+
+fn capture(argv: &[&str]) -> (Vec<Captured>, Mappings) {
     let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
     let child = spawn_paused(&argv).expect("spawn");
     let pid = child.pid;
     let mut sampler = PerfSampler::open(&[pid], 999, 16384, true).expect("perf_event_open");
     child.release().expect("exec");
     let mut samples = Vec::new();
-    let mut mappings: HashMap<u32, Vec<(u64, u64, u64, String)>> = HashMap::new();
+    let mut mappings: Mappings = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut exited = false;
     loop {

@@ -1,0 +1,148 @@
+//! On a real program (python3 running a loop), glass's top-10 self functions agree with
+//! `perf record --call-graph dwarf` recording the same run at the same time: at least
+//! 8 of 10 in common, shares within 3 points.
+
+mod common;
+use common::*;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+
+const WORKLOAD: &str = "
+import time
+s = 0
+t = time.time()
+while time.time() - t < 8:
+    for i in range(10000):
+        s += i * i % 7
+    d = {str(i): i for i in range(200)}
+    s += sum(sorted(d.values()))
+";
+
+/// Named functions only: addresses without a symbol are spelled differently by the two
+/// tools (perf: file offset, glass: module+address).
+fn named(name: &str) -> bool {
+    !name.starts_with("0x") && !name.contains("+0x") && !name.starts_with('[')
+}
+
+fn top10(shares: &HashMap<String, f64>) -> Vec<String> {
+    let mut rows: Vec<(&String, &f64)> = shares.iter().filter(|(n, _)| named(n)).collect();
+    rows.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+    rows.into_iter().take(10).map(|(n, _)| n.clone()).collect()
+}
+
+#[test]
+fn top_ten_agrees_with_perf_dwarf_on_the_same_run() {
+    let _alone = exclusive();
+    let dir = scratch("versus_perf");
+    // The interpreter itself, not a wrapper script (pyenv's shim): a build with its
+    // symbol table where the machine has one.
+    let python = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/usr/bin/python3".to_string());
+    let python = python.as_str();
+    let mut target = Command::new(python)
+        .args(["-c", WORKLOAD])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = target.id().to_string();
+    let perf_data = dir.join("perf.data");
+    let perf = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "--call-graph",
+            "dwarf",
+            "-F",
+            "499",
+            "-o",
+            perf_data.to_str().unwrap(),
+            "-p",
+            &pid,
+            "--",
+            "sleep",
+            "4",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perf is installed (./x test installs linux-perf)");
+    let recording = dir.join("python.glass");
+    let output = glass(&[
+        "record",
+        "-q",
+        "-F",
+        "499",
+        "-d",
+        "4",
+        "--pid",
+        &pid,
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let perf = perf.wait_with_output().unwrap();
+    assert!(
+        perf.status.success(),
+        "perf record: {}",
+        String::from_utf8_lossy(&perf.stderr)
+    );
+    let _ = target.kill();
+    let _ = target.wait();
+
+    let report = Command::new("perf")
+        .args([
+            "report",
+            "-i",
+            perf_data.to_str().unwrap(),
+            "--no-children",
+            "--sort",
+            "sym",
+            "--stdio",
+            "-g",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    let mut perf_shares = HashMap::new();
+    for line in String::from_utf8_lossy(&report.stdout).lines() {
+        // "    36.34%  [.] _PyEval_EvalFrameDefault"
+        let Some((percent, rest)) = line.trim().split_once('%') else {
+            continue;
+        };
+        let Ok(percent) = percent.trim().parse::<f64>() else {
+            continue;
+        };
+        if let Some(name) = rest.trim().strip_prefix("[.] ") {
+            *perf_shares.entry(name.trim().to_string()).or_insert(0.0) += percent;
+        }
+    }
+    let top = glass(&["report", recording.to_str().unwrap(), "--limit", "100000"]);
+    let mut glass_shares = HashMap::new();
+    for line in stdout(&top).lines() {
+        // " 35.83% 100.00%       536      1496  _PyEval_EvalFrameDefault   python3.11"
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 5 && fields[0].ends_with('%') && fields[1].ends_with('%') {
+            // Rows with no self samples are callers only; perf does not list them.
+            if let Ok(percent) = fields[0].trim_end_matches('%').parse::<f64>() {
+                if fields[2] != "0" {
+                    glass_shares.insert(fields[4].to_string(), percent);
+                }
+            }
+        }
+    }
+    let ours = top10(&glass_shares);
+    let theirs = top10(&perf_shares);
+    let common: Vec<&String> = ours.iter().filter(|n| theirs.contains(n)).collect();
+    assert!(common.len() >= 8, "glass {ours:?}\nperf {theirs:?}");
+    for name in common {
+        let (a, b) = (glass_shares[name], perf_shares[name]);
+        assert!((a - b).abs() <= 3.0, "{name}: glass {a:.2}% perf {b:.2}%");
+    }
+}
