@@ -133,8 +133,10 @@ fn attributes(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> b::pe
         clockid: libc::CLOCK_MONOTONIC,
         ..Default::default()
     };
-    attr.__bindgen_anon_1.sample_freq = frequency_hz as u64;
-    attr.set_freq(1);
+    // cpu-clock counts nanoseconds: a fixed period of 1e9/HZ samples at exactly HZ per
+    // second of CPU time. (Frequency mode would start with a tiny period and adjust it,
+    // a burst of samples at the start that skews short recordings.)
+    attr.__bindgen_anon_1.sample_period = 1_000_000_000 / frequency_hz.max(1) as u64;
     attr.set_disabled(if enable_on_exec { 1 } else { 0 });
     attr.set_enable_on_exec(if enable_on_exec { 1 } else { 0 });
     attr.set_inherit(1);

@@ -78,7 +78,7 @@ fn attach_for_a_duration_then_detach() {
         "-F",
         "499",
         "-d",
-        "0.5",
+        "1",
         "--pid",
         &pid,
         "-o",
