@@ -170,7 +170,7 @@ fn raw_capture_gives_the_same_profile_as_frames() {
         &recording,
         999,
         &["--capture", "raw"],
-        &[program.to_str().unwrap(), "6000"],
+        &[program.to_str().unwrap(), "10000"],
     );
     let stacks = folded(&recording, &[]);
     let (work, shares) = split_shares(&stacks);
