@@ -149,7 +149,11 @@ fn attributes(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> b::pe
     attr.set_task(1);
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
-    attr.__bindgen_anon_2.wakeup_events = 1;
+    // Wake glass when a quarter of the ring is full, not at every sample: each wake-up
+    // is paid for in the target's context (measured: 3.1% slowdown at 999 Hz waking per
+    // sample). glass also polls with a timeout, so nothing waits long.
+    attr.set_watermark(1);
+    attr.__bindgen_anon_2.wakeup_watermark = (RING_PAGES * 4096 / 4) as u32;
     attr
 }
 
