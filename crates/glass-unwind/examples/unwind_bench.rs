@@ -20,7 +20,10 @@ fn main() {
     });
     let iterations: usize = args[2].parse().unwrap_or(10000);
     let marker = b"stack\n";
-    let split = bytes.windows(marker.len()).position(|w| w == marker).expect("a stack section");
+    let split = bytes
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("a stack section");
     let header = std::str::from_utf8(&bytes[..split]).expect("text header");
     let stack = &bytes[split + marker.len()..];
     let mut lines = header.lines();
@@ -31,19 +34,30 @@ fn main() {
         .take(3)
         .map(|v| u64::from_str_radix(v, 16).unwrap())
         .collect();
-    let regs = UnwindRegs { ip: regs[0], sp: regs[1], fp: regs[2] };
+    let regs = UnwindRegs {
+        ip: regs[0],
+        sp: regs[1],
+        fp: regs[2],
+    };
     let mut unwinder = DwarfUnwinder::new();
     for line in lines {
         let fields: Vec<&str> = line.splitn(5, ' ').collect();
         if fields.len() == 5 && fields[0] == "map" {
             let hex = |v: &str| u64::from_str_radix(v, 16).unwrap();
-            let _ = unwinder.add_module(Path::new(fields[4]), hex(fields[1]), hex(fields[2]), hex(fields[3]));
+            let _ = unwinder.add_module(
+                Path::new(fields[4]),
+                hex(fields[1]),
+                hex(fields[2]),
+                hex(fields[3]),
+            );
         }
     }
     let sp = regs.sp;
     let mut read = |address: u64| -> Option<u64> {
         let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
-        Some(u64::from_le_bytes(stack.get(offset..offset + 8)?.try_into().ok()?))
+        Some(u64::from_le_bytes(
+            stack.get(offset..offset + 8)?.try_into().ok()?,
+        ))
     };
     let mut frames = Vec::with_capacity(512);
     // The first walk fills framehop's rule cache, as repeated sampling does.
