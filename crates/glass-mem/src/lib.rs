@@ -1,0 +1,14 @@
+//! Guest memory seen from outside the guest: its RAM (a read-only mapping of the file
+//! QEMU backs it with), the guest's own page tables walked by glass, and a translation
+//! cache.
+//!
+//! Why a walker of our own: the alternative is asking the VMM (a GDB stub round trip
+//! per read, tens of microseconds each under QEMU) while the guest is stopped. Walking
+//! the tables in mapped RAM costs a few memory reads, and the cache makes the common
+//! case (the same stack pages, sample after sample) one verification read.
+
+pub mod ram;
+pub mod x86_64;
+
+pub use ram::{GuestRam, PhysicalMemory};
+pub use x86_64::{PagingMode, Translation, TranslationCache, WalkError};

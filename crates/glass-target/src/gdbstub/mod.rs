@@ -1,0 +1,6 @@
+//! The GDB remote serial protocol backend (VM guests through a VMM's GDB stub): packet
+//! framing and the target description. The connection and the sample loop build on
+//! these.
+
+pub mod packet;
+pub mod target_xml;
