@@ -2,5 +2,6 @@
 //! framing and the target description. The connection and the sample loop build on
 //! these.
 
+pub mod client;
 pub mod packet;
 pub mod target_xml;

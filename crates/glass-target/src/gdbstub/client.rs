@@ -1,0 +1,357 @@
+//! A small, fast GDB remote serial protocol client: the few packets a sampler needs
+//! (stop, registers of each vCPU, memory, continue), over TCP or a unix socket.
+//!
+//! Every wait has a deadline: a stub that answers garbage, closes mid-packet or never
+//! answers gives one error, never a hang. Opening a connection to QEMU's stub stops the
+//! VM; [`Client::connect`] resumes it at once.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use super::packet::{encode, hex_bytes, Decoder, Event};
+use super::target_xml::{parse, Layout, Register};
+
+/// How long one reply may take before the stub is considered gone.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StubError {
+    #[error("cannot connect to the GDB stub at {0}: {1}")]
+    Connect(String, io::Error),
+    #[error("the GDB stub closed the connection")]
+    Closed,
+    #[error("the GDB stub did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the GDB stub sent a malformed reply: {0}")]
+    Protocol(String),
+    #[error("the GDB stub refused {0}: {1}")]
+    Refused(String, String),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+trait Stream: Read + Write + Send {
+    fn set_read_deadline(&self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl Stream for TcpStream {
+    fn set_read_deadline(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+}
+
+impl Stream for UnixStream {
+    fn set_read_deadline(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+}
+
+/// The registers a sample needs from one vCPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VcpuRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub cr3: u64,
+    pub cr4: u64,
+    pub efer: u64,
+}
+
+pub struct Client {
+    stream: Box<dyn Stream>,
+    decoder: Decoder,
+    buffer: std::collections::VecDeque<u8>,
+    framed: Vec<u8>,
+    pub layout: Layout,
+    /// The stub's vCPU thread ids, as it spells them (`1`, `p1.2`, ...).
+    pub vcpus: Vec<String>,
+    running: bool,
+}
+
+impl Client {
+    /// Connects to `address`: `host:port` for TCP, or a path (or `unix:PATH`) for a unix
+    /// socket. Reads the target description and the vCPU list, then lets the VM run.
+    pub fn connect(address: &str) -> Result<Self, StubError> {
+        let stream: Box<dyn Stream> = match address
+            .strip_prefix("unix:")
+            .or(address.starts_with('/').then_some(address))
+        {
+            Some(path) => Box::new(
+                UnixStream::connect(path).map_err(|e| StubError::Connect(address.into(), e))?,
+            ),
+            None => {
+                let stream = TcpStream::connect(address)
+                    .map_err(|e| StubError::Connect(address.into(), e))?;
+                stream.set_nodelay(true)?;
+                Box::new(stream)
+            }
+        };
+        let mut client = Client {
+            stream,
+            decoder: Decoder::new(),
+            buffer: std::collections::VecDeque::with_capacity(4096),
+            framed: Vec::with_capacity(256),
+            layout: Layout::default(),
+            vcpus: Vec::new(),
+            running: false,
+        };
+        client.handshake()?;
+        Ok(client)
+    }
+
+    fn handshake(&mut self) -> Result<(), StubError> {
+        // The stub stops the VM when we connect; a stale stop reply may be queued.
+        self.request(b"qSupported:multiprocess+;xmlRegisters=i386;qXfer:features:read+")?;
+        self.request(b"?")?;
+        self.layout = Layout::new(self.target_registers()?);
+        for name in ["rip", "rsp", "rbp"] {
+            if self.layout.find(name).is_none() {
+                return Err(StubError::Protocol(format!(
+                    "the target description has no {name} register (not x86-64?)"
+                )));
+            }
+        }
+        self.vcpus = self.thread_ids()?;
+        if self.vcpus.is_empty() {
+            return Err(StubError::Protocol("the stub lists no vCPUs".into()));
+        }
+        self.resume()
+    }
+
+    /// Reads `target.xml` and the annexes it includes.
+    fn target_registers(&mut self) -> Result<Vec<Register>, StubError> {
+        let mut registers = Vec::new();
+        let mut next_regnum = 0;
+        let mut pending = vec!["target.xml".to_string()];
+        let mut seen = 0;
+        while let Some(annex) = pending.pop() {
+            seen += 1;
+            if seen > 32 {
+                return Err(StubError::Protocol(
+                    "too many target description annexes".into(),
+                ));
+            }
+            let xml = self.read_annex(&annex)?;
+            let description = parse(&xml, &mut next_regnum);
+            registers.extend(description.registers);
+            // Includes are read in document order.
+            pending.extend(description.includes.into_iter().rev());
+        }
+        Ok(registers)
+    }
+
+    fn read_annex(&mut self, annex: &str) -> Result<String, StubError> {
+        let mut text = Vec::new();
+        loop {
+            let request = format!("qXfer:features:read:{annex}:{:x},ffb", text.len());
+            let reply = self.request(request.as_bytes())?;
+            match reply.first() {
+                Some(b'm') => text.extend_from_slice(&reply[1..]),
+                Some(b'l') => {
+                    text.extend_from_slice(&reply[1..]);
+                    break;
+                }
+                _ => {
+                    return Err(StubError::Refused(
+                        format!("reading {annex}"),
+                        String::from_utf8_lossy(&reply).into(),
+                    ))
+                }
+            }
+            if text.len() > 1 << 20 {
+                return Err(StubError::Protocol(format!("{annex} is too long")));
+            }
+        }
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
+    fn thread_ids(&mut self) -> Result<Vec<String>, StubError> {
+        let mut ids = Vec::new();
+        let mut reply = self.request(b"qfThreadInfo")?;
+        while reply.first() == Some(&b'm') {
+            ids.extend(
+                reply[1..]
+                    .split(|&b| b == b',')
+                    .map(|id| String::from_utf8_lossy(id).into_owned()),
+            );
+            reply = self.request(b"qsThreadInfo")?;
+            if ids.len() > 4096 {
+                break;
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Stops the VM (all vCPUs) and waits for the stop reply.
+    pub fn stop(&mut self) -> Result<(), StubError> {
+        if !self.running {
+            return Ok(());
+        }
+        self.stream.write_all(&[0x03])?;
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let reply = self.receive(deadline)?;
+            if matches!(reply.first(), Some(b'T' | b'S')) {
+                self.running = false;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Lets the VM run; the reply comes only at the next stop.
+    pub fn resume(&mut self) -> Result<(), StubError> {
+        if self.running {
+            return Ok(());
+        }
+        self.send(b"c")?;
+        self.running = true;
+        Ok(())
+    }
+
+    /// The registers of vCPU `index` (the VM must be stopped).
+    pub fn registers(&mut self, index: usize) -> Result<VcpuRegs, StubError> {
+        let id = self
+            .vcpus
+            .get(index)
+            .cloned()
+            .ok_or_else(|| StubError::Protocol(format!("no vCPU {index}")))?;
+        let select = format!("Hg{id}");
+        let reply = self.request(select.as_bytes())?;
+        if reply != b"OK" {
+            return Err(StubError::Refused(
+                select,
+                String::from_utf8_lossy(&reply).into(),
+            ));
+        }
+        let reply = self.request(b"g")?;
+        let bytes = hex_bytes(&reply)
+            .ok_or_else(|| StubError::Protocol("register reply is not hex".into()))?;
+        let value = |name: &str| self.layout.value(&bytes, name).unwrap_or(0);
+        Ok(VcpuRegs {
+            ip: value("rip"),
+            sp: value("rsp"),
+            fp: value("rbp"),
+            cr3: value("cr3"),
+            cr4: value("cr4"),
+            efer: value("efer"),
+        })
+    }
+
+    /// Reads guest-virtual memory through the stub (the slow path, one round trip per
+    /// call). Returns the bytes the stub could read.
+    pub fn read_memory(&mut self, address: u64, len: usize) -> Result<Vec<u8>, StubError> {
+        let request = format!("m{address:x},{len:x}");
+        let reply = self.request(request.as_bytes())?;
+        if reply.first() == Some(&b'E') {
+            return Ok(Vec::new());
+        }
+        hex_bytes(&reply).ok_or_else(|| StubError::Protocol("memory reply is not hex".into()))
+    }
+
+    /// Detaches: the VM runs on, untraced.
+    pub fn detach(&mut self) -> Result<(), StubError> {
+        if self.running {
+            self.stop()?;
+        }
+        // With the multiprocess extension (ids like `p1.2`), detach names the process.
+        let detach = match self.vcpus.first().and_then(|id| id.strip_prefix('p')) {
+            Some(id) => format!("D;{}", id.split('.').next().unwrap_or("1")),
+            None => "D".to_string(),
+        };
+        let reply = self.request(detach.as_bytes())?;
+        self.running = true;
+        if reply != b"OK" {
+            return Err(StubError::Refused(
+                detach,
+                String::from_utf8_lossy(&reply).into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sends a packet and returns its reply.
+    fn request(&mut self, payload: &[u8]) -> Result<Vec<u8>, StubError> {
+        self.send(payload)?;
+        self.receive(Instant::now() + REPLY_TIMEOUT)
+    }
+
+    fn send(&mut self, payload: &[u8]) -> Result<(), StubError> {
+        encode(payload, &mut self.framed);
+        for _attempt in 0..3 {
+            self.stream.write_all(&self.framed)?;
+            let deadline = Instant::now() + REPLY_TIMEOUT;
+            loop {
+                match self.next_event(deadline)? {
+                    Event::Ack => return Ok(()),
+                    Event::Nack => break,
+                    // A stop reply queued from before (QEMU sends one on connect).
+                    Event::Packet(_) | Event::BadChecksum => continue,
+                }
+            }
+        }
+        Err(StubError::Protocol(
+            "the stub rejected a packet three times".into(),
+        ))
+    }
+
+    fn receive(&mut self, deadline: Instant) -> Result<Vec<u8>, StubError> {
+        loop {
+            match self.next_event(deadline)? {
+                Event::Packet(payload) => {
+                    self.stream.write_all(b"+")?;
+                    return Ok(payload);
+                }
+                Event::BadChecksum => self.stream.write_all(b"-")?,
+                Event::Ack | Event::Nack => {}
+            }
+        }
+    }
+
+    fn next_event(&mut self, deadline: Instant) -> Result<Event, StubError> {
+        loop {
+            // Bytes already buffered first.
+            while let Some(b) = self.buffer.pop_front() {
+                if let Some(event) = self
+                    .decoder
+                    .push(b)
+                    .map_err(|e| StubError::Protocol(format!("{e:?}")))?
+                {
+                    return Ok(event);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StubError::Timeout(REPLY_TIMEOUT));
+            }
+            self.stream.set_read_deadline(Some(left))?;
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(StubError::Closed),
+                Ok(n) => self.buffer.extend(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(StubError::Timeout(REPLY_TIMEOUT));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Drop for Client {
+    /// Never leave the guest stopped: whatever happens to glass, let the VM go.
+    fn drop(&mut self) {
+        if !self.running {
+            // Fire and forget: a stub that has stopped answering must not hold glass.
+            encode(b"c", &mut self.framed);
+            let _ = self.stream.write_all(&self.framed);
+        }
+    }
+}
