@@ -143,8 +143,11 @@ impl DwarfUnwinder {
             debug_frame,
             ..Default::default()
         };
-        self.unwinder
-            .add_module(Module::new(name.to_string(), start..end, bias, info));
+        let module = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Module::new(name.to_string(), start..end, bias, info)
+        }))
+        .map_err(|_| ModuleError::NotElf("unreadable unwind tables".into()))?;
+        self.unwinder.add_module(module);
         self.modules.push(start..end);
         Ok(())
     }
@@ -159,21 +162,32 @@ impl DwarfUnwinder {
         frames: &mut Vec<u64>,
     ) -> WalkEnd {
         let start = frames.len();
-        let mut read_stack = |addr: u64| read_word(addr).ok_or(());
-        let unwind_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.fp);
-        let mut iter =
-            self.unwinder
-                .iter_frames(regs.ip, unwind_regs, &mut self.cache, &mut read_stack);
-        loop {
-            if frames.len() - start >= max_depth {
-                return WalkEnd::DepthLimit;
+        let (unwinder, cache) = (&self.unwinder, &mut self.cache);
+        // Unwind tables come from files glass does not control: should the parser below
+        // panic on one (the fuzz test found such a case in gimli), the sample ends
+        // truncated instead of taking the recorder down.
+        let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut read_stack = |addr: u64| read_word(addr).ok_or(());
+            let unwind_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.fp);
+            let mut iter = unwinder.iter_frames(regs.ip, unwind_regs, cache, &mut read_stack);
+            loop {
+                if frames.len() - start >= max_depth {
+                    return WalkEnd::DepthLimit;
+                }
+                match iter.next() {
+                    Ok(Some(FrameAddress::InstructionPointer(ip))) => frames.push(ip),
+                    Ok(Some(FrameAddress::ReturnAddress(ra))) => frames.push(ra.get()),
+                    Ok(None) => return WalkEnd::Complete,
+                    Err(_) => return WalkEnd::BadFramePointer,
+                }
             }
-            match iter.next() {
-                Ok(Some(FrameAddress::InstructionPointer(ip))) => frames.push(ip),
-                Ok(Some(FrameAddress::ReturnAddress(ra))) => frames.push(ra.get()),
-                Ok(None) => return WalkEnd::Complete,
-                Err(_) => return WalkEnd::BadFramePointer,
+        }));
+        walked.unwrap_or_else(|_| {
+            self.cache = CacheX86_64::new();
+            if frames.len() == start {
+                frames.push(regs.ip);
             }
-        }
+            WalkEnd::Unreadable
+        })
     }
 }
