@@ -49,6 +49,16 @@ pub struct RecordArgs {
     /// Sample this running process (all its threads); it keeps running afterwards
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
+    /// Sample a VM guest through its VMM's GDB stub (host:port, or a unix socket path)
+    #[arg(long, conflicts_with_all = ["command", "pid"], requires = "symbols")]
+    pub gdb: Option<String>,
+    /// The guest's ELF image, for symbols and unwind tables (with --gdb)
+    #[arg(long, requires = "gdb")]
+    pub symbols: Option<PathBuf>,
+    /// The file backing the guest's RAM (QEMU memory-backend-file or memfd with
+    /// share=on), mapped read-only so stacks are read without stub round trips
+    #[arg(long, requires = "gdb")]
+    pub guest_memory: Option<PathBuf>,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,
@@ -71,7 +81,7 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
     /// The command to launch and sample
-    #[arg(last = true, required_unless_present = "pid")]
+    #[arg(last = true, required_unless_present_any = ["pid", "gdb"])]
     pub command: Vec<String>,
 }
 

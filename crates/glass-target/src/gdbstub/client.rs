@@ -105,7 +105,27 @@ impl Client {
         // The stub stops the VM when we connect; a stale stop reply may be queued.
         self.request(b"qSupported:multiprocess+;xmlRegisters=i386;qXfer:features:read+")?;
         self.request(b"?")?;
-        self.layout = Layout::new(self.target_registers()?);
+        let mut registers = self.target_registers()?;
+        let g_len = hex_bytes(&self.request(b"g")?).map_or(0, |g| g.len());
+        let layout = Layout::new(registers.clone());
+        if g_len + 24 == layout.g_len {
+            // QEMU 7.x describes ss_base, ds_base and es_base but neither sends them in
+            // `g` nor counts them in its register numbers: without them the description
+            // matches what the stub does.
+            let quirk = ["ss_base", "ds_base", "es_base"];
+            if let Some(first) = registers
+                .iter()
+                .filter(|r| quirk.contains(&r.name.as_str()))
+                .map(|r| r.regnum)
+                .min()
+            {
+                registers.retain(|r| !quirk.contains(&r.name.as_str()));
+                for register in registers.iter_mut().filter(|r| r.regnum > first) {
+                    register.regnum -= 3;
+                }
+            }
+        }
+        self.layout = Layout::new(registers);
         for name in ["rip", "rsp", "rbp"] {
             if self.layout.find(name).is_none() {
                 return Err(StubError::Protocol(format!(
@@ -229,14 +249,36 @@ impl Client {
         let bytes = hex_bytes(&reply)
             .ok_or_else(|| StubError::Protocol("register reply is not hex".into()))?;
         let value = |name: &str| self.layout.value(&bytes, name).unwrap_or(0);
-        Ok(VcpuRegs {
+        let mut regs = VcpuRegs {
             ip: value("rip"),
             sp: value("rsp"),
             fp: value("rbp"),
             cr3: value("cr3"),
             cr4: value("cr4"),
             efer: value("efer"),
-        })
+        };
+        if bytes.len() != self.layout.g_len {
+            // The reply does not match the description: the general registers come
+            // first and are placed right; the control registers are asked for by number.
+            regs.cr3 = self.register("cr3")?;
+            regs.cr4 = self.register("cr4")?;
+            regs.efer = self.register("efer")?;
+        }
+        Ok(regs)
+    }
+
+    /// One register by name, with a `p` packet (0 if the stub has no such register).
+    pub fn register(&mut self, name: &str) -> Result<u64, StubError> {
+        let Some(regnum) = self.layout.regnum(name) else {
+            return Ok(0);
+        };
+        let reply = self.request(format!("p{regnum:x}").as_bytes())?;
+        let bytes = hex_bytes(&reply)
+            .ok_or_else(|| StubError::Protocol(format!("{name} reply is not hex")))?;
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        Ok(u64::from_le_bytes(word))
     }
 
     /// Reads guest-virtual memory through the stub (the slow path, one round trip per

@@ -85,6 +85,7 @@ pub fn parse(xml: &str, next_regnum: &mut u32) -> Description {
 #[derive(Debug, Clone, Default)]
 pub struct Layout {
     slots: Vec<(String, usize, usize)>,
+    regnums: Vec<u32>,
     pub g_len: usize,
 }
 
@@ -93,15 +94,29 @@ impl Layout {
         registers.sort_by_key(|r| r.regnum);
         let mut offset = 0;
         let mut slots = Vec::new();
+        let mut regnums = Vec::new();
         for register in registers {
             let size = (register.bits as usize).div_ceil(8);
+            regnums.push(register.regnum);
             slots.push((register.name, offset, size));
             offset += size;
         }
         Layout {
             slots,
+            regnums,
             g_len: offset,
         }
+    }
+
+    /// Every register as (name, offset, size), in `g` order.
+    pub fn slots(&self) -> &[(String, usize, usize)] {
+        &self.slots
+    }
+
+    /// The register number of `name`, for a `p` packet.
+    pub fn regnum(&self, name: &str) -> Option<u32> {
+        let index = self.slots.iter().position(|(n, _, _)| n == name)?;
+        self.regnums.get(index).copied()
     }
 
     /// (offset, size) of `name` in the `g` reply's bytes.

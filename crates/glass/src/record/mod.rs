@@ -7,6 +7,7 @@
 //! Both hand their samples to a [`sink::Sink`], which unwinds, keeps module maps, and
 //! writes the file after the target has its CPU back.
 
+mod gdb;
 mod perf;
 mod ptrace;
 mod sink;
@@ -67,6 +68,9 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
             Failure::runtime(error.to_string())
         }
     };
+    if args.gdb.is_some() {
+        return gdb::record(sink, &stop_signals).map_err(start_failed)?;
+    }
     match backend {
         BackendChoice::Perf => perf::record(sink, &stop_signals).map_err(start_failed)?,
         _ => ptrace::record(sink, &stop_signals).map_err(start_failed)?,

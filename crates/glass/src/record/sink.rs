@@ -89,6 +89,8 @@ pub struct Sink<'a> {
     frames: Vec<u64>,
     encoded: Vec<u8>,
     window: StackWindow,
+    /// Module maps may be refreshed from /proc (not for VM guests).
+    use_proc: bool,
 }
 
 impl<'a> Sink<'a> {
@@ -110,7 +112,13 @@ impl<'a> Sink<'a> {
             frames: Vec::with_capacity(args.max_depth as usize + 1),
             encoded: Vec::new(),
             window: StackWindow::new(),
+            use_proc: true,
         }
+    }
+
+    /// The samples are not of host processes: module maps come only from the caller.
+    pub fn without_proc(&mut self) {
+        self.use_proc = false;
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -157,8 +165,21 @@ impl<'a> Sink<'a> {
         time_ns: u64,
         read_maps: bool,
     ) -> io::Result<()> {
-        self.processes_seen.insert(pid);
         let name = procfs::thread_name(pid, pid);
+        self.process_named(pid, parent, kind, time_ns, read_maps, name)
+    }
+
+    /// As [`Sink::process`], with the name given (a VM guest has no /proc entry).
+    pub fn process_named(
+        &mut self,
+        pid: i32,
+        parent: i32,
+        kind: ProcessKind,
+        time_ns: u64,
+        read_maps: bool,
+        name: String,
+    ) -> io::Result<()> {
+        self.processes_seen.insert(pid);
         self.writer.process(&Process {
             time_ns,
             pid: pid as u32,
@@ -396,6 +417,9 @@ impl<'a> Sink<'a> {
     /// every known mapping: that is how code mapped after the start (the libraries the
     /// dynamic loader maps, dlopen, a JIT) gets into the recording.
     fn check_modules(&mut self, pid: i32, frames: &[u64]) -> io::Result<()> {
+        if !self.use_proc {
+            return Ok(());
+        }
         let space = self.spaces.entry(pid).or_default();
         if frames.iter().all(|&a| space.contains(a)) {
             return Ok(());

@@ -1,0 +1,100 @@
+/* Multiboot entry of the demo unikernel: QEMU's -kernel loads it (as an ELF32 image)
+ * and jumps here in 32-bit protected mode. We build page tables (the first 1 GiB
+ * identity-mapped with 2 MiB pages, the stack region remapped with 4 KiB pages),
+ * enter long mode, and call kmain with a fresh stack. */
+#define MB_MAGIC 0x1BADB002
+#define MB_FLAGS 0x00000003
+
+    .section .multiboot, "a"
+    .align 4
+    .long MB_MAGIC
+    .long MB_FLAGS
+    .long -(MB_MAGIC + MB_FLAGS)
+
+    .section .bss
+    .align 4096
+pml4:   .skip 4096
+pdpt:   .skip 4096
+pd:     .skip 4096
+pt_stack: .skip 4096
+    .align 16
+stack_bottom: .skip 65536
+stack_top:
+
+    .section .data
+    .align 8
+gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff   /* 64-bit code */
+    .quad 0x00cf92000000ffff   /* data */
+gdt_end:
+gdt_pointer:
+    .word gdt_end - gdt - 1
+    .long gdt
+
+    .section .text
+    .code32
+    .global _start
+_start:
+    cli
+    /* PML4[0] -> PDPT, PDPT[0] -> PD, PD[i] -> 2 MiB pages. */
+    movl $pdpt, %eax
+    orl $3, %eax
+    movl %eax, pml4
+    movl $pd, %eax
+    orl $3, %eax
+    movl %eax, pdpt
+    xorl %ecx, %ecx
+1:  movl %ecx, %eax
+    shll $21, %eax
+    orl $0x83, %eax
+    movl %eax, pd(,%ecx,8)
+    incl %ecx
+    cmpl $512, %ecx
+    jne 1b
+    /* The 2 MiB page holding the stack is remapped with 4 KiB pages (same addresses),
+     * so the profiler's page walk sees both page sizes on the sample path. */
+    movl $stack_bottom, %ebx
+    shrl $21, %ebx                 /* PD index of the stack */
+    movl %ebx, %edx
+    shll $21, %edx                 /* base of that 2 MiB region */
+    xorl %ecx, %ecx
+2:  movl %ecx, %eax
+    shll $12, %eax
+    addl %edx, %eax
+    orl $3, %eax
+    movl %eax, pt_stack(,%ecx,8)
+    incl %ecx
+    cmpl $512, %ecx
+    jne 2b
+    movl $pt_stack, %eax
+    orl $3, %eax
+    movl %eax, pd(,%ebx,8)
+
+    movl $pml4, %eax
+    movl %eax, %cr3
+    movl %cr4, %eax
+    orl $(1 << 5), %eax            /* PAE */
+    movl %eax, %cr4
+    movl $0xC0000080, %ecx         /* EFER */
+    rdmsr
+    orl $(1 << 8), %eax            /* LME */
+    wrmsr
+    movl %cr0, %eax
+    orl $0x80000001, %eax          /* PG | PE */
+    movl %eax, %cr0
+    lgdt gdt_pointer
+    ljmp $0x08, $long_mode
+
+    .code64
+    .type long_mode, @function
+long_mode:
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    movq $stack_top, %rsp
+    xorq %rbp, %rbp
+    call kmain
+3:  hlt
+    jmp 3b

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds the demo unikernel with the machine's gcc and ld: OUT/guest-fp.elf (frame
+# pointers) and OUT/guest-nofp.elf (without), each with DWARF and .eh_frame, plus the
+# ELF32 copies QEMU's multiboot loader accepts (OUT/guest-*.img).
+# Usage: guests/demo/build.sh OUT [ROUNDS]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="$1"; rounds="${2:-0}"
+mkdir -p "$out"
+common=(-O2 -g -ffreestanding -fno-pic -fno-pie -mno-red-zone -fno-stack-protector
+        -mno-sse -mno-mmx -mno-80387 -fasynchronous-unwind-tables -DROUNDS="$rounds")
+for variant in fp nofp; do
+    if [ $variant = fp ]; then flags=(-fno-omit-frame-pointer); else flags=(-fomit-frame-pointer); fi
+    gcc "${common[@]}" "${flags[@]}" -c "$here/kernel.c" -o "$out/kernel-$variant.o"
+    gcc -c "$here/boot.S" -Wa,--noexecstack -o "$out/boot.o"
+    ld -n -nostdlib --no-warn-rwx-segments -T "$here/link.ld" --build-id -o "$out/guest-$variant.elf" "$out/boot.o" "$out/kernel-$variant.o"
+    objcopy -O elf32-i386 "$out/guest-$variant.elf" "$out/guest-$variant.img"
+done
