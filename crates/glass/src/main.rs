@@ -52,13 +52,20 @@ pub struct RecordArgs {
     /// Sample a VM guest through its VMM's GDB stub (host:port, or a unix socket path)
     #[arg(long, conflicts_with_all = ["command", "pid"], requires = "symbols")]
     pub gdb: Option<String>,
-    /// The guest's ELF image, for symbols and unwind tables (with --gdb)
-    #[arg(long, requires = "gdb")]
+    /// The guest's ELF image, for symbols and unwind tables (with --gdb or --vm)
+    #[arg(long)]
     pub symbols: Option<PathBuf>,
     /// The file backing the guest's RAM (QEMU memory-backend-file or memfd with
     /// share=on), mapped read-only so stacks are read without stub round trips
     #[arg(long, requires = "gdb")]
     pub guest_memory: Option<PathBuf>,
+    /// Launch the VM given after `--` (a qemu-system-x86_64 command line) with a private
+    /// GDB stub and shared guest RAM, and sample it; symbols default to its -kernel
+    #[arg(long, conflicts_with_all = ["pid", "gdb"])]
+    pub vm: bool,
+    /// With --vm: leave the VM running when the recording ends
+    #[arg(long, requires = "vm")]
+    pub keep_vm: bool,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,

@@ -68,6 +68,9 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
             Failure::runtime(error.to_string())
         }
     };
+    if args.vm {
+        return gdb::record_vm(sink, &stop_signals).map_err(start_failed)?;
+    }
     if args.gdb.is_some() {
         return gdb::record(sink, &stop_signals).map_err(start_failed)?;
     }
