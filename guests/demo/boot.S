@@ -20,6 +20,9 @@ pt_stack: .skip 4096
     .align 16
 stack_bottom: .skip 65536
 stack_top:
+    .align 16
+ap_stack_bottom: .skip 65536
+ap_stack_top:
 
     .section .data
     .align 8
@@ -27,6 +30,7 @@ gdt:
     .quad 0
     .quad 0x00af9a000000ffff   /* 64-bit code */
     .quad 0x00cf92000000ffff   /* data */
+    .quad 0x00cf9a000000ffff   /* 32-bit code */
 gdt_end:
 gdt_pointer:
     .word gdt_end - gdt - 1
@@ -71,6 +75,29 @@ _start:
     orl $3, %eax
     movl %eax, pd(,%ebx,8)
 
+    /* Start the second vCPU: copy the real-mode trampoline to 0x8000, then INIT and
+     * two SIPIs (vector 0x08 -> 0x8000) through the local APIC, still unpaged. */
+    movl $ap_trampoline, %esi
+    movl $0x8000, %edi
+    movl $(ap_trampoline_end - ap_trampoline), %ecx
+    rep movsb
+    movl $0x000C4500, 0xFEE00300    /* INIT, all excluding self */
+    movl $200000, %ecx
+4:  loop 4b
+    movl $0x000C4608, 0xFEE00300    /* SIPI, vector 8 */
+    movl $200000, %ecx
+5:  loop 5b
+    movl $0x000C4608, 0xFEE00300
+
+    call enter_long_mode
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    ljmp $0x08, $long_mode
+
+/* Paging and long mode, shared by both vCPUs (32-bit, returns with paging on). */
+enter_long_mode:
     movl $pml4, %eax
     movl %eax, %cr3
     movl %cr4, %eax
@@ -84,7 +111,40 @@ _start:
     orl $0x80000001, %eax          /* PG | PE */
     movl %eax, %cr0
     lgdt gdt_pointer
-    ljmp $0x08, $long_mode
+    ret
+
+/* The second vCPU arrives here in 32-bit protected mode from the trampoline. */
+ap_protected:
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    movl $ap_stack_top, %esp
+    call enter_long_mode
+    ljmp $0x08, $ap_long_mode
+
+/* Real-mode start of the second vCPU, copied to 0x8000. */
+    .code16
+ap_trampoline:
+    cli
+    xorw %ax, %ax
+    movw %ax, %ds
+    lgdtl 0x8000 + (ap_gdt_pointer - ap_trampoline)
+    movl %cr0, %eax
+    orl $1, %eax
+    movl %eax, %cr0
+    ljmpl $0x18, $ap_protected
+    .align 8
+ap_gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff
+    .quad 0x00cf92000000ffff
+    .quad 0x00cf9a000000ffff       /* 32-bit code */
+ap_gdt_pointer:
+    .word ap_gdt_pointer - ap_gdt - 1
+    .long 0x8000 + (ap_gdt - ap_trampoline)
+ap_trampoline_end:
+    .code32
 
     .code64
     .type long_mode, @function
@@ -98,3 +158,15 @@ long_mode:
     call kmain
 3:  hlt
     jmp 3b
+
+    .type ap_long_mode, @function
+ap_long_mode:
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    movq $ap_stack_top, %rsp
+    xorq %rbp, %rbp
+    call ap_main
+6:  hlt
+    jmp 6b

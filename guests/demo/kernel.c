@@ -69,6 +69,21 @@ __attribute__((noinline)) void run_workload(void) {
     serial_puts("done\n");
 }
 
+/* The second vCPU's workload: all of it in checksum_blocks, at depth 3. */
+__attribute__((noinline)) uint64_t checksum_blocks(uint64_t seed) { return spin_units(2, seed); }
+
+__attribute__((noinline)) void ap_work_loop(void) {
+    uint64_t sum = 0;
+    for (uint64_t i = 0;; i++) {
+        sum += checksum_blocks(i);
+        work_sink = sum;
+    }
+}
+
+void ap_main(void) {
+    ap_work_loop();
+}
+
 void kmain(void) {
     serial_puts("glass demo guest: alpha 60% beta 30% gamma 10%\n");
     run_workload();

@@ -48,6 +48,8 @@ impl Vm {
             .args([
                 "-accel",
                 "tcg",
+                "-smp",
+                "2",
                 "-display",
                 "none",
                 "-nodefaults",
@@ -162,6 +164,27 @@ fn the_demo_guest_profile_matches_its_split_with_and_without_frame_pointers() {
             &[],
         );
         assert_split(&recording);
+        // Each vCPU's workload under its own vCPU.
+        let stacks = folded(&recording, &["--threads"]);
+        let under = |vcpu: &str, function: &str| -> u64 {
+            stacks
+                .iter()
+                .filter(|(f, _)| {
+                    f.get(1).is_some_and(|t| t.starts_with(vcpu)) && f.iter().any(|x| x == function)
+                })
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert!(under("vcpu0/", "alpha") > 500, "{variant}: {stacks:?}");
+        assert!(
+            under("vcpu1/", "checksum_blocks") > 500,
+            "{variant}: {stacks:?}"
+        );
+        assert_eq!(
+            under("vcpu0/", "checksum_blocks") + under("vcpu1/", "alpha"),
+            0,
+            "{variant}"
+        );
         // The guest was left running.
         vm.assert_running();
     }
@@ -198,4 +221,66 @@ fn the_guest_keeps_running_after_sigint_and_sigterm() {
         let stacks = folded(&recording, &[]);
         assert!(samples_in(&stacks, "dispatch") > 50, "{stacks:?}");
     }
+}
+
+#[test]
+fn vm_mode_launches_the_guest_and_ends_when_it_powers_off() {
+    let _alone = exclusive();
+    let dir = scratch("guest_vm_mode");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
+    // A guest that powers itself off after 3000 rounds.
+    let status = Command::new(script)
+        .arg(&dir)
+        .arg("3000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let recording = dir.join("vm.glass");
+    let output = Command::new(GLASS)
+        .args(["record", "--vm", "-F", "499", "--symbols"])
+        .arg(dir.join("guest-fp.elf"))
+        .arg("-o")
+        .arg(&recording)
+        .args([
+            "--",
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg",
+            "-smp",
+            "2",
+            "-m",
+            "64",
+            "-display",
+            "none",
+            "-nodefaults",
+        ])
+        .args([
+            "-serial",
+            "stdio",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=0x04",
+            "-kernel",
+        ])
+        .arg(dir.join("guest-fp.img"))
+        .output()
+        .unwrap();
+    // The guest's serial output streams through; its power-off ends the recording.
+    assert!(stdout(&output).contains("done"), "{}", stdout(&output));
+    assert!(
+        stderr(&output).contains("target exited"),
+        "{}",
+        stderr(&output)
+    );
+    let stacks = folded(&recording, &[]);
+    assert!(samples_in(&stacks, "alpha") > 100, "{stacks:?}");
+    let mine = format!("glass-vm-{}", "");
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&mine))
+        .collect();
+    assert!(left.is_empty(), "shared RAM left behind: {left:?}");
 }
