@@ -116,9 +116,17 @@ impl Symbolizer {
                     }
                     opened.loader = addr2line::Loader::new(debug).ok();
                 }
-                Err(reason) => self
-                    .warnings
-                    .push(format!("{}: {reason}; showing offsets", module.path)),
+                Err(reason) => match nm_table(module.path) {
+                    // uniprof's symbol table format, for guests whose ELF is not at hand.
+                    Some(symbols) => {
+                        let start = symbols.first().map_or(0, |s| s.0);
+                        opened.segments = vec![(0, u64::MAX / 2, start)];
+                        opened.symbols = symbols;
+                    }
+                    None => self
+                        .warnings
+                        .push(format!("{}: {reason}; showing offsets", module.path)),
+                },
             }
         }
         let file = Rc::new(opened);
@@ -292,4 +300,29 @@ fn debug_file_for(path: &str, build_id: &[u8], elf: &object::File) -> Option<Str
     ]
     .into_iter()
     .find(|candidate| candidate != path && exists(candidate))
+}
+
+/// A symbol table in `nm -n` / System.map form (`ffffffff81000000 T _stext`): the text
+/// symbols sorted by address, each sized up to the next. None if the file is not one.
+pub fn nm_table(path: &str) -> Option<Vec<(u64, u64, String)>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut symbols: Vec<(u64, u64, String)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+            let kind = fields.next()?;
+            let name = fields.next()?;
+            matches!(kind, "T" | "t" | "W" | "w").then(|| (address, 0, name.to_string()))
+        })
+        .collect();
+    if symbols.is_empty() {
+        return None;
+    }
+    symbols.sort_by_key(|s| s.0);
+    for i in 0..symbols.len() {
+        let next = symbols.get(i + 1).map_or(symbols[i].0 + 4096, |s| s.0);
+        symbols[i].1 = next.saturating_sub(symbols[i].0);
+    }
+    Some(symbols)
 }

@@ -44,6 +44,25 @@ fn stub_failed(error: StubError) -> TargetError {
 fn guest_mappings(path: &std::path::Path) -> std::result::Result<Vec<Mapping>, TargetError> {
     let bytes = std::fs::read(path)
         .map_err(|e| TargetError::BadArgument(format!("{}: {e}", path.display())))?;
+    if !bytes.starts_with(b"\x7fELF") {
+        // An `nm -n` / System.map table: one mapping over its text symbols (no unwind
+        // tables: frame pointers only).
+        let table = glass_symbols::nm_table(&path.to_string_lossy()).ok_or_else(|| {
+            TargetError::BadArgument(format!(
+                "{}: neither an ELF file nor an nm -n symbol table",
+                path.display()
+            ))
+        })?;
+        let start = table.first().map_or(0, |s| s.0);
+        let end = table.last().map_or(start, |s| s.0 + s.1);
+        return Ok(vec![Mapping {
+            start,
+            end,
+            file_offset: 0,
+            path: path.to_string_lossy().into_owned(),
+            deleted: false,
+        }]);
+    }
     let elf = object::File::parse(&*bytes).map_err(|e| {
         TargetError::BadArgument(format!("{}: not an ELF file ({e})", path.display()))
     })?;
@@ -260,9 +279,11 @@ fn run(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "guest".into());
     sink.process_named(GUEST_PID, 0, ProcessKind::Attached, 0, false, name)?;
+    let text: Vec<(u64, u64)> = mappings.iter().map(|m| (m.start, m.end)).collect();
     for mapping in mappings {
         sink.add_mapping(GUEST_PID, mapping, 0)?;
     }
+    let mut outside = OutsideText::default();
     let vcpus = client.vcpus.len();
     for vcpu in 0..vcpus {
         sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
@@ -330,6 +351,7 @@ fn run(
         let time_ns = sink.ns_since_origin(stopped_at);
         for vcpu in 0..vcpus {
             let r = regs[vcpu];
+            outside.note(&text, r.ip, symbols);
             let unwind = UnwindRegs {
                 ip: r.ip,
                 sp: r.sp,
@@ -382,4 +404,31 @@ fn take_sample(
         };
     }
     Ok(())
+}
+
+/// Counts sampled instruction pointers outside the symbol file's text, and warns once
+/// when most are: the file is probably not the running guest.
+#[derive(Default)]
+struct OutsideText {
+    samples: u64,
+    outside: u64,
+    warned: bool,
+}
+
+impl OutsideText {
+    fn note(&mut self, text: &[(u64, u64)], ip: u64, symbols: &std::path::Path) {
+        self.samples += 1;
+        if !text.iter().any(|&(start, end)| ip >= start && ip < end) {
+            self.outside += 1;
+        }
+        if !self.warned && self.samples >= 200 && self.outside * 2 > self.samples {
+            self.warned = true;
+            eprintln!(
+                "glass: warning: {} of {} sampled addresses lie outside the text of {}: is it the running guest's image?",
+                self.outside,
+                self.samples,
+                symbols.display()
+            );
+        }
+    }
 }
