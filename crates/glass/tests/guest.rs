@@ -40,6 +40,10 @@ impl Drop for Vm {
 
 impl Vm {
     fn start(dir: &Path, image: &str, name: &str) -> Vm {
+        Self::start_with(dir, image, name, 2)
+    }
+
+    fn start_with(dir: &Path, image: &str, name: &str, vcpus: u32) -> Vm {
         let socket = dir.join(format!("{name}.sock"));
         let ram = PathBuf::from(format!("/dev/shm/glass-test-{name}-{}", std::process::id()));
         let serial = dir.join(format!("{name}.serial"));
@@ -49,7 +53,7 @@ impl Vm {
                 "-accel",
                 "tcg",
                 "-smp",
-                "2",
+                &vcpus.to_string(),
                 "-display",
                 "none",
                 "-nodefaults",
@@ -155,7 +159,9 @@ fn the_demo_guest_profile_matches_its_split_with_and_without_frame_pointers() {
     let _alone = exclusive();
     let dir = build_guest(&scratch("guest_split"));
     for variant in ["fp", "nofp"] {
-        let vm = Vm::start(&dir, &format!("guest-{variant}.img"), variant);
+        // One vCPU: with two busy vCPU threads and the sampler on a 2-core machine the
+        // vCPUs would wait for CPUs, and wall-clock shares would drift from the truth.
+        let vm = Vm::start_with(&dir, &format!("guest-{variant}.img"), variant, 1);
         let recording = dir.join(format!("guest-{variant}.glass"));
         record_guest(
             &vm,
@@ -164,6 +170,23 @@ fn the_demo_guest_profile_matches_its_split_with_and_without_frame_pointers() {
             &[],
         );
         assert_split(&recording);
+        vm.assert_running();
+    }
+}
+
+#[test]
+fn each_vcpu_appears_under_its_own_vcpu() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guest_vcpus"));
+    for variant in ["fp", "nofp"] {
+        let vm = Vm::start(&dir, &format!("guest-{variant}.img"), variant);
+        let recording = dir.join(format!("guest-{variant}.glass"));
+        record_guest(
+            &vm,
+            &dir.join(format!("guest-{variant}.elf")),
+            &recording,
+            &[],
+        );
         // Each vCPU's workload under its own vCPU.
         let stacks = folded(&recording, &["--threads"]);
         let under = |vcpu: &str, function: &str| -> u64 {

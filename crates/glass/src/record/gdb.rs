@@ -268,7 +268,7 @@ fn run(
     mappings: Vec<Mapping>,
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
-    mut vm: Option<&mut std::process::Child>,
+    vm: Option<&mut std::process::Child>,
 ) -> std::io::Result<Outcome> {
     let args = sink.args;
     sink.write_meta("gdbstub", unwind_name(args.unwind), 0)?;
@@ -283,7 +283,6 @@ fn run(
     for mapping in mappings {
         sink.add_mapping(GUEST_PID, mapping, 0)?;
     }
-    let mut outside = OutsideText::default();
     let vcpus = client.vcpus.len();
     for vcpu in 0..vcpus {
         sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
@@ -293,6 +292,43 @@ fn run(
         .duration
         .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
     let mut cache = TranslationCache::new();
+    let outcome = sample_loop(
+        sink,
+        client,
+        ram,
+        &text,
+        symbols,
+        stop_signals,
+        vm,
+        &mut cache,
+        timer,
+        deadline,
+        vcpus,
+    );
+    if ram.is_some() && !args.quiet {
+        eprintln!(
+            "glass: translation cache: {} hits, {} misses, {} stale entries re-walked",
+            cache.hits, cache.misses, cache.stale
+        );
+    }
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sample_loop(
+    sink: &mut Sink,
+    client: &mut Client,
+    ram: Option<&GuestRam>,
+    text: &[(u64, u64)],
+    symbols: &std::path::Path,
+    stop_signals: &SignalFd,
+    mut vm: Option<&mut std::process::Child>,
+    cache: &mut TranslationCache,
+    timer: std::os::fd::OwnedFd,
+    deadline: Option<Instant>,
+    vcpus: usize,
+) -> std::io::Result<Outcome> {
+    let mut outside = OutsideText::default();
     let mut stacks: Vec<Vec<u8>> = vec![vec![0; STACK_COPY]; vcpus];
     let mut regs: Vec<VcpuRegs> = vec![VcpuRegs::default(); vcpus];
     let mut lengths = vec![0usize; vcpus];
@@ -326,14 +362,7 @@ fn run(
 
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();
-        let taken = take_sample(
-            client,
-            ram,
-            &mut cache,
-            &mut regs,
-            &mut stacks,
-            &mut lengths,
-        );
+        let taken = take_sample(client, ram, cache, &mut regs, &mut stacks, &mut lengths);
         let resumed = client.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
         if let Err(error) = taken.and(resumed) {
@@ -351,7 +380,7 @@ fn run(
         let time_ns = sink.ns_since_origin(stopped_at);
         for vcpu in 0..vcpus {
             let r = regs[vcpu];
-            outside.note(&text, r.ip, symbols);
+            outside.note(text, r.ip, symbols);
             let unwind = UnwindRegs {
                 ip: r.ip,
                 sp: r.sp,
