@@ -19,5 +19,9 @@ fn main() {
     client.detach().expect("detach");
     times.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!("floor_p50_us {:.1} floor_p99_us {:.1}", us(times[times.len() / 2]), us(times[times.len() * 99 / 100]));
+    println!(
+        "floor_p50_us {:.1} floor_p99_us {:.1}",
+        us(times[times.len() / 2]),
+        us(times[times.len() * 99 / 100])
+    );
 }

@@ -131,3 +131,54 @@ fn usage_errors_exit_2() {
     let output = glass(&["frobnicate"]);
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[test]
+fn a_gdb_stub_that_is_not_there_or_never_answers() {
+    let dir = scratch("bad_stub");
+    let elf = compile(&dir, "split.c", "split", &[]);
+    let out = dir.join("x.glass");
+    let output = glass(&[
+        "record",
+        "--gdb",
+        "/no/such/stub.sock",
+        "--symbols",
+        elf.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 1, "cannot connect to the GDB stub");
+    // A listener that accepts and never answers: one timeout error, not a hang.
+    let socket = dir.join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let holder = std::thread::spawn(move || {
+        let connection = listener.accept();
+        std::thread::sleep(std::time::Duration::from_secs(8));
+        drop(connection);
+    });
+    let started = std::time::Instant::now();
+    let output = glass(&[
+        "record",
+        "--gdb",
+        socket.to_str().unwrap(),
+        "--symbols",
+        elf.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 1, "did not answer");
+    assert!(started.elapsed() < std::time::Duration::from_secs(8));
+    holder.join().unwrap();
+    // Symbols that are neither ELF nor an nm table.
+    let junk = dir.join("junk.txt");
+    std::fs::write(&junk, "hello\n").unwrap();
+    let output = glass(&[
+        "record",
+        "--gdb",
+        socket.to_str().unwrap(),
+        "--symbols",
+        junk.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 2, "neither an ELF file nor an nm -n symbol table");
+}

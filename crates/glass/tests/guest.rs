@@ -363,3 +363,89 @@ fn symbols_from_an_nm_table_and_a_warning_for_the_wrong_image() {
     );
     vm.assert_running();
 }
+
+#[test]
+fn a_broken_stub_connection_ends_the_recording_and_the_guest_runs_on() {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guest_broken"));
+    let vm = Vm::start_with(&dir, "guest-fp.img", "broken", 1);
+    // A relay between glass and QEMU's stub that the test cuts mid-recording.
+    let relay = dir.join("relay.sock");
+    let _ = std::fs::remove_file(&relay);
+    let listener = UnixListener::bind(&relay).unwrap();
+    let upstream = vm.socket.clone();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cut_in_relay = cut.clone();
+    let relay_thread = std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        // Later connections (glass reconnecting to let the guest run) go straight through.
+        let upstream_again = upstream.clone();
+        std::thread::spawn(move || {
+            for connection in listener.incoming() {
+                let Ok(client) = connection else { break };
+                let server = UnixStream::connect(&upstream_again).unwrap();
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || std::io::copy(&mut &c2, &mut &s2));
+                std::thread::spawn(move || std::io::copy(&mut &server, &mut &client));
+            }
+        });
+        let server = UnixStream::connect(&upstream).unwrap();
+        let pump = |mut from: UnixStream,
+                    mut to: UnixStream,
+                    cut: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                from.set_read_timeout(Some(Duration::from_millis(20)))
+                    .unwrap();
+                while !cut.load(std::sync::atomic::Ordering::Relaxed) {
+                    match std::io::Read::read(&mut from, &mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        Err(_) => continue,
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Both);
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            cut_in_relay.clone(),
+        );
+        let b = pump(server, client, cut_in_relay);
+        let _ = a.join();
+        let _ = b.join();
+    });
+    let recording = dir.join("broken.glass");
+    let recorder = Command::new(GLASS)
+        .args([
+            "record",
+            "-F",
+            "499",
+            "--gdb",
+            relay.to_str().unwrap(),
+            "--symbols",
+        ])
+        .arg(dir.join("guest-fp.elf"))
+        .arg("-o")
+        .arg(&recording)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    let output = recorder.wait_with_output().unwrap();
+    relay_thread.join().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(samples_in(&folded(&recording, &[]), "dispatch") > 50);
+    vm.assert_running();
+}

@@ -132,8 +132,18 @@ fn sample_guest<'a>(
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
     };
-    // Whatever ended the recording, the guest runs on.
-    let _ = client.detach();
+    if matches!(outcome, Outcome::StubLost) {
+        // The VM may have been stopped when the connection broke, and QEMU leaves it
+        // stopped: connect again (the handshake resumes it) and detach.
+        drop(client);
+        match Client::connect(address).and_then(|mut again| again.detach()) {
+            Ok(()) => eprintln!("glass: reconnected to the GDB stub and let the guest run"),
+            Err(error) => eprintln!("glass: could not reconnect to let the guest run: {error}"),
+        }
+    } else {
+        // Whatever else ended the recording, the guest runs on.
+        let _ = client.detach();
+    }
     Ok((sink, outcome))
 }
 
@@ -373,6 +383,7 @@ fn sample_loop(
             });
             if !powered_off {
                 eprintln!("glass: {error}; ending the recording");
+                return Ok(Outcome::StubLost);
             }
             return Ok(Outcome::TargetExited);
         }

@@ -29,6 +29,8 @@ use sink::Sink;
 /// Why the recording ended.
 pub enum Outcome {
     TargetExited,
+    /// The connection to a VM's GDB stub broke while recording.
+    StubLost,
     DurationElapsed,
     Signalled(i32),
     WriteFailed(std::io::Error),
@@ -124,6 +126,7 @@ fn print_summary(args: &RecordArgs, s: &glass_format::Summary, outcome: &Outcome
         .unwrap_or(0);
     let ended = match outcome {
         Outcome::TargetExited => "target exited".to_string(),
+        Outcome::StubLost => "GDB stub connection lost".to_string(),
         Outcome::DurationElapsed => "duration elapsed; target detached and running".to_string(),
         Outcome::Signalled(signal) => format!(
             "stopped by {}; target detached",
