@@ -66,6 +66,10 @@ pub struct RecordArgs {
     /// With --vm: leave the VM running when the recording ends
     #[arg(long, requires = "vm")]
     pub keep_vm: bool,
+    /// Walk the guest's page tables afresh for every read (to measure what the
+    /// translation cache saves)
+    #[arg(long)]
+    pub no_translation_cache: bool,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,
