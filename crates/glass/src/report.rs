@@ -87,6 +87,10 @@ pub fn run(args: &ReportArgs) -> Result<()> {
 
 fn title(recording: &Recording) -> String {
     match &recording.meta {
+        Some(meta) if meta.backend == "gdbstub" => format!(
+            "glass: guest {}",
+            recording.processes.first().map_or("", |p| p.name.as_str())
+        ),
         Some(meta) if !meta.command.is_empty() => format!("glass: {}", meta.command.join(" ")),
         Some(meta) => format!("glass: pid {}", meta.target_pid),
         None => "glass".to_string(),
