@@ -53,7 +53,24 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             meta.hostname,
             meta.glass_version
         );
-        if meta.command.is_empty() {
+        if meta.backend == "gdbstub" {
+            let name = recording.processes.first().map_or("", |p| p.name.as_str());
+            let vcpus = recording
+                .threads
+                .iter()
+                .map(|t| t.tid)
+                .collect::<HashSet<_>>()
+                .len();
+            match meta.command.is_empty() {
+                true => {
+                    println!("target:      VM guest {name} through its GDB stub, {vcpus} vCPUs")
+                }
+                false => println!(
+                    "target:      VM guest {name} ({}), {vcpus} vCPUs",
+                    meta.command.join(" ")
+                ),
+            }
+        } else if meta.command.is_empty() {
             println!("target:      pid {} (attached)", meta.target_pid);
         } else {
             println!(
