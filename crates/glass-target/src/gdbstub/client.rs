@@ -68,6 +68,8 @@ pub struct Client {
     /// The stub's vCPU thread ids, as it spells them (`1`, `p1.2`, ...).
     pub vcpus: Vec<String>,
     running: bool,
+    /// The vCPU the stub reads registers of (`Hg`), when known.
+    selected: Option<String>,
 }
 
 impl Client {
@@ -96,6 +98,7 @@ impl Client {
             layout: Layout::default(),
             vcpus: Vec::new(),
             running: false,
+            selected: None,
         };
         client.handshake()?;
         Ok(client)
@@ -215,6 +218,11 @@ impl Client {
             let reply = self.receive(deadline)?;
             if matches!(reply.first(), Some(b'T' | b'S')) {
                 self.running = false;
+                // The stub selects the vCPU that reported the stop (`T05thread:p01.01;`):
+                // reading that one needs no `Hg` round trip.
+                self.selected = String::from_utf8_lossy(&reply)
+                    .split(';')
+                    .find_map(|field| field.split_once("thread:").map(|(_, id)| id.to_string()));
                 return Ok(());
             }
         }
@@ -227,6 +235,7 @@ impl Client {
         }
         self.send(b"c")?;
         self.running = true;
+        self.selected = None;
         Ok(())
     }
 
@@ -237,13 +246,16 @@ impl Client {
             .get(index)
             .cloned()
             .ok_or_else(|| StubError::Protocol(format!("no vCPU {index}")))?;
-        let select = format!("Hg{id}");
-        let reply = self.request(select.as_bytes())?;
-        if reply != b"OK" {
-            return Err(StubError::Refused(
-                select,
-                String::from_utf8_lossy(&reply).into(),
-            ));
+        if self.selected.as_deref() != Some(id.as_str()) {
+            let select = format!("Hg{id}");
+            let reply = self.request(select.as_bytes())?;
+            if reply != b"OK" {
+                return Err(StubError::Refused(
+                    select,
+                    String::from_utf8_lossy(&reply).into(),
+                ));
+            }
+            self.selected = Some(id);
         }
         let reply = self.request(b"g")?;
         let bytes = hex_bytes(&reply)
