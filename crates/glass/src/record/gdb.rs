@@ -22,9 +22,7 @@ use nix::sys::signalfd::SignalFd;
 use object::{Object, ObjectSegment, SegmentFlags};
 
 use super::sink::Sink;
-use super::{
-    finish, poll_readable, read_expirations, take_stop_signal, tick_timer, unwind_name, Outcome,
-};
+use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
 use crate::error::Result;
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
@@ -297,7 +295,7 @@ fn run(
     for vcpu in 0..vcpus {
         sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
     }
-    let timer = tick_timer(args.frequency)?;
+    let timer = Ticker::new(args.frequency)?;
     let deadline = args
         .duration
         .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
@@ -361,7 +359,7 @@ fn sample_loop(
     stop_signals: &SignalFd,
     mut vm: Option<&mut std::process::Child>,
     cache: &mut TranslationCache,
-    timer: std::os::fd::OwnedFd,
+    mut timer: Ticker,
     deadline: Option<Instant>,
     vcpus: usize,
 ) -> std::io::Result<Outcome> {
@@ -382,7 +380,7 @@ fn sample_loop(
         let wait_ms = deadline.map_or(500, |d| {
             d.saturating_duration_since(now).as_millis().min(500) as i32 + 1
         });
-        let ready = poll_readable(&[timer.as_raw_fd(), stop_signals.as_raw_fd()], wait_ms);
+        let ready = poll_readable(&[timer.fd(), stop_signals.as_raw_fd()], wait_ms);
         if ready[1] {
             if let Some(signal) = take_stop_signal(stop_signals) {
                 return Ok(Outcome::Signalled(signal));
@@ -391,11 +389,10 @@ fn sample_loop(
         if !ready[0] {
             continue;
         }
-        let expirations = read_expirations(&timer);
-        if expirations == 0 {
+        let Some(missed) = timer.fired() else {
             continue;
-        }
-        sink.missed_deadlines += expirations - 1;
+        };
+        sink.missed_deadlines += missed;
 
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();

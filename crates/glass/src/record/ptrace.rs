@@ -18,9 +18,7 @@ use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
 use super::sink::Sink;
-use super::{
-    finish, poll_readable, read_expirations, take_stop_signal, tick_timer, unwind_name, Outcome,
-};
+use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
 use crate::error::Result;
 use crate::{CaptureMode, UnwindMode};
 
@@ -68,7 +66,7 @@ fn run(
     for (pid, tid) in target.threads() {
         sink.thread(pid, tid)?;
     }
-    let timer = tick_timer(args.frequency)?;
+    let mut timer = Ticker::new(args.frequency)?;
     let deadline = args
         .duration
         .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
@@ -92,11 +90,7 @@ fn run(
             d.saturating_duration_since(now).as_millis().min(500) as i32 + 1
         });
         let ready = poll_readable(
-            &[
-                timer.as_raw_fd(),
-                target.report_fd(),
-                stop_signals.as_raw_fd(),
-            ],
+            &[timer.fd(), target.report_fd(), stop_signals.as_raw_fd()],
             wait_ms,
         );
         if ready[2] {
@@ -108,11 +102,10 @@ fn run(
             target.handle_reports();
         }
         if ready[0] {
-            let expirations = read_expirations(&timer);
-            if expirations == 0 {
+            let Some(missed) = timer.fired() else {
                 continue;
-            }
-            sink.missed_deadlines += expirations - 1;
+            };
+            sink.missed_deadlines += missed;
             target.sample(&mut tick, sink.origin, capture);
             sink.lost += tick.lost as u64;
             if !tick.samples.is_empty() {
