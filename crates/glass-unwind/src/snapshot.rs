@@ -8,24 +8,41 @@
 //! or into the copied stack, replaces the rest with zeros, and run-length-encodes the
 //! zeros. The stack's layout (every kept word at its offset) survives, and the frames
 //! unwound from the compacted copy equal the frames unwound from the full copy; the
-//! tests check that over every sample of real programs.
+//! tests check that over every sample of real programs. One exception needs the caller:
+//! where unwinding falls back on a frame-pointer guess, it can read a word that is
+//! neither (a garbage "return address"); the recorder unwinds each snapshot anyway and
+//! passes the words it read as `read_words`, which are kept too, so even the garbage is
+//! reproduced exactly.
 
 /// Encodes `stack` (copied from `sp` upwards), keeping the words for which `keep` is
-/// true, plus words pointing into the stack itself. Appends to `out`.
-pub fn compact(stack: &[u8], sp: u64, keep: &dyn Fn(u64) -> bool, out: &mut Vec<u8>) {
+/// true, words pointing into the stack itself, and the words at the indices in
+/// `read_words` (sorted). Appends to `out`.
+pub fn compact(
+    stack: &[u8],
+    sp: u64,
+    keep: &dyn Fn(u64) -> bool,
+    read_words: &[usize],
+    out: &mut Vec<u8>,
+) {
     let words = stack.len() / 8;
     let stack_end = sp + (words * 8) as u64;
     let word = |i: usize| u64::from_le_bytes(stack[i * 8..i * 8 + 8].try_into().unwrap());
-    let kept = |value: u64| value != 0 && ((value >= sp && value < stack_end) || keep(value));
+    let kept_at = |i: usize| {
+        let value = word(i);
+        value != 0
+            && ((value >= sp && value < stack_end)
+                || keep(value)
+                || read_words.binary_search(&i).is_ok())
+    };
     put_varint(out, words as u64);
     let mut i = 0;
     while i < words {
         let zero_start = i;
-        while i < words && !kept(word(i)) {
+        while i < words && !kept_at(i) {
             i += 1;
         }
         let literal_start = i;
-        while i < words && kept(word(i)) {
+        while i < words && kept_at(i) {
             i += 1;
         }
         put_varint(out, (literal_start - zero_start) as u64);
@@ -107,7 +124,7 @@ mod tests {
         let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let keep = |v: u64| (0x40_0000..0x50_0000).contains(&v);
         let mut encoded = Vec::new();
-        compact(&stack, sp, &keep, &mut encoded);
+        compact(&stack, sp, &keep, &[6], &mut encoded);
         assert!(encoded.len() < stack.len());
         let mut expanded = Vec::new();
         expand(&encoded, &mut expanded).unwrap();
@@ -115,7 +132,7 @@ mod tests {
             .chunks(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        assert_eq!(back, vec![0, 0x40_1000, sp + 64, 0, 0, 0x40_2000, 0, 0, 0]);
+        assert_eq!(back, vec![0, 0x40_1000, sp + 64, 0, 0, 0x40_2000, 7, 0, 0]);
     }
 
     #[test]

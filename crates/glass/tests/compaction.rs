@@ -99,10 +99,15 @@ fn assert_lossless(argv: &[&str]) -> (usize, usize, usize) {
             }
             unwinder
         });
-        let unwind = |unwinder: &mut DwarfUnwinder, stack: &[u8]| {
+        // The words an unwind reads: the recorder keeps those of its own unwind.
+        let unwind = |unwinder: &mut DwarfUnwinder, stack: &[u8], read_words: &mut Vec<usize>| {
             let sp = sample.regs.sp;
             let mut read = |address: u64| -> Option<u64> {
                 let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
+                read_words.push(offset / 8);
+                if offset % 8 != 0 {
+                    read_words.push(offset / 8 + 1);
+                }
                 Some(u64::from_le_bytes(
                     stack.get(offset..offset + 8)?.try_into().ok()?,
                 ))
@@ -111,17 +116,26 @@ fn assert_lossless(argv: &[&str]) -> (usize, usize, usize) {
             let end = unwinder.walk(sample.regs, &mut read, 512, &mut frames);
             (frames, end)
         };
-        let full = unwind(unwinder, &sample.stack);
+        let mut read_words = Vec::new();
+        let full = unwind(unwinder, &sample.stack, &mut read_words);
+        read_words.sort_unstable();
+        read_words.dedup();
         let in_code = |value: u64| {
             maps.iter()
                 .any(|(start, end, _, _)| value >= *start && value < *end)
         };
         let mut encoded = Vec::new();
-        compact(&sample.stack, sample.regs.sp, &in_code, &mut encoded);
+        compact(
+            &sample.stack,
+            sample.regs.sp,
+            &in_code,
+            &read_words,
+            &mut encoded,
+        );
         let mut expanded = Vec::new();
         expand(&encoded, &mut expanded).expect("expands");
         assert_eq!(expanded.len(), sample.stack.len() / 8 * 8);
-        let compacted = unwind(unwinder, &expanded);
+        let compacted = unwind(unwinder, &expanded, &mut Vec::new());
         assert_eq!(full, compacted, "{argv:?}: frames differ after compaction");
         full_bytes += sample.stack.len();
         compact_bytes += encoded.len();

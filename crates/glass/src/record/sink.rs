@@ -91,6 +91,8 @@ pub struct Sink<'a> {
     window: StackWindow,
     /// Module maps may be refreshed from /proc (not for VM guests).
     use_proc: bool,
+    /// Stack words the last raw snapshot's unwind read (reused buffer).
+    read_words: Vec<usize>,
 }
 
 impl<'a> Sink<'a> {
@@ -113,6 +115,7 @@ impl<'a> Sink<'a> {
             encoded: Vec::new(),
             window: StackWindow::new(),
             use_proc: true,
+            read_words: Vec::new(),
         }
     }
 
@@ -390,10 +393,41 @@ impl<'a> Sink<'a> {
             CaptureMode::Raw => {
                 // The unwind above only told which modules the stack touches.
                 self.check_modules(pid, &frames)?;
+                // Unwind again as the report will (CFI, frame pointers as fallback),
+                // noting every stack word it reads: those are kept verbatim, so the
+                // report's unwind of the compacted copy gives exactly these frames.
+                let mut read_words = std::mem::take(&mut self.read_words);
+                read_words.clear();
+                let space = self.spaces.entry(pid).or_default();
+                let mut scratch = Vec::new();
+                let sp = regs.sp;
+                space.unwinder.walk(
+                    regs,
+                    &mut |address| {
+                        let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
+                        let word = stack.get(offset..offset.checked_add(8)?)?;
+                        read_words.push(offset / 8);
+                        if offset % 8 != 0 {
+                            read_words.push(offset / 8 + 1);
+                        }
+                        Some(u64::from_le_bytes(word.try_into().ok()?))
+                    },
+                    max_depth,
+                    &mut scratch,
+                );
+                read_words.sort_unstable();
+                read_words.dedup();
                 let space = &self.spaces[&pid];
                 let mut encoded = std::mem::take(&mut self.encoded);
                 encoded.clear();
-                compact(stack, regs.sp, &|value| space.contains(value), &mut encoded);
+                compact(
+                    stack,
+                    regs.sp,
+                    &|value| space.contains(value),
+                    &read_words,
+                    &mut encoded,
+                );
+                self.read_words = read_words;
                 let written = self.writer.snapshot(&Snapshot {
                     time_ns,
                     pid: pid as u32,
