@@ -261,7 +261,7 @@ pub struct Ticker {
     next: u64,
 }
 
-fn monotonic_now_ns() -> u64 {
+pub(crate) fn monotonic_now_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

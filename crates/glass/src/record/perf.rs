@@ -88,16 +88,6 @@ fn sigchld_fd() -> std::io::Result<SignalFd> {
     )?)
 }
 
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
-}
-
 pub fn record(
     sink: Sink,
     stop_signals: &SignalFd,
@@ -165,7 +155,7 @@ pub fn record(
         leader,
         origin_mono_ns: 0,
     };
-    recorder.origin_mono_ns = monotonic_ns().saturating_sub(recorder.sink.now_ns());
+    recorder.origin_mono_ns = super::monotonic_now_ns().saturating_sub(recorder.sink.now_ns());
     let outcome = match recorder.run(&mut watch, &sigchld, stop_signals) {
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
