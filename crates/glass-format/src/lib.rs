@@ -9,6 +9,7 @@
 //! This crate depends on nothing else in glass, so other tools can read recordings.
 //! The layout is documented byte for byte in `docs/format.md`.
 
+mod packed;
 mod reader;
 mod varint;
 mod writer;
@@ -152,6 +153,64 @@ pub struct Summary {
     pub exit_status: i32,
 }
 
+/// `glass trace`: a function (or library call) that was instrumented, and the id its
+/// records carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceFunction {
+    pub id: u32,
+    /// Path of the ELF file that holds it.
+    pub module: String,
+    /// Runtime address of its entry.
+    pub address: u64,
+    pub size: u64,
+    pub name: String,
+}
+
+/// `glass trace`: a function a pattern matched that was not patched, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSkipped {
+    pub module: String,
+    pub address: u64,
+    pub name: String,
+    pub reason: String,
+}
+
+/// `glass trace`: probe records of one thread, in the order it wrote them (see
+/// `glass_trace` for the 8-byte layout: [`TRACE_TIME_BITS`] of time, then kind and
+/// function id). Written packed (tag 13), read back as these words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceChunk {
+    pub pid: u32,
+    pub tid: u32,
+    pub words: Vec<u64>,
+}
+
+/// `glass trace`: how the session went, written once at the end.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TraceSummary {
+    /// Time-stamp counter ticks per second, measured over the session.
+    pub tsc_hz: u64,
+    /// The full counter at the session's start: the base for the 44 bits records keep.
+    pub tsc_start: u64,
+    /// Records dropped: rings that were full, or a file that could not be written.
+    pub lost: u64,
+    /// Probe events of threads that found no free ring.
+    pub no_area_lost: u64,
+    /// Calls that ended without returning (longjmp, exceptions).
+    pub unwound: u64,
+    /// Calls not traced: a signal arrived inside a probe, or the shadow stack was full.
+    pub skipped: u64,
+    pub threads: u32,
+    pub patched: u32,
+    pub not_patched: u32,
+    /// Hardware counters recorded with each record; empty: time only.
+    pub counters: Vec<String>,
+    /// Why counters asked for are missing.
+    pub counters_note: String,
+    pub exit_status: i32,
+    pub duration_ns: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Meta(Meta),
@@ -162,9 +221,17 @@ pub enum Record {
     Sample(Sample),
     Snapshot(Snapshot),
     Summary(Summary),
+    TraceFunction(TraceFunction),
+    TraceSkipped(TraceSkipped),
+    TraceChunk(TraceChunk),
+    TraceSummary(TraceSummary),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
+
+/// Bits of time at the bottom of each `glass trace` call record; the packed chunk codes
+/// them as deltas and the bits above them by reference to the records before.
+pub const TRACE_TIME_BITS: u32 = 44;
 
 /// Record tags on disk.
 pub(crate) mod tag {
@@ -176,5 +243,10 @@ pub(crate) mod tag {
     pub const SAMPLE: u8 = 6;
     pub const SUMMARY: u8 = 7;
     pub const SNAPSHOT: u8 = 8;
+    pub const TRACE_FUNCTION: u8 = 9;
+    pub const TRACE_SKIPPED: u8 = 10;
+    pub const TRACE_CHUNK: u8 = 11;
+    pub const TRACE_SUMMARY: u8 = 12;
+    pub const TRACE_PACKED: u8 = 13;
     pub const END: u8 = 0xff;
 }

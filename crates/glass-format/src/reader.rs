@@ -4,6 +4,7 @@ use crate::varint::{get_i64, get_u64};
 use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
+use crate::{TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
 use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Records larger than this are taken as corruption rather than allocated.
@@ -135,6 +136,10 @@ pub struct Recording {
     pub samples: Vec<Sample>,
     pub snapshots: Vec<Snapshot>,
     pub summary: Option<Summary>,
+    pub trace_functions: Vec<TraceFunction>,
+    pub trace_skipped: Vec<TraceSkipped>,
+    pub trace_chunks: Vec<TraceChunk>,
+    pub trace_summary: Option<TraceSummary>,
     /// The file ended with an End record.
     pub complete: bool,
     /// What stopped the reader early, if anything: the records before it are kept.
@@ -166,6 +171,10 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
             Ok(Record::Sample(sample)) => recording.samples.push(sample),
             Ok(Record::Snapshot(snapshot)) => recording.snapshots.push(snapshot),
             Ok(Record::Summary(summary)) => recording.summary = Some(summary),
+            Ok(Record::TraceFunction(f)) => recording.trace_functions.push(f),
+            Ok(Record::TraceSkipped(s)) => recording.trace_skipped.push(s),
+            Ok(Record::TraceChunk(chunk)) => recording.trace_chunks.push(chunk),
+            Ok(Record::TraceSummary(summary)) => recording.trace_summary = Some(summary),
             Ok(Record::End) => recording.complete = true,
             Err(error) => recording.damage = Some(error),
         }
@@ -333,6 +342,66 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
             lost_samples: p.u64()?,
             exit_status: i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?,
         }),
+        tag::TRACE_FUNCTION => Record::TraceFunction(TraceFunction {
+            id: p.u32()?,
+            module: p.string()?,
+            address: p.u64()?,
+            size: p.u64()?,
+            name: p.string()?,
+        }),
+        tag::TRACE_SKIPPED => Record::TraceSkipped(TraceSkipped {
+            module: p.string()?,
+            address: p.u64()?,
+            name: p.string()?,
+            reason: p.string()?,
+        }),
+        tag::TRACE_CHUNK => {
+            let pid = p.u32()?;
+            let tid = p.u32()?;
+            let count = p.u64()?;
+            let rest = &bytes[p.pos..];
+            if count.checked_mul(8) != Some(rest.len() as u64) {
+                return Err("trace chunk length does not match its count");
+            }
+            let words = rest
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                .collect();
+            p.pos = bytes.len();
+            Record::TraceChunk(TraceChunk { pid, tid, words })
+        }
+        tag::TRACE_PACKED => {
+            let pid = p.u32()?;
+            let tid = p.u32()?;
+            let count = p.u64()?;
+            let words = crate::packed::unpack(&bytes[p.pos..], count)?;
+            p.pos = bytes.len();
+            Record::TraceChunk(TraceChunk { pid, tid, words })
+        }
+        tag::TRACE_SUMMARY => {
+            let mut summary = TraceSummary {
+                tsc_hz: p.u64()?,
+                tsc_start: p.u64()?,
+                lost: p.u64()?,
+                no_area_lost: p.u64()?,
+                unwound: p.u64()?,
+                skipped: p.u64()?,
+                threads: p.u32()?,
+                patched: p.u32()?,
+                not_patched: p.u32()?,
+                ..TraceSummary::default()
+            };
+            let count = p.u64()?;
+            if count > bytes.len() as u64 {
+                return Err("counter count out of range");
+            }
+            summary.counters = (0..count).map(|_| p.string()).collect::<Result<_, _>>()?;
+            summary.counters_note = p.string()?;
+            summary.exit_status =
+                i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?;
+            summary.duration_ns = p.u64()?;
+            Record::TraceSummary(summary)
+        }
         tag::END => Record::End,
         _ => return Err("unknown record tag"),
     };

@@ -20,6 +20,8 @@ use iced_x86::{
 };
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
+pub mod trampoline;
+
 /// Bytes of the entry patch: `jmp rel32`.
 pub const PATCH_LEN: u64 = 5;
 
@@ -53,7 +55,7 @@ impl std::fmt::Display for Reason {
             Reason::JumpIntoPatch { from, to } => {
                 write!(
                     f,
-                    "a branch at {from:#x} lands at {to:#x}, inside the patched bytes"
+                    "a branch lands inside the patched bytes (from {from:#x} to {to:#x})"
                 )
             }
             Reason::Unrelocatable { at, instruction } => {
@@ -74,10 +76,110 @@ pub struct Plan {
     /// The displaced instructions, re-encoded for a trampoline at the address the
     /// analysis tried (a real trampoline re-encodes at its own address).
     pub relocated_len: usize,
+    /// Bytes the patch overwrites from `patch_at`: `displaced`, or more when a function
+    /// shorter than the jump borrows the alignment padding after it.
+    pub overwritten: u64,
+    /// The displaced instructions, as decoded at their original addresses.
+    pub instructions: Vec<Instruction>,
+}
+
+/// The functions of a binary: symbols with a size from `.symtab` (or `.dynsym`), and,
+/// for code no symbol covers (a stripped binary's local functions), the address ranges
+/// of the `.eh_frame` FDEs, named `sub_<address>`.
+pub fn functions(elf: &object::File) -> Vec<Function> {
+    let mut found = symbol_functions(elf);
+    let covered = |address: u64, found: &[Function]| {
+        let index = found.partition_point(|f| f.address <= address);
+        index > 0 && address < found[index - 1].address + found[index - 1].size.max(1)
+    };
+    let extra: Vec<Function> = fde_ranges(elf)
+        .into_iter()
+        .filter(|&(address, _)| !covered(address, &found))
+        .map(|(address, size)| Function {
+            name: format!("sub_{address:x}"),
+            address,
+            size,
+        })
+        .collect();
+    found.extend(extra);
+    found.sort_by(|a, b| a.address.cmp(&b.address).then(a.name.cmp(&b.name)));
+    found.dedup_by_key(|f| f.address);
+    found
+}
+
+/// (start, length) of every FDE in `.eh_frame`: the compiler emits one per function.
+fn fde_ranges(elf: &object::File) -> Vec<(u64, u64)> {
+    use gimli::UnwindSection;
+    let Some(section) = elf.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = section.data() else {
+        return Vec::new();
+    };
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = elf.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut ranges = Vec::new();
+    let mut entries = eh_frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        if let gimli::CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) {
+                if fde.len() > 0 {
+                    ranges.push((fde.initial_address(), fde.len()));
+                }
+            }
+        }
+    }
+    ranges
+}
+
+/// Start addresses of code that has its own FDE but is not entered by a call: at its
+/// first instruction the frame is not a fresh call frame (CFA ≠ rsp+8), as in the cold
+/// parts compilers split off a function (`foo.cold`), which the hot part enters by a jump
+/// with its own frame still on the stack. The entry probe would take a word of that
+/// frame for a return address.
+pub fn not_call_entries(elf: &object::File) -> std::collections::HashSet<u64> {
+    use gimli::UnwindSection;
+    let mut found = std::collections::HashSet::new();
+    let Some(section) = elf.section_by_name(".eh_frame") else {
+        return found;
+    };
+    let Ok(data) = section.data() else {
+        return found;
+    };
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = elf.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut context = Box::new(gimli::UnwindContext::new());
+    let mut entries = eh_frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let start = fde.initial_address();
+        let Ok(row) = fde.unwind_info_for_address(&eh_frame, &bases, &mut context, start) else {
+            continue;
+        };
+        let fresh = matches!(
+            row.cfa(),
+            gimli::CfaRule::RegisterAndOffset { register, offset: 8 } if *register == gimli::X86_64::RSP
+        );
+        if !fresh {
+            found.insert(start);
+        }
+    }
+    found
 }
 
 /// Function symbols with a size, from `.symtab` (or `.dynsym` for a stripped binary).
-pub fn functions(elf: &object::File) -> Vec<Function> {
+fn symbol_functions(elf: &object::File) -> Vec<Function> {
     let collect = |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<Function> {
         symbols
             .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
@@ -112,6 +214,14 @@ pub fn function_bytes<'a>(elf: &'a object::File, function: &Function) -> Option<
 
 /// Decides whether `code` (the function's bytes, at `address`) can take the entry patch.
 pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
+    analyze_with_padding(code, address, &[])
+}
+
+/// Like [`analyze`], where `padding` are the bytes between the function's end and the
+/// next function: a function shorter than the jump may borrow them when they are only
+/// filler (nop, int3) and the function cannot run into them (its last instruction is a
+/// `ret` or `jmp`), since then no symbol covers them and no code reaches them.
+pub fn analyze_with_padding(code: &[u8], address: u64, padding: &[u8]) -> Result<Plan, Reason> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut instructions: Vec<Instruction> = Vec::new();
     while decoder.can_decode() {
@@ -128,10 +238,23 @@ pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
         _ => address,
     };
     let end = address + code.len() as u64;
+    let mut overwritten_end = 0;
     if end < patch_at + PATCH_LEN {
-        return Err(Reason::TooShort {
+        let too_short = Reason::TooShort {
             size: code.len() as u64,
+        };
+        let ends_in_jump = instructions.last().is_some_and(|last| {
+            last.next_ip() == end
+                && matches!(
+                    last.flow_control(),
+                    FlowControl::Return | FlowControl::UnconditionalBranch
+                )
         });
+        let needed = (patch_at + PATCH_LEN - end) as usize;
+        if !ends_in_jump || padding.len() < needed || !is_filler(padding, end) {
+            return Err(too_short);
+        }
+        overwritten_end = patch_at + PATCH_LEN;
     }
     // Whole instructions covering the patch.
     let displaced: Vec<Instruction> = instructions
@@ -156,8 +279,12 @@ pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
                 | FlowControl::Call
                 | FlowControl::XbeginXabortXend
         ) {
+            // A branch back to the patched entry itself (a loop, or a self tail call
+            // that moved the stack) would run the entry probe with the wrong slot.
             let target = instruction.near_branch_target();
-            if target > patch_at && target < displaced_end {
+            let recursive_call =
+                instruction.flow_control() == FlowControl::Call && target == address;
+            if target >= address && target < displaced_end && !recursive_call {
                 return Err(Reason::JumpIntoPatch {
                     from: instruction.ip(),
                     to: target,
@@ -181,18 +308,189 @@ pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
             });
         }
     }
-    let block = InstructionBlock::new(&displaced, trampoline);
+    // A displaced call pushes its return address; it must point back into the original
+    // code (unwinders and the exit probe read it), so the call is emulated, which only
+    // works as the last displaced instruction and without a stack-relative operand.
+    for (index, instruction) in displaced.iter().enumerate() {
+        if instruction.flow_control() == FlowControl::Call
+            || instruction.flow_control() == FlowControl::IndirectCall
+        {
+            let uses_stack = (0..instruction.op_count()).any(|op| {
+                instruction.op_kind(op) == iced_x86::OpKind::Memory
+                    && (instruction.memory_base() == iced_x86::Register::RSP
+                        || instruction.memory_index() == iced_x86::Register::RSP)
+            }) || instruction.op0_register() == iced_x86::Register::RSP;
+            if index + 1 != displaced.len() || uses_stack {
+                return Err(Reason::Unrelocatable {
+                    at: instruction.ip(),
+                    instruction: instruction.to_string(),
+                });
+            }
+        }
+    }
+    let relocated = trampoline::relocate(&displaced, displaced_end);
+    let block = InstructionBlock::new(&relocated, trampoline);
     match BlockEncoder::encode(64, block, BlockEncoderOptions::NONE) {
         Ok(encoded) => Ok(Plan {
             patch_at,
             displaced: displaced_end - patch_at,
             relocated_len: encoded.code_buffer.len(),
+            overwritten: overwritten_end.max(displaced_end) - patch_at,
+            instructions: displaced,
         }),
         Err(error) => Err(Reason::Unrelocatable {
             at: displaced.first().map_or(patch_at, |i| i.ip()),
             instruction: error.to_string(),
         }),
     }
+}
+
+/// Every direct branch and call target in the code of `functions` (decoded linearly,
+/// function by function): a patch must not cover a byte that code elsewhere jumps to, as
+/// hand-written assembly does when one routine enters another past its first bytes.
+pub fn branch_targets(
+    elf: &object::File,
+    functions: &[Function],
+) -> std::collections::BTreeSet<u64> {
+    let mut targets = std::collections::BTreeSet::new();
+    for function in functions {
+        let Some(code) = function_bytes(elf, function) else {
+            continue;
+        };
+        let mut decoder = Decoder::with_ip(64, code, function.address, DecoderOptions::NONE);
+        let mut instruction = Instruction::default();
+        while decoder.can_decode() {
+            decoder.decode_out(&mut instruction);
+            if matches!(
+                instruction.flow_control(),
+                FlowControl::UnconditionalBranch
+                    | FlowControl::ConditionalBranch
+                    | FlowControl::Call
+            ) {
+                targets.insert(instruction.near_branch_target());
+            }
+        }
+    }
+    targets
+}
+
+/// A direct branch (`call`, `jmp` or `jcc` with a 32-bit displacement) whose target can
+/// be changed by rewriting its last four bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectSite {
+    /// Address of the instruction.
+    pub at: u64,
+    /// Its length (the displacement is its last four bytes).
+    pub len: u8,
+}
+
+/// The direct branch sites in the code of `functions` whose target is one of `wanted`.
+pub fn direct_sites(
+    elf: &object::File,
+    functions: &[Function],
+    wanted: &std::collections::HashSet<u64>,
+) -> std::collections::HashMap<u64, Vec<DirectSite>> {
+    let mut sites: std::collections::HashMap<u64, Vec<DirectSite>> = Default::default();
+    for function in functions {
+        let Some(code) = function_bytes(elf, function) else {
+            continue;
+        };
+        let mut decoder = Decoder::with_ip(64, code, function.address, DecoderOptions::NONE);
+        let mut instruction = Instruction::default();
+        while decoder.can_decode() {
+            decoder.decode_out(&mut instruction);
+            let rel32 = matches!(instruction.code(), Code::Call_rel32_64 | Code::Jmp_rel32_64)
+                || (instruction.flow_control() == FlowControl::ConditionalBranch
+                    && instruction.len() >= 6
+                    && instruction.op0_kind() == iced_x86::OpKind::NearBranch64);
+            if rel32 && wanted.contains(&instruction.near_branch_target()) {
+                sites
+                    .entry(instruction.near_branch_target())
+                    .or_default()
+                    .push(DirectSite {
+                        at: instruction.ip(),
+                        len: instruction.len() as u8,
+                    });
+            }
+        }
+    }
+    sites
+}
+
+/// The target and length of the direct branch at the start of `bytes` (at `address`).
+pub fn branch_at(bytes: &[u8], address: u64) -> Option<(u64, usize)> {
+    let instruction = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE).decode();
+    (!instruction.is_invalid() && instruction.op0_kind() == iced_x86::OpKind::NearBranch64)
+        .then(|| (instruction.near_branch_target(), instruction.len()))
+}
+
+/// A plan that moves a whole (short) function into its trampoline, for a function that
+/// cannot take the entry jump: its direct callers are sent to the copy instead. The code
+/// must end in a `ret` or `jmp` and contain no call (the copy's return addresses would
+/// point into it).
+pub fn whole_function_plan(code: &[u8], address: u64) -> Result<Plan, Reason> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instructions: Vec<Instruction> = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return Err(Reason::Undecodable {
+                at: instruction.ip(),
+            });
+        }
+        if matches!(
+            instruction.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall | FlowControl::Interrupt
+        ) {
+            return Err(Reason::Unrelocatable {
+                at: instruction.ip(),
+                instruction: instruction.to_string(),
+            });
+        }
+        instructions.push(instruction);
+    }
+    let ends = instructions.last().is_some_and(|last| {
+        matches!(
+            last.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        )
+    });
+    if !ends {
+        return Err(Reason::TooShort {
+            size: code.len() as u64,
+        });
+    }
+    let block = InstructionBlock::new(&instructions, address.wrapping_add(1 << 30));
+    match BlockEncoder::encode(64, block, BlockEncoderOptions::NONE) {
+        Ok(encoded) => Ok(Plan {
+            patch_at: address,
+            displaced: code.len() as u64,
+            relocated_len: encoded.code_buffer.len(),
+            overwritten: 0,
+            instructions,
+        }),
+        Err(error) => Err(Reason::Unrelocatable {
+            at: address,
+            instruction: error.to_string(),
+        }),
+    }
+}
+
+/// Whether `bytes` (at `address`) are only alignment filler: int3 or nops.
+fn is_filler(bytes: &[u8], address: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid()
+            || !matches!(
+                instruction.mnemonic(),
+                iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3
+            )
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Shell-style glob: `*` any run, `?` one character.

@@ -2,6 +2,7 @@
 //! stacks with counts) built once, and one module per output format, each a function
 //! from the profile to bytes.
 
+pub mod calltrace;
 mod flamegraph;
 mod folded;
 mod modules;
@@ -24,6 +25,14 @@ pub enum Format {
     Folded,
     /// An interactive SVG flame graph (hover, zoom, search)
     Flamegraph,
+    /// glass trace: per function, calls and time (total, self, min, p50, p99, max)
+    Calls,
+    /// glass trace: the call tree, calls merged by path
+    Tree,
+    /// glass trace: one row per call of --root, slowest first, split by callee
+    Invocations,
+    /// glass trace: Chrome trace-event JSON (Perfetto, chrome://tracing)
+    Chrome,
 }
 
 /// Marks the outermost frames a stack walk could not reach.

@@ -19,7 +19,7 @@ pub struct PausedChild {
 
 /// Resolves a command the way execvp would, so that a missing command is an error
 /// before anything is started.
-fn resolve_command(command: &str) -> Result<PathBuf, TargetError> {
+pub fn resolve_command(command: &str) -> Result<PathBuf, TargetError> {
     use std::os::unix::fs::PermissionsExt;
     let is_executable = |path: &std::path::Path| {
         std::fs::metadata(path)
@@ -46,6 +46,14 @@ fn resolve_command(command: &str) -> Result<PathBuf, TargetError> {
 /// Forks a child that will exec `argv` once released. Must be called while glass is
 /// single-threaded.
 pub fn spawn_paused(argv: &[String]) -> Result<PausedChild, TargetError> {
+    spawn_paused_with_env(argv, &[])
+}
+
+/// [`spawn_paused`], with `env` added to (or replacing in) glass's environment.
+pub fn spawn_paused_with_env(
+    argv: &[String],
+    env: &[(String, String)],
+) -> Result<PausedChild, TargetError> {
     let program = argv
         .first()
         .ok_or(TargetError::CommandNotFound(String::new()))?;
@@ -59,6 +67,25 @@ pub fn spawn_paused(argv: &[String]) -> Result<PausedChild, TargetError> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
+    let mut c_env = Vec::new();
+    for (key, value) in std::env::vars_os() {
+        if env
+            .iter()
+            .any(|(k, _)| key.as_encoded_bytes() == k.as_bytes())
+        {
+            continue;
+        }
+        let mut entry = key.into_encoded_bytes();
+        entry.push(b'=');
+        entry.extend_from_slice(value.as_encoded_bytes());
+        c_env
+            .push(CString::new(entry).map_err(|_| TargetError::BadArgument("environment".into()))?);
+    }
+    for (key, value) in env {
+        c_env.push(to_c(&format!("{key}={value}"))?);
+    }
+    let mut c_envp: Vec<*const libc::c_char> = c_env.iter().map(|a| a.as_ptr()).collect();
+    c_envp.push(std::ptr::null());
 
     let pipe =
         || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| TargetError::Io(e.into()));
@@ -79,7 +106,7 @@ pub fn spawn_paused(argv: &[String]) -> Result<PausedChild, TargetError> {
             libc::close(go_write.as_raw_fd());
             let mut byte = 0u8;
             while libc::read(go_read.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) < 0 {}
-            libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+            libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
             let code = *libc::__errno_location();
             libc::write(err_write.as_raw_fd(), (&code as *const i32).cast(), 4);
             libc::_exit(127);

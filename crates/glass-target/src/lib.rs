@@ -6,6 +6,7 @@
 //! time, stopped time) and a stream of [`ptrace::TargetEvent`]s; it never symbolizes.
 
 pub mod gdbstub;
+pub mod inject;
 pub mod launch;
 pub mod perf;
 pub mod procfs;

@@ -79,6 +79,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 meta.target_pid
             );
         }
+        if meta.backend == "trace" {
+            trace_info(&recording);
+            return Ok(());
+        }
         println!(
             "sampling:    {} backend, {} unwinding, {} Hz, max depth {}, {} capture",
             meta.backend, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
@@ -140,4 +144,89 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         None => println!("cost:        not recorded (the recorder did not finish the file)"),
     }
     Ok(())
+}
+
+/// `glass info` of a `glass trace` recording.
+fn trace_info(recording: &glass_format::Recording) {
+    let stride = 1 + recording
+        .trace_summary
+        .as_ref()
+        .map_or(0, |s| s.counters.len());
+    let records: usize = recording
+        .trace_chunks
+        .iter()
+        .map(|c| c.words.len())
+        .sum::<usize>()
+        / stride;
+    let threads: HashSet<u32> = recording.trace_chunks.iter().map(|c| c.tid).collect();
+    println!(
+        "tracing:     {} functions instrumented, {} matched but not patched",
+        recording.trace_functions.len(),
+        recording.trace_skipped.len()
+    );
+    let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
+    for skipped in &recording.trace_skipped {
+        *reasons
+            .entry(crate::trace::reason_kind(&skipped.reason))
+            .or_default() += 1;
+    }
+    for (reason, count) in reasons {
+        println!("             {count} not patched: {reason}");
+    }
+    const LISTED: usize = 20;
+    for skipped in recording.trace_skipped.iter().take(LISTED) {
+        println!(
+            "             - {} at {:#x}: {}",
+            skipped.name, skipped.address, skipped.reason
+        );
+    }
+    if recording.trace_skipped.len() > LISTED {
+        println!(
+            "             ... and {} more",
+            recording.trace_skipped.len() - LISTED
+        );
+    }
+    println!(
+        "contents:    {records} call records from {} threads",
+        threads.len()
+    );
+    match &recording.trace_summary {
+        Some(s) => {
+            if recording.complete {
+                println!(
+                    "duration:    {:.3} s; cycle counter {:.3} GHz (measured)",
+                    s.duration_ns as f64 / 1e9,
+                    s.tsc_hz as f64 / 1e9
+                );
+                println!(
+                    "losses:      {} records lost (ring full or write failed), {} lost (threads beyond --max-threads)",
+                    s.lost, s.no_area_lost
+                );
+                println!(
+                    "             {} calls not traced (signal inside a probe), {} calls ended by longjmp or an exception",
+                    s.skipped, s.unwound
+                );
+            } else {
+                println!(
+                    "cycles:      counter {:.3} GHz (measured while setting up)",
+                    s.tsc_hz as f64 / 1e9
+                );
+                println!("losses:      unknown (the tracer did not finish the file)");
+            }
+            if s.counters.is_empty() {
+                let note = if s.counters_note.is_empty() {
+                    "none requested".to_string()
+                } else {
+                    s.counters_note.clone()
+                };
+                println!("counters:    time only ({note})");
+            } else {
+                println!("counters:    {}", s.counters.join(", "));
+            }
+            if s.exit_status >= 0 {
+                println!("exit status: {}", s.exit_status);
+            }
+        }
+        None => println!("losses:      unknown (the tracer did not finish the file)"),
+    }
 }

@@ -5,6 +5,7 @@ mod error;
 mod info;
 mod record;
 mod report;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +31,42 @@ enum Command {
     Report(ReportArgs),
     /// Show what a recording holds and what it cost the target
     Info(InfoArgs),
+    /// Time every call of chosen functions of a program glass launches
+    Trace(TraceArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
+    /// Output recording
+    #[arg(short, long, default_value = "trace.glass")]
+    pub output: PathBuf,
+    /// Functions to instrument: comma-separated globs over symbol names (`*` for all)
+    #[arg(short = 'f', long = "functions")]
+    pub functions: Option<String>,
+    /// Calls into shared libraries to time, through the program's GOT: comma-separated
+    /// globs (malloc,free,mem*)
+    #[arg(long)]
+    pub libcalls: Option<String>,
+    /// Also instrument the -f functions of these loaded libraries: comma-separated globs
+    /// over file names (libc.so*,libpython3*)
+    #[arg(long, value_delimiter = ',')]
+    pub lib: Vec<String>,
+    /// Hardware counters to read per record (cycles,instructions,branches,branch-misses,
+    /// cache-references,cache-misses); time only where the machine has none
+    #[arg(long)]
+    pub pmc: Option<String>,
+    /// Records each thread's ring holds (a power of two)
+    #[arg(long, default_value_t = 1 << 20)]
+    pub ring_size: usize,
+    /// Threads that get a ring; probes of further threads are counted as lost
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_threads: u32,
+    /// Do not print what was instrumented and the summary
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The command to launch and trace
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -129,9 +166,12 @@ fn parse_stack_size(text: &str) -> Result<u32, String> {
 pub struct ReportArgs {
     /// The recording to read
     pub input: PathBuf,
-    /// Output format
-    #[arg(long, value_enum, default_value_t = glass_report::Format::Top)]
-    pub format: glass_report::Format,
+    /// Output format (default: top for samples, calls for a trace)
+    #[arg(long, value_enum)]
+    pub format: Option<glass_report::Format>,
+    /// With --format invocations: the function whose calls are the rows
+    #[arg(long)]
+    pub root: Option<String>,
     /// Write here instead of standard output
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -141,9 +181,9 @@ pub struct ReportArgs {
     /// Keep only this thread
     #[arg(long)]
     pub tid: Option<u32>,
-    /// Rows in the top table
-    #[arg(long, default_value_t = 30)]
-    pub limit: usize,
+    /// Rows in the top, calls and invocations tables; lines of the tree
+    #[arg(long)]
+    pub limit: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -165,6 +205,7 @@ fn main() -> ExitCode {
         Command::Record(args) => record::run(&args),
         Command::Report(args) => report::run(&args).map(|()| 0),
         Command::Info(args) => info::run(&args).map(|()| 0),
+        Command::Trace(args) => trace::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -22,10 +22,14 @@ pub fn open_recording(path: &Path) -> Result<Recording> {
         other => Failure::bad_input(format!("{}: {other}", path.display())),
     })?;
     if let Some(damage) = &recording.damage {
+        let kept = if recording.trace_chunks.is_empty() {
+            format!("the {} samples", recording.samples.len())
+        } else {
+            "the call records".to_string()
+        };
         eprintln!(
-            "glass: warning: {}: {damage}; using the {} samples before it",
-            path.display(),
-            recording.samples.len()
+            "glass: warning: {}: {damage}; using {kept} before it",
+            path.display()
         );
     }
     Ok(recording)
@@ -37,6 +41,38 @@ fn strip_os_error(message: &str) -> &str {
 
 pub fn run(args: &ReportArgs) -> Result<()> {
     let recording = open_recording(&args.input)?;
+    let is_trace = recording
+        .meta
+        .as_ref()
+        .is_some_and(|m| m.backend == "trace");
+    let format = args
+        .format
+        .unwrap_or(if is_trace { Format::Calls } else { Format::Top });
+    let trace_only = matches!(
+        format,
+        Format::Calls | Format::Tree | Format::Invocations | Format::Chrome
+    );
+    if trace_only && !is_trace {
+        return Err(Failure::bad_input(format!(
+            "{}: --format {} needs a `glass trace` recording; this one holds samples",
+            args.input.display(),
+            format_name(format)
+        )));
+    }
+    if is_trace && matches!(format, Format::Top | Format::Folded) {
+        return Err(Failure::bad_input(format!(
+            "{}: a `glass trace` recording has calls, not samples: use --format calls, tree, invocations, chrome or flamegraph",
+            args.input.display()
+        )));
+    }
+    if format == Format::Invocations && args.root.is_none() {
+        return Err(Failure::bad_input(
+            "--format invocations needs --root FUNCTION (e.g. --root process_batch)",
+        ));
+    }
+    if is_trace {
+        return run_trace(args, &recording, format);
+    }
     // Open the output before the (possibly long) symbolization, so a bad path fails fast.
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
@@ -64,22 +100,97 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             );
         }
     }
-    let written = match args.format {
+    let written = match format {
         Format::Top => glass_report::write_top(
             &profile,
             &header(&recording, &profile, &args.input),
             args.threads,
-            args.limit,
+            args.limit.unwrap_or(30),
             &mut out,
         ),
         Format::Folded => glass_report::write_folded(&profile, &mut out),
         Format::Flamegraph => {
             glass_report::write_flamegraph(&profile, &title(&recording), &mut out)
         }
+        Format::Calls | Format::Tree | Format::Invocations | Format::Chrome => unreachable!(),
     };
     match written.and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         // `glass report | head` is not a failure.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
+    }
+}
+
+fn format_name(format: Format) -> String {
+    use clap::ValueEnum;
+    format
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
+}
+
+fn create(path: &Option<std::path::PathBuf>) -> Result<Box<dyn Write>> {
+    Ok(match path {
+        Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
+            Failure::bad_input(format!(
+                "cannot write {}: {}",
+                path.display(),
+                strip_os_error(&e.to_string())
+            ))
+        })?)),
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    })
+}
+
+/// The reports of a `glass trace` recording.
+fn run_trace(args: &ReportArgs, recording: &Recording, format: Format) -> Result<()> {
+    use glass_report::calltrace;
+    let mut out = create(&args.output)?;
+    let trace = calltrace::CallTrace::build(recording);
+    if trace.tsc_hz == 0 {
+        eprintln!("glass: warning: the recording has no cycle rate: times are in cycles");
+    }
+    let header = calltrace::header(recording, &trace);
+    let written = match format {
+        Format::Calls => calltrace::calls::write_calls(
+            &trace,
+            &header,
+            args.limit.unwrap_or(usize::MAX),
+            &mut out,
+        ),
+        Format::Tree => {
+            calltrace::tree::write_tree(&trace, &header, args.limit.unwrap_or(200), &mut out)
+        }
+        Format::Invocations => {
+            let root = args.root.as_deref().unwrap_or_default();
+            calltrace::invocations::write_invocations(
+                &trace,
+                &header,
+                root,
+                args.limit.unwrap_or(20),
+                &mut out,
+            )
+            .map_err(|message| {
+                if message.starts_with("--root") {
+                    Failure::bad_input(message)
+                } else {
+                    Failure::runtime(format!("writing the report failed: {message}"))
+                }
+            })?;
+            Ok(())
+        }
+        Format::Chrome => calltrace::chrome::write_chrome(
+            &trace,
+            &header,
+            &calltrace::losses(recording),
+            &mut out,
+        ),
+        Format::Flamegraph => calltrace::write_flamegraph(recording, &trace, &mut out),
+        Format::Top | Format::Folded => unreachable!(),
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
     }

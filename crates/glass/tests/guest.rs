@@ -137,8 +137,12 @@ fn assert_split(recording: &Path) {
     assert!(work >= 1000, "{work} samples in the guest's workload");
     for (function, truth) in [("alpha", 60.0), ("beta", 30.0), ("gamma_", 10.0)] {
         let share = samples_in(&stacks, function) as f64 * 100.0 / work as f64;
+        // ±5 points, as for the process split tests under unwinding: about 2000 samples
+        // give a standard error near 1 point, and on a loaded CI host the vCPU thread
+        // is descheduled in bursts (each burst's samples all land in one function); a
+        // quiet machine stays within 2 points (record_accuracy keeps ±3 for processes).
         assert!(
-            (share - truth).abs() <= 3.0,
+            (share - truth).abs() <= 5.0,
             "{function}: {share:.1}% vs {truth}%"
         );
     }
@@ -297,7 +301,10 @@ fn vm_mode_launches_the_guest_and_ends_when_it_powers_off() {
         stderr(&output)
     );
     let stacks = folded(&recording, &[]);
-    assert!(samples_in(&stacks, "alpha") > 100, "{stacks:?}");
+    // The 60/30/10 split of the guest's first vCPU shows (its length varies with the
+    // machine's load: about 100 samples of alpha on a quiet one).
+    let (alpha, beta) = (samples_in(&stacks, "alpha"), samples_in(&stacks, "beta"));
+    assert!(alpha > 50 && alpha > beta, "{stacks:?}");
     let mine = format!("glass-vm-{}", "");
     let left: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()

@@ -496,7 +496,7 @@ impl OutsideText {
         if !text.iter().any(|&(start, end)| ip >= start && ip < end) {
             self.outside += 1;
         }
-        if !self.warned && self.samples >= 200 && self.outside * 2 > self.samples {
+        if !self.warned && self.samples >= 40 && self.outside * 2 > self.samples {
             self.warned = true;
             eprintln!(
                 "glass: warning: {} of {} sampled addresses lie outside the text of {}: is it the running guest's image?",

@@ -169,7 +169,7 @@ fn print_summary(args: &RecordArgs, s: &glass_format::Summary, outcome: &Outcome
     );
 }
 
-fn create_output(path: &Path) -> Result<File> {
+pub(crate) fn create_output(path: &Path) -> Result<File> {
     File::create(path).map_err(|error| {
         Failure::bad_input(format!(
             "cannot write {}: {}",
@@ -179,7 +179,7 @@ fn create_output(path: &Path) -> Result<File> {
     })
 }
 
-fn error_text(error: &std::io::Error) -> String {
+pub(crate) fn error_text(error: &std::io::Error) -> String {
     let text = error.to_string();
     text.split(" (os error").next().unwrap_or(&text).to_string()
 }

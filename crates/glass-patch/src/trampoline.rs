@@ -1,0 +1,200 @@
+//! The code glass writes into the target: a trampoline per function and the jump that
+//! sends the function's entry to it.
+//!
+//! ```text
+//! trampoline:  push <id>                  the function id, for glass_enter
+//!              call [rip + enter_slot]    the probe runtime's glass_enter (it pops the id)
+//!              <displaced instructions>   re-encoded here by iced-x86's BlockEncoder
+//!              jmp <end of displaced>     back into the function
+//! ```
+//!
+//! The enter slot is a word at the start of the trampoline region holding
+//! `glass_enter`'s address: a `call [rip+disp32]` reaches it wherever the runtime is
+//! loaded, while the trampolines stay within ±2 GiB of the code they patch.
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
+    MemoryOperand, Register,
+};
+
+use crate::{Plan, PATCH_LEN};
+
+/// The displaced instructions as they must run in the trampoline. A `call` (only ever the
+/// last one) is emulated so that it pushes the address after it in the *original* code:
+/// `lea rsp,[rsp-8]; push rax; mov rax, <return>; mov [rsp+8], rax; pop rax; jmp <target>`.
+pub(crate) fn relocate(displaced: &[Instruction], displaced_end: u64) -> Vec<Instruction> {
+    let mut out = Vec::with_capacity(displaced.len() + 6);
+    for instruction in displaced {
+        let jump_code = match instruction.code() {
+            Code::Call_rel32_64 => Some(Code::Jmp_rel32_64),
+            Code::Call_rm64 => Some(Code::Jmp_rm64),
+            _ => None,
+        };
+        match jump_code {
+            Some(code) => {
+                let rsp =
+                    |displacement: i64| MemoryOperand::with_base_displ(Register::RSP, displacement);
+                out.push(Instruction::with2(Code::Lea_r64_m, Register::RSP, rsp(-8)).unwrap());
+                out.push(Instruction::with1(Code::Push_r64, Register::RAX).unwrap());
+                out.push(
+                    Instruction::with2(Code::Mov_r64_imm64, Register::RAX, displaced_end).unwrap(),
+                );
+                out.push(Instruction::with2(Code::Mov_rm64_r64, rsp(8), Register::RAX).unwrap());
+                out.push(Instruction::with1(Code::Pop_r64, Register::RAX).unwrap());
+                let mut jump = *instruction;
+                jump.set_code(code);
+                out.push(jump);
+            }
+            None => out.push(*instruction),
+        }
+    }
+    out
+}
+
+/// Bytes of one function's trampoline at `address`.
+pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<u8>, String> {
+    let mut instructions = vec![
+        Instruction::with1(Code::Pushq_imm32, id as i32).map_err(|e| e.to_string())?,
+        Instruction::with1(
+            Code::Call_rm64,
+            MemoryOperand::with_base_displ(Register::RIP, enter_slot as i64),
+        )
+        .map_err(|e| e.to_string())?,
+    ];
+    let end = plan.patch_at + plan.displaced;
+    instructions.extend(relocate(&plan.instructions, end));
+    let leaves = plan.instructions.last().is_some_and(|last| {
+        matches!(
+            last.flow_control(),
+            FlowControl::Return
+                | FlowControl::UnconditionalBranch
+                | FlowControl::IndirectBranch
+                | FlowControl::Call
+                | FlowControl::IndirectCall
+        )
+    });
+    if !leaves {
+        instructions
+            .push(Instruction::with_branch(Code::Jmp_rel32_64, end).map_err(|e| e.to_string())?);
+    }
+    let block = InstructionBlock::new(&instructions, address);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map(|encoded| encoded.code_buffer)
+        .map_err(|e| e.to_string())
+}
+
+/// The bytes written at `plan.patch_at`: `jmp rel32` to the trampoline, then int3 over
+/// the rest of the overwritten bytes (never executed: nothing branches into them).
+pub fn entry_patch(plan: &Plan, trampoline: u64) -> Result<Vec<u8>, String> {
+    let from = plan.patch_at + PATCH_LEN;
+    let distance = trampoline.wrapping_sub(from) as i64;
+    let rel = i32::try_from(distance).map_err(|_| {
+        format!(
+            "trampoline {trampoline:#x} is out of reach of {:#x}",
+            plan.patch_at
+        )
+    })?;
+    let mut bytes = vec![0xe9];
+    bytes.extend_from_slice(&rel.to_le_bytes());
+    bytes.resize(plan.overwritten as usize, 0xcc);
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use iced_x86::{Decoder, DecoderOptions};
+
+    use super::*;
+    use crate::analyze;
+
+    fn decode(bytes: &[u8], ip: u64) -> Vec<String> {
+        Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE)
+            .into_iter()
+            .map(|i| format!("{i}"))
+            .collect()
+    }
+
+    #[test]
+    fn a_trampoline_pushes_the_id_calls_enter_and_jumps_back() {
+        // push rbp; mov rbp, rsp; mov eax, [rip+0x100]; pop rbp; ret
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x5d, 0xc3,
+        ];
+        let plan = analyze(&code, 0x40_1000).unwrap();
+        assert_eq!(plan.displaced, 10);
+        let at = 0x40_1000 + 0x10_0000;
+        let bytes = build(&plan, 7, at, at - 8).unwrap();
+        assert_eq!(
+            decode(&bytes, at),
+            [
+                "push 7",
+                "call qword ptr [500FF8h]",
+                "push rbp",
+                "mov rbp,rsp",
+                "mov eax,[40110Ah]",
+                "jmp 000000000040100Ah"
+            ]
+        );
+        assert_eq!(
+            entry_patch(&plan, at).unwrap(),
+            [0xe9, 0xfb, 0xff, 0x0f, 0x00, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc]
+        );
+    }
+
+    #[test]
+    fn a_displaced_call_returns_into_the_original_code() {
+        // call 0x402000; add eax, 1; ret
+        let code = [0xe8, 0xfb, 0x0f, 0x00, 0x00, 0x83, 0xc0, 0x01, 0xc3];
+        let plan = analyze(&code, 0x40_1000).unwrap();
+        let at = 0x50_0000;
+        let text = decode(&build(&plan, 1, at, at - 8).unwrap(), at);
+        assert_eq!(
+            text[2..],
+            [
+                "lea rsp,[rsp-8]",
+                "push rax",
+                "mov rax,401005h",
+                "mov [rsp+8],rax",
+                "pop rax",
+                "jmp 0000000000402000h"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_short_function_without_padding_moves_whole_for_its_call_sites() {
+        // xor eax, eax; ret — 3 bytes, nothing to borrow after it.
+        let plan = crate::whole_function_plan(&[0x31, 0xc0, 0xc3], 0x1000).unwrap();
+        assert_eq!(plan.overwritten, 0, "nothing of the original is written");
+        let text = decode(&build(&plan, 9, 0x3000, 0x2ff8).unwrap(), 0x3000);
+        assert_eq!(
+            text,
+            ["push 9", "call qword ptr [2FF8h]", "xor eax,eax", "ret"]
+        );
+        // A call inside would return into the copy: refused. So is falling off the end.
+        assert!(crate::whole_function_plan(&[0xe8, 0, 0, 0, 0, 0xc3], 0x1000).is_err());
+        assert!(crate::whole_function_plan(&[0x31, 0xc0], 0x1000).is_err());
+        // The rel32 call to it is found, its displacement is the last four bytes.
+        assert_eq!(
+            crate::branch_at(&[0xe8, 0xfb, 0x0f, 0x00, 0x00], 0x1000),
+            Some((0x2000, 5))
+        );
+    }
+
+    #[test]
+    fn a_short_function_borrows_filler_padding() {
+        // lea eax, [rdi+3]; ret; then int3 padding
+        let code = [0x8d, 0x47, 0x03, 0xc3];
+        let plan = crate::analyze_with_padding(&code, 0x1000, &[0xcc; 12]).unwrap();
+        assert_eq!((plan.displaced, plan.overwritten), (4, 5));
+        let text = decode(&build(&plan, 2, 0x2000, 0x1ff8).unwrap(), 0x2000);
+        assert_eq!(text[2..], ["lea eax,[rdi+3]", "ret"]);
+        // Padding that is code (or too little of it) is not borrowed.
+        assert!(crate::analyze_with_padding(&code, 0x1000, &[0x55; 4]).is_err());
+        assert!(crate::analyze_with_padding(&code, 0x1000, &[]).is_err());
+        // A function that can fall through its end is not extended.
+        assert!(
+            crate::analyze_with_padding(&[0x8d, 0x47, 0x03, 0x90], 0x1000, &[0xcc; 8]).is_err()
+        );
+    }
+}

@@ -1,0 +1,852 @@
+//! The probe runtime `glass trace` loads into the traced process (LD_PRELOAD when glass
+//! launches it). glass patches each chosen function's first bytes with a jump to a
+//! trampoline of its own making:
+//!
+//! ```text
+//! trampoline:  push <function id>; call [rip+enter]; <the displaced instructions>; jmp back
+//! ```
+//!
+//! `glass_enter` records the entry and swaps the function's return address (the word the
+//! call pushed, its *slot*) for `glass_exit_stub`, remembering the real one on a per-thread
+//! shadow stack; the function's `ret` then lands in the stub, which records the exit and
+//! returns to the real address. One patch per function runs both probes, as in
+//! LProfile's function-level fast breakpoint.
+//!
+//! Why return-address hijacking rather than patching every `ret`: return sites are many,
+//! often shorter than a jump, and tail calls leave through `jmp`; the slot is one word,
+//! always there, and the stub sees every way a call returns. The price is that code which
+//! reads return addresses must be kept honest:
+//! - longjmp and exceptions abandon frames without returning: the next probe of the
+//!   thread finds shadow entries whose slot lies below the current stack pointer (those
+//!   frames are gone) and records them as *unwound*;
+//! - the C++ unwinder reads return addresses to find handlers: `_Unwind_RaiseException`
+//!   and friends are interposed here to put the real addresses back before unwinding,
+//!   and `__cxa_begin_catch` (the handler has been reached) drops the unwound entries and
+//!   re-hijacks the frames that are still live;
+//! - a tail call (`jmp` to another instrumented function) reuses the caller's slot: the
+//!   callee's entry shares it, and the stub ends both calls at once;
+//! - a signal handler that runs while a probe is mid-update finds the thread *busy* and
+//!   is not traced (counted as skipped) rather than corrupting the shadow stack;
+//! - fork: the child takes a fresh thread area with a copy of the shadow stack.
+//!
+//! The probe path is hand-written assembly because it runs between a call and the
+//! function's first instruction: every register may hold an argument, the stack is the
+//! caller's, and nothing may allocate, lock or make a system call. Records go into the
+//! thread's ring in the session's shared memory (layout in `glass_trace`), published
+//! every [`glass_trace::PUBLISH_EVERY`] records; a full ring drops and counts.
+
+use core::ffi::{c_char, c_int, c_void};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use glass_trace::{area, header, EXIT_BIT, FUNCTION_SHIFT, MAGIC, UNWOUND_BIT, VERSION};
+
+/// The session's shared memory, once mapped.
+static SHM: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
+
+const ENTRY_ID: usize = 16;
+const RESTORED: u64 = 1 << glass_trace::SHADOW_RESTORED_BIT;
+const EXIT_WORD: u64 = 1 << EXIT_BIT;
+const UNWOUND_WORD: u64 = (1 << EXIT_BIT) | (1 << UNWOUND_BIT);
+
+// Register use in the probe path: rsi = this thread's area, rdi = the slot. Every
+// caller-saved general register is preserved: at a function's entry any of them may
+// carry an argument (r10: static chain, rax: vector-argument count), and at its return
+// rax/rdx carry the result (some runtime helpers promise to preserve all of them).
+core::arch::global_asm!(
+    // The thread's area: 0 before its first probe, 1 when it could not get one.
+    ".section .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl glass_thread_area",
+    ".hidden glass_thread_area",
+    ".type glass_thread_area, @object",
+    ".size glass_thread_area, 8",
+    "glass_thread_area:",
+    ".zero 8",
+    ".text",
+    // ---------------------------------------------------------------------------------
+    // glass_record: appends one record (and the thread's hardware counters, if the
+    // session has any). In: rsi = area, r8 = the record without its time.
+    // Out: eax = 0 written, 1 dropped. Clobbers rax, rcx, rdx, r8.
+    ".p2align 4",
+    ".globl glass_record",
+    ".hidden glass_record",
+    ".type glass_record, @function",
+    "glass_record:",
+    "mov rcx, [rsi + {cursor}]",
+    "mov rax, [rsi + {record_words}]",
+    "add rax, rcx",
+    "cmp rax, [rsi + {limit}]",
+    "jbe 2f",
+    // The cached limit ran out: glass may have consumed since.
+    "mov rdx, [rsi + {tail}]",
+    "add rdx, [rsi + {mask}]",
+    "inc rdx",
+    "mov [rsi + {limit}], rdx",
+    "cmp rax, rdx",
+    "jbe 2f",
+    // Full: publish what there is, count the loss, never wait.
+    "mov [rsi + {head}], rcx",
+    "inc qword ptr [rsi + {lost}]",
+    "mov eax, 1",
+    "ret",
+    "2:",
+    "rdtsc",
+    "shl rdx, 32",
+    "or rax, rdx",
+    "shl rax, 20",
+    "shr rax, 20",
+    "or rax, r8",
+    "mov rdx, rcx",
+    "and rdx, [rsi + {mask}]",
+    "mov [rsi + rdx*8 + {records}], rax",
+    "inc rcx",
+    "cmp qword ptr [rsi + {record_words}], 1",
+    "jne 5f",
+    "4:",
+    "mov [rsi + {cursor}], rcx",
+    "test cl, {publish_mask}",
+    "jnz 3f",
+    // x86 stores are not reordered with earlier stores: the records are visible first.
+    "mov [rsi + {head}], rcx",
+    "3:",
+    "xor eax, eax",
+    "ret",
+    // Hardware counters: each read from user space with rdpmc under the seqlock of the
+    // thread's perf_event page (see glass_trace::pmc); r8 = next word.
+    "5:",
+    "push r9",
+    "push r10",
+    "push r11",
+    "mov r8, rcx",
+    "xor r11d, r11d",
+    "6:",
+    "mov r9, [rsi + r11*8 + {pmc_pages}]",
+    "7:",
+    "mov r10d, [r9 + {page_lock}]",
+    "mov ecx, [r9 + {page_index}]",
+    "xor eax, eax",
+    "test ecx, ecx",
+    "jz 8f",
+    "dec ecx",
+    "rdpmc",
+    "shl rdx, 32",
+    "or rax, rdx",
+    "movzx ecx, word ptr [r9 + {page_width}]",
+    "neg ecx",
+    "add ecx, 64",
+    "shl rax, cl",
+    "sar rax, cl",
+    "8:",
+    "add rax, [r9 + {page_offset}]",
+    "cmp r10d, [r9 + {page_lock}]",
+    "jne 7b",
+    "mov rdx, r8",
+    "and rdx, [rsi + {mask}]",
+    "mov [rsi + rdx*8 + {records}], rax",
+    "inc r8",
+    "inc r11",
+    "lea rax, [r11 + 1]",
+    "cmp rax, [rsi + {record_words}]",
+    "jb 6b",
+    "mov rcx, r8",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "jmp 4b",
+    ".size glass_record, . - glass_record",
+    // ---------------------------------------------------------------------------------
+    // glass_record_c(area, word) -> dropped: glass_record for Rust.
+    ".p2align 4",
+    ".globl glass_record_c",
+    ".hidden glass_record_c",
+    "glass_record_c:",
+    "mov r8, rsi",
+    "mov rsi, rdi",
+    "jmp glass_record",
+    // ---------------------------------------------------------------------------------
+    // glass_thread_area_ptr() -> address of this thread's area word.
+    ".p2align 4",
+    ".globl glass_thread_area_ptr",
+    ".hidden glass_thread_area_ptr",
+    "glass_thread_area_ptr:",
+    "mov rax, [rip + glass_thread_area@GOTTPOFF]",
+    "add rax, fs:[0]",
+    "ret",
+    // ---------------------------------------------------------------------------------
+    // glass_enter: called by a trampoline. Stack: [rsp] return into the trampoline,
+    // [rsp+8] the function id (pushed by the trampoline), [rsp+16] the slot.
+    ".p2align 4",
+    ".globl glass_enter",
+    ".type glass_enter, @function",
+    "glass_enter:",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "mov r8, [rip + glass_thread_area@GOTTPOFF]",
+    "mov rsi, fs:[r8]",
+    "cmp rsi, 1",
+    "jbe 40f",
+    "10:",
+    "cmp qword ptr [rsi + {busy}], 0",
+    "jne 45f",
+    "mov qword ptr [rsi + {busy}], 1",
+    "lea rdi, [rsp + 88]",
+    // Is the top shadow entry a frame that is gone (longjmp, exception)?
+    "mov rcx, [rsi + {depth}]",
+    "test rcx, rcx",
+    "jz 20f",
+    "lea rax, [rcx + rcx*2]",
+    "lea r9, [rsi + rax*8 + {shadow} - {entry}]",
+    "mov rdx, [r9]",
+    "cmp rdx, rdi",
+    "ja 20f",
+    "jb 11f",
+    // Same slot: a tail call from the top function if the slot still holds the stub.
+    "mov rax, [rdi]",
+    "lea rdx, [rip + glass_exit_stub]",
+    "cmp rax, rdx",
+    "je 20f",
+    "11:",
+    // On a signal's alternate stack the slots of the interrupted frames may lie anywhere:
+    // leave them alone.
+    "push rsi",
+    "push rdi",
+    "sub rsp, 24",
+    "mov eax, 131",
+    "xor edi, edi",
+    "mov rsi, rsp",
+    "syscall",
+    "mov eax, [rsp + 8]",
+    "add rsp, 24",
+    "pop rdi",
+    "pop rsi",
+    "test eax, 1",
+    "jnz 20f",
+    "12:",
+    // Pop the top entry as unwound.
+    "mov rcx, [rsi + {depth}]",
+    "dec rcx",
+    "mov [rsi + {depth}], rcx",
+    "lea rax, [rcx + rcx*2]",
+    "mov r8d, dword ptr [rsi + rax*8 + {shadow} + {entry_id}]",
+    "shl r8, {function_shift}",
+    "mov rax, {unwound_word}",
+    "or r8, rax",
+    "inc qword ptr [rsi + {unwound}]",
+    "call glass_record",
+    // And look again.
+    "mov rcx, [rsi + {depth}]",
+    "test rcx, rcx",
+    "jz 20f",
+    "lea rax, [rcx + rcx*2]",
+    "lea r9, [rsi + rax*8 + {shadow} - {entry}]",
+    "mov rdx, [r9]",
+    "cmp rdx, rdi",
+    "ja 20f",
+    "jb 12b",
+    "mov rax, [rdi]",
+    "lea rdx, [rip + glass_exit_stub]",
+    "cmp rax, rdx",
+    "jne 12b",
+    "20:",
+    // Push: record the entry, then take over the slot.
+    "mov rcx, [rsi + {depth}]",
+    "cmp rcx, {shadow_capacity}",
+    "jae 30f",
+    "mov r8, [rsp + 80]",
+    "shl r8, {function_shift}",
+    "call glass_record",
+    "test eax, eax",
+    "jnz 31f",
+    "mov rcx, [rsi + {depth}]",
+    "lea rax, [rcx + rcx*2]",
+    "lea r9, [rsi + rax*8 + {shadow}]",
+    "mov [r9], rdi",
+    "mov rax, [rdi]",
+    "mov [r9 + 8], rax",
+    "mov eax, dword ptr [rsp + 80]",
+    "mov [r9 + {entry_id}], rax",
+    "inc rcx",
+    "mov [rsi + {depth}], rcx",
+    "lea rax, [rip + glass_exit_stub]",
+    "mov [rdi], rax",
+    "25:",
+    "mov qword ptr [rsi + {busy}], 0",
+    "26:",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "ret 8",
+    // Shadow stack full: not traced.
+    "30:",
+    "inc qword ptr [rsi + {skipped}]",
+    "jmp 25b",
+    // Entry dropped (ring full): its exit is not recorded either.
+    "31:",
+    "inc qword ptr [rsi + {lost}]",
+    "jmp 25b",
+    // First probe of this thread (rsi = 0), or it has no area (rsi = 1).
+    "40:",
+    "mov rax, [rip + {shm}]",
+    "test rax, rax",
+    "jz 42f",
+    "cmp rsi, 1",
+    "je 41f",
+    "mov ecx, 1",
+    "lock xadd [rax + {next_area}], rcx",
+    "cmp rcx, [rax + {area_count}]",
+    "jae 41f",
+    "imul rcx, [rax + {area_stride}]",
+    "lea rsi, [rax + rcx + {header_size}]",
+    "mov eax, 186",
+    "syscall",
+    "mov [rsi + {tid}], rax",
+    "mov eax, 39",
+    "syscall",
+    "mov [rsi + {pid}], rax",
+    "mov qword ptr [rsi + {claimed}], 1",
+    "mov fs:[r8], rsi",
+    // The thread's own counters, if the session records any: opened in Rust, once, with
+    // the vector registers (arguments of the traced function) saved around it.
+    "mov rax, [rip + {shm}]",
+    "cmp qword ptr [rax + {counters}], 0",
+    "je 10b",
+    "mov rdx, rsp",
+    "and rsp, -16",
+    "sub rsp, 144",
+    "mov [rsp + 128], rdx",
+    "movdqu [rsp], xmm0",
+    "movdqu [rsp + 16], xmm1",
+    "movdqu [rsp + 32], xmm2",
+    "movdqu [rsp + 48], xmm3",
+    "movdqu [rsp + 64], xmm4",
+    "movdqu [rsp + 80], xmm5",
+    "movdqu [rsp + 96], xmm6",
+    "movdqu [rsp + 112], xmm7",
+    "push rsi",
+    "push rsi",
+    "mov rdi, rsi",
+    "call {open_counters}",
+    "pop rsi",
+    "pop rsi",
+    "movdqu xmm0, [rsp]",
+    "movdqu xmm1, [rsp + 16]",
+    "movdqu xmm2, [rsp + 32]",
+    "movdqu xmm3, [rsp + 48]",
+    "movdqu xmm4, [rsp + 64]",
+    "movdqu xmm5, [rsp + 80]",
+    "movdqu xmm6, [rsp + 96]",
+    "movdqu xmm7, [rsp + 112]",
+    "mov rsp, [rsp + 128]",
+    "jmp 10b",
+    "41:",
+    "lock inc qword ptr [rax + {no_area_lost}]",
+    "42:",
+    "mov qword ptr fs:[r8], 1",
+    "jmp 26b",
+    // A probe of this thread is running (a signal arrived inside it): not traced.
+    "45:",
+    "inc qword ptr [rsi + {skipped}]",
+    "jmp 26b",
+    ".size glass_enter, . - glass_enter",
+    // ---------------------------------------------------------------------------------
+    // glass_exit_stub: where hijacked returns land; rsp is just above the slot.
+    ".p2align 4",
+    ".globl glass_exit_stub",
+    ".type glass_exit_stub, @function",
+    "glass_exit_stub:",
+    "sub rsp, 8",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "lea rdi, [rsp + 72]",
+    "mov rsi, [rip + glass_thread_area@GOTTPOFF]",
+    "mov rsi, fs:[rsi]",
+    "mov r11, [rsi + {busy}]",
+    "mov qword ptr [rsi + {busy}], 1",
+    "xor r10d, r10d",
+    "50:",
+    "mov rcx, [rsi + {depth}]",
+    "test rcx, rcx",
+    "jz 55f",
+    "lea rax, [rcx + rcx*2]",
+    "lea r9, [rsi + rax*8 + {shadow} - {entry}]",
+    "mov rdx, [r9]",
+    "cmp rdx, rdi",
+    "ja 55f",
+    "dec rcx",
+    "mov [rsi + {depth}], rcx",
+    "mov r8d, dword ptr [r9 + {entry_id}]",
+    "shl r8, {function_shift}",
+    "cmp rdx, rdi",
+    "jb 52f",
+    // This call's entry (or, after a tail call, one of the calls sharing the slot).
+    "mov r10, [r9 + 8]",
+    "mov rax, {exit_word}",
+    "or r8, rax",
+    "test r11, r11",
+    "jnz 50b",
+    "call glass_record",
+    "jmp 50b",
+    // Deeper entries whose frames are gone.
+    "52:",
+    "mov rax, {unwound_word}",
+    "or r8, rax",
+    "inc qword ptr [rsi + {unwound}]",
+    "test r11, r11",
+    "jnz 50b",
+    "call glass_record",
+    "jmp 50b",
+    "55:",
+    "test r10, r10",
+    "jz 58f",
+    "mov [rdi], r10",
+    "mov [rsi + {busy}], r11",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "ret",
+    // No entry for this slot: the real return address is lost. Cannot happen unless the
+    // program rewrote its own return address; stop loudly rather than jump anywhere.
+    "58:",
+    "ud2",
+    ".size glass_exit_stub, . - glass_exit_stub",
+    cursor = const area::CURSOR,
+    limit = const area::LIMIT,
+    tail = const area::TAIL,
+    head = const area::HEAD,
+    mask = const area::MASK,
+    lost = const area::LOST,
+    records = const area::RECORDS,
+    publish_mask = const glass_trace::PUBLISH_EVERY - 1,
+    busy = const area::BUSY,
+    depth = const area::DEPTH,
+    shadow = const area::SHADOW,
+    entry = const area::SHADOW_ENTRY,
+    entry_id = const ENTRY_ID,
+    shadow_capacity = const area::SHADOW_CAPACITY,
+    function_shift = const FUNCTION_SHIFT,
+    unwound_word = const UNWOUND_WORD,
+    exit_word = const EXIT_WORD,
+    unwound = const area::UNWOUND,
+    skipped = const area::SKIPPED,
+    next_area = const header::NEXT_AREA,
+    area_count = const header::AREA_COUNT,
+    area_stride = const header::AREA_STRIDE,
+    header_size = const header::SIZE,
+    no_area_lost = const header::NO_AREA_LOST,
+    tid = const area::TID,
+    pid = const area::PID,
+    claimed = const area::CLAIMED,
+    record_words = const area::RECORD_WORDS,
+    pmc_pages = const area::PMC_PAGES,
+    page_lock = const glass_trace::pmc::page::LOCK,
+    page_index = const glass_trace::pmc::page::INDEX,
+    page_offset = const glass_trace::pmc::page::OFFSET,
+    page_width = const glass_trace::pmc::page::PMC_WIDTH,
+    counters = const header::COUNTERS,
+    open_counters = sym open_counters,
+    shm = sym SHM,
+);
+
+fn stub_address() -> u64 {
+    glass_exit_stub as *const () as u64
+}
+
+extern "C" {
+    fn glass_enter();
+    fn glass_exit_stub();
+    fn glass_record_c(area: *mut u8, word: u64) -> u32;
+    fn glass_thread_area_ptr() -> *mut *mut u8;
+}
+
+// ---------------------------------------------------------------------------------------
+// Start-up: map the session glass created and tell glass where the probes are.
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    // SAFETY: getenv/open/mmap with valid arguments; the mapping is checked before use.
+    unsafe {
+        let path = libc::getenv(c"GLASS_TRACE_SHM".as_ptr());
+        if path.is_null() {
+            return;
+        }
+        let Some(shm) = map_session(path) else {
+            return;
+        };
+        // A program this one execs inherits the environment: only the first process to
+        // load the runtime owns the session.
+        let pid = word(shm, header::RUNTIME_PID);
+        if pid.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
+        word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
+        SHM.store(shm, Ordering::Release);
+        if pid
+            .compare_exchange(
+                0,
+                libc::getpid() as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            SHM.store(core::ptr::null_mut(), Ordering::Release);
+            return;
+        }
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+}
+
+unsafe fn map_session(path: *const c_char) -> Option<*mut u8> {
+    let fd = libc::open(path, libc::O_RDWR | libc::O_CLOEXEC);
+    if fd < 0 {
+        return None;
+    }
+    let mut stat: libc::stat = core::mem::zeroed();
+    let mapped = if libc::fstat(fd, &mut stat) == 0 && stat.st_size as usize > header::SIZE {
+        libc::mmap(
+            core::ptr::null_mut(),
+            stat.st_size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    } else {
+        libc::MAP_FAILED
+    };
+    libc::close(fd);
+    if mapped == libc::MAP_FAILED {
+        return None;
+    }
+    let shm = mapped as *mut u8;
+    if word(shm, header::MAGIC).load(Ordering::Acquire) != MAGIC
+        || word(shm, header::VERSION).load(Ordering::Relaxed) != VERSION
+    {
+        libc::munmap(mapped, stat.st_size as usize);
+        return None;
+    }
+    Some(shm)
+}
+
+unsafe fn word<'a>(base: *mut u8, offset: usize) -> &'a AtomicU64 {
+    &*(base.add(offset) as *const AtomicU64)
+}
+
+/// This thread's area, if it has one.
+unsafe fn thread_area() -> Option<*mut u8> {
+    let area = *glass_thread_area_ptr();
+    (area as usize > 1).then_some(area)
+}
+
+unsafe fn field(area: *mut u8, offset: usize) -> *mut u64 {
+    area.add(offset) as *mut u64
+}
+
+unsafe fn shadow_entry(area: *mut u8, index: u64) -> *mut [u64; 3] {
+    area.add(area::SHADOW + index as usize * area::SHADOW_ENTRY) as *mut [u64; 3]
+}
+
+// ---------------------------------------------------------------------------------------
+// Hardware counters: each thread opens its own events (perf_event_open on itself) the
+// first time it hits a probe, and maps their pages for rdpmc. A counter that cannot be
+// opened reads as zero from a blank page (index 0, offset 0) rather than failing the
+// thread.
+
+#[repr(C, align(4096))]
+struct BlankPage([u8; 4096]);
+static BLANK_PAGE: BlankPage = BlankPage([0; 4096]);
+
+extern "C" fn open_counters(area: *mut u8) {
+    // SAFETY: `area` is this thread's claimed area; the header describes the counters.
+    unsafe {
+        let shm = SHM.load(Ordering::Acquire);
+        let count = (word(shm, header::COUNTERS).load(Ordering::Relaxed) as usize)
+            .min(glass_trace::MAX_COUNTERS);
+        for i in 0..count {
+            let kind = word(shm, header::COUNTER_CONFIG + 16 * i).load(Ordering::Relaxed);
+            let config = word(shm, header::COUNTER_CONFIG + 16 * i + 8).load(Ordering::Relaxed);
+            let page =
+                glass_trace::pmc::open_page(kind as u32, config).unwrap_or(BLANK_PAGE.0.as_ptr());
+            *field(area, area::PMC_PAGES + 8 * i) = page as u64;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// C++ exceptions. The unwinder finds each frame's caller by its return address; a
+// hijacked slot would send it into the exit stub, which has no unwind table, and the
+// program would terminate. Before any unwinding starts, every live slot gets its real
+// address back; once a handler has been entered, the frames below it are recorded as
+// unwound and the live ones above it are hijacked again.
+
+const UNWIND_HOOKS: [&core::ffi::CStr; 4] = [
+    c"_Unwind_RaiseException",
+    c"_Unwind_Resume",
+    c"_Unwind_Resume_or_Rethrow",
+    c"_Unwind_ForcedUnwind",
+];
+static REAL_FUNCTIONS: [AtomicPtr<c_void>; 5] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; 5];
+const BEGIN_CATCH: usize = 4;
+
+unsafe fn real_function(which: usize) -> *mut c_void {
+    let known = REAL_FUNCTIONS[which].load(Ordering::Relaxed);
+    if !known.is_null() {
+        return known;
+    }
+    let name = if which == BEGIN_CATCH {
+        c"__cxa_begin_catch"
+    } else {
+        UNWIND_HOOKS[which]
+    };
+    let found = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
+    if found.is_null() {
+        // Nothing to forward to: the program could not have called this without glass.
+        libc::abort();
+    }
+    REAL_FUNCTIONS[which].store(found, Ordering::Relaxed);
+    found
+}
+
+/// Called by the unwinder hooks with the caller's canonical frame address; returns the
+/// real function to continue in.
+extern "C" fn before_unwind(caller_cfa: u64, which: usize) -> *mut c_void {
+    // SAFETY: the area is this thread's; its shadow slots are live stack words of frames
+    // at or above the caller (checked against caller_cfa).
+    unsafe {
+        if let Some(area) = thread_area() {
+            let busy = *field(area, area::BUSY);
+            *field(area, area::BUSY) = 1;
+            let stub = stub_address();
+            let depth = *field(area, area::DEPTH);
+            for index in (0..depth).rev() {
+                let entry = shadow_entry(area, index);
+                let slot = (*entry)[0] as *mut u64;
+                if (*entry)[0] >= caller_cfa && *slot == stub {
+                    *slot = (*entry)[1];
+                    (*entry)[2] |= RESTORED;
+                }
+            }
+            *field(area, area::BUSY) = busy;
+        }
+        real_function(which)
+    }
+}
+
+/// Called after the real `__cxa_begin_catch`, with the catching frame's canonical frame
+/// address: frames below it are gone, frames above it are live again.
+extern "C" fn after_catch(catcher_cfa: u64) {
+    // SAFETY: as in before_unwind.
+    unsafe {
+        let Some(area) = thread_area() else { return };
+        let busy = *field(area, area::BUSY);
+        *field(area, area::BUSY) = 1;
+        let mut depth = *field(area, area::DEPTH);
+        while depth > 0 {
+            let entry = shadow_entry(area, depth - 1);
+            if (*entry)[0] >= catcher_cfa {
+                break;
+            }
+            depth -= 1;
+            *field(area, area::DEPTH) = depth;
+            *field(area, area::UNWOUND) += 1;
+            if busy == 0 {
+                let id = (*entry)[2] & 0xffff_ffff;
+                glass_record_c(area, (id << FUNCTION_SHIFT) | UNWOUND_WORD);
+            }
+        }
+        let stub = stub_address();
+        for index in 0..depth {
+            let entry = shadow_entry(area, index);
+            let slot = (*entry)[0] as *mut u64;
+            if (*entry)[2] & RESTORED != 0 {
+                if *slot == (*entry)[1] {
+                    *slot = stub;
+                }
+                (*entry)[2] &= !RESTORED;
+            }
+        }
+        *field(area, area::BUSY) = busy;
+    }
+}
+
+// The interposed entry points: tail-jump into the real function once the slots are
+// restored, so no frame of the runtime sits between the thrower and the unwinder.
+macro_rules! unwind_hook {
+    ($name:ident, $which:expr) => {
+        /// Interposes the unwinder's entry point of the same name.
+        ///
+        /// # Safety
+        /// Called only by the C++ runtime, with that function's arguments.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                "push rcx",
+                "sub rsp, 8",
+                "lea rdi, [rsp + 48]",
+                "mov esi, {which}",
+                "call {before}",
+                "add rsp, 8",
+                "pop rcx",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "jmp rax",
+                which = const $which,
+                before = sym before_unwind,
+            )
+        }
+    };
+}
+
+unwind_hook!(_Unwind_RaiseException, 0);
+unwind_hook!(_Unwind_Resume, 1);
+unwind_hook!(_Unwind_Resume_or_Rethrow, 2);
+unwind_hook!(_Unwind_ForcedUnwind, 3);
+
+extern "C" fn begin_catch_real() -> *mut c_void {
+    // SAFETY: dlsym lookup.
+    unsafe { real_function(BEGIN_CATCH) }
+}
+
+/// Interposes `__cxa_begin_catch`: a handler has been reached.
+///
+/// # Safety
+/// Called only by compiled C++ catch blocks, with the exception object.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_begin_catch() {
+    core::arch::naked_asm!(
+        "push rbx",
+        "lea rbx, [rsp + 16]",
+        "push rdi",
+        "sub rsp, 8",
+        "call {real}",
+        "add rsp, 8",
+        "pop rdi",
+        "call rax",
+        "push rax",
+        "sub rsp, 8",
+        "mov rdi, rbx",
+        "call {after}",
+        "add rsp, 8",
+        "pop rax",
+        "pop rbx",
+        "ret",
+        real = sym begin_catch_real,
+        after = sym after_catch,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// fork: the child's copy of the stack still holds hijacked slots, so it needs the shadow
+// entries; but the shared area belongs to the parent's thread. The prepare handler copies
+// the shadow stack into private memory (which the child inherits), and the child claims a
+// fresh area for it.
+
+static mut FORK_SHADOW: [[u64; 3]; area::SHADOW_CAPACITY] = [[0; 3]; area::SHADOW_CAPACITY];
+static FORK_DEPTH: AtomicU64 = AtomicU64::new(0);
+static FORK_BUSY: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn fork_prepare() {
+    // SAFETY: this thread's area; FORK_SHADOW is only touched around fork, by the forking
+    // thread (glibc serialises atfork handlers).
+    unsafe {
+        let Some(area) = thread_area() else { return };
+        FORK_BUSY.store(*field(area, area::BUSY), Ordering::Relaxed);
+        *field(area, area::BUSY) = 1;
+        let depth = *field(area, area::DEPTH);
+        FORK_DEPTH.store(depth, Ordering::Relaxed);
+        let copy = &raw mut FORK_SHADOW;
+        for index in 0..depth as usize {
+            (*copy)[index] = *shadow_entry(area, index as u64);
+        }
+    }
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: as in fork_prepare.
+    unsafe {
+        if let Some(area) = thread_area() {
+            *field(area, area::BUSY) = FORK_BUSY.load(Ordering::Relaxed);
+        }
+    }
+}
+
+extern "C" fn fork_child() {
+    // SAFETY: the child is single-threaded here.
+    unsafe {
+        let pointer = glass_thread_area_ptr();
+        if (*pointer as usize) <= 1 {
+            return;
+        }
+        let depth = FORK_DEPTH.load(Ordering::Relaxed);
+        let copy = &*(&raw const FORK_SHADOW).cast::<[[u64; 3]; area::SHADOW_CAPACITY]>();
+        let shm = SHM.load(Ordering::Acquire);
+        let index = word(shm, header::NEXT_AREA).fetch_add(1, Ordering::AcqRel);
+        if index >= word(shm, header::AREA_COUNT).load(Ordering::Relaxed) {
+            word(shm, header::NO_AREA_LOST).fetch_add(1, Ordering::Relaxed);
+            // Untraced from here on: give every hijacked slot its real address back.
+            for entry in copy[..depth as usize].iter().rev() {
+                let slot = entry[0] as *mut u64;
+                if *slot == stub_address() {
+                    *slot = entry[1];
+                }
+            }
+            *pointer = core::ptr::dangling_mut::<u8>();
+            return;
+        }
+        let stride = word(shm, header::AREA_STRIDE).load(Ordering::Relaxed);
+        let area = shm.add(header::SIZE + (index * stride) as usize);
+        for (i, entry) in copy[..depth as usize].iter().enumerate() {
+            *shadow_entry(area, i as u64) = *entry;
+        }
+        *field(area, area::DEPTH) = depth;
+        *field(area, area::TID) = libc::gettid() as u64;
+        *field(area, area::PID) = libc::getpid() as u64;
+        *field(area, area::BUSY) = FORK_BUSY.load(Ordering::Relaxed);
+        *field(area, area::CLAIMED) = 1;
+        if word(shm, header::COUNTERS).load(Ordering::Relaxed) > 0 {
+            // The parent's events count the parent: the child opens its own.
+            open_counters(area);
+        }
+        *pointer = area;
+    }
+}
+
+/// Keeps `c_int` in the public vocabulary of hooks that return unwinder codes.
+pub type UnwindReasonCode = c_int;

@@ -1,0 +1,120 @@
+//! Reports of a `glass trace` recording: the calls rebuilt once ([`model`]), then one
+//! module per output format. Every format states what was lost.
+
+pub mod calls;
+pub mod chrome;
+pub mod invocations;
+pub mod model;
+pub mod tree;
+
+use std::io::{self, Write};
+
+use glass_format::Recording;
+
+pub use model::{Call, CallTrace};
+
+/// One line saying what the recording holds and what it is missing.
+pub fn header(recording: &Recording, trace: &CallTrace) -> String {
+    let command = recording
+        .meta
+        .as_ref()
+        .map(|m| m.command.join(" "))
+        .unwrap_or_default();
+    let span = trace.last.saturating_sub(trace.first);
+    let rate = if trace.tsc_hz == 0 {
+        "cycle rate unknown: times in cycles".to_string()
+    } else {
+        format!("{:.3} GHz cycle counter", trace.tsc_hz as f64 / 1e9)
+    };
+    format!(
+        "glass trace: {command}: {} calls, {} threads, {}; {}; {rate}",
+        trace.calls.len(),
+        trace.threads.len(),
+        trace.duration(span),
+        losses(recording)
+    )
+}
+
+/// What the probes could not record, in words.
+pub fn losses(recording: &Recording) -> String {
+    let Some(s) = recording
+        .trace_summary
+        .as_ref()
+        .filter(|_| recording.complete)
+    else {
+        return "the recording ended early (glass stopped before the program): losses unknown"
+            .to_string();
+    };
+    let mut parts = Vec::new();
+    if s.lost > 0 {
+        parts.push(format!(
+            "{} records lost (ring full or write failed)",
+            s.lost
+        ));
+    }
+    if s.no_area_lost > 0 {
+        parts.push(format!(
+            "{} records lost (threads beyond --max-threads)",
+            s.no_area_lost
+        ));
+    }
+    if s.skipped > 0 {
+        parts.push(format!(
+            "{} calls not traced (signal inside a probe)",
+            s.skipped
+        ));
+    }
+    if s.unwound > 0 {
+        parts.push(format!(
+            "{} calls ended by longjmp or an exception",
+            s.unwound
+        ));
+    }
+    if parts.is_empty() {
+        "no records lost".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Folded stacks of traced functions weighted by self time in nanoseconds (cycles when
+/// the rate is unknown), for the flame graph.
+pub fn folded(trace: &CallTrace) -> Vec<String> {
+    let mut weights: std::collections::HashMap<String, f64> = Default::default();
+    let mut paths: Vec<String> = Vec::with_capacity(trace.calls.len());
+    for call in &trace.calls {
+        let name = trace.name(call.function);
+        let path = match call.parent {
+            Some(parent) => format!("{};{name}", paths[parent]),
+            None => name.to_string(),
+        };
+        let weight = if trace.tsc_hz == 0 {
+            call.self_cycles() as f64
+        } else {
+            trace.ns(call.self_cycles())
+        };
+        *weights.entry(path.clone()).or_default() += weight;
+        paths.push(path);
+    }
+    let mut lines: Vec<String> = weights
+        .into_iter()
+        .filter(|(_, w)| *w >= 1.0)
+        .map(|(path, w)| format!("{path} {}", w.round() as u64))
+        .collect();
+    lines.sort();
+    lines
+}
+
+pub fn write_flamegraph(
+    recording: &Recording,
+    trace: &CallTrace,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let unit = if trace.tsc_hz == 0 { "cycles" } else { "ns" };
+    crate::flamegraph::write_folded_as_flamegraph(
+        &folded(trace),
+        &header(recording, trace),
+        unit,
+        out,
+    )
+}

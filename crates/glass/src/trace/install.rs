@@ -1,0 +1,243 @@
+//! Writing the instrumentation into the stopped target: a trampoline region within
+//! ±2 GiB of each module, its trampolines, then the entry jumps and GOT hooks. Every
+//! check that can refuse a function runs before anything of it is written, so a function
+//! is patched whole or not at all.
+
+use glass_patch::trampoline;
+use glass_target::inject::StoppedProcess;
+use glass_target::procfs::Mapping;
+
+use super::select::ModuleChoice;
+
+/// A function (or library call) glass instrumented, at its runtime address.
+pub struct Installed {
+    pub id: u32,
+    pub module: String,
+    pub address: u64,
+    pub size: u64,
+    pub name: String,
+}
+
+pub struct Outcome {
+    pub installed: Vec<Installed>,
+    /// (module, runtime address, name, reason).
+    pub skipped: Vec<(String, u64, String, String)>,
+}
+
+/// The load bias of `choice` in the target: where its file's segments were mapped,
+/// minus where the file says they go.
+pub fn load_bias(choice: &ModuleChoice, mappings: &[Mapping]) -> Option<u64> {
+    let canonical = std::fs::canonicalize(&choice.path).ok()?;
+    let mapping = mappings
+        .iter()
+        .find(|m| std::fs::canonicalize(&m.path).ok().as_ref() == Some(&canonical))?;
+    let (offset, address, _) = choice.segments.iter().copied().find(|&(offset, _, size)| {
+        mapping.file_offset >= offset && mapping.file_offset < offset + size.max(1)
+    })?;
+    Some(
+        mapping
+            .start
+            .wrapping_sub(address + (mapping.file_offset - offset)),
+    )
+}
+
+/// Room one function's trampoline may need: the relocated instructions plus the
+/// push, the call, an emulated call and the jump back.
+fn trampoline_room(relocated_len: usize) -> u64 {
+    (relocated_len as u64 + 64).next_multiple_of(16)
+}
+
+pub fn install(
+    process: &StoppedProcess,
+    enter: u64,
+    choice: &ModuleChoice,
+    bias: u64,
+    first_id: u32,
+) -> std::io::Result<Outcome> {
+    let mut outcome = Outcome {
+        installed: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let module = choice.path.clone();
+    for (function, reason) in &choice.skipped {
+        outcome.skipped.push((
+            module.clone(),
+            function.address.wrapping_add(bias),
+            function.name.clone(),
+            reason.clone(),
+        ));
+    }
+    let count = choice.patchable.len() + choice.redirected.len() + choice.libcalls.len();
+    if count == 0 {
+        return Ok(outcome);
+    }
+    let room: u64 = 16
+        + choice
+            .patchable
+            .iter()
+            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
+            .sum::<u64>()
+        + choice
+            .redirected
+            .iter()
+            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
+            .sum::<u64>()
+        + choice.libcalls.len() as u64 * 32;
+    let (low, high) = choice.segments.iter().filter(|s| s.2 > 0).fold(
+        (u64::MAX, 0),
+        |(lo, hi), &(_, address, size)| {
+            (
+                lo.min(address.wrapping_add(bias)),
+                hi.max(address.wrapping_add(bias) + size),
+            )
+        },
+    );
+    let region = process.map_code_near(low, high, room)?;
+    let enter_slot = region;
+    let mut code = enter.to_le_bytes().to_vec();
+    code.resize(16, 0xcc);
+    let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut id = first_id;
+    for (function, file_plan, padding) in &choice.patchable {
+        let runtime_address = function.address.wrapping_add(bias);
+        // Analyse again where the code runs: the relocation needs the real addresses,
+        // and the code in memory must be what the file says (it is not if something
+        // else, or an earlier glass, already patched it).
+        let plan = process
+            .read(runtime_address, (function.size + padding) as usize)
+            .ok()
+            .and_then(|bytes| {
+                let (code, padding) = bytes.split_at(function.size as usize);
+                glass_patch::analyze_with_padding(code, runtime_address, padding).ok()
+            })
+            .filter(|plan| {
+                plan.displaced == file_plan.displaced
+                    && plan.patch_at == file_plan.patch_at.wrapping_add(bias)
+            });
+        let Some(plan) = plan else {
+            outcome.skipped.push((
+                module.clone(),
+                runtime_address,
+                function.name.clone(),
+                "the code in memory differs from the file".to_string(),
+            ));
+            continue;
+        };
+        let at = region + code.len() as u64;
+        let built = trampoline::build(&plan, id, at, enter_slot)
+            .and_then(|bytes| trampoline::entry_patch(&plan, at).map(|patch| (bytes, patch)));
+        match built {
+            Ok((bytes, patch)) => {
+                code.extend_from_slice(&bytes);
+                code.resize(code.len().next_multiple_of(16), 0xcc);
+                patches.push((plan.patch_at, patch));
+                outcome.installed.push(Installed {
+                    id,
+                    module: module.clone(),
+                    address: runtime_address,
+                    size: function.size,
+                    name: function.name.clone(),
+                });
+                id += 1;
+            }
+            Err(reason) => outcome.skipped.push((
+                module.clone(),
+                runtime_address,
+                function.name.clone(),
+                reason,
+            )),
+        }
+    }
+    // Functions too short for the jump: a copy in the trampoline, reached from each
+    // direct call site (whose displacement is rewritten).
+    for (function, file_plan, sites) in &choice.redirected {
+        let runtime_address = function.address.wrapping_add(bias);
+        let plan = process
+            .read(runtime_address, function.size as usize)
+            .ok()
+            .and_then(|code| glass_patch::whole_function_plan(&code, runtime_address).ok())
+            .filter(|plan| plan.displaced == file_plan.displaced);
+        let Some(plan) = plan else {
+            outcome.skipped.push((
+                module.clone(),
+                runtime_address,
+                function.name.clone(),
+                "the code in memory differs from the file".to_string(),
+            ));
+            continue;
+        };
+        let at = region + code.len() as u64;
+        let Ok(bytes) = trampoline::build(&plan, id, at, enter_slot) else {
+            continue;
+        };
+        let mut rewrites = Vec::new();
+        for site in sites {
+            let site_at = site.at.wrapping_add(bias);
+            let Ok(current) = process.read(site_at, site.len as usize) else {
+                continue;
+            };
+            let end = site_at + site.len as u64;
+            let rel = i32::try_from(at as i64 - end as i64);
+            if glass_patch::branch_at(&current, site_at)
+                == Some((runtime_address, site.len as usize))
+            {
+                if let Ok(rel) = rel {
+                    rewrites.push((end - 4, rel.to_le_bytes().to_vec()));
+                }
+            }
+        }
+        if rewrites.is_empty() {
+            outcome.skipped.push((
+                module.clone(),
+                runtime_address,
+                function.name.clone(),
+                "too short, and no direct call site could be redirected".to_string(),
+            ));
+            continue;
+        }
+        code.extend_from_slice(&bytes);
+        code.resize(code.len().next_multiple_of(16), 0xcc);
+        patches.extend(rewrites);
+        outcome.installed.push(Installed {
+            id,
+            module: module.clone(),
+            address: runtime_address,
+            size: function.size,
+            name: function.name.clone(),
+        });
+        id += 1;
+    }
+    // Library calls: the GOT slot gets a trampoline that enters the probe and jumps on
+    // to what the slot held (LD_BIND_NOW made that the function itself).
+    for (name, slot) in &choice.libcalls {
+        let slot = slot.wrapping_add(bias);
+        let target = u64::from_le_bytes(process.read(slot, 8)?.try_into().unwrap());
+        let at = region + code.len() as u64;
+        let original = at + 24;
+        let mut bytes = vec![0x68];
+        bytes.extend_from_slice(&id.to_le_bytes());
+        // call [rip + enter_slot]
+        bytes.extend_from_slice(&[0xff, 0x15]);
+        bytes.extend_from_slice(&((enter_slot as i64 - (at + 11) as i64) as i32).to_le_bytes());
+        // jmp [rip + original]
+        bytes.extend_from_slice(&[0xff, 0x25]);
+        bytes.extend_from_slice(&((original as i64 - (at + 17) as i64) as i32).to_le_bytes());
+        bytes.resize(24, 0xcc);
+        bytes.extend_from_slice(&target.to_le_bytes());
+        code.extend_from_slice(&bytes);
+        patches.push((slot, at.to_le_bytes().to_vec()));
+        outcome.installed.push(Installed {
+            id,
+            module: module.clone(),
+            address: target,
+            size: 0,
+            name: format!("{name}@plt"),
+        });
+        id += 1;
+    }
+    process.write(region, &code)?;
+    for (address, bytes) in &patches {
+        process.write(*address, bytes)?;
+    }
+    Ok(outcome)
+}

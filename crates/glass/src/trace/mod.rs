@@ -1,0 +1,488 @@
+//! `glass trace`: launch a program with the probe runtime preloaded, stop it at its
+//! entry point, patch the chosen functions (and GOT slots), let it run, and drain the
+//! per-thread rings into a `.glass` file until it exits.
+//!
+//! - `select`: which functions of each module, and why not the others;
+//! - `install`: writing trampolines and patches into the stopped process;
+//! - this file: the session from launch to the summary, and the drain loop.
+
+mod install;
+mod select;
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use glass_format::{Meta, Record, TraceFunction, TraceSkipped, TraceSummary, Writer};
+use glass_target::inject::{shell_status, StoppedProcess};
+use glass_trace::session::SessionMemory;
+
+use crate::error::{Failure, Result};
+use crate::record::{create_output, error_text, monotonic_now_ns};
+use crate::TraceArgs;
+
+fn split_list(list: &Option<String>) -> Vec<String> {
+    list.as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The probe runtime, built beside the glass executable.
+fn probe_runtime() -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::runtime(format!("cannot find the glass executable: {e}")))?;
+    let path = exe.with_file_name("libglass_probe.so");
+    if !path.is_file() {
+        return Err(Failure::runtime(format!(
+            "the probe runtime is missing: {} (build it with `cargo build -p glass-probe`)",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+pub fn run(args: &TraceArgs) -> Result<i32> {
+    let patterns = split_list(&args.functions);
+    let libcalls = split_list(&args.libcalls);
+    if patterns.is_empty() && libcalls.is_empty() {
+        return Err(Failure::bad_input(
+            "nothing to trace: give functions with -f (globs, e.g. -f 'parse_*,main') or --libcalls",
+        ));
+    }
+    if !args.ring_size.is_power_of_two() || args.ring_size < 1024 {
+        return Err(Failure::bad_input(
+            "--ring-size must be a power of two of at least 1024 records",
+        ));
+    }
+    let (counters, counters_note) = choose_counters(args)?;
+    let program = glass_target::launch::resolve_command(&args.command[0])
+        .map_err(|e| Failure::bad_input(e.to_string()))?;
+    let main_module =
+        select::read_module(&program, &patterns, &libcalls).map_err(Failure::bad_input)?;
+    if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
+        return Err(Failure::bad_input(format!(
+            "no function of {} matches {}{}",
+            program.display(),
+            patterns.join(","),
+            if libcalls.is_empty() {
+                String::new()
+            } else {
+                format!(" and it calls none of {}", libcalls.join(","))
+            }
+        )));
+    }
+    if !counters_note.is_empty() {
+        eprintln!("glass: --pmc: {counters_note}; recording time only");
+    }
+    let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
+    let runtime = probe_runtime()?;
+    let file = create_output(&args.output)?;
+    let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs)
+        .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
+    let mut preload = runtime.display().to_string();
+    if let Ok(existing) = std::env::var("LD_PRELOAD") {
+        preload = format!("{preload}:{existing}");
+    }
+    let mut env = vec![
+        ("LD_PRELOAD".to_string(), preload),
+        (
+            "GLASS_TRACE_SHM".to_string(),
+            session.path().display().to_string(),
+        ),
+    ];
+    if !libcalls.is_empty() {
+        // Every GOT slot bound before the program starts: a lazily bound slot would be
+        // overwritten by the loader at its first call.
+        env.push(("LD_BIND_NOW".to_string(), "1".to_string()));
+    }
+    let start_unix_ns = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
+    let process = StoppedProcess::launch_to_entry(&args.command, &env).map_err(|e| {
+        if e.is_bad_input() {
+            Failure::bad_input(e.to_string())
+        } else {
+            Failure::runtime(e.to_string())
+        }
+    })?;
+    let pid = process.pid();
+    // The target has mapped the rings; nobody else needs the name.
+    session.unlink();
+    let set_up = set_up(&process, &session, &main_module, &patterns, &libcalls, args);
+    let (installed, skipped) = match set_up {
+        Ok(done) => done,
+        Err(failure) => {
+            process.kill();
+            return Err(failure);
+        }
+    };
+    if let Err(e) = process.detach() {
+        return Err(Failure::runtime(format!("cannot let pid {pid} go: {e}")));
+    }
+    // Ctrl-C reaches the target too; glass drains until it has exited.
+    // SAFETY: ignoring a signal in glass, after the target was started.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    if !args.quiet {
+        print_instrumented(&installed, &skipped);
+    }
+
+    let mut out = Output::new(file, 1 + counters.len() as u64);
+    out.write(&Record::Meta(Meta {
+        start_unix_ns,
+        backend: "trace".into(),
+        unwind: String::new(),
+        frequency_hz: 0,
+        max_depth: 0,
+        target_pid: pid as u32,
+        command: args.command.clone(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        glass_version: env!("CARGO_PKG_VERSION").into(),
+        capture: "calls".into(),
+    }));
+    for function in &installed {
+        out.write(&Record::TraceFunction(TraceFunction {
+            id: function.id,
+            module: function.module.clone(),
+            address: function.address,
+            size: function.size,
+            name: function.name.clone(),
+        }));
+    }
+    for (module, address, name, reason) in &skipped {
+        out.write(&Record::TraceSkipped(TraceSkipped {
+            module: module.clone(),
+            address: *address,
+            name: name.clone(),
+            reason: reason.clone(),
+        }));
+    }
+    // A first summary with the cycle rate measured so far (set-up took milliseconds), so
+    // a recording cut short (glass killed, disk full) still converts cycles to time; the
+    // one written at the end replaces it.
+    let now = (glass_trace::rdtsc(), monotonic_now_ns());
+    out.write(&Record::TraceSummary(TraceSummary {
+        tsc_hz: ((now.0 - clock_start.0) as f64 * 1e9 / (now.1 - clock_start.1).max(1) as f64)
+            as u64,
+        tsc_start: session.tsc_start(),
+        patched: installed.len() as u32,
+        not_patched: skipped.len() as u32,
+        counters: counters.iter().map(|c| c.0.clone()).collect(),
+        counters_note: counters_note.clone(),
+        exit_status: -1,
+        ..TraceSummary::default()
+    }));
+
+    let exit_status = drain_until_exit(&session, pid, &mut out);
+    let mut clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
+    if clock_end.1 - clock_start.1 < 50_000_000 {
+        std::thread::sleep(Duration::from_millis(50));
+        clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
+    }
+    let tsc_hz =
+        ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64) as u64;
+    let mut summary = TraceSummary {
+        tsc_hz,
+        tsc_start: session.tsc_start(),
+        no_area_lost: session.no_area_lost(),
+        threads: session.claimed() as u32,
+        patched: installed.len() as u32,
+        not_patched: skipped.len() as u32,
+        counters: counters.iter().map(|c| c.0.clone()).collect(),
+        counters_note,
+        exit_status,
+        duration_ns: clock_end.1 - clock_start.1,
+        ..TraceSummary::default()
+    };
+    for index in 0..session.claimed() {
+        let stats = session.stats(index);
+        summary.lost += stats.lost;
+        summary.unwound += stats.unwound;
+        summary.skipped += stats.skipped;
+    }
+    summary.lost += out.lost_words / out.stride;
+    out.write(&Record::TraceSummary(summary.clone()));
+    out.write(&Record::End);
+    out.flush();
+    if let Some(error) = &out.failed {
+        return Err(Failure::runtime(format!(
+            "writing {} failed: {}; {} records lost (the target ran to the end, exit status {exit_status})",
+            args.output.display(),
+            error_text(error),
+            out.lost_words / out.stride
+        )));
+    }
+    if !args.quiet {
+        print_summary(args, &summary, out.records);
+    }
+    Ok(exit_status.max(0))
+}
+
+/// A counter to record: its name and perf_event (type, config).
+type CounterChoice = (String, (u32, u64));
+
+/// The counters `--pmc` asks for, if the machine has them; else why not.
+fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
+    let Some(list) = &args.pmc else {
+        return Ok((Vec::new(), String::new()));
+    };
+    let wanted = glass_trace::pmc::parse_list(list).map_err(Failure::bad_input)?;
+    if wanted.len() > glass_trace::MAX_COUNTERS {
+        return Err(Failure::bad_input(format!(
+            "--pmc: at most {} counters at once",
+            glass_trace::MAX_COUNTERS
+        )));
+    }
+    // Test hook: a machine without a PMU still runs the counter path end to end, each
+    // counter standing in as the software task clock (its page has no rdpmc index, so
+    // the probe reads the page's offset word).
+    if std::env::var_os("GLASS_TRACE_TEST_SOFTWARE_COUNTERS").is_some() {
+        // PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK.
+        let software = (1, 1);
+        return Ok((
+            wanted
+                .iter()
+                .map(|c| (c.name().to_string(), software))
+                .collect(),
+            String::new(),
+        ));
+    }
+    Ok(match glass_trace::pmc::availability(&wanted) {
+        Ok(()) => (
+            wanted
+                .iter()
+                .map(|c| (c.name().to_string(), c.perf_type_config()))
+                .collect(),
+            String::new(),
+        ),
+        Err(why) => (Vec::new(), why),
+    })
+}
+
+type SetUp = (Vec<install::Installed>, Vec<(String, u64, String, String)>);
+
+/// Everything done while the target is stopped at its entry point.
+fn set_up(
+    process: &StoppedProcess,
+    session: &SessionMemory,
+    main_module: &select::ModuleChoice,
+    patterns: &[String],
+    libcalls: &[String],
+    args: &TraceArgs,
+) -> Result<SetUp> {
+    let pid = process.pid();
+    let Some((_, enter)) = session.runtime() else {
+        return Err(Failure::bad_input(format!(
+            "the probe runtime did not load into {} (a statically linked program cannot preload it)",
+            main_module.path
+        )));
+    };
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let mut libraries = Vec::new();
+    for pattern in &args.lib {
+        let mut found = false;
+        for mapping in &mappings {
+            let name = Path::new(&mapping.path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if !mapping.path.starts_with('/')
+                || !glass_patch::glob_match(pattern, &name)
+                || libraries
+                    .iter()
+                    .any(|m: &select::ModuleChoice| m.path == mapping.path)
+                || mapping.path.contains("libglass_probe")
+            {
+                continue;
+            }
+            found = true;
+            let module = select::read_module(Path::new(&mapping.path), patterns, libcalls)
+                .map_err(Failure::bad_input)?;
+            libraries.push(module);
+        }
+        if !found {
+            eprintln!(
+                "glass: warning: --lib {pattern}: no library of that name is loaded by {}",
+                main_module.path
+            );
+        }
+    }
+    if !args.lib.is_empty() && libraries.is_empty() {
+        return Err(Failure::bad_input(format!(
+            "--lib {}: no library of that name is loaded by {}",
+            args.lib.join(","),
+            main_module.path
+        )));
+    }
+    let mut installed = Vec::new();
+    let mut skipped = Vec::new();
+    let mut next_id = 0u32;
+    for module in std::iter::once(main_module).chain(libraries.iter()) {
+        let bias = install::load_bias(module, &mappings).ok_or_else(|| {
+            Failure::runtime(format!("cannot find where {} is loaded", module.path))
+        })?;
+        let outcome = install::install(process, enter, module, bias, next_id).map_err(|e| {
+            Failure::runtime(format!("cannot patch {} in pid {pid}: {e}", module.path))
+        })?;
+        next_id += outcome.installed.len() as u32;
+        installed.extend(outcome.installed);
+        skipped.extend(outcome.skipped);
+    }
+    if installed.is_empty() {
+        let reasons: Vec<String> = skipped
+            .iter()
+            .take(5)
+            .map(|(_, _, name, reason)| format!("{name}: {reason}"))
+            .collect();
+        return Err(Failure::bad_input(format!(
+            "none of the matching functions can be patched ({})",
+            reasons.join("; ")
+        )));
+    }
+    Ok((installed, skipped))
+}
+
+/// Drains every thread's ring until the target has exited; returns its exit status.
+fn drain_until_exit(session: &SessionMemory, pid: i32, out: &mut Output) -> i32 {
+    let mut words = Vec::with_capacity(1 << 16);
+    let mut status = 0;
+    loop {
+        // SAFETY: reaping our own child without blocking.
+        let ended = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG | libc::__WALL) } == pid
+            && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status));
+        let drained = drain_once(session, ended, &mut words, out);
+        if ended {
+            return shell_status(status);
+        }
+        if drained < 4096 {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+}
+
+fn drain_once(session: &SessionMemory, all: bool, words: &mut Vec<u64>, out: &mut Output) -> usize {
+    let mut total = 0;
+    for index in 0..session.claimed() {
+        if !session.is_ready(index) {
+            continue;
+        }
+        words.clear();
+        let count = session.drain(index, all, words);
+        if count == 0 {
+            continue;
+        }
+        total += count;
+        let stats = session.stats(index);
+        out.chunk(stats.pid, stats.tid, words);
+    }
+    total
+}
+
+/// The file, which may fail (a full disk): then records are counted as lost and the
+/// rings keep being drained, so the target never notices.
+struct Output {
+    writer: Option<Writer<BufWriter<std::fs::File>>>,
+    failed: Option<std::io::Error>,
+    lost_words: u64,
+    records: u64,
+    /// Words per record: 1, plus one per counter.
+    stride: u64,
+}
+
+impl Output {
+    fn new(file: std::fs::File, stride: u64) -> Self {
+        match Writer::new(BufWriter::with_capacity(1 << 20, file)) {
+            Ok(writer) => Output {
+                writer: Some(writer),
+                failed: None,
+                lost_words: 0,
+                records: 0,
+                stride,
+            },
+            Err(e) => Output {
+                writer: None,
+                failed: Some(e),
+                lost_words: 0,
+                records: 0,
+                stride,
+            },
+        }
+    }
+
+    fn write(&mut self, record: &Record) {
+        if let Some(writer) = &mut self.writer {
+            if let Err(e) = writer.write(record) {
+                self.failed = Some(e);
+                self.writer = None;
+            }
+        }
+    }
+
+    fn chunk(&mut self, pid: u32, tid: u32, words: &[u64]) {
+        let Some(writer) = &mut self.writer else {
+            self.lost_words += words.len() as u64;
+            return;
+        };
+        match writer.trace_chunk(pid, tid, words) {
+            Ok(()) => self.records += words.len() as u64 / self.stride,
+            Err(e) => {
+                self.lost_words += words.len() as u64;
+                self.failed = Some(e);
+                self.writer = None;
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(writer) = &mut self.writer {
+            if let Err(e) = writer.flush() {
+                self.failed = Some(e);
+            }
+        }
+    }
+}
+
+fn print_instrumented(installed: &[install::Installed], skipped: &[(String, u64, String, String)]) {
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
+    for (_, _, _, reason) in skipped {
+        *reasons.entry(reason_kind(reason).to_string()).or_default() += 1;
+    }
+    let detail: Vec<String> = reasons.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    eprintln!(
+        "glass: instrumented {} functions, skipped {}{}",
+        installed.len(),
+        skipped.len(),
+        if detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", detail.join(", "))
+        }
+    );
+}
+
+/// The kind of a reason a function was not patched: its text before any detail
+/// (addresses, sizes, the instruction), for grouping.
+pub(crate) fn reason_kind(reason: &str) -> &str {
+    reason.split(['(', '`']).next().unwrap_or(reason).trim()
+}
+
+fn print_summary(args: &TraceArgs, s: &TraceSummary, records: u64) {
+    let seconds = s.duration_ns as f64 / 1e9;
+    eprintln!(
+        "glass: {records} records from {} threads in {seconds:.2} s; {} lost, {} unwound, {} skipped; cycle rate {:.3} GHz; wrote {}",
+        s.threads,
+        s.lost + s.no_area_lost,
+        s.unwound,
+        s.skipped,
+        s.tsc_hz as f64 / 1e9,
+        args.output.display()
+    );
+}

@@ -1,0 +1,280 @@
+//! Which functions of a module `glass trace` patches: the `-f` globs over the ELF's
+//! functions, each with its patch plan or the reason it is left alone.
+
+use std::path::Path;
+
+use glass_patch::{
+    analyze_with_padding, function_bytes, functions, glob_match, DirectSite, Function, Plan,
+};
+use object::{Object, ObjectSegment};
+
+/// A module to instrument, as read from its file.
+pub struct ModuleChoice {
+    pub path: String,
+    /// Functions matched by a pattern, with their plan (addresses are the file's) and
+    /// the bytes of padding after them the analysis may borrow.
+    pub patchable: Vec<(Function, Plan, u64)>,
+    pub skipped: Vec<(Function, String)>,
+    /// Functions too short for the entry jump, traced at their direct call sites: the
+    /// plan moves the whole function into the trampoline.
+    pub redirected: Vec<(Function, Plan, Vec<DirectSite>)>,
+    /// Library calls to hook: (symbol, GOT slot address in the file).
+    pub libcalls: Vec<(String, u64)>,
+    /// (file offset, virtual address) of each loadable segment, to find the load bias.
+    pub segments: Vec<(u64, u64, u64)>,
+    pub matched: usize,
+}
+
+/// Functions whose return address is not theirs to lose: those that return twice or
+/// switch stacks (setjmp would save the exit stub as the place to come back to; a vfork
+/// child would return through the parent's shadow entry), and the unwinder, which reads
+/// the return addresses of its own frames.
+const NEVER_PATCHED: &[(&str, &str)] = &[
+    ("setjmp", "returns twice"),
+    ("_setjmp", "returns twice"),
+    ("__setjmp", "returns twice"),
+    ("sigsetjmp", "returns twice"),
+    ("__sigsetjmp", "returns twice"),
+    ("_longjmp_unwind", "returns twice"),
+    ("savectx", "returns twice"),
+    ("vfork", "returns twice"),
+    ("__vfork", "returns twice"),
+    ("clone", "returns twice"),
+    ("__clone", "returns twice"),
+    ("__clone3", "returns twice"),
+    ("__clone_internal", "returns twice"),
+    ("getcontext", "switches stacks"),
+    ("setcontext", "switches stacks"),
+    ("swapcontext", "switches stacks"),
+    ("makecontext", "switches stacks"),
+    ("__start_context", "switches stacks"),
+    ("_Unwind_*", "part of the unwinder"),
+    ("__gcc_personality_v0", "part of the unwinder"),
+    ("uw_*", "part of the unwinder"),
+];
+
+/// Why a function must not be patched whatever its code, if so.
+fn never_patched(module: &Path, name: &str) -> Option<String> {
+    let file = module
+        .file_name()
+        .map(|f| f.to_string_lossy())
+        .unwrap_or_default();
+    if file.starts_with("libgcc_s") {
+        return Some("part of the unwinder (it reads its own frames' return addresses)".into());
+    }
+    NEVER_PATCHED
+        .iter()
+        .find(|(pattern, _)| glob_match(pattern, name))
+        .map(|(_, why)| format!("{why} (the exit probe would take its return address)"))
+}
+
+/// Bytes after a function the patch may borrow: up to the next function, at most 16.
+const MAX_PADDING: u64 = 16;
+
+pub fn read_module(
+    path: &Path,
+    patterns: &[String],
+    libcalls: &[String],
+) -> Result<ModuleChoice, String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "cannot read {}: {}",
+            path.display(),
+            e.to_string().split(" (os error").next().unwrap_or_default()
+        )
+    })?;
+    let elf = object::File::parse(&*bytes)
+        .map_err(|_| format!("{} is not an ELF file", path.display()))?;
+    if elf.format() != object::BinaryFormat::Elf {
+        return Err(format!("{} is not an ELF file", path.display()));
+    }
+    if elf.architecture() != object::Architecture::X86_64 {
+        return Err(format!(
+            "{} is a {:?} binary; glass trace instruments x86-64 code",
+            path.display(),
+            elf.architecture()
+        ));
+    }
+    let all = functions(&elf);
+    let mut choice = ModuleChoice {
+        path: path.display().to_string(),
+        patchable: Vec::new(),
+        skipped: Vec::new(),
+        redirected: Vec::new(),
+        libcalls: Vec::new(),
+        segments: elf
+            .segments()
+            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
+            .collect(),
+        matched: 0,
+    };
+    let entry = elf.entry();
+    let targets = glass_patch::branch_targets(&elf, &all);
+    // Functions shorter than the jump with no filler after them, and why not the jump.
+    let mut short: Vec<(Function, Plan, String)> = Vec::new();
+    let not_called = glass_patch::not_call_entries(&elf);
+    for (index, function) in all.iter().enumerate() {
+        if !patterns.iter().any(|p| glob_match(p, &function.name)) {
+            continue;
+        }
+        choice.matched += 1;
+        if function.address == entry && entry != 0 {
+            // Nothing calls it: its stack starts with argc, not a return address.
+            choice.skipped.push((
+                function.clone(),
+                "the program's entry point (never called, no return address)".to_string(),
+            ));
+            continue;
+        }
+        if let Some(why) = never_patched(path, &function.name) {
+            choice.skipped.push((function.clone(), why));
+            continue;
+        }
+        if not_called.contains(&function.address) || function.name.contains(".cold") {
+            choice.skipped.push((
+                function.clone(),
+                "not entered by a call (a cold part of another function)".to_string(),
+            ));
+            continue;
+        }
+        if function.size == 0 {
+            choice.skipped.push((
+                function.clone(),
+                "size unknown (a symbol without a size)".to_string(),
+            ));
+            continue;
+        }
+        let Some(code) = function_bytes(&elf, function) else {
+            choice
+                .skipped
+                .push((function.clone(), "no code in the file".to_string()));
+            continue;
+        };
+        let end = function.address + function.size;
+        let next = all
+            .get(index + 1)
+            .map_or(end, |next| next.address)
+            .min(end + MAX_PADDING);
+        let padding = Function {
+            name: String::new(),
+            address: end,
+            size: next.saturating_sub(end),
+        };
+        let padding = function_bytes(&elf, &padding).unwrap_or(&[]);
+        match analyze_with_padding(code, function.address, padding) {
+            Ok(plan) => {
+                if let Some(&target) = targets
+                    .range(function.address + 1..plan.patch_at + plan.overwritten)
+                    .next()
+                {
+                    choice.skipped.push((
+                        function.clone(),
+                        format!(
+                            "code elsewhere branches inside the patched bytes (to {target:#x})"
+                        ),
+                    ));
+                    continue;
+                }
+                choice
+                    .patchable
+                    .push((function.clone(), plan, padding.len() as u64));
+            }
+            Err(too_short @ glass_patch::Reason::TooShort { .. }) => {
+                match glass_patch::whole_function_plan(code, function.address) {
+                    Ok(plan) => short.push((function.clone(), plan, too_short.to_string())),
+                    Err(_) => choice
+                        .skipped
+                        .push((function.clone(), too_short.to_string())),
+                }
+            }
+            Err(reason) => choice.skipped.push((function.clone(), reason.to_string())),
+        }
+    }
+    redirect_call_sites(&elf, &all, short, &mut choice);
+    if !libcalls.is_empty() {
+        choice.libcalls = got_slots(&elf, libcalls);
+    }
+    Ok(choice)
+}
+
+/// Functions too short for the entry jump are traced at their direct call sites instead:
+/// each `call`/`jmp`/`jcc rel32` to them is sent to a trampoline holding a copy of the
+/// whole function. Calls through pointers reach the original, untraced. A site inside
+/// bytes another function's entry jump replaces keeps its original target (it runs
+/// from that function's trampoline).
+fn redirect_call_sites(
+    elf: &object::File,
+    all: &[Function],
+    short: Vec<(Function, Plan, String)>,
+    choice: &mut ModuleChoice,
+) {
+    if short.is_empty() {
+        return;
+    }
+    let wanted = short.iter().map(|(f, _, _)| f.address).collect();
+    let mut sites = glass_patch::direct_sites(elf, all, &wanted);
+    let replaced: Vec<(u64, u64)> = choice
+        .patchable
+        .iter()
+        .map(|(_, plan, _)| (plan.patch_at, plan.patch_at + plan.overwritten))
+        .collect();
+    for (function, plan, too_short) in short {
+        let usable: Vec<DirectSite> = sites
+            .remove(&function.address)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|site| {
+                !replaced
+                    .iter()
+                    .any(|&(start, end)| site.at < end && site.at + site.len as u64 > start)
+            })
+            .collect();
+        if usable.is_empty() {
+            choice.skipped.push((
+                function,
+                format!("{too_short}, no filler after it, and no direct call to redirect"),
+            ));
+        } else {
+            choice.redirected.push((function, plan, usable));
+        }
+    }
+}
+
+/// GOT slots the module's calls to shared-library functions go through (lazy PLT slots
+/// and `-fno-plt` GLOB_DAT slots), for the named functions.
+fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u64)> {
+    use object::{ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget};
+    let Some(symbols) = elf.dynamic_symbol_table() else {
+        return Vec::new();
+    };
+    let Some(relocations) = elf.dynamic_relocations() else {
+        return Vec::new();
+    };
+    let mut slots = Vec::new();
+    for (offset, relocation) in relocations {
+        let RelocationFlags::Elf { r_type } = relocation.flags() else {
+            continue;
+        };
+        if r_type != object::elf::R_X86_64_JUMP_SLOT && r_type != object::elf::R_X86_64_GLOB_DAT {
+            continue;
+        }
+        let RelocationTarget::Symbol(index) = relocation.target() else {
+            continue;
+        };
+        let Ok(symbol) = symbols.symbol_by_index(index) else {
+            continue;
+        };
+        if symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
+            // GLOB_DAT of data, or of a function this module defines itself.
+            if r_type != object::elf::R_X86_64_JUMP_SLOT {
+                continue;
+            }
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let name = name.split('@').next().unwrap_or(name);
+        if names.iter().any(|p| glob_match(p, name)) && !slots.iter().any(|(_, o)| *o == offset) {
+            slots.push((name.to_string(), offset));
+        }
+    }
+    slots
+}
