@@ -209,6 +209,13 @@ pub struct TraceSummary {
     pub counters_note: String,
     pub exit_status: i32,
     pub duration_ns: u64,
+    /// `glass trace --pid`: how long every thread of the target was stopped to attach
+    /// (load the runtime, patch) and to detach (restore); 0 in launch mode.
+    pub attach_stop_ns: u64,
+    pub detach_stop_ns: u64,
+    /// Calls still running when glass detached: their slots were given back, their
+    /// ends are not recorded.
+    pub in_flight_at_detach: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

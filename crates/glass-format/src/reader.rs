@@ -400,6 +400,12 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
             summary.exit_status =
                 i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?;
             summary.duration_ns = p.u64()?;
+            // Added later: absent from launch-mode recordings of older versions.
+            if p.pos < bytes.len() {
+                summary.attach_stop_ns = p.u64()?;
+                summary.detach_stop_ns = p.u64()?;
+                summary.in_flight_at_detach = p.u64()?;
+            }
             Record::TraceSummary(summary)
         }
         tag::END => Record::End,

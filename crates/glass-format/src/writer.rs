@@ -233,6 +233,9 @@ impl<W: Write> Writer<W> {
         put_str(b, &s.counters_note);
         put_i64(b, s.exit_status as i64);
         put_u64(b, s.duration_ns);
+        put_u64(b, s.attach_stop_ns);
+        put_u64(b, s.detach_stop_ns);
+        put_u64(b, s.in_flight_at_detach);
         self.emit(tag::TRACE_SUMMARY)
     }
 

@@ -172,6 +172,13 @@ core::arch::global_asm!(
     "mov rax, [rip + glass_thread_area@GOTTPOFF]",
     "add rax, fs:[0]",
     "ret",
+    // glass_thread_area_offset() -> the area word's offset from the thread pointer.
+    ".p2align 4",
+    ".globl glass_thread_area_offset",
+    ".hidden glass_thread_area_offset",
+    "glass_thread_area_offset:",
+    "mov rax, [rip + glass_thread_area@GOTTPOFF]",
+    "ret",
     // ---------------------------------------------------------------------------------
     // glass_enter: called by a trampoline. Stack: [rsp] return into the trampoline,
     // [rsp+8] the function id (pushed by the trampoline), [rsp+16] the slot.
@@ -482,6 +489,7 @@ extern "C" {
     fn glass_exit_stub();
     fn glass_record_c(area: *mut u8, word: u64) -> u32;
     fn glass_thread_area_ptr() -> *mut *mut u8;
+    fn glass_thread_area_offset() -> i64;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,38 +500,78 @@ extern "C" {
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
-    // SAFETY: getenv/open/mmap with valid arguments; the mapping is checked before use.
-    unsafe {
-        let path = libc::getenv(c"GLASS_TRACE_SHM".as_ptr());
-        if path.is_null() {
-            return;
-        }
-        let Some(shm) = map_session(path) else {
-            return;
-        };
-        // A program this one execs inherits the environment: only the first process to
-        // load the runtime owns the session.
-        let pid = word(shm, header::RUNTIME_PID);
-        if pid.load(Ordering::Acquire) != 0 {
-            return;
-        }
-        word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
-        word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
-        SHM.store(shm, Ordering::Release);
-        if pid
-            .compare_exchange(
-                0,
-                libc::getpid() as u64,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            SHM.store(core::ptr::null_mut(), Ordering::Release);
-            return;
-        }
+    // SAFETY: getenv of a NUL-terminated name.
+    let path = unsafe { libc::getenv(c"GLASS_TRACE_SHM".as_ptr()) };
+    if !path.is_null() {
+        // SAFETY: a NUL-terminated path from the environment.
+        unsafe { start_session(path) };
+    }
+}
+
+/// Bytes of the session's mapping (for `glass_probe_detach`).
+static SHM_LEN: AtomicU64 = AtomicU64::new(0);
+static ATFORK_DONE: AtomicU64 = AtomicU64::new(0);
+
+/// Maps the session at `path` and publishes the probes' addresses in its header.
+/// Returns 0, or a negative errno.
+unsafe fn start_session(path: *const c_char) -> i64 {
+    if !SHM.load(Ordering::Acquire).is_null() {
+        return -(libc::EBUSY as i64);
+    }
+    let Some(shm) = map_session(path) else {
+        return -(libc::EINVAL as i64);
+    };
+    // A program this one execs inherits the environment: only the first process to
+    // load the runtime owns the session.
+    let pid = word(shm, header::RUNTIME_PID);
+    if pid.load(Ordering::Acquire) != 0 {
+        return -(libc::EBUSY as i64);
+    }
+    word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
+    word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
+    word(shm, header::TLS_OFFSET).store(glass_thread_area_offset() as u64, Ordering::Relaxed);
+    SHM.store(shm, Ordering::Release);
+    if pid
+        .compare_exchange(
+            0,
+            libc::getpid() as u64,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        SHM.store(core::ptr::null_mut(), Ordering::Release);
+        return -(libc::EBUSY as i64);
+    }
+    if ATFORK_DONE.swap(1, Ordering::AcqRel) == 0 {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
+    0
+}
+
+/// `glass trace --pid` calls this in the target (through an injected call, after
+/// loading the runtime with dlopen) to join the session at `path`.
+///
+/// # Safety
+/// `path` is a NUL-terminated file name.
+#[no_mangle]
+pub unsafe extern "C" fn glass_probe_attach(path: *const c_char) -> i64 {
+    start_session(path)
+}
+
+/// `glass trace --pid` calls this when it detaches, with every thread stopped outside
+/// the probes and every thread's area word cleared: the session's memory is let go, and
+/// a later attach starts afresh.
+///
+/// # Safety
+/// No thread may be inside a probe or hold a hijacked return address.
+#[no_mangle]
+pub unsafe extern "C" fn glass_probe_detach() -> i64 {
+    let shm = SHM.swap(core::ptr::null_mut(), Ordering::AcqRel);
+    if shm.is_null() {
+        return -(libc::ENOENT as i64);
+    }
+    libc::munmap(shm as *mut c_void, SHM_LEN.load(Ordering::Relaxed) as usize) as i64
 }
 
 unsafe fn map_session(path: *const c_char) -> Option<*mut u8> {
@@ -549,6 +597,7 @@ unsafe fn map_session(path: *const c_char) -> Option<*mut u8> {
         return None;
     }
     let shm = mapped as *mut u8;
+    SHM_LEN.store(stat.st_size as u64, Ordering::Relaxed);
     if word(shm, header::MAGIC).load(Ordering::Acquire) != MAGIC
         || word(shm, header::VERSION).load(Ordering::Relaxed) != VERSION
     {

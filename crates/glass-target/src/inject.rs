@@ -15,11 +15,21 @@ use std::os::unix::fs::FileExt;
 use crate::launch::spawn_paused_with_env;
 use crate::TargetError;
 
-/// A process whose (single) thread is stopped under ptrace.
+/// A process with a thread stopped under ptrace, which runs what glass injects.
 pub struct StoppedProcess {
     pid: i32,
+    /// The thread that runs injected system calls and calls.
+    tid: i32,
     mem: File,
+    /// Nothing left to let go when dropped (detached, killed, or held by someone else).
     detached: bool,
+}
+
+/// An argument of an injected call.
+pub enum CallArg<'a> {
+    Value(u64),
+    /// Bytes copied below the thread's stack pointer; the call gets their address.
+    Bytes(&'a [u8]),
 }
 
 fn errno() -> i32 {
@@ -128,6 +138,7 @@ impl StoppedProcess {
             .map_err(TargetError::Io)?;
         let process = StoppedProcess {
             pid,
+            tid: pid,
             mem,
             detached: false,
         };
@@ -156,8 +167,27 @@ impl StoppedProcess {
         }
     }
 
+    /// A process whose thread `tid` someone else (an [`crate::attach::Attachment`])
+    /// holds stopped, and lets go.
+    pub fn for_thread(pid: i32, tid: i32) -> io::Result<Self> {
+        let mem = File::options()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))?;
+        Ok(StoppedProcess {
+            pid,
+            tid,
+            mem,
+            detached: true,
+        })
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    pub fn tid(&self) -> i32 {
+        self.tid
     }
 
     pub fn read(&self, address: u64, len: usize) -> io::Result<Vec<u8>> {
@@ -171,22 +201,11 @@ impl StoppedProcess {
     }
 
     fn registers(&self) -> io::Result<libc::user_regs_struct> {
-        // SAFETY: PTRACE_GETREGS fills the struct.
-        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-        ptrace(
-            libc::PTRACE_GETREGS,
-            self.pid,
-            0,
-            &mut regs as *mut _ as usize,
-        )
-        .map_err(io::Error::from_raw_os_error)?;
-        Ok(regs)
+        crate::attach::registers(self.tid)
     }
 
     fn set_registers(&self, regs: &libc::user_regs_struct) -> io::Result<()> {
-        ptrace(libc::PTRACE_SETREGS, self.pid, 0, regs as *const _ as usize)
-            .map_err(io::Error::from_raw_os_error)?;
-        Ok(())
+        crate::attach::set_registers(self.tid, regs)
     }
 
     /// Runs one system call in the process and returns its result (negative: -errno).
@@ -205,15 +224,15 @@ impl StoppedProcess {
         regs.r8 = args[4];
         regs.r9 = args[5];
         let run = self.set_registers(&regs).and_then(|()| {
-            ptrace(libc::PTRACE_SINGLESTEP, self.pid, 0, 0)
+            ptrace(libc::PTRACE_SINGLESTEP, self.tid, 0, 0)
                 .map_err(io::Error::from_raw_os_error)?;
             loop {
-                let status = wait_stop(self.pid).map_err(|e| io::Error::other(e.to_string()))?;
+                let status = wait_stop(self.tid).map_err(|e| io::Error::other(e.to_string()))?;
                 if libc::WIFSTOPPED(status) && libc::WSTOPSIG(status) == libc::SIGTRAP {
                     break;
                 }
                 // A signal arrived instead of the step: keep it pending for later.
-                ptrace(libc::PTRACE_SINGLESTEP, self.pid, 0, 0)
+                ptrace(libc::PTRACE_SINGLESTEP, self.tid, 0, 0)
                     .map_err(io::Error::from_raw_os_error)?;
             }
             Ok(self.registers()?.rax as i64)
@@ -221,6 +240,108 @@ impl StoppedProcess {
         self.write(at, &code)?;
         self.set_registers(&saved)?;
         run
+    }
+
+    /// Calls `function` in the stopped thread with up to six integer arguments, as if
+    /// the thread had called it where it stopped (below its red zone, stack aligned),
+    /// and returns its result. It returns to `trap`, an `int3` glass placed in the
+    /// process. The thread's registers are restored afterwards, and signals that arrive
+    /// during the call are delivered to it. Gives up after `limit`, leaving the thread
+    /// as it was before the call (the call's frames abandoned).
+    pub fn call(
+        &self,
+        function: u64,
+        args: &[CallArg],
+        trap: u64,
+        limit: std::time::Duration,
+    ) -> io::Result<u64> {
+        let saved = self.registers()?;
+        let mut regs = saved;
+        // Past the red zone of whatever the thread was running.
+        let mut sp = (saved.rsp - 512) & !15;
+        let mut values = Vec::new();
+        for arg in args {
+            match arg {
+                CallArg::Value(v) => values.push(*v),
+                CallArg::Bytes(bytes) => {
+                    sp = (sp - bytes.len() as u64) & !15;
+                    self.write(sp, bytes)?;
+                    values.push(sp);
+                }
+            }
+        }
+        let registers = [
+            &mut regs.rdi,
+            &mut regs.rsi,
+            &mut regs.rdx,
+            &mut regs.rcx,
+            &mut regs.r8,
+            &mut regs.r9,
+        ];
+        for (register, value) in registers.into_iter().zip(values) {
+            *register = value;
+        }
+        // At a function's first instruction rsp + 8 is 16-byte aligned.
+        sp -= 8;
+        self.write(sp, &trap.to_le_bytes())?;
+        regs.rsp = sp;
+        regs.rip = function;
+        regs.rax = 0;
+        // Not in a system call: the kernel must not restart one when the thread runs.
+        regs.orig_rax = u64::MAX;
+        self.set_registers(&regs)?;
+        let outcome = self.run_until_trap(trap, limit);
+        let restored = self.set_registers(&saved);
+        let result = outcome?;
+        restored?;
+        Ok(result)
+    }
+
+    fn run_until_trap(&self, trap: u64, limit: std::time::Duration) -> io::Result<u64> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut signal = 0;
+        loop {
+            ptrace(libc::PTRACE_CONT, self.tid, 0, signal).map_err(io::Error::from_raw_os_error)?;
+            let Some(status) = crate::attach::wait_thread(self.tid, deadline)? else {
+                let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
+                let _ = crate::attach::wait_thread(
+                    self.tid,
+                    std::time::Instant::now() + std::time::Duration::from_secs(5),
+                );
+                return Err(io::Error::other(format!(
+                    "the injected call did not return within {:.1} s",
+                    limit.as_secs_f64()
+                )));
+            };
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return Err(io::Error::other(format!(
+                    "the process ended during the injected call ({})",
+                    shell_status(status)
+                )));
+            }
+            signal = 0;
+            if (status >> 16) != 0 {
+                continue;
+            }
+            let stop = libc::WSTOPSIG(status);
+            if stop == libc::SIGTRAP {
+                let regs = self.registers()?;
+                if regs.rip == trap + 1 {
+                    return Ok(regs.rax);
+                }
+            }
+            if matches!(
+                stop,
+                libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
+            ) {
+                let regs = self.registers()?;
+                return Err(io::Error::other(format!(
+                    "the injected call faulted (signal {stop} at {:#x})",
+                    regs.rip
+                )));
+            }
+            signal = stop as usize;
+        }
     }
 
     /// Maps `len` bytes of read+execute memory within ±2 GiB of every address in

@@ -5,6 +5,7 @@
 //! A backend hands the sampler a [`ptrace::Tick`] of raw samples (addresses, thread,
 //! time, stopped time) and a stream of [`ptrace::TargetEvent`]s; it never symbolizes.
 
+pub mod attach;
 pub mod gdbstub;
 pub mod inject;
 pub mod launch;

@@ -16,6 +16,30 @@ pub struct Mapping {
     pub deleted: bool,
 }
 
+/// The load bias of a file mapped at `mapping`, given its loadable segments as
+/// (file offset, virtual address, file size): where the mapping starts, minus where the
+/// file says that part goes. Segments need not start on a page (lld packs them): the
+/// kernel maps from the page below, so the one whose page-aligned start is the last at
+/// or before the mapping's offset is the one mapped there.
+pub fn load_bias(mapping: &Mapping, segments: &[(u64, u64, u64)]) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let (offset, address, _) = segments
+        .iter()
+        .copied()
+        .filter(|&(offset, _, size)| {
+            offset & !(PAGE - 1) <= mapping.file_offset
+                && mapping.file_offset < offset + size.max(1)
+        })
+        .max_by_key(|&(offset, _, _)| offset)?;
+    let page_offset = offset & !(PAGE - 1);
+    let page_address = address.wrapping_sub(offset - page_offset);
+    Some(
+        mapping
+            .start
+            .wrapping_sub(page_address + (mapping.file_offset - page_offset)),
+    )
+}
+
 /// The executable mappings of a process, in address order.
 pub fn executable_mappings(pid: i32) -> io::Result<Vec<Mapping>> {
     let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
@@ -79,6 +103,24 @@ pub fn thread_group_of(tid: i32) -> Option<i32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn load_bias_of_segments_packed_off_page() {
+        // lld's layout: the code segment starts mid-page in the file and one page
+        // further on in memory.
+        let segments = [(0, 0, 0x17194), (0x17194, 0x18194, 0x3f19c)];
+        let mapping = super::Mapping {
+            start: 0x7f00_0001_8000,
+            end: 0x7f00_0005_8000,
+            file_offset: 0x17000,
+            path: "/lib.so".into(),
+            deleted: false,
+        };
+        assert_eq!(
+            super::load_bias(&mapping, &segments),
+            Some(0x7f00_0000_0000)
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -24,7 +24,7 @@ pub mod session;
 /// First word of the header.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GLASSTRC");
 /// Bumped when the layout changes.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// Header fields (byte offsets).
 pub mod header {
@@ -54,6 +54,9 @@ pub mod header {
     /// Per hardware counter (up to [`MAX_COUNTERS`](crate::MAX_COUNTERS)): the
     /// perf_event type and config, two words each.
     pub const COUNTER_CONFIG: usize = 96;
+    /// Written by the runtime: where a thread's area word lies, relative to its thread
+    /// pointer (fs base). glass clears each thread's word when it detaches.
+    pub const TLS_OFFSET: usize = 160;
     pub const SIZE: usize = 4096;
 }
 

@@ -31,7 +31,8 @@ enum Command {
     Report(ReportArgs),
     /// Show what a recording holds and what it cost the target
     Info(InfoArgs),
-    /// Time every call of chosen functions of a program glass launches
+    /// Time every call of chosen functions of a program glass launches, or of a running
+    /// process (--pid), which is left as it was when glass detaches
     Trace(TraceArgs),
 }
 
@@ -64,8 +65,16 @@ pub struct TraceArgs {
     /// Do not print what was instrumented and the summary
     #[arg(short, long)]
     pub quiet: bool,
+    /// Attach to this running process (all its threads), trace, and detach: every
+    /// patched byte restored, the process never restarted
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// With --pid: detach after this many seconds (default: on Ctrl-C, SIGTERM, or when
+    /// the process exits)
+    #[arg(short, long, requires = "pid")]
+    pub duration: Option<f64>,
     /// The command to launch and trace
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "pid")]
     pub command: Vec<String>,
 }
 

@@ -192,7 +192,7 @@ fn write_failure(path: &Path, error: &std::io::Error) -> Failure {
     ))
 }
 
-fn stop_signal_fd() -> Result<SignalFd> {
+pub(crate) fn stop_signal_fd() -> Result<SignalFd> {
     let mut mask = SigSet::empty();
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         mask.add(signal);
@@ -239,7 +239,7 @@ fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
 }
 
 /// A SIGINT/SIGTERM/SIGHUP waiting on the descriptor, if any.
-fn take_stop_signal(stop_signals: &SignalFd) -> Option<i32> {
+pub(crate) fn take_stop_signal(stop_signals: &SignalFd) -> Option<i32> {
     stop_signals
         .read_signal()
         .ok()

@@ -22,6 +22,49 @@ pub struct Outcome {
     pub installed: Vec<Installed>,
     /// (module, runtime address, name, reason).
     pub skipped: Vec<(String, u64, String, String)>,
+    /// What each patched place held before (address, bytes), in the order written.
+    pub restore: Vec<(u64, Vec<u8>)>,
+    /// The trampolines: (start, length); empty if nothing was patched.
+    pub region: (u64, u64),
+}
+
+/// How to take one module's instrumentation out again.
+pub struct Undo {
+    pub restore: Vec<(u64, Vec<u8>)>,
+    pub region: (u64, u64),
+}
+
+/// Puts back every byte `undo` lists, latest first. The trampolines stay mapped: a
+/// thread may still be on its way back through one.
+pub fn uninstall(process: &StoppedProcess, undo: &[Undo]) -> std::io::Result<()> {
+    let mut result = Ok(());
+    for module in undo.iter().rev() {
+        for (address, original) in module.restore.iter().rev() {
+            if let Err(e) = process.write(*address, original) {
+                result = Err(e);
+            }
+        }
+    }
+    result
+}
+
+/// The bytes of the process that patching `choice` (loaded at `bias`) may overwrite:
+/// (start, length) of each entry patch and redirected call site. A thread stopped at an
+/// instruction boundary strictly inside one of them must be moved out first.
+pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = choice
+        .patchable
+        .iter()
+        .map(|(_, plan, _)| (plan.patch_at.wrapping_add(bias), plan.overwritten))
+        .collect();
+    for (_, _, sites) in &choice.redirected {
+        ranges.extend(
+            sites
+                .iter()
+                .map(|site| (site.at.wrapping_add(bias), site.len as u64)),
+        );
+    }
+    ranges
 }
 
 /// The load bias of `choice` in the target: where its file's segments were mapped,
@@ -31,14 +74,7 @@ pub fn load_bias(choice: &ModuleChoice, mappings: &[Mapping]) -> Option<u64> {
     let mapping = mappings
         .iter()
         .find(|m| std::fs::canonicalize(&m.path).ok().as_ref() == Some(&canonical))?;
-    let (offset, address, _) = choice.segments.iter().copied().find(|&(offset, _, size)| {
-        mapping.file_offset >= offset && mapping.file_offset < offset + size.max(1)
-    })?;
-    Some(
-        mapping
-            .start
-            .wrapping_sub(address + (mapping.file_offset - offset)),
-    )
+    glass_target::procfs::load_bias(mapping, &choice.segments)
 }
 
 /// Room one function's trampoline may need: the relocated instructions plus the
@@ -57,6 +93,8 @@ pub fn install(
     let mut outcome = Outcome {
         installed: Vec::new(),
         skipped: Vec::new(),
+        restore: Vec::new(),
+        region: (0, 0),
     };
     let module = choice.path.clone();
     for (function, reason) in &choice.skipped {
@@ -236,8 +274,21 @@ pub fn install(
         id += 1;
     }
     process.write(region, &code)?;
+    outcome.region = (region, room.next_multiple_of(4096));
     for (address, bytes) in &patches {
-        process.write(*address, bytes)?;
+        let written = process
+            .read(*address, bytes.len())
+            .and_then(|original| process.write(*address, bytes).map(|()| original));
+        match written {
+            Ok(original) => outcome.restore.push((*address, original)),
+            Err(e) => {
+                // Never leave a module half-patched.
+                for (address, original) in outcome.restore.iter().rev() {
+                    let _ = process.write(*address, original);
+                }
+                return Err(e);
+            }
+        }
     }
     Ok(outcome)
 }

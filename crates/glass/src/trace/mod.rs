@@ -3,9 +3,13 @@
 //! per-thread rings into a `.glass` file until it exits.
 //!
 //! - `select`: which functions of each module, and why not the others;
-//! - `install`: writing trampolines and patches into the stopped process;
+//! - `install`: writing trampolines and patches into the stopped process (and taking
+//!   them out);
+//! - `attach`: `--pid`, loading the runtime into a running process and leaving it as it
+//!   was;
 //! - this file: the session from launch to the summary, and the drain loop.
 
+mod attach;
 mod install;
 mod select;
 
@@ -59,6 +63,9 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         ));
     }
     let (counters, counters_note) = choose_counters(args)?;
+    if let Some(pid) = args.pid {
+        return attach::run(args, pid, &patterns, &libcalls, counters, counters_note);
+    }
     let program = glass_target::launch::resolve_command(&args.command[0])
         .map_err(|e| Failure::bad_input(e.to_string()))?;
     let main_module =
@@ -99,10 +106,6 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         // overwritten by the loader at its first call.
         env.push(("LD_BIND_NOW".to_string(), "1".to_string()));
     }
-    let start_unix_ns = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
     let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
     let process = StoppedProcess::launch_to_entry(&args.command, &env).map_err(|e| {
         if e.is_bad_input() {
@@ -114,7 +117,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     let pid = process.pid();
     // The target has mapped the rings; nobody else needs the name.
     session.unlink();
-    let set_up = set_up(&process, &session, &main_module, &patterns, &libcalls, args);
+    let set_up = set_up(&process, &session, main_module, &patterns, &libcalls, args);
     let (installed, skipped) = match set_up {
         Ok(done) => done,
         Err(failure) => {
@@ -132,6 +135,56 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         print_instrumented(&installed, &skipped);
     }
 
+    let mut out = start_output(
+        file,
+        pid,
+        &args.command,
+        &installed,
+        &skipped,
+        &counters,
+        &counters_note,
+        &session,
+        clock_start,
+    );
+    let exit_status = drain_until_exit(&session, pid, &mut out);
+    let summary = TraceSummary {
+        exit_status,
+        ..TraceSummary::default()
+    };
+    finish_output(
+        args,
+        out,
+        &session,
+        clock_start,
+        summary,
+        installed.len(),
+        skipped.len(),
+        &counters,
+        counters_note,
+    )?;
+    Ok(exit_status.max(0))
+}
+
+/// The recording's first records: what was instrumented and skipped, and a first
+/// summary with the cycle rate measured so far (set-up took milliseconds), so a
+/// recording cut short (glass killed, disk full) still converts cycles to time; the
+/// one written at the end replaces it.
+#[allow(clippy::too_many_arguments)]
+fn start_output(
+    file: std::fs::File,
+    pid: i32,
+    command: &[String],
+    installed: &[install::Installed],
+    skipped: &Skipped,
+    counters: &[CounterChoice],
+    counters_note: &str,
+    session: &SessionMemory,
+    clock_start: (u64, u64),
+) -> Output {
+    let start_unix_ns = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let mut out = Output::new(file, 1 + counters.len() as u64);
     out.write(&Record::Meta(Meta {
         start_unix_ns,
@@ -140,14 +193,14 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         frequency_hz: 0,
         max_depth: 0,
         target_pid: pid as u32,
-        command: args.command.clone(),
+        command: command.to_vec(),
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default(),
         glass_version: env!("CARGO_PKG_VERSION").into(),
         capture: "calls".into(),
     }));
-    for function in &installed {
+    for function in installed {
         out.write(&Record::TraceFunction(TraceFunction {
             id: function.id,
             module: function.module.clone(),
@@ -156,7 +209,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
             name: function.name.clone(),
         }));
     }
-    for (module, address, name, reason) in &skipped {
+    for (module, address, name, reason) in skipped {
         out.write(&Record::TraceSkipped(TraceSkipped {
             module: module.clone(),
             address: *address,
@@ -164,9 +217,6 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
             reason: reason.clone(),
         }));
     }
-    // A first summary with the cycle rate measured so far (set-up took milliseconds), so
-    // a recording cut short (glass killed, disk full) still converts cycles to time; the
-    // one written at the end replaces it.
     let now = (glass_trace::rdtsc(), monotonic_now_ns());
     out.write(&Record::TraceSummary(TraceSummary {
         tsc_hz: ((now.0 - clock_start.0) as f64 * 1e9 / (now.1 - clock_start.1).max(1) as f64)
@@ -175,32 +225,42 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         patched: installed.len() as u32,
         not_patched: skipped.len() as u32,
         counters: counters.iter().map(|c| c.0.clone()).collect(),
-        counters_note: counters_note.clone(),
+        counters_note: counters_note.to_string(),
         exit_status: -1,
         ..TraceSummary::default()
     }));
+    out
+}
 
-    let exit_status = drain_until_exit(&session, pid, &mut out);
+/// The final summary (`summary` brings what only the caller knows: the exit status,
+/// the stopped times of an attachment), the end, and the report on stderr.
+#[allow(clippy::too_many_arguments)]
+fn finish_output(
+    args: &TraceArgs,
+    mut out: Output,
+    session: &SessionMemory,
+    clock_start: (u64, u64),
+    mut summary: TraceSummary,
+    patched: usize,
+    not_patched: usize,
+    counters: &[CounterChoice],
+    counters_note: String,
+) -> Result<()> {
     let mut clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
     if clock_end.1 - clock_start.1 < 50_000_000 {
         std::thread::sleep(Duration::from_millis(50));
         clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
     }
-    let tsc_hz =
+    summary.tsc_hz =
         ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64) as u64;
-    let mut summary = TraceSummary {
-        tsc_hz,
-        tsc_start: session.tsc_start(),
-        no_area_lost: session.no_area_lost(),
-        threads: session.claimed() as u32,
-        patched: installed.len() as u32,
-        not_patched: skipped.len() as u32,
-        counters: counters.iter().map(|c| c.0.clone()).collect(),
-        counters_note,
-        exit_status,
-        duration_ns: clock_end.1 - clock_start.1,
-        ..TraceSummary::default()
-    };
+    summary.tsc_start = session.tsc_start();
+    summary.no_area_lost = session.no_area_lost();
+    summary.threads = session.claimed() as u32;
+    summary.patched = patched as u32;
+    summary.not_patched = not_patched as u32;
+    summary.counters = counters.iter().map(|c| c.0.clone()).collect();
+    summary.counters_note = counters_note;
+    summary.duration_ns = clock_end.1 - clock_start.1;
     for index in 0..session.claimed() {
         let stats = session.stats(index);
         summary.lost += stats.lost;
@@ -213,16 +273,21 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     out.flush();
     if let Some(error) = &out.failed {
         return Err(Failure::runtime(format!(
-            "writing {} failed: {}; {} records lost (the target ran to the end, exit status {exit_status})",
+            "writing {} failed: {}; {} records lost (the target ran on{})",
             args.output.display(),
             error_text(error),
-            out.lost_words / out.stride
+            out.lost_words / out.stride,
+            if summary.exit_status >= 0 {
+                format!(" to the end, exit status {}", summary.exit_status)
+            } else {
+                String::new()
+            }
         )));
     }
     if !args.quiet {
         print_summary(args, &summary, out.records);
     }
-    Ok(exit_status.max(0))
+    Ok(())
 }
 
 /// A counter to record: its name and perf_event (type, config).
@@ -266,27 +331,19 @@ fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
     })
 }
 
-type SetUp = (Vec<install::Installed>, Vec<(String, u64, String, String)>);
+type Skipped = Vec<(String, u64, String, String)>;
 
-/// Everything done while the target is stopped at its entry point.
-fn set_up(
-    process: &StoppedProcess,
-    session: &SessionMemory,
-    main_module: &select::ModuleChoice,
+/// The modules to patch: the program, and the loaded libraries `--lib` names.
+fn choose_modules(
+    pid: i32,
+    main_module: select::ModuleChoice,
     patterns: &[String],
     libcalls: &[String],
     args: &TraceArgs,
-) -> Result<SetUp> {
-    let pid = process.pid();
-    let Some((_, enter)) = session.runtime() else {
-        return Err(Failure::bad_input(format!(
-            "the probe runtime did not load into {} (a statically linked program cannot preload it)",
-            main_module.path
-        )));
-    };
+) -> Result<Vec<select::ModuleChoice>> {
     let mappings = glass_target::procfs::executable_mappings(pid)
         .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
-    let mut libraries = Vec::new();
+    let mut modules = vec![main_module];
     for pattern in &args.lib {
         let mut found = false;
         for mapping in &mappings {
@@ -296,9 +353,7 @@ fn set_up(
                 .unwrap_or_default();
             if !mapping.path.starts_with('/')
                 || !glass_patch::glob_match(pattern, &name)
-                || libraries
-                    .iter()
-                    .any(|m: &select::ModuleChoice| m.path == mapping.path)
+                || modules[1..].iter().any(|m| m.path == mapping.path)
                 || mapping.path.contains("libglass_probe")
             {
                 continue;
@@ -306,35 +361,69 @@ fn set_up(
             found = true;
             let module = select::read_module(Path::new(&mapping.path), patterns, libcalls)
                 .map_err(Failure::bad_input)?;
-            libraries.push(module);
+            modules.push(module);
         }
         if !found {
             eprintln!(
                 "glass: warning: --lib {pattern}: no library of that name is loaded by {}",
-                main_module.path
+                modules[0].path
             );
         }
     }
-    if !args.lib.is_empty() && libraries.is_empty() {
+    if !args.lib.is_empty() && modules.len() == 1 {
         return Err(Failure::bad_input(format!(
             "--lib {}: no library of that name is loaded by {}",
             args.lib.join(","),
-            main_module.path
+            modules[0].path
         )));
     }
+    Ok(modules)
+}
+
+/// The load bias of each module in the process.
+fn biases(pid: i32, modules: &[select::ModuleChoice]) -> Result<Vec<u64>> {
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    modules
+        .iter()
+        .map(|module| {
+            install::load_bias(module, &mappings).ok_or_else(|| {
+                Failure::runtime(format!("cannot find where {} is loaded", module.path))
+            })
+        })
+        .collect()
+}
+
+/// Patches every module; what was installed, skipped, and how to undo it.
+fn install_all(
+    process: &StoppedProcess,
+    enter: u64,
+    modules: &[select::ModuleChoice],
+    biases: &[u64],
+) -> Result<(Vec<install::Installed>, Skipped, Vec<install::Undo>)> {
+    let pid = process.pid();
     let mut installed = Vec::new();
     let mut skipped = Vec::new();
+    let mut undo: Vec<install::Undo> = Vec::new();
     let mut next_id = 0u32;
-    for module in std::iter::once(main_module).chain(libraries.iter()) {
-        let bias = install::load_bias(module, &mappings).ok_or_else(|| {
-            Failure::runtime(format!("cannot find where {} is loaded", module.path))
-        })?;
-        let outcome = install::install(process, enter, module, bias, next_id).map_err(|e| {
-            Failure::runtime(format!("cannot patch {} in pid {pid}: {e}", module.path))
-        })?;
+    for (module, &bias) in modules.iter().zip(biases) {
+        let outcome = match install::install(process, enter, module, bias, next_id) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let _ = install::uninstall(process, &undo);
+                return Err(Failure::runtime(format!(
+                    "cannot patch {} in pid {pid}: {e}",
+                    module.path
+                )));
+            }
+        };
         next_id += outcome.installed.len() as u32;
         installed.extend(outcome.installed);
         skipped.extend(outcome.skipped);
+        undo.push(install::Undo {
+            restore: outcome.restore,
+            region: outcome.region,
+        });
     }
     if installed.is_empty() {
         let reasons: Vec<String> = skipped
@@ -347,6 +436,28 @@ fn set_up(
             reasons.join("; ")
         )));
     }
+    Ok((installed, skipped, undo))
+}
+
+/// Everything done while the launched target is stopped at its entry point.
+fn set_up(
+    process: &StoppedProcess,
+    session: &SessionMemory,
+    main_module: select::ModuleChoice,
+    patterns: &[String],
+    libcalls: &[String],
+    args: &TraceArgs,
+) -> Result<(Vec<install::Installed>, Skipped)> {
+    let pid = process.pid();
+    let Some((_, enter)) = session.runtime() else {
+        return Err(Failure::bad_input(format!(
+            "the probe runtime did not load into {} (a statically linked program cannot preload it)",
+            main_module.path
+        )));
+    };
+    let modules = choose_modules(pid, main_module, patterns, libcalls, args)?;
+    let biases = biases(pid, &modules)?;
+    let (installed, skipped, _) = install_all(process, enter, &modules, &biases)?;
     Ok((installed, skipped))
 }
 

@@ -1,0 +1,747 @@
+//! `glass trace --pid`: instrument a running process, trace, and leave it as it was.
+//!
+//! Attach:
+//! 1. seize every thread (without stopping them); pick one thread at a *safe point* —
+//!    in the program's own code, or waiting in a system call, never inside the dynamic
+//!    loader or elsewhere in libc, where it may hold the locks `dlopen` takes — and
+//!    stop only that one;
+//! 2. in it, call the process's own `dlopen` on the probe runtime and the runtime's
+//!    `glass_probe_attach` on the session, while the other threads run on (a thread
+//!    holding a lock `dlopen` needs must be able to release it);
+//! 3. stop every thread; move any thread whose instruction pointer lies strictly inside
+//!    bytes about to be replaced out of them (single steps); patch with the launch-mode
+//!    patcher; let every thread go. x86 keeps instruction fetch coherent with stores,
+//!    and each thread re-enters user space through the kernel, which serialises it.
+//!
+//! Detach (at the end of `-d`, on SIGINT/SIGTERM/SIGHUP):
+//! 1. stop every thread; step any thread out of the probe runtime and the trampolines;
+//! 2. put back every patched byte and GOT slot; give every hijacked return address of a
+//!    call in flight back to its frame (those calls finish in the original code, their
+//!    ends unrecorded); clear each thread's area word; call `glass_probe_detach`, which
+//!    unmaps the session;
+//! 3. let every thread go, and drain the rings.
+//!
+//! The trampolines stay mapped (a thread may be returning through one), and the runtime
+//! stays loaded: attaching again reuses it. Between attach and detach glass is not the
+//! process's tracer, so if glass dies there the process runs on untouched by ptrace; its
+//! probes find the rings full and drop records, and never wait.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use glass_format::TraceSummary;
+use glass_target::attach::{registers, Attachment};
+use glass_target::inject::{CallArg, StoppedProcess};
+use glass_target::procfs::Mapping;
+use glass_trace::session::SessionMemory;
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use super::{install, select, CounterChoice};
+use crate::error::{Failure, Result};
+use crate::record::{create_output, monotonic_now_ns, stop_signal_fd, take_stop_signal};
+use crate::TraceArgs;
+
+/// Longest an injected call (dlopen) may take before glass gives up.
+const CALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// System calls a thread may be waiting in while glass uses it to load the runtime:
+/// waits that hold no lock of libc's (read, poll, sleep, futex, wait, accept, ...).
+const WAITING_SYSCALLS: &[i64] = &[
+    0, 7, 23, 34, 35, 43, 45, 47, 61, 128, 130, 202, 230, 232, 247, 270, 271, 281, 288,
+];
+
+/// An address range of the target and what it is.
+#[derive(Clone, Copy)]
+struct Span {
+    start: u64,
+    end: u64,
+}
+
+fn within(spans: &[Span], address: u64) -> bool {
+    spans.iter().any(|s| address >= s.start && address < s.end)
+}
+
+/// Symbols a library exports, read from its file once (outside any stopped window),
+/// to be found in a process where it is mapped.
+struct FileSymbols {
+    file: PathBuf,
+    segments: Vec<(u64, u64, u64)>,
+    /// File addresses, in the order asked for.
+    addresses: Vec<Option<u64>>,
+}
+
+impl FileSymbols {
+    fn read(file: &Path, names: &[&str]) -> Option<Self> {
+        let bytes = std::fs::read(file).ok()?;
+        let elf = object::File::parse(&*bytes).ok()?;
+        let mut addresses = vec![None; names.len()];
+        for symbol in elf.dynamic_symbols().filter(|s| s.is_definition()) {
+            if let Some(i) = names.iter().position(|n| symbol.name() == Ok(n)) {
+                addresses[i].get_or_insert(symbol.address());
+            }
+        }
+        Some(FileSymbols {
+            file: file.to_path_buf(),
+            segments: elf
+                .segments()
+                .map(|s| (s.file_range().0, s.address(), s.file_range().1))
+                .collect(),
+            addresses,
+        })
+    }
+
+    /// The symbols' addresses in a process where `mapping` maps this file.
+    fn at(&self, mapping: &Mapping) -> Vec<Option<u64>> {
+        let bias = glass_target::procfs::load_bias(mapping, &self.segments);
+        self.addresses
+            .iter()
+            .map(|a| Some(a.as_ref()?.wrapping_add(bias?)))
+            .collect()
+    }
+
+    /// Where this file is mapped in `pid`, and the symbols' addresses there.
+    fn in_process(&self, pid: i32) -> Option<Vec<Option<u64>>> {
+        let canonical = std::fs::canonicalize(&self.file).ok()?;
+        let mappings = glass_target::procfs::executable_mappings(pid).ok()?;
+        let mapping = mappings
+            .iter()
+            .find(|m| std::fs::canonicalize(&m.path).ok().as_ref() == Some(&canonical))?;
+        Some(self.at(mapping))
+    }
+}
+
+fn file_name(path: &str) -> String {
+    Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The executable spans of the mappings whose file name starts with one of `prefixes`.
+fn spans_of(mappings: &[Mapping], prefixes: &[&str]) -> Vec<Span> {
+    mappings
+        .iter()
+        .filter(|m| prefixes.iter().any(|p| file_name(&m.path).starts_with(p)))
+        .map(|m| Span {
+            start: m.start,
+            end: m.end,
+        })
+        .collect()
+}
+
+/// The process's `dlopen`, `dlerror` and `dlsym`.
+struct LoaderFunctions {
+    dlopen: u64,
+    dlerror: u64,
+    dlsym: Option<u64>,
+}
+
+fn loader_functions(pid: i32, mappings: &[Mapping]) -> Option<LoaderFunctions> {
+    let mut candidates: Vec<&Mapping> = mappings
+        .iter()
+        .filter(|m| {
+            let name = file_name(&m.path);
+            m.path.starts_with('/') && (name.starts_with("libc.so") || name.starts_with("libdl"))
+        })
+        .collect();
+    candidates.dedup_by(|a, b| a.path == b.path);
+    for mapping in candidates {
+        // The file as the target sees it (its mount namespace may differ).
+        let mut file = PathBuf::from(format!("/proc/{pid}/root{}", mapping.path));
+        if !file.exists() {
+            file = PathBuf::from(&mapping.path);
+        }
+        let Some(symbols) = FileSymbols::read(&file, &["dlopen", "dlerror", "dlsym"]) else {
+            continue;
+        };
+        if let [Some(dlopen), Some(dlerror), dlsym] = symbols.at(mapping)[..] {
+            return Some(LoaderFunctions {
+                dlopen,
+                dlerror,
+                dlsym,
+            });
+        }
+    }
+    None
+}
+
+/// Stops one thread at a safe point to run the loader in; every other thread runs.
+fn pick_loader_thread(
+    attachment: &mut Attachment,
+    unsafe_code: &[Span],
+    libc: &[Span],
+) -> Result<i32> {
+    for round in 0..400 {
+        for tid in attachment.tids() {
+            match attachment.stop(tid) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return Err(Failure::runtime(e.to_string())),
+            }
+            let Ok(regs) = registers(tid) else {
+                attachment.resume(tid);
+                continue;
+            };
+            let waiting = WAITING_SYSCALLS.contains(&(regs.orig_rax as i64));
+            let safe = !within(unsafe_code, regs.rip) && (!within(libc, regs.rip) || waiting);
+            if safe || round == 399 {
+                return Ok(tid);
+            }
+            attachment.resume(tid);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Err(Failure::runtime(
+        "no thread of the process could be stopped",
+    ))
+}
+
+/// Reads a C string of the target.
+fn read_c_string(process: &StoppedProcess, address: u64) -> String {
+    let mut text = Vec::new();
+    for chunk in 0..8u64 {
+        let Ok(bytes) = process.read(address + chunk * 64, 64) else {
+            break;
+        };
+        if let Some(end) = bytes.iter().position(|&b| b == 0) {
+            text.extend_from_slice(&bytes[..end]);
+            break;
+        }
+        text.extend_from_slice(&bytes);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// Moves every stopped thread whose instruction pointer is strictly inside one of
+/// `ranges` (start, length) — or anywhere in `spans` — out of it, one instruction at a
+/// time. False if some thread could not be moved (it blocked in a system call there).
+fn step_out(
+    attachment: &mut Attachment,
+    ranges: &[(u64, u64)],
+    spans: &[Span],
+) -> std::result::Result<bool, Failure> {
+    let inside = |rip: u64| {
+        within(spans, rip)
+            || ranges
+                .iter()
+                .any(|&(start, len)| rip > start && rip < start + len)
+    };
+    for tid in attachment.tids() {
+        let mut steps = 0;
+        while registers(tid).is_ok_and(|regs| inside(regs.rip)) {
+            steps += 1;
+            let stepped = attachment
+                .single_step(tid, Duration::from_millis(20))
+                .map_err(|e| Failure::runtime(e.to_string()))?;
+            if !stepped || steps > 100_000 {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Stops every thread with none inside `ranges` or `spans`; retries with the threads
+/// let run for a moment when one cannot be stepped out.
+fn stop_at_safe_points(
+    attachment: &mut Attachment,
+    ranges: &[(u64, u64)],
+    spans: &[Span],
+) -> Result<()> {
+    for _ in 0..50 {
+        attachment
+            .stop_all()
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        if step_out(attachment, ranges, spans)? {
+            return Ok(());
+        }
+        for tid in attachment.tids() {
+            attachment.resume(tid);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Err(Failure::runtime(
+        "a thread stayed inside code glass must change (blocked in a system call there)",
+    ))
+}
+
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
+/// What the attachment set up, for the detach.
+struct Attached {
+    undo: Vec<install::Undo>,
+    trap: u64,
+    /// The runtime's glass_probe_detach in the process.
+    leave: u64,
+    runtime_text: Vec<Span>,
+}
+
+pub fn run(
+    args: &TraceArgs,
+    pid: i32,
+    patterns: &[String],
+    libcalls: &[String],
+    counters: Vec<CounterChoice>,
+    counters_note: String,
+) -> Result<i32> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}/task")).exists() {
+        return Err(Failure::bad_input(format!("no process with pid {pid}")));
+    }
+    if pid == std::process::id() as i32 {
+        return Err(Failure::bad_input("glass cannot trace itself"));
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+        Failure::bad_input(format!(
+            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process this user may not trace)"
+        ))
+    })?;
+    let program = if exe.exists() {
+        exe.clone()
+    } else {
+        PathBuf::from(format!("/proc/{pid}/exe"))
+    };
+    let main_module =
+        select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
+    if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
+        return Err(Failure::bad_input(format!(
+            "no function of {} matches {}",
+            program.display(),
+            patterns.join(",")
+        )));
+    }
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::bad_input(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let Some(loader) = loader_functions(pid, &mappings) else {
+        return Err(Failure::bad_input(format!(
+            "pid {pid} ({}) has no dlopen to load the probe runtime with: it is statically linked, or its C library is not glibc 2.34 or later and it did not load libdl; it was not touched",
+            program.display()
+        )));
+    };
+    if !counters_note.is_empty() {
+        eprintln!("glass: --pmc: {counters_note}; recording time only");
+    }
+    let modules = super::choose_modules(pid, main_module, patterns, libcalls, args)?;
+    let runtime = super::probe_runtime()?;
+    let runtime_symbols =
+        FileSymbols::read(&runtime, &["glass_probe_attach", "glass_probe_detach"])
+            .filter(|s| s.addresses.iter().all(Option::is_some))
+            .ok_or_else(|| {
+                Failure::runtime(format!(
+                    "{} lacks glass_probe_attach/glass_probe_detach (a stale build?)",
+                    runtime.display()
+                ))
+            })?;
+    let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
+    let file = create_output(&args.output)?;
+    let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs)
+        .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
+    let stop_signals = stop_signal_fd()?;
+    let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
+
+    // -- Attach ------------------------------------------------------------------------
+    let mut attachment = Attachment::seize(pid).map_err(|e| {
+        if e.is_bad_input() {
+            Failure::bad_input(e.to_string())
+        } else {
+            Failure::runtime(e.to_string())
+        }
+    })?;
+    let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    let loader_stopped = Instant::now();
+    let process = StoppedProcess::for_thread(pid, loader_tid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    let (trap, leave) = load_runtime(&process, &runtime_symbols, &session, &loader)?;
+    // The target has mapped the rings; nobody else needs the name.
+    session.unlink();
+    let mut all_stopped = Instant::now();
+    let mut patch = || -> Result<_> {
+        let Some((_, enter)) = session.runtime() else {
+            return Err(Failure::runtime(
+                "the probe runtime did not join the session",
+            ));
+        };
+        let mappings = glass_target::procfs::executable_mappings(pid)
+            .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+        let runtime_text: Vec<Span> = mappings
+            .iter()
+            .filter(|m| m.path.contains("libglass_probe"))
+            .map(|m| Span {
+                start: m.start,
+                end: m.end,
+            })
+            .collect();
+        bind_lazy_slots(&process, &modules, &mappings, loader.dlsym, trap)?;
+        let biases = super::biases(pid, &modules)?;
+        let ranges: Vec<(u64, u64)> = modules
+            .iter()
+            .zip(&biases)
+            .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
+            .collect();
+        all_stopped = Instant::now();
+        stop_at_safe_points(&mut attachment, &ranges, &[])?;
+        let (installed, skipped, undo) = super::install_all(&process, enter, &modules, &biases)?;
+
+        Ok((installed, skipped, undo, runtime_text))
+    };
+    let (installed, skipped, undo, runtime_text) = match patch() {
+        Ok(done) => done,
+        Err(failure) => {
+            // Nothing is patched (install_all undoes its part): the runtime lets the
+            // session go and stays loaded, idle.
+            let _ = leave_runtime(&process, leave, trap);
+            attachment.release();
+            return Err(failure);
+        }
+    };
+    attachment.release();
+    let attach_stop_ns = all_stopped.elapsed().as_nanos() as u64;
+    let loader_stop_ns = (all_stopped - loader_stopped).as_nanos() as u64;
+    drop(process);
+    if !args.quiet {
+        super::print_instrumented(&installed, &skipped);
+        eprintln!(
+            "glass: attached to pid {pid}: every thread stopped {:.2} ms to patch; thread {loader_tid} stopped {:.2} ms more to load the runtime (the others ran)",
+            attach_stop_ns as f64 / 1e6,
+            loader_stop_ns as f64 / 1e6,
+        );
+    }
+    let attached = Attached {
+        undo,
+        trap,
+        leave,
+        runtime_text,
+    };
+
+    let command: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = super::start_output(
+        file,
+        pid,
+        &command,
+        &installed,
+        &skipped,
+        &counters,
+        &counters_note,
+        &session,
+        clock_start,
+    );
+
+    // -- Trace -------------------------------------------------------------------------
+    let deadline = args
+        .duration
+        .map(|seconds| Instant::now() + Duration::from_secs_f64(seconds.max(0.0)));
+    let mut words = Vec::with_capacity(1 << 16);
+    let mut why = "the duration ran out";
+    loop {
+        if process_gone(pid) {
+            why = "the process exited";
+            break;
+        }
+        if let Some(signal) = take_stop_signal(&stop_signals) {
+            why = match signal {
+                libc::SIGINT => "SIGINT",
+                libc::SIGTERM => "SIGTERM",
+                _ => "SIGHUP",
+            };
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if super::drain_once(&session, false, &mut words, &mut out) < 4096 {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    // -- Detach ------------------------------------------------------------------------
+    let mut summary = TraceSummary {
+        exit_status: -1,
+        attach_stop_ns,
+        ..TraceSummary::default()
+    };
+    let mut unmap_ns = 0;
+    let detach_result = if process_gone(pid) {
+        Ok(())
+    } else {
+        detach(pid, &session, &attached).map(|(stopped, unmap, in_flight)| {
+            summary.detach_stop_ns = stopped;
+            summary.in_flight_at_detach = in_flight;
+            unmap_ns = unmap;
+        })
+    };
+    super::drain_once(&session, true, &mut words, &mut out);
+    if !args.quiet {
+        match &detach_result {
+            Ok(()) if process_gone(pid) => {
+                eprintln!("glass: pid {pid} exited while traced")
+            }
+            Ok(()) => eprintln!(
+                "glass: detached from pid {pid} ({why}): every thread stopped {:.2} ms to restore; one stopped {:.2} ms more to unmap the rings; {} calls in flight finish untimed",
+                summary.detach_stop_ns as f64 / 1e6,
+                unmap_ns as f64 / 1e6,
+                summary.in_flight_at_detach
+            ),
+            Err(_) => {}
+        }
+    }
+    super::finish_output(
+        args,
+        out,
+        &session,
+        clock_start,
+        summary,
+        installed.len(),
+        skipped.len(),
+        &counters,
+        counters_note,
+    )?;
+    detach_result?;
+    Ok(0)
+}
+
+/// Loads the runtime into the process and has it join the session; returns the
+/// address of the `int3` injected calls return to, and the runtime's
+/// `glass_probe_detach` there.
+fn load_runtime(
+    process: &StoppedProcess,
+    runtime: &FileSymbols,
+    session: &SessionMemory,
+    loader: &LoaderFunctions,
+) -> Result<(u64, u64)> {
+    let pid = process.pid();
+    let failed = |what: &str, e: std::io::Error| {
+        Failure::runtime(format!(
+            "cannot {what} in pid {pid}: {e} (nothing was patched)"
+        ))
+    };
+    let page = process
+        .syscall(
+            libc::SYS_mmap as u64,
+            [
+                0,
+                4096,
+                (libc::PROT_READ | libc::PROT_EXEC) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )
+        .map_err(|e| failed("map a page", e))?;
+    if page < 0 {
+        return Err(failed(
+            "map a page",
+            std::io::Error::from_raw_os_error(-page as i32),
+        ));
+    }
+    let trap = page as u64;
+    process
+        .write(trap, &[0xcc; 16])
+        .map_err(|e| failed("write", e))?;
+    let mut path = runtime.file.display().to_string().into_bytes();
+    path.push(0);
+    let handle = process
+        .call(
+            loader.dlopen,
+            &[CallArg::Bytes(&path), CallArg::Value(libc::RTLD_NOW as u64)],
+            trap,
+            CALL_LIMIT,
+        )
+        .map_err(|e| failed("load the probe runtime", e))?;
+    if handle == 0 {
+        let message = process
+            .call(loader.dlerror, &[], trap, CALL_LIMIT)
+            .ok()
+            .filter(|&m| m != 0)
+            .map(|m| read_c_string(process, m))
+            .unwrap_or_default();
+        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+        return Err(Failure::runtime(format!(
+            "pid {pid} could not load the probe runtime: {message} (nothing was patched)"
+        )));
+    }
+    let Some([Some(join), Some(leave)]) = runtime.in_process(pid).as_deref().map(|a| [a[0], a[1]])
+    else {
+        return Err(Failure::runtime(format!(
+            "cannot find the probe runtime in pid {pid} after loading it"
+        )));
+    };
+    let mut session_path = session.path().display().to_string().into_bytes();
+    session_path.push(0);
+    let joined = process
+        .call(join, &[CallArg::Bytes(&session_path)], trap, CALL_LIMIT)
+        .map_err(|e| failed("start the probe runtime", e))? as i64;
+    if joined != 0 {
+        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+        return Err(Failure::runtime(if joined == -(libc::EBUSY as i64) {
+            format!("pid {pid} is already being traced by glass (its probe runtime has a session)")
+        } else {
+            format!(
+                "the probe runtime in pid {pid} could not map the session: {}",
+                std::io::Error::from_raw_os_error(-joined as i32)
+            )
+        }));
+    }
+    Ok((trap, leave))
+}
+
+/// `--libcalls` on a process bound lazily: a slot still pointing at its PLT stub would
+/// be rewritten by the loader at its first call, hook and all, so glass binds it first
+/// (the address `dlsym` gives, as the loader would).
+fn bind_lazy_slots(
+    process: &StoppedProcess,
+    modules: &[select::ModuleChoice],
+    mappings: &[Mapping],
+    dlsym: Option<u64>,
+    trap: u64,
+) -> Result<()> {
+    let pid = process.pid();
+    let Some(dlsym) = dlsym else {
+        return Ok(());
+    };
+    let biases = super::biases(pid, modules)?;
+    for (module, &bias) in modules.iter().zip(&biases) {
+        let own: Vec<&Mapping> = mappings
+            .iter()
+            .filter(|m| {
+                std::fs::canonicalize(&m.path).ok() == std::fs::canonicalize(&module.path).ok()
+            })
+            .collect();
+        for (name, slot) in &module.libcalls {
+            let slot = slot.wrapping_add(bias);
+            let Ok(value) = process.read(slot, 8) else {
+                continue;
+            };
+            let value = u64::from_le_bytes(value.try_into().unwrap());
+            if !own.iter().any(|m| value >= m.start && value < m.end) {
+                continue;
+            }
+            let mut symbol = name.clone().into_bytes();
+            symbol.push(0);
+            let address = process
+                .call(
+                    dlsym,
+                    &[CallArg::Value(0), CallArg::Bytes(&symbol)],
+                    trap,
+                    CALL_LIMIT,
+                )
+                .map_err(|e| {
+                    Failure::runtime(format!("cannot resolve {name} in pid {pid}: {e}"))
+                })?;
+            if address != 0 {
+                process.write(slot, &address.to_le_bytes()).map_err(|e| {
+                    Failure::runtime(format!("cannot bind {name} in pid {pid}: {e}"))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Has the runtime let the session go and unmaps the trap page (the threads stopped).
+fn leave_runtime(process: &StoppedProcess, leave: u64, trap: u64) -> Result<()> {
+    let pid = process.pid();
+    let left = process.call(leave, &[], trap, CALL_LIMIT);
+    let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+    left.map_err(|e| Failure::runtime(format!("cannot end the session in pid {pid}: {e}")))?;
+    Ok(())
+}
+
+/// Takes the instrumentation out; returns how long every thread was stopped, how much
+/// longer one thread was (to unmap the session), and the calls in flight.
+fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<(u64, u64, u64)> {
+    let mut attachment = Attachment::seize(pid).map_err(|e| {
+        Failure::runtime(format!(
+            "cannot stop pid {pid} to detach: {e}; its probes stay in place, recording nothing"
+        ))
+    })?;
+    let stopped = Instant::now();
+    let mut avoid = attached.runtime_text.clone();
+    avoid.extend(
+        attached
+            .undo
+            .iter()
+            .filter(|u| u.region.1 > 0)
+            .map(|u| Span {
+                start: u.region.0,
+                end: u.region.0 + u.region.1,
+            }),
+    );
+    stop_at_safe_points(&mut attachment, &[], &avoid)?;
+    let tids = attachment.tids();
+    let process = StoppedProcess::for_thread(pid, tids[0])
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    install::uninstall(&process, &attached.undo)
+        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")))?;
+    // Calls in flight return straight to their callers: the slots get their addresses
+    // back, the innermost first (tail calls share a slot; the outermost entry holds
+    // the real address).
+    let stub = session.exit_stub();
+    let mut in_flight = 0;
+    for index in 0..session.claimed() {
+        if session.stats(index).pid != pid as u32 {
+            continue;
+        }
+        let shadow = session.shadow_stack(index);
+        in_flight += shadow.len() as u64;
+        for &(slot, real) in shadow.iter().rev() {
+            let holds_stub = process
+                .read(slot, 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()) == stub)
+                .unwrap_or(false);
+            if holds_stub {
+                let _ = process.write(slot, &real.to_le_bytes());
+            }
+        }
+        session.clear_shadow_stack(index);
+    }
+    // Each thread claims a fresh area in the next session.
+    let offset = session.tls_offset();
+    for &tid in &tids {
+        if let Ok(regs) = registers(tid) {
+            let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
+        }
+    }
+    // Only the runtime's own state is left, which no thread can reach any more: the
+    // others go now, and one stays to unmap the session.
+    attachment.release_all_but(tids[0]);
+    let all_stopped = stopped.elapsed().as_nanos() as u64;
+    leave_runtime(&process, attached.leave, attached.trap)?;
+    attachment.release();
+    Ok((
+        all_stopped,
+        stopped.elapsed().as_nanos() as u64 - all_stopped,
+        in_flight,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_dlopen_in_this_process() {
+        let pid = std::process::id() as i32;
+        let mappings = glass_target::procfs::executable_mappings(pid).unwrap();
+        let loader = loader_functions(pid, &mappings).expect("glibc >= 2.34");
+        assert_eq!(loader.dlopen, libc::dlopen as *const () as u64);
+        assert_eq!(loader.dlerror, libc::dlerror as *const () as u64);
+        assert_eq!(loader.dlsym, Some(libc::dlsym as *const () as u64));
+    }
+}
