@@ -1,0 +1,416 @@
+//! `glass trace --pid` end to end: attaching to a running, self-checking, multi-threaded
+//! packet pipeline (tests/fixtures/trace/nfd.c) again and again, detaching with every
+//! byte restored, surviving glass's death, and refusing cleanly what it cannot trace.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use glass_trace::{EventKind, TscUnwrapper};
+
+fn compile_nfd(dir: &Path, extra: &[&str]) -> PathBuf {
+    let out = dir.join("nfd");
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-pthread"])
+        .arg(fixtures_dir().join("trace/nfd.c"))
+        .arg("-o")
+        .arg(&out)
+        .args(extra)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed for nfd.c");
+    out
+}
+
+/// A running nfd, ready (its first round checked).
+struct Daemon {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+}
+
+impl Daemon {
+    fn start(program: &Path, args: &[&str]) -> Daemon {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nfd starts");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        Daemon { child, stderr }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn assert_alive(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "nfd ended while traced"
+        );
+    }
+
+    /// Stops it with SIGTERM; its stdout, its stderr (after "ready"), its exit code.
+    fn finish(mut self) -> (String, String, Option<i32>) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let mut err = String::new();
+        self.stderr.read_to_string(&mut err).unwrap();
+        let status = self.child.wait().unwrap();
+        (out, err, status.code())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What nfd prints when it was never traced.
+fn reference_output(program: &Path) -> String {
+    let output = Command::new(program).args(["2", "300"]).output().unwrap();
+    assert!(output.status.success());
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The bytes of every executable mapping of `file` in `pid`.
+fn code_of(pid: i32, file: &Path) -> Vec<(u64, Vec<u8>)> {
+    let file = std::fs::canonicalize(file).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut code = Vec::new();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 6 || !fields[1].contains('x') || Path::new(fields[5]) != file {
+            continue;
+        }
+        let (start, end) = fields[0].split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        let mut bytes = vec![0; (end - start) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut bytes, start).unwrap();
+        code.push((start, bytes));
+    }
+    assert!(
+        !code.is_empty(),
+        "no code of {} in pid {pid}",
+        file.display()
+    );
+    code
+}
+
+/// Entries and ends (exits, unwound) per function, from the raw records.
+fn calls(recording: &Path) -> (BTreeMap<String, (u64, u64)>, glass_format::TraceSummary) {
+    let recording = glass_format::read_file(recording).expect("a readable recording");
+    assert!(recording.damage.is_none(), "{:?}", recording.damage);
+    let summary = recording.trace_summary.clone().expect("a trace summary");
+    let names: BTreeMap<u32, String> = recording
+        .trace_functions
+        .iter()
+        .map(|f| (f.id, f.name.clone()))
+        .collect();
+    // Counted by function id (a debug build decodes millions of records here).
+    let mut by_id: Vec<(u64, u64)> = vec![(0, 0); glass_trace::MAX_FUNCTIONS as usize];
+    let mut unwrappers: BTreeMap<(u32, u32), TscUnwrapper> = BTreeMap::new();
+    for chunk in &recording.trace_chunks {
+        let unwrap = unwrappers
+            .entry((chunk.pid, chunk.tid))
+            .or_insert_with(|| TscUnwrapper::new(summary.tsc_start));
+        for &word in &chunk.words {
+            let event = unwrap.decode(word);
+            let counts = &mut by_id[event.function as usize];
+            match event.kind {
+                EventKind::Entry => counts.0 += 1,
+                EventKind::Exit | EventKind::Unwound => counts.1 += 1,
+            }
+        }
+    }
+    let calls: BTreeMap<String, (u64, u64)> = names
+        .iter()
+        .map(|(id, name)| (name.clone(), by_id[*id as usize]))
+        .collect();
+    (calls, summary)
+}
+
+fn attach(pid: i32, recording: &Path, functions: &str, seconds: &str) -> std::process::Output {
+    glass(&[
+        "trace",
+        "--pid",
+        &pid.to_string(),
+        "-f",
+        functions,
+        "-d",
+        seconds,
+        "--max-threads",
+        "256",
+        "--ring-size",
+        "262144",
+        "-o",
+        recording.to_str().unwrap(),
+    ])
+}
+
+/// The soak: attach, trace, detach, fifty times in a row, while nfd checks
+/// every packet against its reference implementation and keeps replacing its threads.
+#[test]
+fn fifty_attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() {
+    let _alone = exclusive();
+    let dir = scratch("attach_soak");
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let cycles: usize = std::env::var("GLASS_ATTACH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let seconds = std::env::var("GLASS_ATTACH_SECONDS").unwrap_or_else(|_| "5".into());
+    // Workers that pause 2 ms between rounds: some threads are found asleep in a
+    // system call at each attach, and the recordings stay tens of MB.
+    let mut daemon = Daemon::start(&nfd, &["2", "0", "2000"]);
+    let pid = daemon.pid();
+    let before = code_of(pid, &nfd);
+    let recording = dir.join("cycle.glass");
+    for cycle in 0..cycles {
+        // Most cycles trace few enough calls that nothing may be lost; every tenth adds
+        // the hot rule_match (millions of calls a second per thread): the rings fill,
+        // and the records dropped are counted, never waited for.
+        let functions = match cycle % 10 {
+            9 => "process_batch,parse_packet,classify,rule_match,rewrite,forward",
+            n if n % 2 == 0 => "process_batch,classify,rewrite",
+            _ => "process_batch,parse_packet,forward",
+        };
+        let output = attach(pid, &recording, functions, &seconds);
+        let err = stderr(&output);
+        assert!(output.status.success(), "cycle {cycle}: {err}");
+        assert!(!err.contains("panicked"), "cycle {cycle}: {err}");
+        assert!(err.contains("detached from pid"), "cycle {cycle}: {err}");
+        daemon.assert_alive();
+        assert!(
+            code_of(pid, &nfd) == before,
+            "cycle {cycle}: the code differs from before the first attach"
+        );
+        let (calls, summary) = calls(&recording);
+        for function in functions.split(',') {
+            let (entries, ends) = calls.get(function).copied().unwrap_or_default();
+            assert!(
+                entries > 0,
+                "cycle {cycle}: no call of {function}: {calls:?}"
+            );
+            if summary.lost == 0 {
+                // Calls in flight at attach end in the trace without their entry, those
+                // in flight at detach start without their end: a few, per thread.
+                assert!(
+                    entries.abs_diff(ends) <= 64,
+                    "cycle {cycle}: {function}: {entries} entries, {ends} ends"
+                );
+            }
+        }
+        assert!(summary.attach_stop_ns > 0 && summary.detach_stop_ns > 0);
+        if cycle % 10 != 9 {
+            assert_eq!(
+                summary.lost + summary.no_area_lost,
+                0,
+                "cycle {cycle}: {err}"
+            );
+            // Each batch holds 8 packets, so at most 8 classify calls per batch, give or
+            // take the batches cut by attach and detach.
+            if let (Some(batches), Some(classify)) =
+                (calls.get("process_batch"), calls.get("classify"))
+            {
+                assert!(classify.0 <= 8 * batches.0 + 64, "{calls:?}");
+                assert!(classify.0 * 2 >= batches.0, "{calls:?}");
+            }
+        }
+    }
+    let (out, err, code) = daemon.finish();
+    assert_eq!(
+        out, reference,
+        "nfd's output after {cycles} cycles; its stderr: {err}"
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.lines().all(|l| l.ends_with(" rounds")),
+        "nfd reported errors: {err}"
+    );
+}
+
+#[test]
+fn the_target_finishes_its_work_when_glass_is_killed_while_attached() {
+    let _alone = exclusive();
+    let dir = scratch("attach_sigkill");
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let mut daemon = Daemon::start(&nfd, &["2"]);
+    let pid = daemon.pid();
+    let recording = dir.join("killed.glass");
+    let mut glass_child = Command::new(GLASS)
+        .args([
+            "trace",
+            "--pid",
+            &pid.to_string(),
+            "-f",
+            "process_batch,parse_packet,classify,rewrite,forward",
+            "--ring-size",
+            "4096",
+            "-o",
+            recording.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it has attached (it says so), then kill it outright.
+    let mut glass_err = BufReader::new(glass_child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut said = String::new();
+    while !said.contains("attached to pid") {
+        assert!(Instant::now() < deadline, "glass never attached: {said}");
+        let mut line = String::new();
+        if glass_err.read_line(&mut line).unwrap() == 0 {
+            panic!("glass ended before attaching: {said}");
+        }
+        said.push_str(&line);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    glass_child.kill().unwrap();
+    glass_child.wait().unwrap();
+    // The probes stay, their small rings fill, and nothing waits for the dead glass.
+    std::thread::sleep(Duration::from_secs(2));
+    daemon.assert_alive();
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "nfd's stderr: {err}");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.lines().all(|l| l.ends_with(" rounds")),
+        "nfd reported errors: {err}"
+    );
+    // What glass wrote before it died is readable.
+    let recording = glass_format::read_file(&recording).expect("readable");
+    assert!(!recording.trace_functions.is_empty());
+}
+
+#[test]
+fn what_glass_cannot_attach_to_is_refused_and_left_unharmed() {
+    let _alone = exclusive();
+    let dir = scratch("attach_refused");
+    let recording = dir.join("x.glass");
+    let recording = recording.to_str().unwrap();
+
+    // No such process.
+    let output = glass(&["trace", "--pid", "999999999", "-f", "*", "-o", recording]);
+    assert_clean_failure(&output, 2, "no process with pid 999999999");
+    // --duration belongs to --pid; a launch needs a command.
+    let output = glass(&["trace", "-f", "*", "-o", recording]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+
+    // A statically linked program has no dlopen to load the runtime with.
+    let nfd_static = dir.join("nfd-static");
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-static", "-pthread"])
+        .arg(fixtures_dir().join("trace/nfd.c"))
+        .arg("-o")
+        .arg(&nfd_static)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let reference = reference_output(&nfd_static);
+    let daemon = Daemon::start(&nfd_static, &["1"]);
+    let output = glass(&[
+        "trace",
+        "--pid",
+        &daemon.pid().to_string(),
+        "-f",
+        "classify",
+        "-o",
+        recording,
+    ]);
+    assert_clean_failure(&output, 2, "statically linked");
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0));
+
+    // A process already traced by someone else (here: this test).
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let daemon = Daemon::start(&nfd, &["1"]);
+    let pid = daemon.pid();
+    // SAFETY: seizing our own child without stopping it; released below.
+    assert_eq!(
+        unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) },
+        0,
+        "the test can trace its child"
+    );
+    let output = glass(&[
+        "trace",
+        "--pid",
+        &pid.to_string(),
+        "-f",
+        "classify",
+        "-o",
+        recording,
+    ]);
+    assert_clean_failure(&output, 2, "cannot trace pid");
+    // SAFETY: interrupt and detach our tracee.
+    unsafe {
+        libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, libc::__WALL);
+        libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
+    }
+    // A process of another user (glass run as nobody, the target root's).
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", GLASS])
+        .args([
+            "trace",
+            "--pid",
+            &pid.to_string(),
+            "-f",
+            "classify",
+            "-o",
+            "/tmp/glass-nobody.glass",
+        ])
+        .output()
+        .expect("setpriv runs");
+    assert_clean_failure(&output, 2, &format!("pid {pid}"));
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0));
+    assert!(err.lines().all(|l| l.ends_with(" rounds")), "{err}");
+
+    // Processes that end while glass attaches: whatever the moment, one clear line or a
+    // finished recording, never a panic.
+    for delay_ms in [0u64, 2, 5, 10, 20, 40] {
+        let daemon = Daemon::start(&nfd, &["2", "60"]);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let output = attach(
+            daemon.pid(),
+            Path::new(recording),
+            "process_batch,classify",
+            "1",
+        );
+        let err = stderr(&output);
+        assert!(!err.contains("panicked"), "{err}");
+        if !output.status.success() {
+            assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        }
+        let (out, nfd_err, code) = daemon.finish();
+        assert_eq!(out, reference, "{nfd_err}");
+        assert_eq!(code, Some(0), "{nfd_err}");
+    }
+}
