@@ -664,7 +664,12 @@ const UNWIND_HOOKS: [&core::ffi::CStr; 4] = [
     c"_Unwind_Resume_or_Rethrow",
     c"_Unwind_ForcedUnwind",
 ];
-static REAL_FUNCTIONS: [AtomicPtr<c_void>; 5] =
+/// The real unwinder entry points (the four of UNWIND_HOOKS, then __cxa_begin_catch):
+/// looked up with dlsym(RTLD_NEXT) when preloaded; `glass trace --pid` writes them here
+/// itself, because a runtime loaded with dlopen has no "next" definition to find, and
+/// it sends the process's GOT slots for these functions to the hooks below.
+#[export_name = "glass_probe_real_functions"]
+pub static REAL_FUNCTIONS: [AtomicPtr<c_void>; 5] =
     [const { AtomicPtr::new(core::ptr::null_mut()) }; 5];
 const BEGIN_CATCH: usize = 4;
 

@@ -414,3 +414,102 @@ fn what_glass_cannot_attach_to_is_refused_and_left_unharmed() {
         assert_eq!(code, Some(0), "{nfd_err}");
     }
 }
+
+/// Runs `program` untraced for a moment and returns what it prints at SIGTERM.
+fn untraced_output(program: &Path) -> String {
+    let daemon = Daemon::start(program, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (out, err, code) = daemon.finish();
+    assert_eq!(code, Some(0), "{err}");
+    out
+}
+
+#[test]
+fn threads_inside_the_replaced_bytes_or_the_probes_are_stepped_out() {
+    let _alone = exclusive();
+    let dir = scratch("attach_step_out");
+    let spin = dir.join("spin");
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-pthread"])
+        .arg(fixtures_dir().join("trace/spin.c"))
+        .arg("-o")
+        .arg(&spin)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let reference = untraced_output(&spin);
+    let mut daemon = Daemon::start(&spin, &[]);
+    let pid = daemon.pid();
+    let before = code_of(pid, &spin);
+    let recording = dir.join("spin.glass");
+    let (mut at_attach, mut at_detach) = (0, 0);
+    // Two threads call a function whose first 12 bytes are one-byte nops, all the time:
+    // attaching finds one of them inside the 5 bytes the jump replaces about every
+    // other time, and detaching finds them inside the probes.
+    for attempt in 0..40 {
+        let output = attach(pid, &recording, "edge", "0.2");
+        let err = stderr(&output);
+        assert!(output.status.success(), "{err}");
+        let moved = |after: &str| -> usize {
+            err.split(after)
+                .nth(1)
+                .and_then(|rest| rest.split(" stepped out").next())
+                .and_then(|n| n.trim_start_matches('(').parse().ok())
+                .unwrap_or_else(|| panic!("no count after {after:?} in: {err}"))
+        };
+        at_attach += moved("to patch ");
+        at_detach += moved("to restore ");
+        daemon.assert_alive();
+        assert!(code_of(pid, &spin) == before, "attempt {attempt}");
+        let (calls, _) = calls(&recording);
+        assert!(calls["edge"].0 > 0);
+        if at_attach > 0 && at_detach > 0 && attempt >= 4 {
+            break;
+        }
+    }
+    assert!(
+        at_attach > 0,
+        "no thread was ever found inside the replaced bytes"
+    );
+    assert!(at_detach > 0, "no thread was ever found inside the probes");
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn exceptions_thrown_through_instrumented_frames_while_attached() {
+    let _alone = exclusive();
+    let dir = scratch("attach_throw");
+    let throwd = dir.join("throwd");
+    let status = Command::new("g++")
+        .args(["-O2", "-g"])
+        .arg(fixtures_dir().join("trace/throwd.cpp"))
+        .arg("-o")
+        .arg(&throwd)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let reference = untraced_output(&throwd);
+    let mut daemon = Daemon::start(&throwd, &[]);
+    let recording = dir.join("throw.glass");
+    // The runtime is loaded with dlopen, so it cannot interpose the unwinder: glass
+    // sends the process's GOT slots for it to the runtime's hooks, and puts them back.
+    for _ in 0..3 {
+        let output = attach(
+            daemon.pid(),
+            &recording,
+            "catcher,level1,level2,level3",
+            "1",
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        daemon.assert_alive();
+        let (calls, summary) = calls(&recording);
+        assert!(summary.unwound > 100, "{summary:?}");
+        let (entries, ends) = calls["level3"];
+        assert!(entries > 100 && entries.abs_diff(ends) <= 3, "{calls:?}");
+    }
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0), "{err}");
+}

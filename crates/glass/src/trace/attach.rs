@@ -50,6 +50,118 @@ const WAITING_SYSCALLS: &[i64] = &[
     0, 7, 23, 34, 35, 43, 45, 47, 61, 128, 130, 202, 230, 232, 247, 270, 271, 281, 288,
 ];
 
+/// What glass finds in the runtime it loads: how to join and leave a session, the
+/// table of the real unwinder functions, and the unwinder hooks (in the order of that
+/// table: the runtime's REAL_FUNCTIONS).
+const RUNTIME_SYMBOLS: [&str; 8] = [
+    "glass_probe_attach",
+    "glass_probe_detach",
+    "glass_probe_real_functions",
+    "_Unwind_RaiseException",
+    "_Unwind_Resume",
+    "_Unwind_Resume_or_Rethrow",
+    "_Unwind_ForcedUnwind",
+    "__cxa_begin_catch",
+];
+const FIRST_HOOK: usize = 3;
+
+/// The GOT slots through which the process's modules call the C++ unwinder's entry
+/// points: (slot address, index of the hooked function). When preloaded, the runtime
+/// interposes these functions; loaded with dlopen it cannot, so glass points the slots
+/// at its hooks, or an exception thrown through an instrumented frame would meet a
+/// hijacked return address the unwinder cannot read past, and terminate the program.
+fn unwinder_slots(pid: i32, mappings: &[Mapping]) -> Vec<(u64, usize)> {
+    let names: Vec<String> = RUNTIME_SYMBOLS[FIRST_HOOK..]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut slots = Vec::new();
+    for mapping in mappings {
+        let name = file_name(&mapping.path);
+        if !mapping.path.starts_with('/')
+            || name.starts_with("libgcc_s")
+            || name.starts_with("ld-linux")
+            || !seen.insert(mapping.path.clone())
+        {
+            continue;
+        }
+        let file = PathBuf::from(format!("/proc/{pid}/root{}", mapping.path));
+        let Ok(bytes) = std::fs::read(&file).or_else(|_| std::fs::read(&mapping.path)) else {
+            continue;
+        };
+        let Ok(elf) = object::File::parse(&*bytes) else {
+            continue;
+        };
+        let found = select::got_slots(&elf, &names);
+        if found.is_empty() {
+            continue;
+        }
+        let segments: Vec<(u64, u64, u64)> = elf
+            .segments()
+            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
+            .collect();
+        let Some(bias) = glass_target::procfs::load_bias(mapping, &segments) else {
+            continue;
+        };
+        for (symbol, slot) in found {
+            if let Some(which) = names.iter().position(|n| *n == symbol) {
+                slots.push((slot.wrapping_add(bias), which));
+            }
+        }
+    }
+    slots
+}
+
+/// Tells the runtime where the real unwinder functions are (as the loader binds them:
+/// `dlsym`), and returns the slot writes that send the process's calls to its hooks:
+/// (slot, hook address).
+fn unwinder_hooks(
+    process: &StoppedProcess,
+    slots: &[(u64, usize)],
+    runtime_at: &[u64],
+    dlsym: Option<u64>,
+    trap: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let pid = process.pid();
+    let (Some(dlsym), false) = (dlsym, slots.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let table = runtime_at[2];
+    let mut writes = Vec::new();
+    for (which, name) in RUNTIME_SYMBOLS[FIRST_HOOK..].iter().enumerate() {
+        if !slots.iter().any(|&(_, w)| w == which) {
+            continue;
+        }
+        let mut symbol = name.as_bytes().to_vec();
+        symbol.push(0);
+        let real = process
+            .call(
+                dlsym,
+                &[CallArg::Value(0), CallArg::Bytes(&symbol)],
+                trap,
+                CALL_LIMIT,
+            )
+            .map_err(|e| Failure::runtime(format!("cannot resolve {name} in pid {pid}: {e}")))?;
+        if real == 0 {
+            continue;
+        }
+        process
+            .write(table + 8 * which as u64, &real.to_le_bytes())
+            .map_err(|e| {
+                Failure::runtime(format!("cannot set up the runtime in pid {pid}: {e}"))
+            })?;
+        let hook = runtime_at[FIRST_HOOK + which];
+        writes.extend(
+            slots
+                .iter()
+                .filter(|&&(_, w)| w == which)
+                .map(|&(slot, _)| (slot, hook)),
+        );
+    }
+    Ok(writes)
+}
+
 /// An address range of the target and what it is.
 #[derive(Clone, Copy)]
 struct Span {
@@ -214,18 +326,20 @@ fn read_c_string(process: &StoppedProcess, address: u64) -> String {
 
 /// Moves every stopped thread whose instruction pointer is strictly inside one of
 /// `ranges` (start, length) — or anywhere in `spans` — out of it, one instruction at a
-/// time. False if some thread could not be moved (it blocked in a system call there).
+/// time. Returns how many threads were moved, or None if one could not be (it blocked in
+/// a system call there).
 fn step_out(
     attachment: &mut Attachment,
     ranges: &[(u64, u64)],
     spans: &[Span],
-) -> std::result::Result<bool, Failure> {
+) -> Result<Option<usize>> {
     let inside = |rip: u64| {
         within(spans, rip)
             || ranges
                 .iter()
                 .any(|&(start, len)| rip > start && rip < start + len)
     };
+    let mut moved = 0;
     for tid in attachment.tids() {
         let mut steps = 0;
         while registers(tid).is_ok_and(|regs| inside(regs.rip)) {
@@ -234,26 +348,27 @@ fn step_out(
                 .single_step(tid, Duration::from_millis(20))
                 .map_err(|e| Failure::runtime(e.to_string()))?;
             if !stepped || steps > 100_000 {
-                return Ok(false);
+                return Ok(None);
             }
         }
+        moved += usize::from(steps > 0);
     }
-    Ok(true)
+    Ok(Some(moved))
 }
 
-/// Stops every thread with none inside `ranges` or `spans`; retries with the threads
-/// let run for a moment when one cannot be stepped out.
+/// Stops every thread with none inside `ranges` or `spans` (returns how many had to be
+/// stepped out); retries with the threads let run for a moment when one cannot be.
 fn stop_at_safe_points(
     attachment: &mut Attachment,
     ranges: &[(u64, u64)],
     spans: &[Span],
-) -> Result<()> {
+) -> Result<usize> {
     for _ in 0..50 {
         attachment
             .stop_all()
             .map_err(|e| Failure::runtime(e.to_string()))?;
-        if step_out(attachment, ranges, spans)? {
-            return Ok(());
+        if let Some(moved) = step_out(attachment, ranges, spans)? {
+            return Ok(moved);
         }
         for tid in attachment.tids() {
             attachment.resume(tid);
@@ -331,15 +446,15 @@ pub fn run(
     }
     let modules = super::choose_modules(pid, main_module, patterns, libcalls, args)?;
     let runtime = super::probe_runtime()?;
-    let runtime_symbols =
-        FileSymbols::read(&runtime, &["glass_probe_attach", "glass_probe_detach"])
-            .filter(|s| s.addresses.iter().all(Option::is_some))
-            .ok_or_else(|| {
-                Failure::runtime(format!(
-                    "{} lacks glass_probe_attach/glass_probe_detach (a stale build?)",
-                    runtime.display()
-                ))
-            })?;
+    let runtime_symbols = FileSymbols::read(&runtime, &RUNTIME_SYMBOLS)
+        .filter(|s| s.addresses.iter().all(Option::is_some))
+        .ok_or_else(|| {
+            Failure::runtime(format!(
+                "{} lacks glass_probe_attach and the other entry points glass calls (a stale build?)",
+                runtime.display()
+            ))
+        })?;
+    let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     let file = create_output(&args.output)?;
     let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs)
@@ -361,10 +476,12 @@ pub fn run(
     let loader_stopped = Instant::now();
     let process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
-    let (trap, leave) = load_runtime(&process, &runtime_symbols, &session, &loader)?;
+    let (trap, runtime_at) = load_runtime(&process, &runtime_symbols, &session, &loader)?;
+    let leave = runtime_at[1];
     // The target has mapped the rings; nobody else needs the name.
     session.unlink();
     let mut all_stopped = Instant::now();
+    let mut moved = 0;
     let mut patch = || -> Result<_> {
         let Some((_, enter)) = session.runtime() else {
             return Err(Failure::runtime(
@@ -382,6 +499,7 @@ pub fn run(
             })
             .collect();
         bind_lazy_slots(&process, &modules, &mappings, loader.dlsym, trap)?;
+        let hooks = unwinder_hooks(&process, &unwinder_slots, &runtime_at, loader.dlsym, trap)?;
         let biases = super::biases(pid, &modules)?;
         let ranges: Vec<(u64, u64)> = modules
             .iter()
@@ -389,9 +507,32 @@ pub fn run(
             .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
             .collect();
         all_stopped = Instant::now();
-        stop_at_safe_points(&mut attachment, &ranges, &[])?;
-        let (installed, skipped, undo) = super::install_all(&process, enter, &modules, &biases)?;
-
+        moved = stop_at_safe_points(&mut attachment, &ranges, &[])?;
+        let (installed, skipped, mut undo) =
+            super::install_all(&process, enter, &modules, &biases)?;
+        let mut restore = Vec::new();
+        for (slot, hook) in hooks {
+            let written = process
+                .read(slot, 8)
+                .and_then(|original| process.write(slot, &hook.to_le_bytes()).map(|()| original));
+            match written {
+                Ok(original) => restore.push((slot, original)),
+                Err(e) => {
+                    undo.push(install::Undo {
+                        restore,
+                        region: (0, 0),
+                    });
+                    let _ = install::uninstall(&process, &undo);
+                    return Err(Failure::runtime(format!(
+                        "cannot redirect the unwinder's GOT slots in pid {pid}: {e}"
+                    )));
+                }
+            }
+        }
+        undo.push(install::Undo {
+            restore,
+            region: (0, 0),
+        });
         Ok((installed, skipped, undo, runtime_text))
     };
     let (installed, skipped, undo, runtime_text) = match patch() {
@@ -411,7 +552,7 @@ pub fn run(
     if !args.quiet {
         super::print_instrumented(&installed, &skipped);
         eprintln!(
-            "glass: attached to pid {pid}: every thread stopped {:.2} ms to patch; thread {loader_tid} stopped {:.2} ms more to load the runtime (the others ran)",
+            "glass: attached to pid {pid}: every thread stopped {:.2} ms to patch ({moved} stepped out of the bytes replaced); thread {loader_tid} stopped {:.2} ms more to load the runtime (the others ran)",
             attach_stop_ns as f64 / 1e6,
             loader_stop_ns as f64 / 1e6,
         );
@@ -476,27 +617,25 @@ pub fn run(
         attach_stop_ns,
         ..TraceSummary::default()
     };
-    let mut unmap_ns = 0;
     let detach_result = if process_gone(pid) {
-        Ok(())
+        Ok(None)
     } else {
-        detach(pid, &session, &attached).map(|(stopped, unmap, in_flight)| {
-            summary.detach_stop_ns = stopped;
-            summary.in_flight_at_detach = in_flight;
-            unmap_ns = unmap;
+        detach(pid, &session, &attached).map(|detached| {
+            summary.detach_stop_ns = detached.stopped_ns;
+            summary.in_flight_at_detach = detached.in_flight;
+            Some(detached)
         })
     };
     super::drain_once(&session, true, &mut words, &mut out);
     if !args.quiet {
         match &detach_result {
-            Ok(()) if process_gone(pid) => {
-                eprintln!("glass: pid {pid} exited while traced")
-            }
-            Ok(()) => eprintln!(
-                "glass: detached from pid {pid} ({why}): every thread stopped {:.2} ms to restore; one stopped {:.2} ms more to unmap the rings; {} calls in flight finish untimed",
-                summary.detach_stop_ns as f64 / 1e6,
-                unmap_ns as f64 / 1e6,
-                summary.in_flight_at_detach
+            Ok(None) => eprintln!("glass: pid {pid} exited while traced"),
+            Ok(Some(detached)) => eprintln!(
+                "glass: detached from pid {pid} ({why}): every thread stopped {:.2} ms to restore ({} stepped out of the probes); one stopped {:.2} ms more to unmap the rings; {} calls in flight finish untimed",
+                detached.stopped_ns as f64 / 1e6,
+                detached.moved,
+                detached.unmap_ns as f64 / 1e6,
+                detached.in_flight
             ),
             Err(_) => {}
         }
@@ -524,7 +663,7 @@ fn load_runtime(
     runtime: &FileSymbols,
     session: &SessionMemory,
     loader: &LoaderFunctions,
-) -> Result<(u64, u64)> {
+) -> Result<(u64, Vec<u64>)> {
     let pid = process.pid();
     let failed = |what: &str, e: std::io::Error| {
         Failure::runtime(format!(
@@ -576,12 +715,15 @@ fn load_runtime(
             "pid {pid} could not load the probe runtime: {message} (nothing was patched)"
         )));
     }
-    let Some([Some(join), Some(leave)]) = runtime.in_process(pid).as_deref().map(|a| [a[0], a[1]])
+    let Some(runtime_at) = runtime
+        .in_process(pid)
+        .and_then(|a| a.into_iter().collect::<Option<Vec<u64>>>())
     else {
         return Err(Failure::runtime(format!(
             "cannot find the probe runtime in pid {pid} after loading it"
         )));
     };
+    let join = runtime_at[0];
     let mut session_path = session.path().display().to_string().into_bytes();
     session_path.push(0);
     let joined = process
@@ -598,7 +740,7 @@ fn load_runtime(
             )
         }));
     }
-    Ok((trap, leave))
+    Ok((trap, runtime_at))
 }
 
 /// `--libcalls` on a process bound lazily: a slot still pointing at its PLT stub would
@@ -663,9 +805,20 @@ fn leave_runtime(process: &StoppedProcess, leave: u64, trap: u64) -> Result<()> 
     Ok(())
 }
 
-/// Takes the instrumentation out; returns how long every thread was stopped, how much
-/// longer one thread was (to unmap the session), and the calls in flight.
-fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<(u64, u64, u64)> {
+/// What detaching took.
+struct Detached {
+    /// Every thread stopped.
+    stopped_ns: u64,
+    /// One thread stopped longer, to unmap the session.
+    unmap_ns: u64,
+    /// Calls in flight, given their return addresses back.
+    in_flight: u64,
+    /// Threads stepped out of the probes and trampolines.
+    moved: usize,
+}
+
+/// Takes the instrumentation out.
+fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<Detached> {
     let mut attachment = Attachment::seize(pid).map_err(|e| {
         Failure::runtime(format!(
             "cannot stop pid {pid} to detach: {e}; its probes stay in place, recording nothing"
@@ -683,7 +836,7 @@ fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<(u64
                 end: u.region.0 + u.region.1,
             }),
     );
-    stop_at_safe_points(&mut attachment, &[], &avoid)?;
+    let moved = stop_at_safe_points(&mut attachment, &[], &avoid)?;
     let tids = attachment.tids();
     let process = StoppedProcess::for_thread(pid, tids[0])
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
@@ -724,11 +877,12 @@ fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<(u64
     let all_stopped = stopped.elapsed().as_nanos() as u64;
     leave_runtime(&process, attached.leave, attached.trap)?;
     attachment.release();
-    Ok((
-        all_stopped,
-        stopped.elapsed().as_nanos() as u64 - all_stopped,
+    Ok(Detached {
+        stopped_ns: all_stopped,
+        unmap_ns: stopped.elapsed().as_nanos() as u64 - all_stopped,
         in_flight,
-    ))
+        moved,
+    })
 }
 
 #[cfg(test)]

@@ -242,7 +242,7 @@ fn redirect_call_sites(
 
 /// GOT slots the module's calls to shared-library functions go through (lazy PLT slots
 /// and `-fno-plt` GLOB_DAT slots), for the named functions.
-fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u64)> {
+pub(super) fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u64)> {
     use object::{ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget};
     let Some(symbols) = elf.dynamic_symbol_table() else {
         return Vec::new();
