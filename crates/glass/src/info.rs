@@ -223,6 +223,14 @@ fn trace_info(recording: &glass_format::Recording) {
             } else {
                 println!("counters:    {}", s.counters.join(", "));
             }
+            if s.attach_stop_ns > 0 {
+                println!(
+                    "attached:    every thread stopped {:.3} ms to attach, {:.3} ms to detach; {} calls in flight at detach finished untimed",
+                    s.attach_stop_ns as f64 / 1e6,
+                    s.detach_stop_ns as f64 / 1e6,
+                    s.in_flight_at_detach
+                );
+            }
             if s.exit_status >= 0 {
                 println!("exit status: {}", s.exit_status);
             }

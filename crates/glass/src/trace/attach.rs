@@ -506,10 +506,13 @@ pub fn run(
             .zip(&biases)
             .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
             .collect();
+        // Trampolines are built and written while the other threads run; only the
+        // patches wait for every thread to stop.
+        let (installed, skipped, prepared) =
+            super::prepare_all(&process, enter, &modules, &biases)?;
         all_stopped = Instant::now();
         moved = stop_at_safe_points(&mut attachment, &ranges, &[])?;
-        let (installed, skipped, mut undo) =
-            super::install_all(&process, enter, &modules, &biases)?;
+        let mut undo = super::commit_all(&process, &prepared)?;
         let mut restore = Vec::new();
         for (slot, hook) in hooks {
             let written = process
@@ -538,7 +541,7 @@ pub fn run(
     let (installed, skipped, undo, runtime_text) = match patch() {
         Ok(done) => done,
         Err(failure) => {
-            // Nothing is patched (install_all undoes its part): the runtime lets the
+            // Nothing is patched (commit_all undoes its part): the runtime lets the
             // session go and stays loaded, idle.
             let _ = leave_runtime(&process, leave, trap);
             attachment.release();

@@ -22,10 +22,94 @@ pub struct Outcome {
     pub installed: Vec<Installed>,
     /// (module, runtime address, name, reason).
     pub skipped: Vec<(String, u64, String, String)>,
-    /// What each patched place held before (address, bytes), in the order written.
-    pub restore: Vec<(u64, Vec<u8>)>,
+    /// The patches still to write: (address, new bytes, the bytes there now).
+    pub patches: Vec<(u64, Vec<u8>, Vec<u8>)>,
     /// The trampolines: (start, length); empty if nothing was patched.
     pub region: (u64, u64),
+}
+
+/// Writes the patches [`prepare`] made (every thread stopped): the module is patched
+/// whole or not at all, and only where its bytes are still what `prepare` read.
+pub fn commit(process: &StoppedProcess, outcome: &Outcome) -> std::io::Result<Undo> {
+    let expected: Vec<(u64, &[u8])> = outcome
+        .patches
+        .iter()
+        .map(|(address, _, original)| (*address, original.as_slice()))
+        .collect();
+    let patches: Vec<(u64, &[u8])> = outcome
+        .patches
+        .iter()
+        .map(|(address, bytes, _)| (*address, bytes.as_slice()))
+        .collect();
+    write_patches(process, &patches, Some(&expected))?;
+    Ok(Undo {
+        restore: outcome
+            .patches
+            .iter()
+            .map(|(address, _, original)| (*address, original.clone()))
+            .collect(),
+        region: outcome.region,
+    })
+}
+
+/// Writes `patches` (address, bytes), those starting in the same page at once: one read
+/// and one write of /proc/PID/mem per page rather than per patch (each access costs
+/// microseconds, and the target is stopped meanwhile; a page never straddles two
+/// mappings). The bytes between patches are written back as read, which is only safe
+/// with every thread stopped. With `expected` (the bytes each place must hold now),
+/// nothing is written unless all of them match; a failed write undoes the earlier ones.
+fn write_patches(
+    process: &StoppedProcess,
+    patches: &[(u64, &[u8])],
+    expected: Option<&[(u64, &[u8])]>,
+) -> std::io::Result<()> {
+    const PAGE: u64 = 4096;
+    let mut order: Vec<usize> = (0..patches.len()).collect();
+    order.sort_by_key(|&i| patches[i].0);
+    let mut spans: Vec<(u64, u64, Vec<usize>)> = Vec::new();
+    for i in order {
+        let (address, bytes) = patches[i];
+        let end = address + bytes.len() as u64;
+        match spans.last_mut() {
+            Some((start, span_end, members)) if address / PAGE == *start / PAGE => {
+                *span_end = (*span_end).max(end);
+                members.push(i);
+            }
+            _ => spans.push((address, end, vec![i])),
+        }
+    }
+    let mut buffers = Vec::with_capacity(spans.len());
+    let mut originals = Vec::with_capacity(spans.len());
+    for (start, end, members) in &spans {
+        let mut buffer = process.read(*start, (end - start) as usize)?;
+        originals.push(buffer.clone());
+        if let Some(expected) = expected {
+            for &i in members {
+                let (address, original) = expected[i];
+                let at = (address - start) as usize;
+                if &buffer[at..at + original.len()] != original {
+                    return Err(std::io::Error::other(format!(
+                        "the code at {address:#x} changed while glass prepared its patch"
+                    )));
+                }
+            }
+        }
+        for &i in members {
+            let (address, bytes) = patches[i];
+            let at = (address - start) as usize;
+            buffer[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        buffers.push(buffer);
+    }
+    for (done, ((start, _, _), buffer)) in spans.iter().zip(&buffers).enumerate() {
+        if let Err(e) = process.write(*start, buffer) {
+            for ((start, _, _), original) in spans.iter().zip(&originals).take(done) {
+                let _ = process.write(*start, original);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// How to take one module's instrumentation out again.
@@ -37,15 +121,12 @@ pub struct Undo {
 /// Puts back every byte `undo` lists, latest first. The trampolines stay mapped: a
 /// thread may still be on its way back through one.
 pub fn uninstall(process: &StoppedProcess, undo: &[Undo]) -> std::io::Result<()> {
-    let mut result = Ok(());
-    for module in undo.iter().rev() {
-        for (address, original) in module.restore.iter().rev() {
-            if let Err(e) = process.write(*address, original) {
-                result = Err(e);
-            }
-        }
-    }
-    result
+    let restore: Vec<(u64, &[u8])> = undo
+        .iter()
+        .flat_map(|module| module.restore.iter())
+        .map(|(address, original)| (*address, original.as_slice()))
+        .collect();
+    write_patches(process, &restore, None)
 }
 
 /// The bytes of the process that patching `choice` (loaded at `bias`) may overwrite:
@@ -83,7 +164,9 @@ fn trampoline_room(relocated_len: usize) -> u64 {
     (relocated_len as u64 + 64).next_multiple_of(16)
 }
 
-pub fn install(
+/// Builds and writes the trampolines of `choice` (unreachable until the patches are
+/// written: the threads may run meanwhile) and returns the patches, for [`commit`].
+pub fn prepare(
     process: &StoppedProcess,
     enter: u64,
     choice: &ModuleChoice,
@@ -93,7 +176,7 @@ pub fn install(
     let mut outcome = Outcome {
         installed: Vec::new(),
         skipped: Vec::new(),
-        restore: Vec::new(),
+        patches: Vec::new(),
         region: (0, 0),
     };
     let module = choice.path.clone();
@@ -275,20 +358,9 @@ pub fn install(
     }
     process.write(region, &code)?;
     outcome.region = (region, room.next_multiple_of(4096));
-    for (address, bytes) in &patches {
-        let written = process
-            .read(*address, bytes.len())
-            .and_then(|original| process.write(*address, bytes).map(|()| original));
-        match written {
-            Ok(original) => outcome.restore.push((*address, original)),
-            Err(e) => {
-                // Never leave a module half-patched.
-                for (address, original) in outcome.restore.iter().rev() {
-                    let _ = process.write(*address, original);
-                }
-                return Err(e);
-            }
-        }
+    for (address, bytes) in patches {
+        let original = process.read(address, bytes.len())?;
+        outcome.patches.push((address, bytes, original));
     }
     Ok(outcome)
 }

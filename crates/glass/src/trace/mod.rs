@@ -394,36 +394,27 @@ fn biases(pid: i32, modules: &[select::ModuleChoice]) -> Result<Vec<u64>> {
         .collect()
 }
 
-/// Patches every module; what was installed, skipped, and how to undo it.
-fn install_all(
+/// Builds every module's trampolines (see [`install::prepare`]); what will be installed,
+/// skipped, and the patches to commit.
+fn prepare_all(
     process: &StoppedProcess,
     enter: u64,
     modules: &[select::ModuleChoice],
     biases: &[u64],
-) -> Result<(Vec<install::Installed>, Skipped, Vec<install::Undo>)> {
+) -> Result<(Vec<install::Installed>, Skipped, Vec<install::Outcome>)> {
     let pid = process.pid();
     let mut installed = Vec::new();
     let mut skipped = Vec::new();
-    let mut undo: Vec<install::Undo> = Vec::new();
+    let mut prepared = Vec::new();
     let mut next_id = 0u32;
     for (module, &bias) in modules.iter().zip(biases) {
-        let outcome = match install::install(process, enter, module, bias, next_id) {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                let _ = install::uninstall(process, &undo);
-                return Err(Failure::runtime(format!(
-                    "cannot patch {} in pid {pid}: {e}",
-                    module.path
-                )));
-            }
-        };
+        let mut outcome = install::prepare(process, enter, module, bias, next_id).map_err(|e| {
+            Failure::runtime(format!("cannot patch {} in pid {pid}: {e}", module.path))
+        })?;
         next_id += outcome.installed.len() as u32;
-        installed.extend(outcome.installed);
-        skipped.extend(outcome.skipped);
-        undo.push(install::Undo {
-            restore: outcome.restore,
-            region: outcome.region,
-        });
+        installed.append(&mut outcome.installed);
+        skipped.append(&mut outcome.skipped);
+        prepared.push(outcome);
     }
     if installed.is_empty() {
         let reasons: Vec<String> = skipped
@@ -436,7 +427,28 @@ fn install_all(
             reasons.join("; ")
         )));
     }
-    Ok((installed, skipped, undo))
+    Ok((installed, skipped, prepared))
+}
+
+/// Writes every module's patches (every thread stopped); how to undo them.
+fn commit_all(
+    process: &StoppedProcess,
+    prepared: &[install::Outcome],
+) -> Result<Vec<install::Undo>> {
+    let mut undo = Vec::new();
+    for outcome in prepared {
+        match install::commit(process, outcome) {
+            Ok(done) => undo.push(done),
+            Err(e) => {
+                let _ = install::uninstall(process, &undo);
+                return Err(Failure::runtime(format!(
+                    "cannot patch pid {}: {e}",
+                    process.pid()
+                )));
+            }
+        }
+    }
+    Ok(undo)
 }
 
 /// Everything done while the launched target is stopped at its entry point.
@@ -457,7 +469,8 @@ fn set_up(
     };
     let modules = choose_modules(pid, main_module, patterns, libcalls, args)?;
     let biases = biases(pid, &modules)?;
-    let (installed, skipped, _) = install_all(process, enter, &modules, &biases)?;
+    let (installed, skipped, prepared) = prepare_all(process, enter, &modules, &biases)?;
+    commit_all(process, &prepared)?;
     Ok((installed, skipped))
 }
 
