@@ -513,3 +513,119 @@ fn exceptions_thrown_through_instrumented_frames_while_attached() {
     assert_eq!(out, reference, "{err}");
     assert_eq!(code, Some(0), "{err}");
 }
+
+#[test]
+fn library_calls_of_a_running_process_even_lazily_bound_ones() {
+    let _alone = exclusive();
+    let dir = scratch("attach_libcalls");
+    // Lazy binding (the gcc default, made explicit): sched_yield's slot still points
+    // at the PLT stub when glass attaches, because nfd only calls it after SIGUSR1.
+    let nfd = compile_nfd(&dir, &["-Wl,-z,lazy"]);
+    let reference = reference_output(&nfd);
+    let mut daemon = Daemon::start(&nfd, &["2", "0", "500"]);
+    let pid = daemon.pid();
+    let recording = dir.join("libcalls.glass");
+    let mut glass_child = Command::new(GLASS)
+        .args([
+            "trace",
+            "--pid",
+            &pid.to_string(),
+            "-f",
+            "process_batch",
+            "--libcalls",
+            "pthread_mutex_lock,pthread_mutex_unlock,sched_yield",
+            "-d",
+            "2",
+            "-o",
+            recording.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut glass_err = BufReader::new(glass_child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached to pid") {
+        let mut line = String::new();
+        assert!(glass_err.read_line(&mut line).unwrap() > 0, "glass: {said}");
+        said.push_str(&line);
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    let status = glass_child.wait().unwrap();
+    let mut rest = String::new();
+    glass_err.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{said}{rest}");
+    daemon.assert_alive();
+    let (calls, summary) = calls(&recording);
+    assert_eq!(summary.lost, 0);
+    let (locks, _) = calls["pthread_mutex_lock@plt"];
+    let (unlocks, _) = calls["pthread_mutex_unlock@plt"];
+    let (yields, _) = calls["sched_yield@plt"];
+    assert!(locks > 100 && locks.abs_diff(unlocks) <= 2, "{calls:?}");
+    // Had the slot stayed lazy, the loader would have overwritten the hook at the first
+    // call: one traced call, then none.
+    assert!(yields > 50, "{calls:?}");
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// Starts `glass trace --pid` without a duration and returns it once it has attached.
+fn attach_until_signalled(pid: i32, recording: &Path) -> (Child, BufReader<ChildStderr>) {
+    let mut child = Command::new(GLASS)
+        .args([
+            "trace",
+            "--pid",
+            &pid.to_string(),
+            "-f",
+            "process_batch,classify",
+            "-o",
+            recording.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached to pid") {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "glass: {said}");
+        said.push_str(&line);
+    }
+    (child, err)
+}
+
+#[test]
+fn ctrl_c_and_sigterm_detach_and_leave_the_code_as_it_was() {
+    let _alone = exclusive();
+    let dir = scratch("attach_signals");
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let mut daemon = Daemon::start(&nfd, &["2", "0", "500"]);
+    let pid = daemon.pid();
+    let before = code_of(pid, &nfd);
+    let recording = dir.join("signalled.glass");
+    for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let (mut child, mut err) = attach_until_signalled(pid, &recording);
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = child.wait().unwrap();
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        assert!(status.success(), "{rest}");
+        assert!(rest.contains(&format!("({name})")), "{rest}");
+        daemon.assert_alive();
+        assert!(code_of(pid, &nfd) == before, "after {name}");
+        let info = glass(&["info", recording.to_str().unwrap()]);
+        assert!(
+            stdout(&info).contains("attached:    every thread stopped"),
+            "{}",
+            stdout(&info)
+        );
+        assert!(calls(&recording).0["classify"].0 > 0);
+    }
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
