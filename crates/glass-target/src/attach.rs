@@ -14,11 +14,17 @@ use std::time::{Duration, Instant};
 
 use crate::TargetError;
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> Result<i64, i32> {
+/// One ptrace request; the errno on failure.
+pub(crate) fn ptrace(
+    request: libc::c_uint,
+    tid: i32,
+    addr: usize,
+    data: usize,
+) -> Result<i64, i32> {
     // SAFETY: requests whose addr/data are plain values or point at our own buffers.
     let result = unsafe {
         libc::ptrace(

@@ -32,26 +32,7 @@ pub enum CallArg<'a> {
     Bytes(&'a [u8]),
 }
 
-fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn ptrace(request: libc::c_uint, pid: i32, addr: usize, data: usize) -> Result<i64, i32> {
-    // SAFETY: requests whose addr/data are plain values or point at our own buffers.
-    let result = unsafe {
-        libc::ptrace(
-            request,
-            pid,
-            addr as *mut libc::c_void,
-            data as *mut libc::c_void,
-        )
-    };
-    if result < 0 {
-        Err(errno())
-    } else {
-        Ok(result)
-    }
-}
+use crate::attach::{errno, ptrace};
 
 fn wait_stop(pid: i32) -> Result<i32, TargetError> {
     loop {
