@@ -629,3 +629,61 @@ fn ctrl_c_and_sigterm_detach_and_leave_the_code_as_it_was() {
     assert_eq!(out, reference, "{err}");
     assert_eq!(code, Some(0), "{err}");
 }
+
+#[test]
+fn all_of_libc_patched_live_and_restored() {
+    let _alone = exclusive();
+    let dir = scratch("attach_libc");
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let mut daemon = Daemon::start(&nfd, &["2", "0", "500"]);
+    let pid = daemon.pid();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let libc_path = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/libc.so"))
+        .expect("nfd maps libc")
+        .to_string();
+    let before = (code_of(pid, &nfd), code_of(pid, Path::new(&libc_path)));
+    let recording = dir.join("libc.glass");
+    // Every function of the program and of libc (some 3600): the threads keep calling
+    // into libc (usleep, pthread_*) while glass patches it, and glass's own injected
+    // calls (dlopen, dlsym) run in libc before.
+    let output = glass(&[
+        "trace",
+        "--pid",
+        &pid.to_string(),
+        "--lib",
+        "libc.so*",
+        "-f",
+        "*",
+        "-d",
+        "2",
+        "--max-threads",
+        "256",
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    let instrumented: usize = err
+        .split("instrumented ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(instrumented > 2000, "{err}");
+    daemon.assert_alive();
+    let after = (code_of(pid, &nfd), code_of(pid, Path::new(&libc_path)));
+    assert!(after == before, "code differs after detach");
+    let (calls, _) = calls(&recording);
+    assert!(
+        calls.get("clock_nanosleep").is_some_and(|c| c.0 > 0),
+        "{:?}",
+        calls.keys().take(20).collect::<Vec<_>>()
+    );
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
