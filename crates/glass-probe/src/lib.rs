@@ -530,6 +530,7 @@ unsafe fn start_session(path: *const c_char) -> i64 {
     word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
     word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
     word(shm, header::TLS_OFFSET).store(glass_thread_area_offset() as u64, Ordering::Relaxed);
+    word(shm, header::MAPPED_AT).store(shm as u64, Ordering::Relaxed);
     SHM.store(shm, Ordering::Release);
     if pid
         .compare_exchange(
@@ -664,6 +665,12 @@ const UNWIND_HOOKS: [&core::ffi::CStr; 4] = [
     c"_Unwind_Resume_or_Rethrow",
     c"_Unwind_ForcedUnwind",
 ];
+/// `glass trace --pid`'s record of what it changed in this process (its ledger, in a
+/// mapping of its own), so that a glass attaching after one that died can undo it. The
+/// runtime never reads it.
+#[export_name = "glass_probe_ledger"]
+pub static LEDGER: AtomicU64 = AtomicU64::new(0);
+
 /// The real unwinder entry points (the four of UNWIND_HOOKS, then __cxa_begin_catch):
 /// looked up with dlsym(RTLD_NEXT) when preloaded; `glass trace --pid` writes them here
 /// itself, because a runtime loaded with dlopen has no "next" definition to find, and

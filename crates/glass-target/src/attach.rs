@@ -306,6 +306,17 @@ impl Attachment {
         }
     }
 
+    /// Lets every stopped thread but `keep` run on, still seized (a later
+    /// [`Attachment::stop_all`] stops them again).
+    pub fn resume_all_but(&mut self, keep: i32) {
+        for tid in self.tids() {
+            if tid != keep {
+                self.resume(tid);
+            }
+        }
+        self.boost = None;
+    }
+
     /// Lets every thread but `keep` go (see [`Attachment::release`]); `keep` stays
     /// stopped and seized.
     pub fn release_all_but(&mut self, keep: i32) {

@@ -57,6 +57,9 @@ pub mod header {
     /// Written by the runtime: where a thread's area word lies, relative to its thread
     /// pointer (fs base). glass clears each thread's word when it detaches.
     pub const TLS_OFFSET: usize = 160;
+    /// Written by the runtime: where it mapped the session in the target (a later
+    /// glass reads the shadow stacks there if this one dies attached).
+    pub const MAPPED_AT: usize = 168;
     pub const SIZE: usize = 4096;
 }
 

@@ -124,28 +124,9 @@ impl SessionMemory {
         self.get(header::EXIT_STUB)
     }
 
-    /// Where each thread's area word lies relative to its thread pointer.
-    pub fn tls_offset(&self) -> u64 {
-        self.get(header::TLS_OFFSET)
-    }
-
-    /// The calls in flight on area `index`'s shadow stack, outermost first: (slot
-    /// address, real return address). Only meaningful while its thread is stopped.
-    pub fn shadow_stack(&self, index: usize) -> Vec<(u64, u64)> {
-        let base = header::SIZE + index * self.stride();
-        let depth = (self.get(base + area::DEPTH) as usize).min(area::SHADOW_CAPACITY);
-        (0..depth)
-            .map(|i| {
-                let entry = base + area::SHADOW + i * area::SHADOW_ENTRY;
-                (self.get(entry), self.get(entry + 8))
-            })
-            .collect()
-    }
-
-    /// Forgets area `index`'s calls in flight (their slots were given back).
-    pub fn clear_shadow_stack(&self, index: usize) {
-        let base = header::SIZE + index * self.stride();
-        self.word(base + area::DEPTH).store(0, Ordering::Release);
+    /// Where the runtime mapped the session in the target.
+    pub fn mapped_at(&self) -> u64 {
+        self.get(header::MAPPED_AT)
     }
 
     /// Areas threads have claimed so far.

@@ -252,13 +252,14 @@ fn fifty_attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() 
 }
 
 #[test]
-fn the_target_finishes_its_work_when_glass_is_killed_while_attached() {
+fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_glass_cleans_up() {
     let _alone = exclusive();
     let dir = scratch("attach_sigkill");
     let nfd = compile_nfd(&dir, &[]);
     let reference = reference_output(&nfd);
     let mut daemon = Daemon::start(&nfd, &["2"]);
     let pid = daemon.pid();
+    let before = code_of(pid, &nfd);
     let recording = dir.join("killed.glass");
     let mut glass_child = Command::new(GLASS)
         .args([
@@ -293,6 +294,22 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached() {
     // The probes stay, their small rings fill, and nothing waits for the dead glass.
     std::thread::sleep(Duration::from_secs(2));
     daemon.assert_alive();
+    assert!(
+        code_of(pid, &nfd) != before,
+        "the dead glass's probes are still in place"
+    );
+    // The next glass finds the dead one's ledger, takes its probes out, and attaches.
+    let again = dir.join("again.glass");
+    let output = attach(pid, &again, "process_batch,classify", "1");
+    let said = stderr(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(said.contains("which died attached: taken out"), "{said}");
+    assert!(calls(&again).0["classify"].0 > 0);
+    daemon.assert_alive();
+    assert!(
+        code_of(pid, &nfd) == before,
+        "the code after the second glass detached"
+    );
     let (out, err, code) = daemon.finish();
     assert_eq!(out, reference, "nfd's stderr: {err}");
     assert_eq!(code, Some(0), "{err}");

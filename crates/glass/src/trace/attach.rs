@@ -36,6 +36,7 @@ use glass_target::procfs::Mapping;
 use glass_trace::session::SessionMemory;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+use super::ledger::{self, Ledger};
 use super::{install, select, CounterChoice};
 use crate::error::{Failure, Result};
 use crate::record::{create_output, monotonic_now_ns, stop_signal_fd, take_stop_signal};
@@ -53,17 +54,19 @@ const WAITING_SYSCALLS: &[i64] = &[
 /// What glass finds in the runtime it loads: how to join and leave a session, the
 /// table of the real unwinder functions, and the unwinder hooks (in the order of that
 /// table: the runtime's REAL_FUNCTIONS).
-const RUNTIME_SYMBOLS: [&str; 8] = [
+const RUNTIME_SYMBOLS: [&str; 9] = [
     "glass_probe_attach",
     "glass_probe_detach",
     "glass_probe_real_functions",
+    "glass_probe_ledger",
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
     "_Unwind_ForcedUnwind",
     "__cxa_begin_catch",
 ];
-const FIRST_HOOK: usize = 3;
+const LEDGER: usize = 3;
+const FIRST_HOOK: usize = 4;
 
 /// The GOT slots through which the process's modules call the C++ unwinder's entry
 /// points: (slot address, index of the hooked function). When preloaded, the runtime
@@ -394,6 +397,9 @@ fn process_gone(pid: i32) -> bool {
 /// What the attachment set up, for the detach.
 struct Attached {
     undo: Vec<install::Undo>,
+    /// The ledger's mapping (address, length), and the runtime's word pointing to it.
+    ledger_at: (u64, u64),
+    ledger_slot: u64,
     trap: u64,
     /// The runtime's glass_probe_detach in the process.
     leave: u64,
@@ -476,8 +482,38 @@ pub fn run(
     let loader_stopped = Instant::now();
     let process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
-    let (trap, runtime_at) = load_runtime(&process, &runtime_symbols, &session, &loader)?;
+    let (trap, runtime_at) = load_runtime(&process, &runtime_symbols, &loader)?;
     let leave = runtime_at[1];
+    let unmap_trap = || {
+        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+    };
+    let mut joined =
+        join_session(&process, &runtime_at, &session, trap).inspect_err(|_| unmap_trap())?;
+    if joined == -(libc::EBUSY as i64) {
+        // A session is running: this glass's predecessor's, alive or dead.
+        match recover(&mut attachment, &process, &runtime_at, trap) {
+            Ok(writer) => {
+                if !args.quiet {
+                    eprintln!(
+                        "glass: pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
+                    );
+                }
+                joined = join_session(&process, &runtime_at, &session, trap)
+                    .inspect_err(|_| unmap_trap())?;
+            }
+            Err(failure) => {
+                unmap_trap();
+                return Err(failure);
+            }
+        }
+    }
+    if joined != 0 {
+        unmap_trap();
+        return Err(Failure::runtime(format!(
+            "the probe runtime in pid {pid} could not map the session: {}",
+            std::io::Error::from_raw_os_error(-joined as i32)
+        )));
+    }
     // The target has mapped the rings; nobody else needs the name.
     session.unlink();
     let mut all_stopped = Instant::now();
@@ -510,6 +546,34 @@ pub fn run(
         // patches wait for every thread to stop.
         let (installed, skipped, prepared) =
             super::prepare_all(&process, enter, &modules, &biases)?;
+        // What a later glass needs to take it all out should this one die attached.
+        let mut restore: Vec<(u64, Vec<u8>)> = prepared
+            .iter()
+            .flat_map(|o| {
+                o.patches
+                    .iter()
+                    .map(|(at, _, original)| (*at, original.clone()))
+            })
+            .collect();
+        for &(slot, _) in &hooks {
+            let original = process
+                .read(slot, 8)
+                .map_err(|e| Failure::runtime(format!("cannot read the GOT of pid {pid}: {e}")))?;
+            restore.push((slot, original));
+        }
+        let ledger = Ledger {
+            writer_pid: std::process::id() as u64,
+            writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+            session: session.mapped_at(),
+            trap,
+            regions: prepared
+                .iter()
+                .map(|o| o.region)
+                .filter(|r| r.1 > 0)
+                .collect(),
+            restore,
+        };
+        let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
         all_stopped = Instant::now();
         moved = stop_at_safe_points(&mut attachment, &ranges, &[])?;
         let mut undo = super::commit_all(&process, &prepared)?;
@@ -536,9 +600,9 @@ pub fn run(
             restore,
             region: (0, 0),
         });
-        Ok((installed, skipped, undo, runtime_text))
+        Ok((installed, skipped, undo, runtime_text, ledger_at))
     };
-    let (installed, skipped, undo, runtime_text) = match patch() {
+    let (installed, skipped, undo, runtime_text, ledger_at) = match patch() {
         Ok(done) => done,
         Err(failure) => {
             // Nothing is patched (commit_all undoes its part): the runtime lets the
@@ -565,6 +629,8 @@ pub fn run(
         trap,
         leave,
         runtime_text,
+        ledger_at,
+        ledger_slot: runtime_at[LEDGER],
     };
 
     let command: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -623,7 +689,7 @@ pub fn run(
     let detach_result = if process_gone(pid) {
         Ok(None)
     } else {
-        detach(pid, &session, &attached).map(|detached| {
+        detach(pid, &attached, session.mapped_at()).map(|detached| {
             summary.detach_stop_ns = detached.stopped_ns;
             summary.in_flight_at_detach = detached.in_flight;
             Some(detached)
@@ -658,13 +724,11 @@ pub fn run(
     Ok(0)
 }
 
-/// Loads the runtime into the process and has it join the session; returns the
-/// address of the `int3` injected calls return to, and the runtime's
-/// `glass_probe_detach` there.
+/// Loads the runtime into the process; returns the address of the `int3` injected calls
+/// return to, and where the RUNTIME_SYMBOLS are there.
 fn load_runtime(
     process: &StoppedProcess,
     runtime: &FileSymbols,
-    session: &SessionMemory,
     loader: &LoaderFunctions,
 ) -> Result<(u64, Vec<u64>)> {
     let pid = process.pid();
@@ -726,24 +790,27 @@ fn load_runtime(
             "cannot find the probe runtime in pid {pid} after loading it"
         )));
     };
-    let join = runtime_at[0];
-    let mut session_path = session.path().display().to_string().into_bytes();
-    session_path.push(0);
-    let joined = process
-        .call(join, &[CallArg::Bytes(&session_path)], trap, CALL_LIMIT)
-        .map_err(|e| failed("start the probe runtime", e))? as i64;
-    if joined != 0 {
-        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
-        return Err(Failure::runtime(if joined == -(libc::EBUSY as i64) {
-            format!("pid {pid} is already being traced by glass (its probe runtime has a session)")
-        } else {
-            format!(
-                "the probe runtime in pid {pid} could not map the session: {}",
-                std::io::Error::from_raw_os_error(-joined as i32)
-            )
-        }));
-    }
     Ok((trap, runtime_at))
+}
+
+/// Has the runtime join `session`: 0, or a negative errno (EBUSY: it has a session).
+fn join_session(
+    process: &StoppedProcess,
+    runtime_at: &[u64],
+    session: &SessionMemory,
+    trap: u64,
+) -> Result<i64> {
+    let mut path = session.path().display().to_string().into_bytes();
+    path.push(0);
+    let joined = process
+        .call(runtime_at[0], &[CallArg::Bytes(&path)], trap, CALL_LIMIT)
+        .map_err(|e| {
+            Failure::runtime(format!(
+                "cannot start the probe runtime in pid {}: {e} (nothing was patched)",
+                process.pid()
+            ))
+        })?;
+    Ok(joined as i64)
 }
 
 /// `--libcalls` on a process bound lazily: a slot still pointing at its PLT stub would
@@ -820,8 +887,159 @@ struct Detached {
     moved: usize,
 }
 
+/// Writes the ledger into a mapping of its own in the process and points the runtime's
+/// word at it; returns the mapping (address, length).
+fn leave_ledger(process: &StoppedProcess, ledger: &Ledger, slot: u64) -> Result<(u64, u64)> {
+    let pid = process.pid();
+    let bytes = ledger.encode();
+    let len = (bytes.len() as u64).next_multiple_of(4096);
+    let at = process
+        .syscall(
+            libc::SYS_mmap as u64,
+            [
+                0,
+                len,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )
+        .map_err(|e| Failure::runtime(format!("cannot map the ledger in pid {pid}: {e}")))?;
+    if at < 0 {
+        return Err(Failure::runtime(format!(
+            "cannot map the ledger in pid {pid}: {}",
+            std::io::Error::from_raw_os_error(-at as i32)
+        )));
+    }
+    let at = at as u64;
+    process
+        .write(at, &bytes)
+        .and_then(|()| process.write(slot, &at.to_le_bytes()))
+        .map_err(|e| Failure::runtime(format!("cannot write the ledger in pid {pid}: {e}")))?;
+    Ok((at, len))
+}
+
+/// With every thread stopped outside the runtime and the trampolines: puts back the
+/// bytes `undo` lists, gives every call in flight (the shadow stacks of the session the
+/// runtime mapped at `session_at`, read through the process's memory) its real return
+/// address, and clears each thread's area word. Returns the calls in flight.
+fn take_out(
+    process: &StoppedProcess,
+    tids: &[i32],
+    undo: &[install::Undo],
+    session_at: u64,
+) -> Result<u64> {
+    use glass_trace::{area, header};
+    let pid = process.pid();
+    install::uninstall(process, undo)
+        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")))?;
+    let word = |at: u64| -> u64 {
+        process
+            .read(at, 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .unwrap_or(0)
+    };
+    let stub = word(session_at + header::EXIT_STUB as u64);
+    let areas = word(session_at + header::NEXT_AREA as u64)
+        .min(word(session_at + header::AREA_COUNT as u64));
+    let stride = word(session_at + header::AREA_STRIDE as u64);
+    // Calls in flight return straight to their callers: the slots get their addresses
+    // back, the innermost first (tail calls share a slot; the outermost entry holds
+    // the real address).
+    let mut in_flight = 0;
+    for index in 0..areas {
+        let base = session_at + header::SIZE as u64 + index * stride;
+        if word(base + area::PID as u64) != pid as u64 {
+            continue;
+        }
+        let depth = word(base + area::DEPTH as u64).min(area::SHADOW_CAPACITY as u64);
+        let Ok(entries) = process.read(
+            base + area::SHADOW as u64,
+            depth as usize * area::SHADOW_ENTRY,
+        ) else {
+            continue;
+        };
+        in_flight += depth;
+        for entry in entries.chunks_exact(area::SHADOW_ENTRY).rev() {
+            let slot = u64::from_le_bytes(entry[..8].try_into().unwrap());
+            let real = &entry[8..16];
+            if word(slot) == stub {
+                let _ = process.write(slot, real);
+            }
+        }
+        let _ = process.write(base + area::DEPTH as u64, &0u64.to_le_bytes());
+    }
+    // Each thread claims a fresh area in the next session.
+    let offset = word(session_at + header::TLS_OFFSET as u64);
+    for &tid in tids {
+        if let Ok(regs) = registers(tid) {
+            let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
+        }
+    }
+    Ok(in_flight)
+}
+
+/// The runtime already has a session: if the ledger says its glass died, takes that
+/// glass's instrumentation out (every thread stopped, then all but the loader thread let
+/// go) and has the runtime let the session go; returns the dead glass's pid.
+fn recover(
+    attachment: &mut Attachment,
+    process: &StoppedProcess,
+    runtime_at: &[u64],
+    trap: u64,
+) -> Result<u64> {
+    let pid = process.pid();
+    let ledger_at = process
+        .read(runtime_at[LEDGER], 8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .unwrap_or(0);
+    let ledger = match ledger_at {
+        0 => None,
+        at => Ledger::read(process, at).ok().flatten(),
+    };
+    let Some((ledger, ledger_len)) = ledger else {
+        return Err(Failure::bad_input(format!(
+            "pid {pid} is already being traced by glass (its probe runtime has a session)"
+        )));
+    };
+    if ledger.writer_alive() {
+        return Err(Failure::bad_input(format!(
+            "pid {pid} is already being traced by glass pid {}",
+            ledger.writer_pid
+        )));
+    }
+    let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
+    let mut avoid: Vec<Span> = mappings
+        .iter()
+        .filter(|m| m.path.contains("libglass_probe"))
+        .map(|m| Span {
+            start: m.start,
+            end: m.end,
+        })
+        .collect();
+    avoid.extend(ledger.regions.iter().map(|&(start, len)| Span {
+        start,
+        end: start + len,
+    }));
+    stop_at_safe_points(attachment, &[], &avoid)?;
+    let undo = [install::Undo {
+        restore: ledger.restore.clone(),
+        region: (0, 0),
+    }];
+    take_out(process, &attachment.tids(), &undo, ledger.session)?;
+    process
+        .call(runtime_at[1], &[], trap, CALL_LIMIT)
+        .map_err(|e| Failure::runtime(format!("cannot end the old session in pid {pid}: {e}")))?;
+    let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
+    let _ = process.syscall(libc::SYS_munmap as u64, [ledger.trap, 4096, 0, 0, 0, 0]);
+    let _ = process.syscall(libc::SYS_munmap as u64, [ledger_at, ledger_len, 0, 0, 0, 0]);
+    attachment.resume_all_but(process.tid());
+    Ok(ledger.writer_pid)
+}
+
 /// Takes the instrumentation out.
-fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<Detached> {
+fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     let mut attachment = Attachment::seize(pid).map_err(|e| {
         Failure::runtime(format!(
             "cannot stop pid {pid} to detach: {e}; its probes stay in place, recording nothing"
@@ -843,41 +1061,14 @@ fn detach(pid: i32, session: &SessionMemory, attached: &Attached) -> Result<Deta
     let tids = attachment.tids();
     let process = StoppedProcess::for_thread(pid, tids[0])
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
-    install::uninstall(&process, &attached.undo)
-        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")))?;
-    // Calls in flight return straight to their callers: the slots get their addresses
-    // back, the innermost first (tail calls share a slot; the outermost entry holds
-    // the real address).
-    let stub = session.exit_stub();
-    let mut in_flight = 0;
-    for index in 0..session.claimed() {
-        if session.stats(index).pid != pid as u32 {
-            continue;
-        }
-        let shadow = session.shadow_stack(index);
-        in_flight += shadow.len() as u64;
-        for &(slot, real) in shadow.iter().rev() {
-            let holds_stub = process
-                .read(slot, 8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()) == stub)
-                .unwrap_or(false);
-            if holds_stub {
-                let _ = process.write(slot, &real.to_le_bytes());
-            }
-        }
-        session.clear_shadow_stack(index);
-    }
-    // Each thread claims a fresh area in the next session.
-    let offset = session.tls_offset();
-    for &tid in &tids {
-        if let Ok(regs) = registers(tid) {
-            let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
-        }
-    }
+    let in_flight = take_out(&process, &tids, &attached.undo, session_at)?;
     // Only the runtime's own state is left, which no thread can reach any more: the
-    // others go now, and one stays to unmap the session.
+    // others go now, and one stays to unmap the session and the ledger.
     attachment.release_all_but(tids[0]);
     let all_stopped = stopped.elapsed().as_nanos() as u64;
+    let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
+    let (ledger_at, ledger_len) = attached.ledger_at;
+    let _ = process.syscall(libc::SYS_munmap as u64, [ledger_at, ledger_len, 0, 0, 0, 0]);
     leave_runtime(&process, attached.leave, attached.trap)?;
     attachment.release();
     Ok(Detached {

@@ -11,6 +11,7 @@
 
 mod attach;
 mod install;
+mod ledger;
 mod select;
 
 use std::io::BufWriter;
