@@ -7,11 +7,14 @@
 //!    stop only that one;
 //! 2. in it, call the process's own `dlopen` on the probe runtime and the runtime's
 //!    `glass_probe_attach` on the session, while the other threads run on (a thread
-//!    holding a lock `dlopen` needs must be able to release it);
+//!    holding a lock `dlopen` needs must be able to release it); build and write the
+//!    trampolines (unreachable yet) and the ledger (see `ledger`);
 //! 3. stop every thread; move any thread whose instruction pointer lies strictly inside
-//!    bytes about to be replaced out of them (single steps); patch with the launch-mode
-//!    patcher; let every thread go. x86 keeps instruction fetch coherent with stores,
-//!    and each thread re-enters user space through the kernel, which serialises it.
+//!    bytes about to be replaced out of them (single steps); write the entry jumps; let
+//!    every thread go. No thread can return into replaced bytes: a call is only ever
+//!    displaced as the last instruction, so its return address is the end of the patch.
+//!    x86 keeps instruction fetch coherent with stores, and each thread re-enters user
+//!    space through the kernel, which serialises it.
 //!
 //! Detach (at the end of `-d`, on SIGINT/SIGTERM/SIGHUP):
 //! 1. stop every thread; step any thread out of the probe runtime and the trampolines;
@@ -24,7 +27,8 @@
 //! The trampolines stay mapped (a thread may be returning through one), and the runtime
 //! stays loaded: attaching again reuses it. Between attach and detach glass is not the
 //! process's tracer, so if glass dies there the process runs on untouched by ptrace; its
-//! probes find the rings full and drop records, and never wait.
+//! probes find the rings full and drop records, and never wait; the next glass to
+//! attach finds the dead one's ledger and takes its probes out first.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
