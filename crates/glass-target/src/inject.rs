@@ -181,6 +181,31 @@ impl StoppedProcess {
         self.mem.write_all_at(bytes, address)
     }
 
+    pub fn read_u64(&self, address: u64) -> io::Result<u64> {
+        let mut word = [0; 8];
+        self.mem.read_exact_at(&mut word, address)?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    /// Maps `len` bytes of anonymous private memory with `prot` anywhere in the process.
+    pub fn map_anonymous(&self, len: u64, prot: i32) -> io::Result<u64> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let at = self.syscall(
+            libc::SYS_mmap as u64,
+            [0, len, prot as u64, flags as u64, u64::MAX, 0],
+        )?;
+        if at < 0 {
+            return Err(io::Error::from_raw_os_error(-at as i32));
+        }
+        Ok(at as u64)
+    }
+
+    /// Unmaps what [`StoppedProcess::map_anonymous`] (or anything else) mapped; best
+    /// effort, for clean-up.
+    pub fn unmap(&self, address: u64, len: u64) {
+        let _ = self.syscall(libc::SYS_munmap as u64, [address, len, 0, 0, 0, 0]);
+    }
+
     fn registers(&self) -> io::Result<libc::user_regs_struct> {
         crate::attach::registers(self.tid)
     }

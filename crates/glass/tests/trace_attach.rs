@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use glass_trace::{EventKind, TscUnwrapper};
 
@@ -168,6 +168,29 @@ fn attach(pid: i32, recording: &Path, functions: &str, seconds: &str) -> std::pr
     ])
 }
 
+/// Starts `glass trace --pid PID` with `options` in the background and returns it once
+/// it says it has attached, with its stderr so far and the rest to read.
+fn spawn_attached(pid: i32, options: &[&str]) -> (Child, BufReader<ChildStderr>, String) {
+    let pid = pid.to_string();
+    let mut child = Command::new(GLASS)
+        .args(["trace", "--pid", &pid])
+        .args(options)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached to pid") {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "glass ended before attaching: {said}"
+        );
+        said.push_str(&line);
+    }
+    (child, err, said)
+}
+
 /// The soak: attach, trace, detach, fifty times in a row, while nfd checks
 /// every packet against its reference implementation and keeps replacing its threads.
 #[test]
@@ -261,33 +284,18 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_
     let pid = daemon.pid();
     let before = code_of(pid, &nfd);
     let recording = dir.join("killed.glass");
-    let mut glass_child = Command::new(GLASS)
-        .args([
-            "trace",
-            "--pid",
-            &pid.to_string(),
+    // Wait until it has attached (it says so), then kill it outright.
+    let (mut glass_child, _, _) = spawn_attached(
+        pid,
+        &[
             "-f",
             "process_batch,parse_packet,classify,rewrite,forward",
             "--ring-size",
             "4096",
             "-o",
             recording.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until it has attached (it says so), then kill it outright.
-    let mut glass_err = BufReader::new(glass_child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut said = String::new();
-    while !said.contains("attached to pid") {
-        assert!(Instant::now() < deadline, "glass never attached: {said}");
-        let mut line = String::new();
-        if glass_err.read_line(&mut line).unwrap() == 0 {
-            panic!("glass ended before attaching: {said}");
-        }
-        said.push_str(&line);
-    }
+        ],
+    );
     std::thread::sleep(Duration::from_millis(300));
     glass_child.kill().unwrap();
     glass_child.wait().unwrap();
@@ -542,11 +550,9 @@ fn library_calls_of_a_running_process_even_lazily_bound_ones() {
     let mut daemon = Daemon::start(&nfd, &["2", "0", "500"]);
     let pid = daemon.pid();
     let recording = dir.join("libcalls.glass");
-    let mut glass_child = Command::new(GLASS)
-        .args([
-            "trace",
-            "--pid",
-            &pid.to_string(),
+    let (mut glass_child, mut glass_err, said) = spawn_attached(
+        pid,
+        &[
             "-f",
             "process_batch",
             "--libcalls",
@@ -555,17 +561,8 @@ fn library_calls_of_a_running_process_even_lazily_bound_ones() {
             "2",
             "-o",
             recording.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut glass_err = BufReader::new(glass_child.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("attached to pid") {
-        let mut line = String::new();
-        assert!(glass_err.read_line(&mut line).unwrap() > 0, "glass: {said}");
-        said.push_str(&line);
-    }
+        ],
+    );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGUSR1) };
     let status = glass_child.wait().unwrap();
@@ -587,31 +584,6 @@ fn library_calls_of_a_running_process_even_lazily_bound_ones() {
     assert_eq!(code, Some(0), "{err}");
 }
 
-/// Starts `glass trace --pid` without a duration and returns it once it has attached.
-fn attach_until_signalled(pid: i32, recording: &Path) -> (Child, BufReader<ChildStderr>) {
-    let mut child = Command::new(GLASS)
-        .args([
-            "trace",
-            "--pid",
-            &pid.to_string(),
-            "-f",
-            "process_batch,classify",
-            "-o",
-            recording.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("attached to pid") {
-        let mut line = String::new();
-        assert!(err.read_line(&mut line).unwrap() > 0, "glass: {said}");
-        said.push_str(&line);
-    }
-    (child, err)
-}
-
 #[test]
 fn ctrl_c_and_sigterm_detach_and_leave_the_code_as_it_was() {
     let _alone = exclusive();
@@ -623,7 +595,15 @@ fn ctrl_c_and_sigterm_detach_and_leave_the_code_as_it_was() {
     let before = code_of(pid, &nfd);
     let recording = dir.join("signalled.glass");
     for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
-        let (mut child, mut err) = attach_until_signalled(pid, &recording);
+        let (mut child, mut err, _) = spawn_attached(
+            pid,
+            &[
+                "-f",
+                "process_batch,classify",
+                "-o",
+                recording.to_str().unwrap(),
+            ],
+        );
         std::thread::sleep(Duration::from_millis(500));
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, signal) };

@@ -140,16 +140,7 @@ fn unwinder_hooks(
         if !slots.iter().any(|&(_, w)| w == which) {
             continue;
         }
-        let mut symbol = name.as_bytes().to_vec();
-        symbol.push(0);
-        let real = process
-            .call(
-                dlsym,
-                &[CallArg::Value(0), CallArg::Bytes(&symbol)],
-                trap,
-                CALL_LIMIT,
-            )
-            .map_err(|e| Failure::runtime(format!("cannot resolve {name} in pid {pid}: {e}")))?;
+        let real = resolve(process, dlsym, name, trap)?;
         if real == 0 {
             continue;
         }
@@ -489,7 +480,7 @@ pub fn run(
     let (trap, runtime_at) = load_runtime(&process, &runtime_symbols, &loader)?;
     let leave = runtime_at[1];
     let unmap_trap = || {
-        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+        process.unmap(trap, 4096);
     };
     let mut joined =
         join_session(&process, &runtime_at, &session, trap).inspect_err(|_| unmap_trap())?;
@@ -550,21 +541,23 @@ pub fn run(
         // patches wait for every thread to stop.
         let (installed, skipped, prepared) =
             super::prepare_all(&process, enter, &modules, &biases)?;
-        // What a later glass needs to take it all out should this one die attached.
-        let mut restore: Vec<(u64, Vec<u8>)> = prepared
-            .iter()
-            .flat_map(|o| {
-                o.patches
-                    .iter()
-                    .map(|(at, _, original)| (*at, original.clone()))
-            })
-            .collect();
-        for &(slot, _) in &hooks {
+        // The unwinder's GOT slots are committed with the rest, as one more module's
+        // patches.
+        let mut prepared = prepared;
+        let mut hook_patches = Vec::new();
+        for (slot, hook) in hooks {
             let original = process
                 .read(slot, 8)
                 .map_err(|e| Failure::runtime(format!("cannot read the GOT of pid {pid}: {e}")))?;
-            restore.push((slot, original));
+            hook_patches.push((slot, hook.to_le_bytes().to_vec(), original));
         }
+        prepared.push(install::Outcome {
+            installed: Vec::new(),
+            skipped: Vec::new(),
+            patches: hook_patches,
+            region: (0, 0),
+        });
+        // What a later glass needs to take it all out should this one die attached.
         let ledger = Ledger {
             writer_pid: std::process::id() as u64,
             writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
@@ -575,35 +568,19 @@ pub fn run(
                 .map(|o| o.region)
                 .filter(|r| r.1 > 0)
                 .collect(),
-            restore,
+            restore: prepared
+                .iter()
+                .flat_map(|o| {
+                    o.patches
+                        .iter()
+                        .map(|(at, _, original)| (*at, original.clone()))
+                })
+                .collect(),
         };
         let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
         all_stopped = Instant::now();
         moved = stop_at_safe_points(&mut attachment, &ranges, &[])?;
-        let mut undo = super::commit_all(&process, &prepared)?;
-        let mut restore = Vec::new();
-        for (slot, hook) in hooks {
-            let written = process
-                .read(slot, 8)
-                .and_then(|original| process.write(slot, &hook.to_le_bytes()).map(|()| original));
-            match written {
-                Ok(original) => restore.push((slot, original)),
-                Err(e) => {
-                    undo.push(install::Undo {
-                        restore,
-                        region: (0, 0),
-                    });
-                    let _ = install::uninstall(&process, &undo);
-                    return Err(Failure::runtime(format!(
-                        "cannot redirect the unwinder's GOT slots in pid {pid}: {e}"
-                    )));
-                }
-            }
-        }
-        undo.push(install::Undo {
-            restore,
-            region: (0, 0),
-        });
+        let undo = super::commit_all(&process, &prepared)?;
         Ok((installed, skipped, undo, runtime_text, ledger_at))
     };
     let (installed, skipped, undo, runtime_text, ledger_at) = match patch() {
@@ -741,26 +718,9 @@ fn load_runtime(
             "cannot {what} in pid {pid}: {e} (nothing was patched)"
         ))
     };
-    let page = process
-        .syscall(
-            libc::SYS_mmap as u64,
-            [
-                0,
-                4096,
-                (libc::PROT_READ | libc::PROT_EXEC) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        )
+    let trap = process
+        .map_anonymous(4096, libc::PROT_READ | libc::PROT_EXEC)
         .map_err(|e| failed("map a page", e))?;
-    if page < 0 {
-        return Err(failed(
-            "map a page",
-            std::io::Error::from_raw_os_error(-page as i32),
-        ));
-    }
-    let trap = page as u64;
     process
         .write(trap, &[0xcc; 16])
         .map_err(|e| failed("write", e))?;
@@ -781,7 +741,7 @@ fn load_runtime(
             .filter(|&m| m != 0)
             .map(|m| read_c_string(process, m))
             .unwrap_or_default();
-        let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+        process.unmap(trap, 4096);
         return Err(Failure::runtime(format!(
             "pid {pid} could not load the probe runtime: {message} (nothing was patched)"
         )));
@@ -795,6 +755,25 @@ fn load_runtime(
         )));
     };
     Ok((trap, runtime_at))
+}
+
+/// `dlsym(RTLD_DEFAULT, name)` in the process: where the loader would bind `name`.
+fn resolve(process: &StoppedProcess, dlsym: u64, name: &str, trap: u64) -> Result<u64> {
+    let mut symbol = name.as_bytes().to_vec();
+    symbol.push(0);
+    process
+        .call(
+            dlsym,
+            &[CallArg::Value(0), CallArg::Bytes(&symbol)],
+            trap,
+            CALL_LIMIT,
+        )
+        .map_err(|e| {
+            Failure::runtime(format!(
+                "cannot resolve {name} in pid {}: {e}",
+                process.pid()
+            ))
+        })
 }
 
 /// Has the runtime join `session`: 0, or a negative errno (EBUSY: it has a session).
@@ -841,25 +820,13 @@ fn bind_lazy_slots(
             .collect();
         for (name, slot) in &module.libcalls {
             let slot = slot.wrapping_add(bias);
-            let Ok(value) = process.read(slot, 8) else {
+            let Ok(value) = process.read_u64(slot) else {
                 continue;
             };
-            let value = u64::from_le_bytes(value.try_into().unwrap());
             if !own.iter().any(|m| value >= m.start && value < m.end) {
                 continue;
             }
-            let mut symbol = name.clone().into_bytes();
-            symbol.push(0);
-            let address = process
-                .call(
-                    dlsym,
-                    &[CallArg::Value(0), CallArg::Bytes(&symbol)],
-                    trap,
-                    CALL_LIMIT,
-                )
-                .map_err(|e| {
-                    Failure::runtime(format!("cannot resolve {name} in pid {pid}: {e}"))
-                })?;
+            let address = resolve(process, dlsym, name, trap)?;
             if address != 0 {
                 process.write(slot, &address.to_le_bytes()).map_err(|e| {
                     Failure::runtime(format!("cannot bind {name} in pid {pid}: {e}"))
@@ -874,7 +841,7 @@ fn bind_lazy_slots(
 fn leave_runtime(process: &StoppedProcess, leave: u64, trap: u64) -> Result<()> {
     let pid = process.pid();
     let left = process.call(leave, &[], trap, CALL_LIMIT);
-    let _ = process.syscall(libc::SYS_munmap as u64, [trap, 4096, 0, 0, 0, 0]);
+    process.unmap(trap, 4096);
     left.map_err(|e| Failure::runtime(format!("cannot end the session in pid {pid}: {e}")))?;
     Ok(())
 }
@@ -898,25 +865,8 @@ fn leave_ledger(process: &StoppedProcess, ledger: &Ledger, slot: u64) -> Result<
     let bytes = ledger.encode();
     let len = (bytes.len() as u64).next_multiple_of(4096);
     let at = process
-        .syscall(
-            libc::SYS_mmap as u64,
-            [
-                0,
-                len,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        )
+        .map_anonymous(len, libc::PROT_READ | libc::PROT_WRITE)
         .map_err(|e| Failure::runtime(format!("cannot map the ledger in pid {pid}: {e}")))?;
-    if at < 0 {
-        return Err(Failure::runtime(format!(
-            "cannot map the ledger in pid {pid}: {}",
-            std::io::Error::from_raw_os_error(-at as i32)
-        )));
-    }
-    let at = at as u64;
     process
         .write(at, &bytes)
         .and_then(|()| process.write(slot, &at.to_le_bytes()))
@@ -938,12 +888,7 @@ fn take_out(
     let pid = process.pid();
     install::uninstall(process, undo)
         .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")))?;
-    let word = |at: u64| -> u64 {
-        process
-            .read(at, 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-            .unwrap_or(0)
-    };
+    let word = |at: u64| process.read_u64(at).unwrap_or(0);
     let stub = word(session_at + header::EXIT_STUB as u64);
     let areas = word(session_at + header::NEXT_AREA as u64)
         .min(word(session_at + header::AREA_COUNT as u64));
@@ -994,10 +939,7 @@ fn recover(
     trap: u64,
 ) -> Result<u64> {
     let pid = process.pid();
-    let ledger_at = process
-        .read(runtime_at[LEDGER], 8)
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-        .unwrap_or(0);
+    let ledger_at = process.read_u64(runtime_at[LEDGER]).unwrap_or(0);
     let ledger = match ledger_at {
         0 => None,
         at => Ledger::read(process, at).ok().flatten(),
@@ -1036,8 +978,8 @@ fn recover(
         .call(runtime_at[1], &[], trap, CALL_LIMIT)
         .map_err(|e| Failure::runtime(format!("cannot end the old session in pid {pid}: {e}")))?;
     let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
-    let _ = process.syscall(libc::SYS_munmap as u64, [ledger.trap, 4096, 0, 0, 0, 0]);
-    let _ = process.syscall(libc::SYS_munmap as u64, [ledger_at, ledger_len, 0, 0, 0, 0]);
+    process.unmap(ledger.trap, 4096);
+    process.unmap(ledger_at, ledger_len);
     attachment.resume_all_but(process.tid());
     Ok(ledger.writer_pid)
 }
@@ -1072,7 +1014,7 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     let all_stopped = stopped.elapsed().as_nanos() as u64;
     let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
     let (ledger_at, ledger_len) = attached.ledger_at;
-    let _ = process.syscall(libc::SYS_munmap as u64, [ledger_at, ledger_len, 0, 0, 0, 0]);
+    process.unmap(ledger_at, ledger_len);
     leave_runtime(&process, attached.leave, attached.trap)?;
     attachment.release();
     Ok(Detached {

@@ -332,7 +332,7 @@ pub fn prepare(
     // to what the slot held (LD_BIND_NOW made that the function itself).
     for (name, slot) in &choice.libcalls {
         let slot = slot.wrapping_add(bias);
-        let target = u64::from_le_bytes(process.read(slot, 8)?.try_into().unwrap());
+        let target = process.read_u64(slot)?;
         let at = region + code.len() as u64;
         let original = at + 24;
         let mut bytes = vec![0x68];

@@ -70,9 +70,9 @@ impl Ledger {
     pub fn read(process: &StoppedProcess, address: u64) -> io::Result<Option<(Ledger, u64)>> {
         let at = std::cell::Cell::new(address);
         let word = || -> io::Result<u64> {
-            let bytes = process.read(at.get(), 8)?;
+            let value = process.read_u64(at.get())?;
             at.set(at.get() + 8);
-            Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
+            Ok(value)
         };
         if word()? != MAGIC || word()? != VERSION {
             return Ok(None);
