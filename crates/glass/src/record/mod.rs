@@ -3,6 +3,8 @@
 //! - [`perf`]: the kernel samples the target (cpu-clock) and copies its registers and
 //!   stack; the target is never stopped. The default where perf_event_open is allowed.
 //! - [`ptrace`]: glass stops each thread at every tick, copies what it needs, resumes.
+//! - [`gdb`]: a VM guest through its VMM's GDB stub (`--gdb`); [`vm`] launches QEMU for
+//!   `--vm` and samples it with the same loop.
 //!
 //! Both hand their samples to a [`sink::Sink`], which unwinds, keeps module maps, and
 //! writes the file after the target has its CPU back.
@@ -11,6 +13,7 @@ mod gdb;
 mod perf;
 mod ptrace;
 mod sink;
+mod vm;
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -71,7 +74,7 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         }
     };
     if args.vm {
-        return gdb::record_vm(sink, &stop_signals).map_err(start_failed)?;
+        return vm::record(sink, &stop_signals).map_err(start_failed)?;
     }
     if args.gdb.is_some() {
         return gdb::record(sink, &stop_signals).map_err(start_failed)?;
