@@ -131,9 +131,14 @@ pub struct RecordArgs {
     /// compacted stack copy, unwound by the report)
     #[arg(long, value_enum, default_value_t = CaptureMode::Frames)]
     pub capture: CaptureMode,
-    /// Bytes of user stack the kernel copies per sample (perf backend)
-    #[arg(long, default_value_t = 16384, value_parser = parse_stack_size)]
-    pub stack_size: u32,
+    /// Stack bytes copied per sample. perf backend: what the kernel copies (default
+    /// 16384, at most 65528). ptrace and VM guests: the most a copy may grow to (default
+    /// 262144); each thread's or vCPU's copy is sized from what its last walk needed
+    #[arg(long, value_parser = parse_stack_size)]
+    pub stack_size: Option<u32>,
+    /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`)
+    #[arg(long)]
+    pub no_idle: bool,
     /// Do not print the cost summary at the end
     #[arg(short, long)]
     pub quiet: bool,
@@ -162,11 +167,12 @@ pub enum CaptureMode {
     Raw,
 }
 
-/// The kernel wants a multiple of 8 below 64 KiB.
+/// A multiple of 8 (the kernel's requirement for perf; words for the others), at most
+/// 16 MiB (the perf backend checks its own lower limit).
 fn parse_stack_size(text: &str) -> Result<u32, String> {
     let size: u32 = text.parse().map_err(|_| format!("not a number: {text}"))?;
-    if size == 0 || !size.is_multiple_of(8) || size > 65528 {
-        return Err("must be a multiple of 8 between 8 and 65528".to_string());
+    if size < 64 || !size.is_multiple_of(8) || size > 16 << 20 {
+        return Err("must be a multiple of 8 between 64 and 16777216".to_string());
     }
     Ok(size)
 }

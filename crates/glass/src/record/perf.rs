@@ -94,7 +94,12 @@ pub fn record(
 ) -> std::result::Result<Result<i32>, TargetError> {
     let args = sink.args;
     let sigchld = sigchld_fd().map_err(TargetError::Io)?;
-    let stack_size = args.stack_size;
+    let stack_size = args.stack_size.unwrap_or(16384);
+    if stack_size > 65528 {
+        return Err(TargetError::BadArgument(format!(
+            "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
+        )));
+    }
     let (sampler, mut watch, leader) = match args.pid {
         Some(pid) => {
             if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
