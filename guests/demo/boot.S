@@ -1,7 +1,16 @@
 /* Multiboot entry of the demo unikernel: QEMU's -kernel loads it (as an ELF32 image)
  * and jumps here in 32-bit protected mode. We build page tables (the first 1 GiB
  * identity-mapped with 2 MiB pages, the stack region remapped with 4 KiB pages),
- * enter long mode, and call kmain with a fresh stack. */
+ * enter long mode, and call kmain with a fresh stack.
+ *
+ * Other guests reuse this file (guests/unikernel/build.sh) with two knobs:
+ *   -DBOOT_SINGLE_VCPU     leave out the second vCPU's bring-up (INIT/SIPI, trampoline,
+ *                          ap_main): under -smp N the other vCPUs stay in the firmware;
+ *   -DBOOT_STACK_SIZE=N    size of the boot vCPU's stack (default 64 KiB).
+ * Without them the demo is built exactly as before. */
+#ifndef BOOT_STACK_SIZE
+#define BOOT_STACK_SIZE 65536
+#endif
 #define MB_MAGIC 0x1BADB002
 #define MB_FLAGS 0x00000003
 
@@ -18,11 +27,13 @@ pdpt:   .skip 4096
 pd:     .skip 4096
 pt_stack: .skip 4096
     .align 16
-stack_bottom: .skip 65536
+stack_bottom: .skip BOOT_STACK_SIZE
 stack_top:
+#ifndef BOOT_SINGLE_VCPU
     .align 16
 ap_stack_bottom: .skip 65536
 ap_stack_top:
+#endif
 
     .section .data
     .align 8
@@ -75,6 +86,7 @@ _start:
     orl $3, %eax
     movl %eax, pd(,%ebx,8)
 
+#ifndef BOOT_SINGLE_VCPU
     /* Start the second vCPU: copy the real-mode trampoline to 0x8000, then INIT and
      * two SIPIs (vector 0x08 -> 0x8000) through the local APIC, still unpaged. */
     movl $ap_trampoline, %esi
@@ -88,6 +100,7 @@ _start:
     movl $200000, %ecx
 5:  loop 5b
     movl $0x000C4608, 0xFEE00300
+#endif
 
     call enter_long_mode
     movw $0x10, %ax
@@ -113,6 +126,7 @@ enter_long_mode:
     lgdt gdt_pointer
     ret
 
+#ifndef BOOT_SINGLE_VCPU
 /* The second vCPU arrives here in 32-bit protected mode from the trampoline. */
 ap_protected:
     movw $0x10, %ax
@@ -145,6 +159,7 @@ ap_gdt_pointer:
     .long 0x8000 + (ap_gdt - ap_trampoline)
 ap_trampoline_end:
     .code32
+#endif
 
     .code64
     .type long_mode, @function
@@ -159,6 +174,7 @@ long_mode:
 3:  hlt
     jmp 3b
 
+#ifndef BOOT_SINGLE_VCPU
     .type ap_long_mode, @function
 ap_long_mode:
     movw $0x10, %ax
@@ -170,3 +186,4 @@ ap_long_mode:
     call ap_main
 6:  hlt
     jmp 6b
+#endif
