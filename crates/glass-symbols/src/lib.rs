@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
 /// The GNU build id of an ELF file, read through a memory map (only the notes are
 /// touched, so this is cheap even for large files).
@@ -253,11 +253,26 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
     let Ok(elf) = object::File::parse(&*map) else {
         return Vec::new();
     };
+    // Assembly often labels its entry points without a type or a size
+    // (`_multiboot_entry`, `ukarch_ctx_switch`): a NOTYPE symbol in an executable
+    // section names code too, up to the next symbol, as nm-based tools do.
+    let in_code = |s: &object::Symbol<'_, '_>| {
+        s.section_index()
+            .and_then(|index| elf.section_by_index(index).ok())
+            .is_some_and(|section| section.kind() == object::SectionKind::Text)
+    };
     let collect =
         |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<(u64, u64, String)> {
             symbols
-                .filter(|s| {
-                    s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0
+                .filter(|s| match s.kind() {
+                    object::SymbolKind::Text => s.is_definition() && s.address() != 0,
+                    object::SymbolKind::Unknown => {
+                        s.address() != 0
+                            && in_code(s)
+                            && s.name()
+                                .is_ok_and(|name| !name.is_empty() && !name.starts_with(".L"))
+                    }
+                    _ => false,
                 })
                 .filter_map(|s| {
                     let name = s.name().ok()?;
@@ -276,6 +291,15 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
     // Several names for one address (aliases): keep the first, sized one.
     symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     symbols.dedup_by_key(|s| s.0);
+    // A symbol without a size reaches the next symbol (the lookup needs the end so that
+    // an address past a sized function is never named after an unsized one before it).
+    for i in 0..symbols.len() {
+        if symbols[i].1 == 0 {
+            if let Some(next) = symbols.get(i + 1).map(|s| s.0) {
+                symbols[i].1 = next - symbols[i].0;
+            }
+        }
+    }
     symbols
 }
 
