@@ -322,10 +322,38 @@ fn read_c_string(process: &StoppedProcess, address: u64) -> String {
     String::from_utf8_lossy(&text).into_owned()
 }
 
+/// Where a stopped thread resumes: its instruction pointer and, when it was stopped in a
+/// system call the kernel will restart (rax still holds -ERESTARTSYS, -ERESTARTNOINTR,
+/// -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), the 2-byte `syscall` (or `int $0x80`)
+/// before it, to which the kernel moves it back when it runs again: a thread blocked
+/// right after bytes glass replaces would otherwise restart inside the new ones. Both
+/// must be outside code glass changes.
+fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
+    const RESTARTING: [i64; 4] = [-512, -513, -514, -516];
+    let restarts = (regs.orig_rax as i64) >= 0 && RESTARTING.contains(&(regs.rax as i64));
+    [
+        regs.rip,
+        regs.rip.wrapping_sub(if restarts { 2 } else { 0 }),
+    ]
+}
+
+/// Whether a step of a thread stopped with `regs` may block: it restarts a system call,
+/// or its next instruction enters one (`syscall`, `int $0x80`, `sysenter`; or unknown).
+fn may_block(mem: Option<&std::fs::File>, regs: &libc::user_regs_struct) -> bool {
+    let [at, restart] = resume_points(regs);
+    let mut code = [0u8; 2];
+    at != restart
+        || mem.is_none_or(|mem| {
+            std::os::unix::fs::FileExt::read_exact_at(mem, &mut code, regs.rip).is_err()
+                || matches!(code, [0x0f, 0x05] | [0xcd, 0x80] | [0x0f, 0x34])
+        })
+}
+
 /// Moves every stopped thread whose instruction pointer is strictly inside one of
 /// `ranges` (start, length) — or anywhere in `spans` — out of it, one instruction at a
-/// time. Returns how many threads were moved, or None if one could not be (it blocked in
-/// a system call there).
+/// time; a thread blocked in a system call there is stepped over the restarted call
+/// (the step completes when the call returns). Returns how many threads were moved, or
+/// None if one could not be (it stayed blocked in a system call there).
 fn step_out(
     attachment: &mut Attachment,
     ranges: &[(u64, u64)],
@@ -337,13 +365,25 @@ fn step_out(
                 .iter()
                 .any(|&(start, len)| rip > start && rip < start + len)
     };
+    let mem = std::fs::File::open(format!("/proc/{}/mem", attachment.pid())).ok();
     let mut moved = 0;
     for tid in attachment.tids() {
         let mut steps = 0;
-        while registers(tid).is_ok_and(|regs| inside(regs.rip)) {
+        while let Some(regs) = registers(tid)
+            .ok()
+            .filter(|regs| resume_points(regs).into_iter().any(inside))
+        {
             steps += 1;
+            // Only a system call can keep a step from completing: it gets 20 ms before
+            // the thread is deemed blocked there. Any other instruction gets the time a
+            // loaded machine may take to run the thread (a step cut short by the
+            // deadline can leave its SIGTRAP queued behind the interrupt).
+            let limit = match may_block(mem.as_ref(), &regs) {
+                true => Duration::from_millis(20),
+                false => Duration::from_secs(2),
+            };
             let stepped = attachment
-                .single_step(tid, Duration::from_millis(20))
+                .single_step(tid, limit)
                 .map_err(|e| Failure::runtime(e.to_string()))?;
             if !stepped || steps > 100_000 {
                 return Ok(None);
