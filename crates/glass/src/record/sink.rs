@@ -21,6 +21,10 @@ use crate::{CaptureMode, RecordArgs, UnwindMode};
 /// The module map of a process is re-read at most this often when samples show
 /// addresses outside every known mapping (code mapped by dlopen, a JIT).
 const MAPS_REFRESH_PERIOD: Duration = Duration::from_millis(20);
+/// Written samples reach the file at least this often (checked after each sample, so
+/// after the target runs again): a glass killed mid-recording loses at most this much
+/// plus one tick (the backends' idle waits flush too).
+const FLUSH_PERIOD: Duration = Duration::from_millis(250);
 
 /// One process's executable mappings, as the file has them, and its unwind tables.
 #[derive(Default, Clone)]
@@ -93,6 +97,7 @@ pub struct Sink<'a> {
     use_proc: bool,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
+    last_flush: Instant,
 }
 
 impl<'a> Sink<'a> {
@@ -116,6 +121,7 @@ impl<'a> Sink<'a> {
             window: StackWindow::new(),
             use_proc: true,
             read_words: Vec::new(),
+            last_flush: Instant::now(),
         }
     }
 
@@ -336,7 +342,7 @@ impl<'a> Sink<'a> {
         self.writer
             .sample(time_ns, pid as u32, tid as u32, stopped_ns, flags, frames)?;
         self.samples += 1;
-        Ok(())
+        self.flush_if_due()
     }
 
     /// A sample holding registers and a copy of the stack from `regs.sp`. Unwinds it
@@ -440,7 +446,7 @@ impl<'a> Sink<'a> {
                     stack: std::mem::take(&mut encoded),
                 });
                 self.samples += 1;
-                written
+                written.and_then(|()| self.flush_if_due())
             }
         };
         self.frames = frames;
@@ -468,7 +474,15 @@ impl<'a> Sink<'a> {
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
+        self.last_flush = Instant::now();
         self.writer.flush()
+    }
+
+    fn flush_if_due(&mut self) -> io::Result<()> {
+        if self.last_flush.elapsed() >= FLUSH_PERIOD {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     pub fn summary(&self, exit_status: Option<i32>) -> Summary {
