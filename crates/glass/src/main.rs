@@ -34,6 +34,9 @@ enum Command {
     /// Time every call of chosen functions of a program glass launches, or of a running
     /// process (--pid), which is left as it was when glass detaches
     Trace(TraceArgs),
+    /// Internal: started by `glass record --gdb/--vm`; lets the VM run if glass dies
+    #[command(name = "__guardian", hide = true)]
+    Guardian(record::guardian::GuardianArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -221,6 +224,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(&args).map(|()| 0),
         Command::Info(args) => info::run(&args).map(|()| 0),
         Command::Trace(args) => trace::run(&args),
+        Command::Guardian(args) => record::guardian::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -95,7 +95,13 @@ pub fn record(
         Some(path) => Some(map_ram(path)?),
         None => None,
     };
-    let (sink, outcome) = sample_guest(sink, &address, ram, &symbols, stop_signals, None)?;
+    // Before the first connection stops the VM: from here on, a glass that dies leaves
+    // the VM to the guardian, which lets it run.
+    let guardian = super::guardian::Guardian::start(&address, false, false)?;
+    let sampled = sample_guest(sink, &address, ram, &symbols, stop_signals, None);
+    // Every way out of sample_guest leaves the VM running (or never stopped it).
+    guardian.done();
+    let (sink, outcome) = sampled?;
     Ok(finish(sink, outcome, None, "gdbstub"))
 }
 

@@ -4,12 +4,14 @@
 //!   stack; the target is never stopped. The default where perf_event_open is allowed.
 //! - [`ptrace`]: glass stops each thread at every tick, copies what it needs, resumes.
 //! - [`gdb`]: a VM guest through its VMM's GDB stub (`--gdb`); [`vm`] launches QEMU for
-//!   `--vm` and samples it with the same loop.
+//!   `--vm` and samples it with the same loop; [`guardian`] outlives glass and lets the
+//!   VM run (or ends the QEMU `--vm` launched) if glass is killed.
 //!
 //! Both hand their samples to a [`sink::Sink`], which unwinds, keeps module maps, and
 //! writes the file after the target has its CPU back.
 
 mod gdb;
+pub(crate) mod guardian;
 mod perf;
 mod ptrace;
 mod sink;
@@ -62,7 +64,12 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
     let stop_signals = stop_signal_fd()?;
-    let writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
+    // The sink flushes at least every FLUSH_PERIOD after the target runs again, so a
+    // glass killed mid-recording loses at most that much; the header goes out at once.
+    let mut writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
+        .map_err(|e| write_failure(&args.output, &e))?;
+    writer
+        .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
     let sink = Sink::new(args, writer);
     let start_failed = |error: TargetError| {
@@ -96,11 +103,18 @@ fn unwind_name(mode: UnwindMode) -> &'static str {
 
 /// The recording's end, common to the backends: summary, end marker, the printed
 /// figures, and the exit status to return.
-fn finish(
+fn finish(sink: Sink, outcome: Outcome, exit_status: Option<i32>, backend: &str) -> Result<i32> {
+    finish_with(sink, outcome, exit_status, backend, None)
+}
+
+/// [`finish`], saying what became of the VM `--vm` launched (`vm_fate`: "VM shut down",
+/// "VM left running (--keep-vm)...", "guest powered off...").
+fn finish_with(
     mut sink: Sink,
     outcome: Outcome,
     exit_status: Option<i32>,
     backend: &str,
+    vm_fate: Option<String>,
 ) -> Result<i32> {
     let summary = sink.summary(exit_status);
     let written = match &outcome {
@@ -108,13 +122,19 @@ fn finish(
         _ => sink.finish(&summary),
     };
     let _ = sink.flush();
+    let with_fate = |mut failure: Failure| {
+        if let Some(fate) = &vm_fate {
+            failure.message = format!("{} ({fate})", failure.message);
+        }
+        failure
+    };
     if let Outcome::WriteFailed(error) = &outcome {
-        return Err(write_failure(&sink.args.output, error));
+        return Err(with_fate(write_failure(&sink.args.output, error)));
     }
-    written.map_err(|e| write_failure(&sink.args.output, &e))?;
+    written.map_err(|e| with_fate(write_failure(&sink.args.output, &e)))?;
     let args = sink.args;
     if !args.quiet {
-        print_summary(args, &summary, &outcome, backend);
+        print_summary(args, &summary, &outcome, backend, vm_fate.as_deref());
     }
     Ok(match (args.pid, summary.exit_status) {
         (None, status) if status >= 0 => status,
@@ -122,22 +142,39 @@ fn finish(
     })
 }
 
-fn print_summary(args: &RecordArgs, s: &glass_format::Summary, outcome: &Outcome, backend: &str) {
+fn print_summary(
+    args: &RecordArgs,
+    s: &glass_format::Summary,
+    outcome: &Outcome,
+    backend: &str,
+    vm_fate: Option<&str>,
+) {
     let us = |ns: u64| ns as f64 / 1000.0;
     let size = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
-    let ended = match outcome {
-        Outcome::TargetExited => "target exited".to_string(),
-        Outcome::StubLost => "GDB stub connection lost".to_string(),
-        Outcome::DurationElapsed => "duration elapsed; target detached and running".to_string(),
-        Outcome::Signalled(signal) => format!(
-            "stopped by {}; target detached",
-            Signal::try_from(*signal)
-                .map(|s| s.as_str())
-                .unwrap_or("a signal")
-        ),
-        Outcome::WriteFailed(_) => "write failed".to_string(),
+    let signal_name = |signal: i32| {
+        Signal::try_from(signal)
+            .map(|s| s.as_str())
+            .unwrap_or("a signal")
+    };
+    let ended = match (outcome, vm_fate) {
+        // A VM glass launched: what ended the recording, then what became of the VM.
+        (Outcome::TargetExited, Some(fate)) => fate.to_string(),
+        (Outcome::StubLost, Some(fate)) => format!("GDB stub connection lost; {fate}"),
+        (Outcome::DurationElapsed, Some(fate)) => format!("duration elapsed; {fate}"),
+        (Outcome::Signalled(signal), Some(fate)) => {
+            format!("stopped by {}; {fate}", signal_name(*signal))
+        }
+        (Outcome::TargetExited, None) => "target exited".to_string(),
+        (Outcome::StubLost, None) => "GDB stub connection lost".to_string(),
+        (Outcome::DurationElapsed, None) => {
+            "duration elapsed; target detached and running".to_string()
+        }
+        (Outcome::Signalled(signal), None) => {
+            format!("stopped by {}; target detached", signal_name(*signal))
+        }
+        (Outcome::WriteFailed(_), _) => "write failed".to_string(),
     };
     let capture = match args.capture {
         CaptureMode::Frames => "",

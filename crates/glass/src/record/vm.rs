@@ -2,14 +2,24 @@
 //! with a private GDB stub (a unix socket) and guest RAM shared with glass, then samples
 //! it with the same loop as `--gdb` ([`super::gdb`]), and ends the VM with the recording
 //! unless `--keep-vm`.
+//!
+//! The guest's RAM is a memfd glass creates, sized, and hands to QEMU as an inherited
+//! descriptor (`mem-path=/proc/self/fd/N,share=on`, which QEMU 7.2 opens like any file):
+//! it never has a name in the file system, so no other user can read the guest's memory
+//! and nothing is left behind whenever glass ends. QEMU runs in a process group of its
+//! own, so Ctrl-C at the terminal reaches glass (which ends the recording and then the
+//! VM) and not QEMU; a [`Guardian`] lets the VM run, or ends QEMU, if glass is killed.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use glass_target::TargetError;
+use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 
-use super::finish;
+use super::finish_with;
 use super::gdb::{map_ram, sample_guest};
+use super::guardian::{report_vm_pid, Guardian, QEMU_GRACE};
 use super::sink::Sink;
 use crate::error::Result;
 
@@ -18,12 +28,11 @@ pub fn record(
     sink: Sink,
     stop_signals: &SignalFd,
 ) -> std::result::Result<Result<i32>, TargetError> {
-    use std::os::unix::process::CommandExt;
     let args = sink.args;
     let command = &args.command;
-    let program = command
-        .first()
-        .ok_or_else(|| TargetError::CommandNotFound(String::new()))?;
+    if command.is_empty() {
+        return Err(TargetError::CommandNotFound(String::new()));
+    }
     let value_of = |flag: &str| {
         command
             .iter()
@@ -32,7 +41,7 @@ pub fn record(
             .cloned()
     };
     if value_of("-gdb").is_some() || command.iter().any(|a| a.contains("memory-backend")) {
-        return Err(TargetError::BadArgument(
+        return Err(TargetError::BadInput(
             "--vm adds its own -gdb and memory backend: leave them out, or use --gdb to attach"
                 .into(),
         ));
@@ -41,31 +50,76 @@ pub fn record(
         (Some(symbols), _) => symbols.clone(),
         (None, Some(kernel)) => std::path::PathBuf::from(kernel),
         (None, None) => {
-            return Err(TargetError::BadArgument(
+            return Err(TargetError::BadInput(
                 "--vm needs -kernel in the QEMU command or --symbols".into(),
             ))
         }
     };
     let ram_mib = value_of("-m").map_or(Ok(128), |m| parse_mib(&m))?;
-    let unique = format!("glass-vm-{}", std::process::id());
-    let ram_path = std::path::PathBuf::from(format!("/dev/shm/{unique}"));
-    let socket = std::env::temp_dir().join(format!("{unique}.sock"));
+    let ram = guest_ram_memfd(ram_mib << 20).map_err(|e| {
+        TargetError::Io(std::io::Error::other(format!(
+            "cannot create the guest's RAM ({ram_mib} MiB): {e}"
+        )))
+    })?;
+    let socket = std::env::temp_dir().join(format!("glass-vm-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
+    let address = socket.to_string_lossy().into_owned();
+    // Before QEMU exists: from the moment it does, a killed glass is covered.
+    let guardian = Guardian::start(&address, true, args.keep_vm)?;
+    let result = launch_and_sample(
+        sink,
+        stop_signals,
+        &guardian,
+        &socket,
+        (&ram, ram_mib),
+        &symbols,
+    );
+    // The VM is as it must be left (running, or ended): the guardian has nothing to do.
+    guardian.done();
+    result
+}
+
+fn launch_and_sample(
+    sink: Sink,
+    stop_signals: &SignalFd,
+    guardian: &Guardian,
+    socket: &std::path::Path,
+    (ram_fd, ram_mib): (&OwnedFd, u64),
+    symbols: &std::path::Path,
+) -> std::result::Result<Result<i32>, TargetError> {
+    use std::os::unix::process::CommandExt;
+    let args = sink.args;
+    let command = &args.command;
+    let program = &command[0];
+    let ram_raw = ram_fd.as_raw_fd();
+    let pipe = guardian.pipe_fd();
     let mut qemu = std::process::Command::new(program);
     qemu.args(&command[1..])
         .arg("-object")
         .arg(format!(
-            "memory-backend-file,id=glass-ram,size={ram_mib}M,mem-path={},share=on",
-            ram_path.display()
+            "memory-backend-file,id=glass-ram,size={ram_mib}M,mem-path=/proc/self/fd/{ram_raw},share=on"
         ))
         .args(["-machine", "memory-backend=glass-ram"])
         .arg("-gdb")
-        .arg(format!("unix:{},server=on,wait=off", socket.display()));
-    // SAFETY: only resets the signal mask (glass blocks the signals it waits for).
+        .arg(format!("unix:{},server=on,wait=off", socket.display()))
+        // Ctrl-C at the terminal goes to glass's process group only: glass ends the
+        // recording, then the VM.
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        qemu.pre_exec(|| {
+        qemu.pre_exec(move || {
+            // glass blocks the signals it waits for; QEMU gets an empty mask.
             let empty: libc::sigset_t = std::mem::zeroed();
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            // A background process group that sets up the terminal (-serial stdio)
+            // would be stopped by SIGTTOU/SIGTTIN: the VM would never run.
+            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+            // The RAM descriptor is the one thing QEMU inherits on purpose.
+            if libc::fcntl(ram_raw, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            report_vm_pid(pipe);
             Ok(())
         });
     }
@@ -74,45 +128,127 @@ pub fn record(
         _ => TargetError::Exec(program.clone(), e),
     })?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() || !ram_path.exists() {
+    while !listening(socket) {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(TargetError::BadArgument(format!(
-                "QEMU exited before its GDB stub came up ({status})"
+            return Err(TargetError::BadInput(format!(
+                "the VM did not start: {program} exited before its GDB stub came up ({status})"
             )));
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             return Err(TargetError::Io(std::io::Error::other(
-                "QEMU's GDB stub did not come up within 30 s",
+                "the VM did not start: QEMU's GDB stub did not come up within 30 s (QEMU killed)",
             )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let ram = map_ram(&ram_path);
-    // Both QEMU and glass have the RAM mapped: the name can go, nothing is left behind.
-    let _ = std::fs::remove_file(&ram_path);
+    let ram = map_ram(std::path::Path::new(&format!("/proc/self/fd/{ram_raw}")));
     let address = socket.to_string_lossy().into_owned();
     let result = ram.and_then(|ram| {
         sample_guest(
             sink,
             &address,
             Some(ram),
-            &symbols,
+            symbols,
             stop_signals,
             Some(&mut child),
         )
     });
-    let _ = std::fs::remove_file(&socket);
     let exited = child.try_wait().ok().flatten();
-    if exited.is_none() && !args.keep_vm {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let _ = child.wait();
+    let fate = match exited {
+        Some(status) => ended_by_itself(status),
+        // Its stub stays, for `glass record --gdb` later (QEMU removes it when it ends).
+        None if args.keep_vm => format!(
+            "VM left running (--keep-vm): QEMU pid {}, GDB stub at {}",
+            child.id(),
+            socket.display()
+        ),
+        None => end_qemu(&mut child),
+    };
+    if exited.is_some() || !args.keep_vm {
+        let _ = std::fs::remove_file(socket);
     }
-    let (sink, outcome) = result?;
+    let (sink, outcome) = result.map_err(|error| with_fate(error, &fate))?;
     let status = exited.map(|s| s.code().unwrap_or(1));
-    Ok(finish(sink, outcome, status, "gdbstub"))
+    Ok(finish_with(sink, outcome, status, "gdbstub", Some(fate)))
+}
+
+/// Whether a unix socket listens at `path`. QEMU binds its stub's socket (the file
+/// appears) before it calls listen(): a connection in between is refused.
+fn listening(path: &std::path::Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return path.exists();
+    };
+    let name = format!(" {}", path.display());
+    table.lines().skip(1).any(|line| {
+        // Num RefCount Protocol Flags Type St Inode Path; Flags has __SO_ACCEPTCON.
+        line.ends_with(&name)
+            && line
+                .split_whitespace()
+                .nth(3)
+                .and_then(|flags| u32::from_str_radix(flags, 16).ok())
+                .is_some_and(|flags| flags & 0x0001_0000 != 0)
+    })
+}
+
+/// An error that ended the recording early, with what became of the VM.
+fn with_fate(error: TargetError, fate: &str) -> TargetError {
+    match error {
+        TargetError::Io(e) => TargetError::Io(std::io::Error::other(format!("{e} ({fate})"))),
+        other if other.is_bad_input() => TargetError::BadInput(format!("{other} ({fate})")),
+        other => other,
+    }
+}
+
+/// A memfd of `bytes` for the guest's RAM, close-on-exec (QEMU's process alone clears
+/// that flag on its copy).
+fn guest_ram_memfd(bytes: u64) -> std::io::Result<OwnedFd> {
+    // SAFETY: a constant name; the flags are valid.
+    let fd = unsafe { libc::memfd_create(c"glass-vm-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sizes our own descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// What the recording's end says about a VM that ended on its own.
+fn ended_by_itself(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => "guest powered off (QEMU exited with status 0)".to_string(),
+        (Some(code), _) => format!("VM ended on its own (QEMU exited with status {code})"),
+        (None, Some(signal)) => format!(
+            "VM ended: QEMU was killed by {}",
+            Signal::try_from(signal).map_or("a signal", |s| s.as_str())
+        ),
+        (None, None) => "VM ended".to_string(),
+    }
+}
+
+/// Ends the VM glass launched: SIGTERM, then SIGKILL after a grace period.
+fn end_qemu(child: &mut std::process::Child) -> String {
+    // SAFETY: signalling our own child (not yet reaped, so the pid is still QEMU's).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let until = Instant::now() + QEMU_GRACE;
+    while Instant::now() < until {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return "VM shut down".to_string();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    format!(
+        "VM killed (QEMU did not end within {} s of SIGTERM)",
+        QEMU_GRACE.as_secs()
+    )
 }
 
 /// QEMU's `-m` value in MiB (`64`, `64M`, `1G`, `size=512M`).
@@ -129,10 +265,10 @@ fn parse_mib(text: &str) -> std::result::Result<u64, TargetError> {
     );
     let number: u64 = number
         .parse()
-        .map_err(|_| TargetError::BadArgument(format!("-m {text}: not a size")))?;
+        .map_err(|_| TargetError::BadInput(format!("-m {text}: not a size")))?;
     match unit {
         "" | "M" | "m" | "MB" | "MiB" => Ok(number),
         "G" | "g" | "GB" | "GiB" => Ok(number * 1024),
-        _ => Err(TargetError::BadArgument(format!("-m {text}: unknown unit"))),
+        _ => Err(TargetError::BadInput(format!("-m {text}: unknown unit"))),
     }
 }

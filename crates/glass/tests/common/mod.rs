@@ -145,3 +145,7 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+mod guest_vm;
+#[allow(unused_imports)]
+pub use guest_vm::*;

@@ -1,0 +1,108 @@
+//! The demo guest (guests/demo) under QEMU TCG, for the tests that sample it: built
+//! with its build script, started with a GDB stub on a unix socket, RAM shared through
+//! a file, and the serial port in a file whose `rate` lines show the guest's progress.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn build_guest(dir: &Path) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
+    let status = Command::new(script)
+        .arg(dir)
+        .arg("0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "guest build failed");
+    dir.to_path_buf()
+}
+
+pub struct Vm {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub ram: PathBuf,
+    pub serial: PathBuf,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.ram);
+    }
+}
+
+impl Vm {
+    pub fn start(dir: &Path, image: &str, name: &str) -> Vm {
+        Self::start_with(dir, image, name, 2)
+    }
+
+    pub fn start_with(dir: &Path, image: &str, name: &str, vcpus: u32) -> Vm {
+        let socket = dir.join(format!("{name}.sock"));
+        let ram = PathBuf::from(format!("/dev/shm/glass-test-{name}-{}", std::process::id()));
+        let serial = dir.join(format!("{name}.serial"));
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new("qemu-system-x86_64")
+            .args([
+                "-accel",
+                "tcg",
+                "-smp",
+                &vcpus.to_string(),
+                "-display",
+                "none",
+                "-nodefaults",
+                "-m",
+                "64",
+            ])
+            .arg("-kernel")
+            .arg(dir.join(image))
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()))
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=mem,size=64M,mem-path={},share=on",
+                ram.display()
+            ))
+            .args(["-machine", "memory-backend=mem"])
+            .arg("-gdb")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64 is installed (./x test installs it)");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() || !serial.exists() {
+            assert!(Instant::now() < deadline, "QEMU did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Vm {
+            child,
+            socket,
+            ram,
+            serial,
+        }
+    }
+
+    /// Lines of work-rate output so far.
+    pub fn progress(&self) -> usize {
+        let mut text = String::new();
+        let _ = std::fs::File::open(&self.serial).and_then(|mut f| f.read_to_string(&mut text));
+        text.lines().filter(|l| l.starts_with("rate")).count()
+    }
+
+    pub fn assert_running(&self) {
+        let before = self.progress();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.progress() <= before {
+            assert!(
+                Instant::now() < deadline,
+                "the guest stopped making progress"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -1,0 +1,721 @@
+//! A glass that dies never leaves a VM stopped, and loses at most about a second of its
+//! recording (real QEMU TCG, the demo guest).
+//!
+//! - `glass record --gdb` SIGKILLed 50 times at pseudo-random moments (fixed seed, 20 to
+//!   600 ms after it starts: during the handshake and mid-sampling at 997 Hz): each time
+//!   the guest's serial progress resumes within 1 s (the guardian connects and detaches).
+//! - `--vm --keep-vm` killed: the VM runs on; `--vm` killed: QEMU is gone within seconds.
+//! - The guest's RAM never has a name in the file system.
+//! - Normal endings say what became of the VM; bad input says what is wrong.
+//! - A recording killed after 3 s keeps its samples up to (kill time - 1 s), for the
+//!   ptrace, perf and gdbstub backends, and `glass info` says it was cut short.
+//!
+//! Every check holds however the timing falls: a kill that lands while the VM runs
+//! must leave it running just as one that lands while it is stopped.
+
+mod common;
+use common::*;
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// splitmix64 from a fixed seed: the same kill moments on every run.
+struct Moments(u64);
+
+impl Moments {
+    fn next_ms(&mut self, low: u64, high: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        low + z % (high - low + 1)
+    }
+}
+
+/// `rate` lines in a serial log: the guest's progress.
+fn progress(serial: &Path) -> usize {
+    let mut text = String::new();
+    let _ = std::fs::File::open(serial).and_then(|mut f| f.read_to_string(&mut text));
+    text.lines().filter(|l| l.starts_with("rate")).count()
+}
+
+/// How long until the guest prints more than `before` progress lines, if within `limit`.
+fn progress_within(serial: &Path, before: usize, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if progress(serial) > before {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// glass running with its standard error read in the background. Its guardian shares
+/// that pipe, and so does a QEMU that `--vm` launched.
+struct Recorder {
+    child: Child,
+    text: Arc<Mutex<String>>,
+    eof: Arc<AtomicBool>,
+    /// The stub its guardian would detach through (names the guardian among processes).
+    stub: String,
+}
+
+impl Recorder {
+    fn start(args: &[&str], tmpdir: &Path) -> Recorder {
+        let mut child = Command::new(GLASS)
+            .args(args)
+            .env("TMPDIR", tmpdir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group, as a shell gives a job: a signal to the group is
+            // what Ctrl-C sends.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stderr.take().unwrap();
+        let text = Arc::new(Mutex::new(String::new()));
+        let eof = Arc::new(AtomicBool::new(false));
+        let (text_in, eof_in) = (text.clone(), eof.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                text_in
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            eof_in.store(true, Ordering::SeqCst);
+        });
+        let stub = match args.iter().position(|&a| a == "--gdb") {
+            Some(i) => args[i + 1].to_string(),
+            None => format!("glass-vm-{}.sock", child.id()),
+        };
+        Recorder {
+            child,
+            text,
+            eof,
+            stub,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn kill(&mut self, signal: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// Whether a guardian for this glass's stub is still there.
+    fn guardian_alive(&self) -> bool {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().parse::<i32>().is_ok())
+            .any(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                cmdline.contains("__guardian")
+                    && cmdline.contains(&self.stub)
+                    && !gone_path(&e.path())
+            })
+    }
+
+    /// Waits for glass to exit.
+    fn exit_status(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
+    /// Waits for its guardian to exit (at once after `done`; within its retry bound
+    /// after a death).
+    fn wait_guardian(&self, what: &str) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while self.guardian_alive() {
+            assert!(
+                Instant::now() < until,
+                "{what}: the guardian did not exit within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Everything written to the pipe, once every writer (glass, its guardian, a QEMU
+    /// it launched) has closed it.
+    fn stderr(self, what: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !self.eof.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < until,
+                "{what}: standard error still open after 30 s: {}",
+                self.text.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let text = self.text.lock().unwrap().clone();
+        text
+    }
+
+    /// Glass's exit status and what it and its guardian wrote (no QEMU left running).
+    fn finish(mut self, what: &str) -> (std::process::ExitStatus, String) {
+        let status = self.exit_status();
+        self.wait_guardian(what);
+        (status, self.stderr(what))
+    }
+}
+
+fn gone_path(proc_dir: &Path) -> bool {
+    match std::fs::read_to_string(proc_dir.join("stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Ends a QEMU the test started through glass if the test fails before it does.
+struct EndOnDrop(i32);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if !gone(self.0) {
+            // SAFETY: signalling a QEMU this test started (still there, so still ours).
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // A failing test does not leave glass sampling.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: i32) -> bool {
+    gone_path(Path::new(&format!("/proc/{pid}")))
+}
+
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    gone(pid)
+}
+
+/// The time the guardian says it took to let the VM run after glass died.
+fn guardian_ms(stderr: &str) -> Option<f64> {
+    let rest = stderr.split("its guardian let the VM run in ").nth(1)?;
+    rest.split(" ms").next()?.parse().ok()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Files in /dev/shm and `tmpdir` named after glass `pid`'s guest RAM or socket.
+fn files_of(pid: i32, tmpdir: &Path) -> Vec<PathBuf> {
+    let mine = format!("glass-vm-{pid}");
+    [Path::new("/dev/shm"), tmpdir]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&mine))
+        })
+        .collect()
+}
+
+/// QEMU's pid from its -pidfile, once QEMU has written it.
+fn qemu_pid(pidfile: &Path, limit: Duration) -> Option<i32> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(pid) = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return Some(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// The guest RAM of a QEMU that `--vm` started: a memfd (no name anywhere), and no
+/// descriptor of QEMU's opens a file of this glass's.
+fn assert_ram_is_a_memfd(qemu: i32, glass: i32, tmpdir: &Path, what: &str) {
+    let maps = std::fs::read_to_string(format!("/proc/{qemu}/maps")).unwrap_or_default();
+    if maps.is_empty() {
+        return; // QEMU already ended (the check below still runs).
+    }
+    assert!(
+        maps.contains("/memfd:glass-vm-ram (deleted)"),
+        "{what}: QEMU's RAM is not glass's memfd"
+    );
+    let files = files_of(glass, tmpdir)
+        .into_iter()
+        .filter(|p| p.extension().is_none_or(|e| e != "sock"))
+        .collect::<Vec<_>>();
+    assert!(
+        files.is_empty(),
+        "{what}: guest RAM in the file system: {files:?}"
+    );
+}
+
+fn qemu_args<'a>(image: &'a str, serial: &'a str, pidfile: &'a str) -> Vec<&'a str> {
+    vec![
+        "--",
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg",
+        "-smp",
+        "1",
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+        "-serial",
+        serial,
+        "-pidfile",
+        pidfile,
+        "-kernel",
+        image,
+    ]
+}
+
+#[test]
+fn a_sigkilled_glass_never_leaves_the_vm_stopped() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_gdb"));
+    let vm = Vm::start_with(&dir, "guest-fp.img", "gdb", 1);
+    vm.assert_running();
+    let elf = dir.join("guest-fp.elf");
+    let mut moments = Moments(0x6c61_7373_2d6b_696c);
+    let mut resumed_ms = Vec::new();
+    let mut seen_ms = Vec::new();
+    for iteration in 0..50 {
+        let delay = moments.next_ms(20, 600);
+        let recording = dir.join(format!("kill-{iteration}.glass"));
+        let mut recorder = Recorder::start(
+            &[
+                "record",
+                "-F",
+                "997",
+                "--gdb",
+                vm.socket.to_str().unwrap(),
+                "--symbols",
+                elf.to_str().unwrap(),
+                "--guest-memory",
+                vm.ram.to_str().unwrap(),
+                "-o",
+                recording.to_str().unwrap(),
+            ],
+            &dir,
+        );
+        std::thread::sleep(Duration::from_millis(delay));
+        recorder.kill(libc::SIGKILL);
+        let before = vm.progress();
+        let seen = progress_within(&vm.serial, before, Duration::from_secs(1));
+        let (status, stderr) = recorder.finish(&format!("iteration {iteration}"));
+        assert!(
+            seen.is_some(),
+            "iteration {iteration} (SIGKILL {delay} ms after start, {status}): the guest made no progress within 1 s; glass and its guardian said: {stderr}"
+        );
+        seen_ms.push(seen.unwrap().as_secs_f64() * 1e3);
+        if let Some(ms) = guardian_ms(&stderr) {
+            resumed_ms.push(ms);
+        }
+        assert!(
+            !stderr.contains("could not"),
+            "iteration {iteration}: {stderr}"
+        );
+    }
+    vm.assert_running();
+    resumed_ms.sort_by(f64::total_cmp);
+    seen_ms.sort_by(f64::total_cmp);
+    // A glass killed before it started its guardian never stopped the VM; after any
+    // other kill the guardian connects and detaches, and says how long that took.
+    eprintln!(
+        "guardian: let the VM run {} times after 50 SIGKILLs, in p50 {:.1} ms, max {:.1} ms after glass died; next serial progress line p50 {:.0} ms, max {:.0} ms after the kill",
+        resumed_ms.len(),
+        percentile(&resumed_ms, 0.5),
+        percentile(&resumed_ms, 1.0),
+        percentile(&seen_ms, 0.5),
+        percentile(&seen_ms, 1.0)
+    );
+}
+
+#[test]
+fn a_sigkilled_glass_leaves_a_keep_vm_guest_running_and_ends_any_other() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_vm"));
+    let image = dir.join("guest-fp.img");
+    let elf = dir.join("guest-fp.elf");
+    let mut moments = Moments(0x766d_2d6b_696c_6c21);
+    for keep in [true, false] {
+        for iteration in 0..10 {
+            let what = format!(
+                "{} iteration {iteration}",
+                if keep { "--keep-vm" } else { "--vm" }
+            );
+            let serial = dir.join(format!("vm-{keep}-{iteration}.serial"));
+            let pidfile = dir.join(format!("vm-{keep}-{iteration}.pid"));
+            let recording = dir.join(format!("vm-{keep}-{iteration}.glass"));
+            let serial_arg = format!("file:{}", serial.display());
+            let mut args = vec![
+                "record",
+                "--vm",
+                "-F",
+                "997",
+                "--symbols",
+                elf.to_str().unwrap(),
+                "-o",
+                recording.to_str().unwrap(),
+            ];
+            if keep {
+                args.push("--keep-vm");
+            }
+            args.extend(qemu_args(
+                image.to_str().unwrap(),
+                &serial_arg,
+                pidfile.to_str().unwrap(),
+            ));
+            let mut recorder = Recorder::start(&args, &dir);
+            // The moments count from QEMU's start (it boots in about 0.2 s, glass
+            // connects when its stub is up): some kills land before glass connects.
+            let qemu = qemu_pid(&pidfile, Duration::from_secs(20))
+                .unwrap_or_else(|| panic!("{what}: QEMU did not start"));
+            let _end = EndOnDrop(qemu);
+            let delay = moments.next_ms(20, 600);
+            std::thread::sleep(Duration::from_millis(delay));
+            assert_ram_is_a_memfd(qemu, recorder.pid(), &dir, &what);
+            recorder.kill(libc::SIGKILL);
+            let glass_pid = recorder.pid();
+            if keep {
+                // Boot included: QEMU may still be starting the guest.
+                let before = progress(&serial);
+                let first = progress_within(&serial, before, Duration::from_secs(3));
+                recorder.exit_status();
+                recorder.wait_guardian(&what);
+                // It keeps going.
+                let later = progress(&serial);
+                let again = progress_within(&serial, later, Duration::from_secs(2));
+                let alive = !gone(qemu);
+                // SAFETY: QEMU is ours to end now (SIGTERM: it removes its socket).(SIGTERM: it removes its socket).
+                unsafe { libc::kill(qemu, libc::SIGTERM) };
+                assert!(wait_gone(qemu, Duration::from_secs(5)), "{what}");
+                let stderr = recorder.stderr(&what);
+                assert!(
+                    first.is_some() && again.is_some() && alive,
+                    "{what} (SIGKILL {delay} ms after QEMU started): the guest did not run on ({first:?}, {again:?}, QEMU alive: {alive}); {stderr}"
+                );
+                assert!(
+                    stderr.contains("left running, --keep-vm"),
+                    "{what}: {stderr}"
+                );
+            } else {
+                let (_, stderr) = recorder.finish(&what);
+                assert!(
+                    wait_gone(qemu, Duration::from_secs(5)),
+                    "{what} (SIGKILL {delay} ms after QEMU started): QEMU is still there; {stderr}"
+                );
+                assert!(stderr.contains("shut the VM down"), "{what}: {stderr}");
+            }
+            let left = files_of(glass_pid, &dir);
+            assert!(left.is_empty(), "{what}: left behind: {left:?}");
+        }
+    }
+}
+
+#[test]
+fn normal_endings_say_what_became_of_the_vm() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_endings"));
+    let image = dir.join("guest-fp.img");
+    let elf = dir.join("guest-fp.elf");
+    // (options, how it ends, the end of the summary's reason, VM still running)
+    let cases: [(&[&str], Option<i32>, &str, bool); 4] = [
+        (
+            &["-d", "1"],
+            None,
+            "(duration elapsed; VM shut down)",
+            false,
+        ),
+        (
+            &["-d", "1", "--keep-vm"],
+            None,
+            "(duration elapsed; VM left running (--keep-vm): QEMU pid ",
+            true,
+        ),
+        // The signal goes to glass's whole process group, as Ctrl-C at a terminal
+        // would: QEMU, in a group of its own, is not hit by it.
+        (
+            &["--keep-vm"],
+            Some(libc::SIGINT),
+            "(stopped by SIGINT; VM left running (--keep-vm): QEMU pid ",
+            true,
+        ),
+        (
+            &[],
+            Some(libc::SIGTERM),
+            "(stopped by SIGTERM; VM shut down)",
+            false,
+        ),
+    ];
+    for (index, (options, signal, ending, running)) in cases.into_iter().enumerate() {
+        let serial = dir.join(format!("end-{index}.serial"));
+        let pidfile = dir.join(format!("end-{index}.pid"));
+        let recording = dir.join(format!("end-{index}.glass"));
+        let serial_arg = format!("file:{}", serial.display());
+        let mut args = vec![
+            "record",
+            "--vm",
+            "-F",
+            "499",
+            "--symbols",
+            elf.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ];
+        args.extend_from_slice(options);
+        args.extend(qemu_args(
+            image.to_str().unwrap(),
+            &serial_arg,
+            pidfile.to_str().unwrap(),
+        ));
+        let mut recorder = Recorder::start(&args, &dir);
+        let qemu = qemu_pid(&pidfile, Duration::from_secs(20)).expect("QEMU starts");
+        let _end = EndOnDrop(qemu);
+        if let Some(signal) = signal {
+            // Sampling for a while first.
+            assert!(progress_within(&serial, 2, Duration::from_secs(10)).is_some());
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: signalling the test's own child's process group.
+            unsafe { libc::kill(-recorder.pid(), signal) };
+        }
+        let glass_pid = recorder.pid();
+        let status = recorder.exit_status();
+        recorder.wait_guardian(ending);
+        let ran_on = running.then(|| {
+            let before = progress(&serial);
+            let ran_on = progress_within(&serial, before, Duration::from_secs(3));
+            // SAFETY: QEMU is ours to end now (SIGTERM: it removes its socket).
+            unsafe { libc::kill(qemu, libc::SIGTERM) };
+            assert!(wait_gone(qemu, Duration::from_secs(5)));
+            ran_on
+        });
+        let stderr = recorder.stderr(ending);
+        assert_eq!(status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains(ending), "expected {ending:?} in: {stderr}");
+        assert!(!stderr.contains("its guardian"), "{stderr}");
+        match ran_on {
+            Some(ran_on) => {
+                assert!(ran_on.is_some(), "{ending}: the guest did not run on");
+                assert!(
+                    stderr.contains(&format!("QEMU pid {qemu}, GDB stub at ")),
+                    "{stderr}"
+                );
+            }
+            None => assert!(gone(qemu), "{ending}: QEMU still runs"),
+        }
+        let left = files_of(glass_pid, &dir);
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
+#[test]
+fn bad_input_says_what_is_wrong_in_one_line() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_bad_input"));
+    let elf = dir.join("guest-fp.elf");
+    let image = dir.join("guest-fp.img");
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "not an image\n").unwrap();
+    let out = dir.join("bad.glass");
+    let out = out.to_str().unwrap();
+    let qemu = ["qemu-system-x86_64", "-accel", "tcg", "-display", "none"];
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            // --symbols that is not an image (checked before connecting).
+            vec![
+                "record",
+                "--gdb",
+                "127.0.0.1:9",
+                "--symbols",
+                text.to_str().unwrap(),
+                "-o",
+                out,
+            ],
+            format!(
+                "{}: neither an ELF file nor an nm -n symbol table",
+                text.display()
+            ),
+        ),
+        (
+            [&["record", "--vm", "-o", out, "--"][..], &qemu[..]].concat(),
+            "--vm needs -kernel in the QEMU command or --symbols".into(),
+        ),
+        (
+            // A "QEMU" that exits at once, without a word.
+            vec![
+                "record",
+                "--vm",
+                "--symbols",
+                elf.to_str().unwrap(),
+                "-o",
+                out,
+                "--",
+                "false",
+                "-kernel",
+                image.to_str().unwrap(),
+            ],
+            "the VM did not start: false exited before its GDB stub came up (exit status: 1)"
+                .into(),
+        ),
+        (
+            [
+                &["record", "--vm", "-o", out, "--"][..],
+                &qemu[..],
+                &["-m", "12Q", "-kernel", image.to_str().unwrap()][..],
+            ]
+            .concat(),
+            "-m 12Q: unknown unit".into(),
+        ),
+        (
+            [
+                &["record", "--vm", "-o", out, "--"][..],
+                &qemu[..],
+                &["-gdb", "tcp::1234", "-kernel", image.to_str().unwrap()][..],
+            ]
+            .concat(),
+            "--vm adds its own -gdb and memory backend".into(),
+        ),
+    ];
+    for (args, message) in cases {
+        let output = glass(&args);
+        assert_clean_failure(&output, 2, &message);
+        assert!(!stderr(&output).contains("NUL"), "{}", stderr(&output));
+    }
+}
+
+/// Records for ~3 s, SIGKILLs glass, and checks what the file kept.
+fn kill_after_3s(args: &[&str], recording: &Path, dir: &Path, what: &str) {
+    let started = Instant::now();
+    let mut recorder = Recorder::start(args, dir);
+    std::thread::sleep(Duration::from_secs(3));
+    recorder.kill(libc::SIGKILL);
+    let killed_at = started.elapsed();
+    // The launched program (in glass's process group) goes too.
+    // SAFETY: signalling the test's own child's process group.
+    unsafe { libc::kill(-recorder.pid(), libc::SIGKILL) };
+    let _ = recorder.finish(what);
+    let kept = glass_format::read_file(recording).expect("a readable prefix");
+    assert!(!kept.complete, "{what}");
+    let last_ns = kept
+        .samples
+        .iter()
+        .map(|s| s.time_ns)
+        .chain(kept.snapshots.iter().map(|s| s.time_ns))
+        .max()
+        .unwrap_or(0);
+    // Sample times count from glass's start, a little after `started`: the bound is
+    // on the safe side.
+    let wanted = killed_at.saturating_sub(Duration::from_secs(1));
+    assert!(
+        Duration::from_nanos(last_ns) >= wanted,
+        "{what}: samples kept up to {:.3} s, killed at {:.3} s ({} samples)",
+        last_ns as f64 / 1e9,
+        killed_at.as_secs_f64(),
+        kept.samples.len()
+    );
+    let info = glass(&["info", recording.to_str().unwrap()]);
+    assert!(info.status.success(), "{what}: {}", stderr(&info));
+    assert!(
+        stdout(&info).contains("the recorder stopped before finishing the file"),
+        "{what}: {}",
+        stdout(&info)
+    );
+    let report = glass(&["report", recording.to_str().unwrap()]);
+    assert!(report.status.success(), "{what}: {}", stderr(&report));
+    eprintln!(
+        "{what}: killed at {:.2} s, samples kept up to {:.2} s",
+        killed_at.as_secs_f64(),
+        last_ns as f64 / 1e9
+    );
+}
+
+#[test]
+fn a_killed_recording_keeps_all_but_its_last_second() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_loss"));
+    let split = compile(&dir, "split.c", "split", &[]);
+    let perf_allowed = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .is_ok_and(|level| level.trim().parse::<i32>().is_ok_and(|l| l <= 2));
+    for backend in ["ptrace", "perf"] {
+        if backend == "perf" && !perf_allowed {
+            eprintln!("perf_event_open is not permitted here: perf backend not checked");
+            continue;
+        }
+        let recording = dir.join(format!("{backend}.glass"));
+        kill_after_3s(
+            &[
+                "record",
+                "-F",
+                "999",
+                "--backend",
+                backend,
+                "-o",
+                recording.to_str().unwrap(),
+                "--",
+                split.to_str().unwrap(),
+                "100000000",
+            ],
+            &recording,
+            &dir,
+            backend,
+        );
+    }
+    let vm = Vm::start_with(&dir, "guest-fp.img", "loss", 1);
+    vm.assert_running();
+    let recording = dir.join("gdbstub.glass");
+    kill_after_3s(
+        &[
+            "record",
+            "-F",
+            "997",
+            "--gdb",
+            vm.socket.to_str().unwrap(),
+            "--symbols",
+            dir.join("guest-fp.elf").to_str().unwrap(),
+            "--guest-memory",
+            vm.ram.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ],
+        &recording,
+        &dir,
+        "gdbstub",
+    );
+    vm.assert_running();
+}
