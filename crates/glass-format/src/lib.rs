@@ -29,6 +29,12 @@ pub const HEADER_LEN: usize = 16;
 pub const SAMPLE_TRUNCATED: u8 = 1 << 0;
 /// Sample flag: the thread was inside a system call when it was stopped (off-CPU).
 pub const SAMPLE_IN_SYSCALL: u8 = 1 << 1;
+/// Sample flag (VM guests): the vCPU was halted (stopped right after a `hlt` of the
+/// guest image: its idle loop); the frames are where it halted.
+pub const SAMPLE_HALTED: u8 = 1 << 2;
+/// Sample flag (VM guests): the vCPU had not yet run the guest image (still in the
+/// firmware, the boot loader, or never started); `frames[0]` is its instruction pointer.
+pub const SAMPLE_FIRMWARE: u8 = 1 << 3;
 
 /// How the recording was made and for what.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

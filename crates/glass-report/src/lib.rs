@@ -39,3 +39,7 @@ pub enum Format {
 pub const TRUNCATED_FRAME: &str = "[truncated]";
 /// An address in no known module.
 pub const UNKNOWN_FRAME: &str = "[unknown]";
+/// The leaf frame of a VM guest's vCPU sampled halted (idle).
+pub const HALTED_FRAME: &str = "[halted]";
+/// The only frame of a vCPU sampled before it ran the guest image.
+pub const FIRMWARE_FRAME: &str = "[firmware]";

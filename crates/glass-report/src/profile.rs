@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 
-use glass_format::{Recording, SAMPLE_TRUNCATED};
+use glass_format::{Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED};
 use glass_symbols::{ModuleRef, Symbolizer};
 
 use crate::modules::ModuleTimeline;
-use crate::{TRUNCATED_FRAME, UNKNOWN_FRAME};
+use crate::{FIRMWARE_FRAME, HALTED_FRAME, TRUNCATED_FRAME, UNKNOWN_FRAME};
 
 #[derive(Debug, Clone, Default)]
 pub struct ProfileOptions {
@@ -15,6 +15,8 @@ pub struct ProfileOptions {
     pub split_threads: bool,
     /// Keep only this thread.
     pub tid: Option<u32>,
+    /// Leave out samples of halted (idle) VM guest vCPUs.
+    pub no_idle: bool,
 }
 
 /// One distinct stack.
@@ -85,7 +87,9 @@ impl Profile {
         let mut inlined: Vec<bool> = Vec::with_capacity(64);
         let unwound = crate::raw::unwind_snapshots(recording);
         for sample in recording.samples.iter().chain(&unwound) {
-            if options.tid.is_some_and(|tid| tid != sample.tid) {
+            if options.tid.is_some_and(|tid| tid != sample.tid)
+                || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
+            {
                 continue;
             }
             frames.clear();
@@ -118,8 +122,17 @@ impl Profile {
                 profile.truncated_samples += 1;
                 frames.push(TRUNCATED_FRAME.to_string());
             }
+            // A vCPU still in its firmware runs no code of the image: its addresses
+            // name nothing.
+            let addresses = if sample.flags & SAMPLE_FIRMWARE != 0 {
+                frames.push(FIRMWARE_FRAME.to_string());
+                inlined.push(false);
+                &[][..]
+            } else {
+                &sample.frames[..]
+            };
             // Outermost frame first.
-            for (index, &address) in sample.frames.iter().enumerate().rev() {
+            for (index, &address) in addresses.iter().enumerate().rev() {
                 let is_return = index > 0;
                 match timeline.find(sample.pid, sample.time_ns, address) {
                     Some(module) => {
@@ -143,6 +156,10 @@ impl Profile {
                         inlined.push(false);
                     }
                 }
+            }
+            if sample.flags & SAMPLE_HALTED != 0 {
+                frames.push(HALTED_FRAME.to_string());
+                inlined.push(false);
             }
             // The context frames (process, thread, [truncated]) are never inlined.
             let context = frames.len() - inlined.len();

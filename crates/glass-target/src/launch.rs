@@ -78,8 +78,9 @@ pub fn spawn_paused_with_env(
         let mut entry = key.into_encoded_bytes();
         entry.push(b'=');
         entry.extend_from_slice(value.as_encoded_bytes());
-        c_env
-            .push(CString::new(entry).map_err(|_| TargetError::BadArgument("environment".into()))?);
+        c_env.push(CString::new(entry).map_err(|_| {
+            TargetError::BadInput("an environment variable holds a NUL byte".into())
+        })?);
     }
     for (key, value) in env {
         c_env.push(to_c(&format!("{key}={value}"))?);

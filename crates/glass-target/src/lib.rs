@@ -28,13 +28,9 @@ pub enum TargetError {
     CommandNotExecutable(String),
     #[error("cannot run {0}: {1}")]
     Exec(String, std::io::Error),
-    /// An argument for exec that holds a NUL byte (the argument itself).
-    ///
-    /// It once also carried other bad input (a `--symbols` file that is not an image,
-    /// `--vm` without `-kernel`, QEMU ending early...), which it then mislabelled; such
-    /// errors belong in [`TargetError::BadInput`]. Until every caller has moved, text
-    /// without a NUL byte is shown as it is, so the message stays true either way.
-    #[error("{}", bad_argument(.0))]
+    /// An argument for exec that holds a NUL byte (the argument itself). Other bad input
+    /// is [`TargetError::BadInput`].
+    #[error("argument contains a NUL byte: {0:?}")]
     BadArgument(String),
     /// Input glass cannot use; the text is the whole message and says what is wrong
     /// (`--vm needs -kernel in the QEMU command or --symbols`).
@@ -49,14 +45,6 @@ impl TargetError {
     /// doing it).
     pub fn is_bad_input(&self) -> bool {
         !matches!(self, TargetError::Io(_))
-    }
-}
-
-fn bad_argument(text: &str) -> String {
-    if text.contains('\0') {
-        format!("argument contains a NUL byte: {text:?}")
-    } else {
-        text.to_string()
     }
 }
 

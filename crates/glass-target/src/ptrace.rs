@@ -207,6 +207,8 @@ pub struct ProcessTarget {
     leader_status: Option<i32>,
     detached: bool,
     cpus: usize,
+    /// The most a thread's stack copy grows to.
+    stack_limit: usize,
 }
 
 fn errno() -> i32 {
@@ -287,6 +289,7 @@ impl ProcessTarget {
             leader_status: None,
             detached: false,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            stack_limit: MAX_STACK_COPY,
         })
     }
 
@@ -405,11 +408,17 @@ impl ProcessTarget {
         self.threads.iter().map(|(&tid, t)| (t.pid, tid)).collect()
     }
 
+    /// The most any thread's stack copy may grow to (`--stack-size`; default
+    /// [`MAX_STACK_COPY`]).
+    pub fn set_stack_limit(&mut self, bytes: usize) {
+        self.stack_limit = bytes.max(64);
+    }
+
     /// Unwinding a copied stack of `tid` needed `bytes` of it: copy that much (and a
-    /// little more) from now on, up to [`MAX_STACK_COPY`].
+    /// little more) from now on, up to the stack limit.
     pub fn want_stack_copy(&mut self, tid: i32, bytes: usize) {
         if let Some(thread) = self.threads.get_mut(&tid) {
-            let wanted = (bytes + 4096).next_multiple_of(4096).min(MAX_STACK_COPY);
+            let wanted = (bytes + 4096).next_multiple_of(4096).min(self.stack_limit);
             thread.stack_copy = thread.stack_copy.max(wanted);
         }
     }
@@ -474,7 +483,8 @@ impl ProcessTarget {
                             truncated = end.is_truncated();
                         }
                         Capture::StackCopy => {
-                            tick.stack.resize(stack_first + thread.stack_copy, 0);
+                            tick.stack
+                                .resize(stack_first + thread.stack_copy.min(self.stack_limit), 0);
                             let got =
                                 memory.read(registers.unwind.sp, &mut tick.stack[stack_first..]);
                             tick.stack.truncate(stack_first + got);

@@ -202,6 +202,9 @@ pub struct ReportArgs {
     /// Rows in the top, calls and invocations tables; lines of the tree
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Leave out samples of halted (idle) VM guest vCPUs
+    #[arg(long)]
+    pub no_idle: bool,
 }
 
 #[derive(Args, Debug, Clone)]

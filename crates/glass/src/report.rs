@@ -87,6 +87,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let options = ProfileOptions {
         split_threads: args.threads,
         tid: args.tid,
+        no_idle: args.no_idle,
     };
     let profile = Profile::build(&recording, &options);
     for warning in &profile.warnings {

@@ -70,6 +70,15 @@ pub struct Client {
     running: bool,
     /// The vCPU the stub reads registers of (`Hg`), when known.
     selected: Option<String>,
+    /// The largest packet the stub accepts and sends (`PacketSize` of `qSupported`).
+    packet_size: usize,
+    /// Reused for pipelined requests.
+    batch: Vec<u8>,
+    /// Per vCPU, its framed `Hg` packet (built once).
+    select_packets: Vec<Vec<u8>>,
+    /// Whether `g` replies hold what the target description says (else the control
+    /// registers are read with `p`, one round trip each).
+    g_matches_layout: bool,
 }
 
 impl Client {
@@ -99,6 +108,10 @@ impl Client {
             vcpus: Vec::new(),
             running: false,
             selected: None,
+            packet_size: 0,
+            batch: Vec::with_capacity(256),
+            select_packets: Vec::new(),
+            g_matches_layout: false,
         };
         client.handshake()?;
         Ok(client)
@@ -106,7 +119,13 @@ impl Client {
 
     fn handshake(&mut self) -> Result<(), StubError> {
         // The stub stops the VM when we connect; a stale stop reply may be queued.
-        self.request(b"qSupported:multiprocess+;xmlRegisters=i386;qXfer:features:read+")?;
+        let supported =
+            self.request(b"qSupported:multiprocess+;xmlRegisters=i386;qXfer:features:read+")?;
+        self.packet_size = String::from_utf8_lossy(&supported)
+            .split(';')
+            .find_map(|feature| feature.strip_prefix("PacketSize="))
+            .and_then(|hex| usize::from_str_radix(hex, 16).ok())
+            .unwrap_or(0);
         self.request(b"?")?;
         let mut registers = self.target_registers()?;
         let g_len = hex_bytes(&self.request(b"g")?).map_or(0, |g| g.len());
@@ -136,10 +155,20 @@ impl Client {
                 )));
             }
         }
+        self.g_matches_layout = g_len == self.layout.g_len;
         self.vcpus = self.thread_ids()?;
         if self.vcpus.is_empty() {
             return Err(StubError::Protocol("the stub lists no vCPUs".into()));
         }
+        self.select_packets = self
+            .vcpus
+            .iter()
+            .map(|id| {
+                let mut framed = Vec::new();
+                encode(format!("Hg{id}").as_bytes(), &mut framed);
+                framed
+            })
+            .collect();
         self.resume()
     }
 
@@ -258,7 +287,98 @@ impl Client {
             self.selected = Some(id);
         }
         let reply = self.request(b"g")?;
-        let bytes = hex_bytes(&reply)
+        self.parse_registers(&reply)
+    }
+
+    /// The registers of every vCPU (the VM must be stopped), in one write of all the
+    /// `Hg`/`g` requests and one read of their replies: QEMU answers queued packets in
+    /// order and, in system emulation, does not wait for acknowledgements, so the whole
+    /// read costs one round trip instead of two per vCPU.
+    pub fn registers_of_all(&mut self, out: &mut [VcpuRegs]) -> Result<(), StubError> {
+        if out.len() != self.vcpus.len() {
+            return Err(StubError::Protocol(format!(
+                "{} vCPUs asked for, the stub has {}",
+                out.len(),
+                self.vcpus.len()
+            )));
+        }
+        if !self.g_matches_layout {
+            // Each reply needs `p` packets afterwards: no pipelining.
+            for (index, regs) in out.iter_mut().enumerate() {
+                *regs = self.registers(index)?;
+            }
+            return Ok(());
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        let mut selects = 0;
+        for (index, id) in self.vcpus.iter().enumerate() {
+            if self.selected.as_deref() != Some(id.as_str()) {
+                batch.extend_from_slice(&self.select_packets[index]);
+                selects += 1;
+            }
+            encode(b"g", &mut self.framed);
+            batch.extend_from_slice(&self.framed);
+        }
+        // The last vCPU stays selected.
+        if selects > 0 {
+            self.selected = self.vcpus.last().cloned();
+        }
+        let written = self.stream.write_all(&batch);
+        self.batch = batch;
+        if let Err(error) = written {
+            self.selected = None;
+            return Err(error.into());
+        }
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        let mut index = 0;
+        let mut selects_left = selects;
+        let mut first = true;
+        while index < out.len() {
+            // Each packet is acknowledged, then answered; replies come in request order.
+            // The `Hg` of a vCPU precedes its `g` unless the vCPU was already selected.
+            let reply = self.pipelined_reply(deadline)?;
+            if reply == b"OK" && selects_left > 0 {
+                selects_left -= 1;
+                continue;
+            }
+            if reply.first() == Some(&b'E') {
+                self.selected = None;
+                return Err(StubError::Refused(
+                    if first { "Hg/g".into() } else { "g".into() },
+                    String::from_utf8_lossy(&reply).into(),
+                ));
+            }
+            first = false;
+            out[index] = self.parse_registers(&reply)?;
+            index += 1;
+        }
+        Ok(())
+    }
+
+    /// The next reply of a pipelined batch (after its acknowledgement).
+    fn pipelined_reply(&mut self, deadline: Instant) -> Result<Vec<u8>, StubError> {
+        loop {
+            match self.next_event(deadline)? {
+                Event::Ack => {}
+                Event::Packet(payload) => {
+                    self.stream.write_all(b"+")?;
+                    return Ok(payload);
+                }
+                Event::Nack | Event::BadChecksum => {
+                    self.selected = None;
+                    return Err(StubError::Protocol(
+                        "a pipelined packet was corrupted on the way".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A `g` reply's registers (the control registers with `p` where the reply does not
+    /// match the description).
+    fn parse_registers(&mut self, reply: &[u8]) -> Result<VcpuRegs, StubError> {
+        let bytes = hex_bytes(reply)
             .ok_or_else(|| StubError::Protocol("register reply is not hex".into()))?;
         let value = |name: &str| self.layout.value(&bytes, name).unwrap_or(0);
         let mut regs = VcpuRegs {
@@ -291,6 +411,16 @@ impl Client {
         let n = bytes.len().min(8);
         word[..n].copy_from_slice(&bytes[..n]);
         Ok(u64::from_le_bytes(word))
+    }
+
+    /// The most bytes one [`Client::read_memory`] returns: the reply carries them in hex
+    /// (two characters a byte) inside the stub's packet size, less the framing; 1 KiB
+    /// when the stub does not say.
+    pub fn max_memory_read(&self) -> usize {
+        match self.packet_size {
+            0 => 1024,
+            size => ((size.saturating_sub(8)) / 2).clamp(64, 1 << 16) & !7,
+        }
     }
 
     /// Reads guest-virtual memory through the stub (the slow path, one round trip per

@@ -7,6 +7,13 @@
 //! pointers where there is none) and writing happen after the guest runs again, in the
 //! same sink as for processes. A vCPU is recorded as thread `vcpuN` (tid N+1) of one
 //! process named after the guest ELF.
+//!
+//! Each vCPU's stack copy is sized from what the unwinder wanted last time (as the
+//! ptrace backend does), up to `--stack-size`; copies that were too short are counted
+//! per vCPU. A vCPU that has not yet run the image and is not in long mode (firmware,
+//! boot loader, an application processor the guest never started) is recorded with its
+//! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
+//! image is flagged `HALTED` (left out with `--no-idle`).
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -15,73 +22,29 @@ use glass_format::ProcessKind;
 use glass_mem::ram::{qemu_x86_layout, GuestRam};
 use glass_mem::{PagingMode, TranslationCache};
 use glass_target::gdbstub::client::{Client, StubError, VcpuRegs};
-use glass_target::procfs::Mapping;
 use glass_target::TargetError;
 use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
-use object::{Object, ObjectSegment, SegmentFlags};
 
+use super::guest_image::GuestImage;
 use super::sink::Sink;
 use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
 use crate::error::Result;
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
 const GUEST_PID: i32 = 1;
-/// Stack bytes copied per vCPU per sample.
-const STACK_COPY: usize = 16 << 10;
-/// Stack bytes read through the stub when RAM is not mapped: one `m` packet.
-const SLOW_PATH_COPY: usize = 1024;
+/// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
+/// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
+const FIRST_STACK_COPY: usize = 16 << 10;
+/// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
+const DEFAULT_STACK_LIMIT: usize = 256 << 10;
 /// QEMU's i440fx keeps RAM below 3.5 GiB under 4 GiB (the PCI hole above it).
 const QEMU_BELOW_4G: u64 = 0xe000_0000;
+/// EFER.LMA: the vCPU runs in long mode.
+const EFER_LMA: u64 = 1 << 10;
 
 fn stub_failed(error: StubError) -> TargetError {
     TargetError::Io(std::io::Error::other(error.to_string()))
-}
-
-/// The executable segments of the guest ELF, as mappings at their link addresses.
-fn guest_mappings(path: &std::path::Path) -> std::result::Result<Vec<Mapping>, TargetError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| TargetError::BadArgument(format!("{}: {e}", path.display())))?;
-    if !bytes.starts_with(b"\x7fELF") {
-        // An `nm -n` / System.map table: one mapping over its text symbols (no unwind
-        // tables: frame pointers only).
-        let table = glass_symbols::nm_table(&path.to_string_lossy()).ok_or_else(|| {
-            TargetError::BadArgument(format!(
-                "{}: neither an ELF file nor an nm -n symbol table",
-                path.display()
-            ))
-        })?;
-        let start = table.first().map_or(0, |s| s.0);
-        let end = table.last().map_or(start, |s| s.0 + s.1);
-        return Ok(vec![Mapping {
-            start,
-            end,
-            file_offset: 0,
-            path: path.to_string_lossy().into_owned(),
-            deleted: false,
-        }]);
-    }
-    let elf = object::File::parse(&*bytes).map_err(|e| {
-        TargetError::BadArgument(format!("{}: not an ELF file ({e})", path.display()))
-    })?;
-    let mappings: Vec<Mapping> = elf
-        .segments()
-        .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0))
-        .map(|s| Mapping {
-            start: s.address(),
-            end: s.address() + s.size(),
-            file_offset: s.file_range().0,
-            path: path.to_string_lossy().into_owned(),
-            deleted: false,
-        })
-        .collect();
-    if mappings.is_empty() {
-        return Err(TargetError::BadArgument(format!(
-            "{}: no executable segment",
-            path.display()
-        )));
-    }
-    Ok(mappings)
 }
 
 pub fn record(
@@ -107,7 +70,7 @@ pub fn record(
 
 pub(super) fn map_ram(path: &std::path::Path) -> std::result::Result<GuestRam, TargetError> {
     let size = std::fs::metadata(path)
-        .map_err(|e| TargetError::BadArgument(format!("{}: {e}", path.display())))?
+        .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?
         .len();
     GuestRam::open(path, qemu_x86_layout(size, QEMU_BELOW_4G)).map_err(TargetError::Io)
 }
@@ -122,13 +85,16 @@ pub(super) fn sample_guest<'a>(
     stop_signals: &SignalFd,
     vm: Option<&mut std::process::Child>,
 ) -> std::result::Result<(Sink<'a>, Outcome), TargetError> {
-    let mappings = guest_mappings(symbols)?;
+    let mut image = GuestImage::load(symbols)?;
+    if let Some(warning) = &image.naming_warning {
+        eprintln!("glass: warning: {warning}");
+    }
     let mut client = Client::connect(address).map_err(stub_failed)?;
     let outcome = match run(
         &mut sink,
         &mut client,
         ram.as_ref(),
-        mappings,
+        &mut image,
         symbols,
         stop_signals,
         vm,
@@ -151,11 +117,91 @@ pub(super) fn sample_guest<'a>(
     Ok((sink, outcome))
 }
 
+/// What the loop keeps per vCPU: the last registers and stack copy, the copy's size, and
+/// the figures printed at the end.
+struct Vcpu {
+    regs: VcpuRegs,
+    /// Sized to the limit once: nothing is allocated while the VM is stopped.
+    stack: Vec<u8>,
+    /// Bytes to copy at the next sample.
+    copy_len: usize,
+    /// Bytes copied at this sample.
+    copied: usize,
+    /// The vCPU has executed inside the image (so it is past its firmware).
+    ran_image: bool,
+    /// At this sample: still in firmware (not yet in long mode nor in the image).
+    in_firmware: bool,
+    read_ns: Vec<u64>,
+    samples: u64,
+    halted: u64,
+    firmware: u64,
+    /// Stacks the unwinder wanted more of than was copied.
+    cut: u64,
+}
+
+impl Vcpu {
+    fn new(limit: usize, first_copy: usize) -> Self {
+        Vcpu {
+            regs: VcpuRegs::default(),
+            stack: vec![0; limit],
+            copy_len: first_copy.min(limit),
+            copied: 0,
+            ran_image: false,
+            in_firmware: false,
+            read_ns: Vec::new(),
+            samples: 0,
+            halted: 0,
+            firmware: 0,
+            cut: 0,
+        }
+    }
+
+    /// After a walk that wanted `wanted` bytes from the stack pointer: count a copy that
+    /// was too short, and size the next one.
+    ///
+    /// A walk that ran out of copy asks for a word just past its end (within a frame),
+    /// and then stops; a word asked for far beyond it is a walk gone astray (a
+    /// frame-pointer guess through a register that holds no frame pointer), which says
+    /// nothing about the stack's depth and is neither counted nor copied for. A copy
+    /// that stopped short of its size met the end of the mapped stack: not cut either.
+    ///
+    /// The size follows the deepest recent walk, decaying by 1/64 a sample: a vCPU that
+    /// alternates shallow and deep stacks keeps a copy for the deep ones, while one whose
+    /// deep phase is over stops paying for it (which matters most through `m` packets,
+    /// one round trip per packet). A cut copy doubles. Sizes are in 512-byte steps.
+    fn walked(&mut self, wanted: usize) {
+        const FRAME: usize = 4096;
+        let limit = self.stack.len();
+        let mut next = self.copy_len - (self.copy_len / 64).max(512);
+        let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
+        if ran_out && self.copied == self.copy_len {
+            self.cut += 1;
+            next = next.max(self.copy_len * 2);
+        }
+        if wanted <= self.copied + FRAME {
+            next = next.max(wanted + 512);
+        }
+        self.copy_len = next.next_multiple_of(512).clamp(512, limit);
+    }
+}
+
+/// Where the VM's stack copies come from.
+struct StackSource<'a> {
+    ram: Option<&'a GuestRam>,
+    cache: TranslationCache,
+    /// Bytes one `m` packet returns (the stub's packet size, hex doubling the bytes).
+    packet_bytes: usize,
+    /// Every vCPU's registers, read in one pipelined exchange.
+    regs: Vec<VcpuRegs>,
+    /// Per sample, the time that exchange took.
+    registers_ns: Vec<u64>,
+}
+
 fn run(
     sink: &mut Sink,
     client: &mut Client,
     ram: Option<&GuestRam>,
-    mappings: Vec<Mapping>,
+    image: &mut GuestImage,
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
     vm: Option<&mut std::process::Child>,
@@ -169,86 +215,128 @@ fn run(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "guest".into());
     sink.process_named(GUEST_PID, 0, ProcessKind::Attached, 0, false, name)?;
-    let text: Vec<(u64, u64)> = mappings.iter().map(|m| (m.start, m.end)).collect();
-    for mapping in mappings {
-        sink.add_mapping(GUEST_PID, mapping, 0)?;
+    for mapping in &image.mappings {
+        sink.add_mapping(GUEST_PID, mapping.clone(), 0)?;
     }
-    let vcpus = client.vcpus.len();
-    for vcpu in 0..vcpus {
+    for vcpu in 0..client.vcpus.len() {
         sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
     }
+    let limit = args
+        .stack_size
+        .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
+    let first_copy = match ram {
+        Some(_) => FIRST_STACK_COPY,
+        None => client.max_memory_read(),
+    };
+    let mut vcpus: Vec<Vcpu> = (0..client.vcpus.len())
+        .map(|_| Vcpu::new(limit, first_copy))
+        .collect();
+    let mut source = StackSource {
+        ram,
+        cache: if args.no_translation_cache {
+            TranslationCache::disabled()
+        } else {
+            TranslationCache::new()
+        },
+        packet_bytes: client.max_memory_read(),
+        regs: vec![VcpuRegs::default(); vcpus.len()],
+        registers_ns: Vec::new(),
+    };
     let timer = Ticker::new(args.frequency)?;
     let deadline = args
         .duration
         .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
-    let mut cache = if args.no_translation_cache {
-        TranslationCache::disabled()
-    } else {
-        TranslationCache::new()
-    };
-    let mut per_vcpu: Vec<Vec<u64>> = vec![Vec::new(); vcpus];
+    let mut outside = OutsideText::default();
     let outcome = sample_loop(
-        &mut per_vcpu,
+        &mut vcpus,
+        &mut outside,
         sink,
         client,
-        ram,
-        &text,
-        symbols,
+        &mut source,
+        image,
         stop_signals,
         vm,
-        &mut cache,
         timer,
         deadline,
-        vcpus,
     );
     if !args.quiet {
-        // The VM stops as a whole (the stopped time per sample is in the summary); what
-        // differs per vCPU is the time its registers and stack take to read.
-        for (vcpu, times) in per_vcpu.iter_mut().enumerate() {
-            times.sort_unstable();
-            let at = |p: f64| {
-                times
-                    .get(((times.len().max(1) - 1) as f64 * p) as usize)
-                    .copied()
-                    .unwrap_or(0) as f64
-                    / 1000.0
-            };
+        let times = &mut source.registers_ns;
+        times.sort_unstable();
+        eprintln!(
+            "glass: registers of {} vCPUs read in one exchange: p50 {:.1} us, p99 {:.1} us",
+            vcpus.len(),
+            percentile(times, 0.5),
+            percentile(times, 0.99)
+        );
+        print_vcpus(&mut vcpus, limit, args.no_idle);
+        if ram.is_some() {
+            let cache = &source.cache;
             eprintln!(
-                "glass: vcpu{vcpu}: {} samples, registers and stack read in p50 {:.1} us, p99 {:.1} us",
-                times.len(),
-                at(0.5),
-                at(0.99)
+                "glass: translation cache: {} hits, {} misses, {} stale entries re-walked",
+                cache.hits, cache.misses, cache.stale
             );
         }
     }
-    if ram.is_some() && !args.quiet {
+    outside.judge(symbols);
+    outcome
+}
+
+/// The per-vCPU figures: the VM stops as a whole (the stopped time per sample is in the
+/// summary); what differs per vCPU is the time its registers and stack take to read,
+/// its states, and its stack copies.
+fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool) {
+    for (index, vcpu) in vcpus.iter_mut().enumerate() {
+        let times = &mut vcpu.read_ns;
+        times.sort_unstable();
+        let at = |p: f64| percentile(times, p);
+        let mut states = Vec::new();
+        if vcpu.halted > 0 {
+            let left_out = if no_idle { ", left out" } else { "" };
+            states.push(format!("{} halted{left_out}", vcpu.halted));
+        }
+        if vcpu.firmware > 0 {
+            states.push(format!("{} in firmware", vcpu.firmware));
+        }
+        let states = if states.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", states.join(", "))
+        };
         eprintln!(
-            "glass: translation cache: {} hits, {} misses, {} stale entries re-walked",
-            cache.hits, cache.misses, cache.stale
+            "glass: vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks longer than the copy",
+            vcpu.samples,
+            at(0.5),
+            at(0.99),
+            vcpu.copy_len.div_ceil(1024),
+            limit / 1024,
+            vcpu.cut
         );
     }
-    outcome
+}
+
+/// The `p` quantile of sorted nanoseconds, in microseconds.
+fn percentile(sorted_ns: &[u64], p: f64) -> f64 {
+    sorted_ns
+        .get(((sorted_ns.len().max(1) - 1) as f64 * p) as usize)
+        .copied()
+        .unwrap_or(0) as f64
+        / 1000.0
 }
 
 #[allow(clippy::too_many_arguments)]
 fn sample_loop(
-    per_vcpu: &mut [Vec<u64>],
+    vcpus: &mut [Vcpu],
+    outside: &mut OutsideText,
     sink: &mut Sink,
     client: &mut Client,
-    ram: Option<&GuestRam>,
-    text: &[(u64, u64)],
-    symbols: &std::path::Path,
+    source: &mut StackSource,
+    image: &mut GuestImage,
     stop_signals: &SignalFd,
     mut vm: Option<&mut std::process::Child>,
-    cache: &mut TranslationCache,
     mut timer: Ticker,
     deadline: Option<Instant>,
-    vcpus: usize,
 ) -> std::io::Result<Outcome> {
-    let mut outside = OutsideText::default();
-    let mut stacks: Vec<Vec<u8>> = vec![vec![0; STACK_COPY]; vcpus];
-    let mut regs: Vec<VcpuRegs> = vec![VcpuRegs::default(); vcpus];
-    let mut lengths = vec![0usize; vcpus];
+    let no_idle = sink.args.no_idle;
     loop {
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
@@ -278,15 +366,7 @@ fn sample_loop(
 
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();
-        let taken = take_sample(
-            client,
-            ram,
-            cache,
-            &mut regs,
-            &mut stacks,
-            &mut lengths,
-            per_vcpu,
-        );
+        let taken = take_sample(client, source, image, vcpus, no_idle);
         let resumed = client.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
         if let Err(error) = taken.and(resumed) {
@@ -303,23 +383,49 @@ fn sample_loop(
         }
         sink.tick(stopped_ns);
         let time_ns = sink.ns_since_origin(stopped_at);
-        for vcpu in 0..vcpus {
-            let r = regs[vcpu];
-            outside.note(text, r.ip, symbols);
+        for (index, vcpu) in vcpus.iter_mut().enumerate() {
+            let tid = index as i32 + 1;
+            let r = vcpu.regs;
+            vcpu.samples += 1;
+            if vcpu.in_firmware {
+                vcpu.firmware += 1;
+                sink.frames_sample(
+                    GUEST_PID,
+                    tid,
+                    time_ns,
+                    stopped_ns as u32,
+                    glass_format::SAMPLE_FIRMWARE,
+                    &[r.ip],
+                )?;
+                continue;
+            }
+            outside.note(image.contains(r.ip));
+            let halted = image.halted_at(r.ip);
+            if halted {
+                vcpu.halted += 1;
+                if no_idle {
+                    continue;
+                }
+            }
             let unwind = UnwindRegs {
                 ip: r.ip,
                 sp: r.sp,
                 fp: r.fp,
             };
-            sink.stack_sample(
+            let wanted = sink.stack_sample(
                 GUEST_PID,
-                vcpu as i32 + 1,
+                tid,
                 time_ns,
                 stopped_ns as u32,
-                false,
+                if halted {
+                    glass_format::SAMPLE_HALTED
+                } else {
+                    0
+                },
                 unwind,
-                &stacks[vcpu][..lengths[vcpu]],
+                &vcpu.stack[..vcpu.copied],
             )?;
+            vcpu.walked(wanted);
         }
         if let Some(dead) = deadline {
             if Instant::now() >= dead {
@@ -331,40 +437,62 @@ fn sample_loop(
 
 fn take_sample(
     client: &mut Client,
-    ram: Option<&GuestRam>,
-    cache: &mut TranslationCache,
-    regs: &mut [VcpuRegs],
-    stacks: &mut [Vec<u8>],
-    lengths: &mut [usize],
-    per_vcpu: &mut [Vec<u64>],
+    source: &mut StackSource,
+    image: &mut GuestImage,
+    vcpus: &mut [Vcpu],
+    no_idle: bool,
 ) -> std::result::Result<(), StubError> {
     client.stop()?;
-    for vcpu in 0..regs.len() {
+    let started = Instant::now();
+    client.registers_of_all(&mut source.regs)?;
+    let registers_ns = started.elapsed().as_nanos() as u64;
+    source.registers_ns.push(registers_ns);
+    for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let started = Instant::now();
-        let r = client.registers(vcpu)?;
-        regs[vcpu] = r;
-        lengths[vcpu] = match ram {
-            Some(ram) => cache.read_virtual(
-                ram,
-                r.cr3,
-                PagingMode::from_cr4(r.cr4),
-                r.sp,
-                &mut stacks[vcpu],
-            ),
-            None => {
-                // Replies are limited by the stub's packet size (hex doubles the bytes).
-                let bytes = client.read_memory(r.sp, SLOW_PATH_COPY)?;
-                stacks[vcpu][..bytes.len()].copy_from_slice(&bytes);
-                bytes.len()
-            }
+        let r = source.regs[index];
+        vcpu.regs = r;
+        vcpu.ran_image |= image.contains(r.ip);
+        vcpu.in_firmware = !vcpu.ran_image && r.efer & EFER_LMA == 0;
+        vcpu.copied = if vcpu.in_firmware || (no_idle && image.halted_at(r.ip)) {
+            // Nothing of its stack is recorded.
+            0
+        } else {
+            copy_stack(client, source, &r, &mut vcpu.stack[..vcpu.copy_len])?
         };
-        per_vcpu[vcpu].push(started.elapsed().as_nanos() as u64);
+        vcpu.read_ns.push(started.elapsed().as_nanos() as u64);
     }
     Ok(())
 }
 
-/// Counts sampled instruction pointers outside the symbol file's text, and warns once
-/// when most are: the file is probably not the running guest.
+/// Copies the stack from `r.sp` into `buf`; returns how many bytes could be read (a
+/// short count ends at the first unmapped page).
+fn copy_stack(
+    client: &mut Client,
+    source: &mut StackSource,
+    r: &VcpuRegs,
+    buf: &mut [u8],
+) -> std::result::Result<usize, StubError> {
+    if let Some(ram) = source.ram {
+        return Ok(source
+            .cache
+            .read_virtual(ram, r.cr3, PagingMode::from_cr4(r.cr4), r.sp, buf));
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        let want = source.packet_bytes.min(buf.len() - done);
+        let bytes = client.read_memory(r.sp.wrapping_add(done as u64), want)?;
+        buf[done..done + bytes.len()].copy_from_slice(&bytes);
+        done += bytes.len();
+        if bytes.len() < want {
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// Counts sampled instruction pointers outside the image's text, once the vCPU is past
+/// its firmware (the firmware and the boot loader run first, outside any image), and
+/// warns when most are: the file is probably not the running guest.
 #[derive(Default)]
 struct OutsideText {
     samples: u64,
@@ -373,15 +501,16 @@ struct OutsideText {
 }
 
 impl OutsideText {
-    fn note(&mut self, text: &[(u64, u64)], ip: u64, symbols: &std::path::Path) {
+    fn note(&mut self, inside: bool) {
         self.samples += 1;
-        if !text.iter().any(|&(start, end)| ip >= start && ip < end) {
-            self.outside += 1;
-        }
+        self.outside += u64::from(!inside);
+    }
+
+    fn judge(&mut self, symbols: &std::path::Path) {
         if !self.warned && self.samples >= 40 && self.outside * 2 > self.samples {
             self.warned = true;
             eprintln!(
-                "glass: warning: {} of {} sampled addresses lie outside the text of {}: is it the running guest's image?",
+                "glass: warning: {} of {} sampled addresses lie outside the text of {} (counting only vCPUs past their firmware): is it the running guest's image?",
                 self.outside,
                 self.samples,
                 symbols.display()

@@ -12,6 +12,7 @@
 
 mod gdb;
 pub(crate) mod guardian;
+mod guest_image;
 mod perf;
 mod ptrace;
 mod sink;

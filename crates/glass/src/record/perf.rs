@@ -96,7 +96,7 @@ pub fn record(
     let sigchld = sigchld_fd().map_err(TargetError::Io)?;
     let stack_size = args.stack_size.unwrap_or(16384);
     if stack_size > 65528 {
-        return Err(TargetError::BadArgument(format!(
+        return Err(TargetError::BadInput(format!(
             "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
         )));
     }
@@ -263,15 +263,7 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
                 sink.thread(pid, tid)?;
             }
             let time_ns = time_ns.saturating_sub(origin_mono_ns);
-            sink.stack_sample(
-                pid,
-                tid,
-                time_ns,
-                0,
-                false,
-                UnwindRegs { ip, sp, fp },
-                stack,
-            )?;
+            sink.stack_sample(pid, tid, time_ns, 0, 0, UnwindRegs { ip, sp, fp }, stack)?;
             sink.tick(0);
         }
         PerfRecord::Mmap {

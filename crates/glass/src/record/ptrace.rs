@@ -34,6 +34,9 @@ pub fn record(
         Some(pid) => ProcessTarget::attach(pid)?,
         None => ProcessTarget::launch(&args.command)?,
     };
+    if let Some(limit) = args.stack_size {
+        target.set_stack_limit(limit as usize);
+    }
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
@@ -150,7 +153,11 @@ fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::
                     sample.tid,
                     sample.time_ns,
                     sample.stopped_ns,
-                    sample.in_syscall,
+                    if sample.in_syscall {
+                        glass_format::SAMPLE_IN_SYSCALL
+                    } else {
+                        0
+                    },
                     sample.regs,
                     tick.stack_of(sample),
                 )?;

@@ -355,15 +355,10 @@ impl<'a> Sink<'a> {
         tid: i32,
         time_ns: u64,
         stopped_ns: u32,
-        in_syscall: bool,
+        state_flags: u8,
         regs: UnwindRegs,
         stack: &[u8],
     ) -> io::Result<usize> {
-        let syscall_flag = if in_syscall {
-            glass_format::SAMPLE_IN_SYSCALL
-        } else {
-            0
-        };
         let mut frames = std::mem::take(&mut self.frames);
         frames.clear();
         let mut copy = CopiedStack {
@@ -386,7 +381,7 @@ impl<'a> Sink<'a> {
             ),
         };
         let wanted = (copy.high_water - regs.sp) as usize;
-        let flags = syscall_flag
+        let flags = state_flags
             | if end.is_truncated() {
                 glass_format::SAMPLE_TRUNCATED
             } else {
@@ -439,7 +434,7 @@ impl<'a> Sink<'a> {
                     pid: pid as u32,
                     tid: tid as u32,
                     stopped_ns,
-                    flags: syscall_flag,
+                    flags: state_flags,
                     ip: regs.ip,
                     sp: regs.sp,
                     fp: regs.fp,

@@ -1,0 +1,163 @@
+//! What glass needs to know of a VM guest's image before sampling it: its executable
+//! segments (the one "module" of the guest), where its `hlt` instructions are (so a vCPU
+//! sampled right after one is named halted, not busy), and whether its frames can be
+//! named at all (a stripped image, or the 32-bit multiboot copy QEMU's `-kernel` wants,
+//! names nothing: the user is told at record time, not after the recording).
+//!
+//! Whether an instruction pointer follows a `hlt` is decided by decoding the image's code
+//! with iced-x86 from the function symbol before it (or its segment's start when there
+//! is none): the byte before the instruction pointer alone would also match an
+//! instruction that merely ends in 0xf4. Only addresses after a 0xf4 byte are decoded,
+//! once each (a large image is never decoded whole).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use glass_target::procfs::Mapping;
+use glass_target::TargetError;
+use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+use object::{Object, ObjectSegment, ObjectSymbol, SegmentFlags, SymbolKind};
+
+pub struct GuestImage {
+    /// The executable segments at their link addresses.
+    pub mappings: Vec<Mapping>,
+    /// The executable segments' bytes: (address, code).
+    code: Vec<(u64, Vec<u8>)>,
+    /// Function symbols and segment starts, sorted: where decoding may begin.
+    starts: Vec<u64>,
+    /// Addresses after a 0xf4 byte already decoded: whether a `hlt` ends there.
+    after_hlt: HashMap<u64, bool>,
+    /// Said once at record time when frames will not be named.
+    pub naming_warning: Option<String>,
+}
+
+impl GuestImage {
+    /// Reads an ELF image, or an `nm -n` / System.map table (one mapping over its text
+    /// symbols, no code: frame pointers only, no halt detection).
+    pub fn load(path: &Path) -> Result<GuestImage, TargetError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
+        if !bytes.starts_with(b"\x7fELF") {
+            let table = glass_symbols::nm_table(&path.to_string_lossy()).ok_or_else(|| {
+                TargetError::BadInput(format!(
+                    "{}: neither an ELF file nor an nm -n symbol table",
+                    path.display()
+                ))
+            })?;
+            let start = table.first().map_or(0, |s| s.0);
+            let end = table.last().map_or(start, |s| s.0 + s.1);
+            return Ok(GuestImage {
+                mappings: vec![mapping(path, start, end, 0)],
+                code: Vec::new(),
+                starts: Vec::new(),
+                after_hlt: HashMap::new(),
+                naming_warning: None,
+            });
+        }
+        let elf = object::File::parse(&*bytes).map_err(|e| {
+            TargetError::BadInput(format!("{}: not an ELF file ({e})", path.display()))
+        })?;
+        let executable: Vec<_> = elf
+            .segments()
+            .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0))
+            .collect();
+        if executable.is_empty() {
+            return Err(TargetError::BadInput(format!(
+                "{}: no executable segment",
+                path.display()
+            )));
+        }
+        let mappings = executable
+            .iter()
+            .map(|s| mapping(path, s.address(), s.address() + s.size(), s.file_range().0))
+            .collect();
+        let mut starts: Vec<u64> = elf
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+            .map(|s| s.address())
+            .collect();
+        starts.extend(executable.iter().map(|s| s.address()));
+        starts.sort_unstable();
+        starts.dedup();
+        let code = executable
+            .iter()
+            .filter_map(|s| Some((s.address(), s.data().ok()?.to_vec())))
+            .collect();
+        let naming_warning = naming_problem(&elf).map(|problem| {
+            format!(
+                "{} {problem} (--symbols FILE.elf, or an nm -n table)",
+                path.display()
+            )
+        });
+        Ok(GuestImage {
+            mappings,
+            code,
+            starts,
+            after_hlt: HashMap::new(),
+            naming_warning,
+        })
+    }
+
+    /// Whether `ip` lies in the image's code.
+    pub fn contains(&self, ip: u64) -> bool {
+        self.mappings.iter().any(|m| ip >= m.start && ip < m.end)
+    }
+
+    /// Whether a vCPU at `ip` has just executed one of the image's `hlt` instructions:
+    /// it is halted (QEMU reports a halted vCPU's instruction pointer after the `hlt`).
+    pub fn halted_at(&mut self, ip: u64) -> bool {
+        let Some((base, bytes)) = self
+            .code
+            .iter()
+            .find(|(base, bytes)| ip > *base && ip <= base + bytes.len() as u64)
+        else {
+            return false;
+        };
+        if bytes[(ip - 1 - base) as usize] != 0xf4 {
+            return false;
+        }
+        if let Some(&known) = self.after_hlt.get(&ip) {
+            return known;
+        }
+        let index = self.starts.partition_point(|&a| a < ip);
+        let from = index
+            .checked_sub(1)
+            .map_or(*base, |i| self.starts[i].max(*base));
+        let slice = &bytes[(from - base) as usize..(ip - base) as usize];
+        let mut decoder = Decoder::with_ip(64, slice, from, DecoderOptions::NONE);
+        let halted = (&mut decoder).into_iter().any(|instruction| {
+            instruction.mnemonic() == Mnemonic::Hlt && instruction.next_ip() == ip
+        });
+        self.after_hlt.insert(ip, halted);
+        halted
+    }
+}
+
+fn mapping(path: &Path, start: u64, end: u64, file_offset: u64) -> Mapping {
+    Mapping {
+        start,
+        end,
+        file_offset,
+        path: path.to_string_lossy().into_owned(),
+        deleted: false,
+    }
+}
+
+/// Why frames of this image will not be named (or not well), if so.
+fn naming_problem(elf: &object::File) -> Option<&'static str> {
+    let named = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .any(|s| s.kind() == SymbolKind::Text && s.is_definition());
+    if !named {
+        return Some(
+            "has no function symbols (stripped): guest frames will show as addresses; give the image's unstripped 64-bit ELF",
+        );
+    }
+    if !elf.is_64() {
+        return Some(
+            "is a 32-bit ELF (the multiboot copy QEMU's -kernel loads): symbols above 4 GiB and unwind tables may be lost; give the image's 64-bit ELF",
+        );
+    }
+    None
+}

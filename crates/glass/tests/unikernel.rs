@@ -1,0 +1,273 @@
+//! End to end under QEMU TCG on a guest built the way real unikernels are
+//! (guests/unikernel): C without frame pointers and with its CFI only in `.debug_frame`,
+//! assembly with `.eh_frame`, a 48 KiB deep recursion, an idle loop that halts, one vCPU
+//! started under `-smp 2` (the other stays in the firmware), and a stripped 32-bit boot
+//! image with the symbols in a separate ELF. The guest measures its own split with its
+//! time-stamp counter and prints it: that is the truth the profile is checked against.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn build_unikernel(dir: &Path) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/unikernel/build.sh");
+    let status = Command::new(script)
+        .arg(dir)
+        .arg("0")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "guests/unikernel/build.sh failed");
+    dir.to_path_buf()
+}
+
+/// `glass record --vm` of the guest on two vCPUs for `seconds`; the guest's serial
+/// output goes to `serial`.
+fn record_vm(
+    image: &Path,
+    recording: &Path,
+    serial: &Path,
+    seconds: &str,
+    options: &[&str],
+) -> Output {
+    let serial_arg = format!("file:{}", serial.display());
+    let mut args = vec![
+        "record",
+        "--vm",
+        "-F",
+        "499",
+        "-d",
+        seconds,
+        "-o",
+        recording.to_str().unwrap(),
+    ];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&[
+        "--",
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg",
+        "-smp",
+        "2",
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+        "-serial",
+        &serial_arg,
+        "-kernel",
+        image.to_str().unwrap(),
+    ]);
+    glass(&args)
+}
+
+/// The guest's own last `split alpha=A% beta=B% gamma=G% halted=H%` line.
+fn guest_split(serial: &Path) -> [f64; 4] {
+    let text = std::fs::read_to_string(serial).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("split "))
+        .unwrap_or_else(|| panic!("no split line on the serial port: {text}"));
+    let value = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(key))
+            .and_then(|v| v.trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    [
+        value("alpha="),
+        value("beta="),
+        value("gamma="),
+        value("halted="),
+    ]
+}
+
+fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames.get(1).is_some_and(|t| t.starts_with(thread))
+                && frames.iter().any(|f| f == function)
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[test]
+fn a_unikernel_without_frame_pointers_is_profiled_whole_with_its_vcpu_states_named() {
+    let _alone = exclusive();
+    let dir = build_unikernel(&scratch("unikernel_split"));
+    let recording = dir.join("uk.glass");
+    let serial = dir.join("uk.serial");
+    let elf = dir.join("uk.elf");
+    let output = record_vm(
+        &dir.join("uk-stripped.img"),
+        &recording,
+        &serial,
+        "6",
+        &["--symbols", elf.to_str().unwrap()],
+    );
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    // The firmware and the boot loader ran outside the image first: not a wrong image.
+    assert!(!err.contains("outside the text"), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let stacks = folded(&recording, &["--threads"]);
+
+    // The second vCPU never left the firmware: named so, and nothing else.
+    let vcpu1: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f[1].starts_with("vcpu1/"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(vcpu1 > 1000, "{stacks:?}");
+    assert_eq!(under(&stacks, "vcpu1/", "[firmware]"), vcpu1, "{stacks:?}");
+
+    // The first vCPU: halted in the idle loop, named, under idle_wait.
+    let halted = under(&stacks, "vcpu0/", "[halted]");
+    let idle_chain = ["kmain", "run", "idle_wait", "[halted]"];
+    let halted_in_idle: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.windows(4).any(|w| w == idle_chain))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(halted > 100, "{stacks:?}");
+    assert!(
+        halted_in_idle as f64 >= 0.95 * halted as f64,
+        "{halted_in_idle} of {halted} halted samples under kmain;run;idle_wait"
+    );
+
+    // Busy time: the split the guest measured itself, within 3 points, from stacks
+    // unwound by .debug_frame (C) and .eh_frame (mix_block) alone.
+    let [alpha, beta, gamma, _] = guest_split(&serial);
+    let busy = under(&stacks, "vcpu0/", "dispatch");
+    assert!(busy > 800, "{busy} busy samples: {stacks:?}");
+    for (function, truth) in [("alpha", alpha), ("beta", beta), ("gamma", gamma)] {
+        let share = under(&stacks, "vcpu0/", function) as f64 * 100.0 / busy as f64;
+        assert!(
+            (share - truth).abs() <= 3.0,
+            "{function}: {share:.1}% of samples, the guest measured {truth}%"
+        );
+    }
+    // Whole stacks: every busy sample reaches kmain, and beta's all 80 frames deep.
+    let rooted: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.windows(3).any(|w| w == ["kmain", "run", "dispatch"]))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        rooted as f64 >= 0.97 * busy as f64,
+        "{rooted} of {busy} busy samples rooted at kmain;run;dispatch: {stacks:?}"
+    );
+    let beta_samples = under(&stacks, "vcpu0/", "beta");
+    let deep: u64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            f.windows(2).any(|w| w == ["dispatch", "beta"])
+                && f.iter().filter(|x| *x == "descend").count() == 80
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        deep as f64 >= 0.97 * beta_samples as f64,
+        "{deep} of {beta_samples} samples in beta hold all 80 descend frames"
+    );
+    assert!(
+        under(&stacks, "vcpu0/", "[unknown]") as f64 <= 0.01 * busy as f64,
+        "{stacks:?}"
+    );
+    // Deep stacks were copied whole once the copy had grown to them.
+    assert!(err.contains("vcpu0:") && err.contains("halted"), "{err}");
+    assert!(err.contains("in firmware"), "{err}");
+
+    // --no-idle at report time leaves the halted samples out.
+    let busy_only = folded(&recording, &["--threads", "--no-idle"]);
+    assert_eq!(under(&busy_only, "vcpu0/", "[halted]"), 0);
+    assert_eq!(under(&busy_only, "vcpu0/", "dispatch"), busy);
+}
+
+#[test]
+fn a_stripped_boot_image_alone_is_announced_and_no_idle_leaves_halted_samples_out() {
+    let _alone = exclusive();
+    let dir = build_unikernel(&scratch("unikernel_stripped"));
+    let recording = dir.join("stripped.glass");
+    let serial = dir.join("stripped.serial");
+    let output = record_vm(
+        &dir.join("uk-stripped.img"),
+        &recording,
+        &serial,
+        "3",
+        &["--no-idle"],
+    );
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    // Said at record time, with what to do about it.
+    assert!(
+        err.contains("has no function symbols (stripped)") && err.contains("--symbols"),
+        "{err}"
+    );
+    // The halt is found in the code itself, symbols or not; the samples are left out.
+    let left_out: u64 = err
+        .lines()
+        .find(|l| l.contains("vcpu0:"))
+        .and_then(|l| l.split(" halted, left out").next())
+        .and_then(|l| l.rsplit(['(', ' ']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no halted count in: {err}"));
+    assert!(left_out > 50, "{err}");
+    let stacks = folded(&recording, &["--threads"]);
+    assert_eq!(under(&stacks, "vcpu0/", "[halted]"), 0, "{stacks:?}");
+    assert!(total(&stacks) > 500, "{stacks:?}");
+}
+
+#[test]
+fn deep_stacks_are_copied_whole_through_m_packets_too() {
+    let _alone = exclusive();
+    let dir = build_unikernel(&scratch("unikernel_m_packets"));
+    // Attached through the stub alone: no shared RAM, every stack byte comes in `m`
+    // packets, whose copy must grow to the 48 KiB recursion as the RAM path's does.
+    let vm = Vm::start_with(&dir, "uk.img", "uk-m", 1);
+    let recording = dir.join("m.glass");
+    let elf = dir.join("uk.elf");
+    let output = glass(&[
+        "record",
+        "-F",
+        "199",
+        "-d",
+        "4",
+        "--gdb",
+        vm.socket.to_str().unwrap(),
+        "--symbols",
+        elf.to_str().unwrap(),
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    let copy_kib: usize = err
+        .lines()
+        .find(|l| l.contains("vcpu0:"))
+        .and_then(|l| l.split("stack copy ").nth(1))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no stack copy size in: {err}"));
+    assert!(copy_kib >= 48, "{err}");
+    let stacks = folded(&recording, &[]);
+    let beta_samples = samples_in(&stacks, "beta");
+    let deep: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().filter(|x| *x == "descend").count() == 80)
+        .map(|(_, n)| n)
+        .sum();
+    assert!(beta_samples > 20, "{stacks:?}");
+    // The first samples of the recursion may come before the copy has grown to it.
+    assert!(
+        deep as f64 >= 0.9 * beta_samples as f64,
+        "{deep} of {beta_samples} samples in beta hold all 80 descend frames"
+    );
+    vm.assert_running();
+}
