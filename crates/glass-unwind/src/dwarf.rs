@@ -1,6 +1,7 @@
-//! DWARF CFI unwinding with framehop over `.eh_frame` / `.eh_frame_hdr` / `.debug_frame`
-//! of every module, falling back to frame pointers per frame where a module has no CFI
-//! for an address (framehop does that itself).
+//! DWARF CFI unwinding with framehop over every CFI source of every module, per address:
+//! `.eh_frame` (with `.eh_frame_hdr`) where it covers an address, `.debug_frame` where
+//! only it does ([`crate::cfi`]); frame pointers (or, in the first frame, the return
+//! address at the stack pointer) where no FDE covers an address (framehop does that).
 //!
 //! The same unwinder serves a live thread (stack words read from a [`StackWindow`]) and
 //! a snapshot read back from a recording (stack words from the snapshot's bytes).
@@ -11,8 +12,9 @@ use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSegment};
 
+use crate::cfi::{self, CfiSources, ImageCfi, Source};
 use crate::fp::WalkEnd;
 use crate::UnwindRegs;
 
@@ -22,7 +24,8 @@ type SectionBytes = Arc<[u8]>;
 pub struct DwarfUnwinder {
     unwinder: UnwinderX86_64<SectionBytes>,
     cache: CacheX86_64,
-    modules: Vec<Range<u64>>,
+    /// Each mapping added, with its file's CFI sources.
+    modules: Vec<(Range<u64>, CfiSources)>,
 }
 
 impl Default for DwarfUnwinder {
@@ -70,26 +73,34 @@ impl DwarfUnwinder {
         }
     }
 
-    /// Whether a module covering this start address was added.
+    /// Whether a module (a whole mapping) starting at this address was added.
     pub fn has_module(&self, start: u64) -> bool {
-        self.modules.iter().any(|r| r.start == start)
+        self.modules.iter().any(|(r, _)| r.start == start)
     }
 
-    /// Adds the executable mapping `[start, end)` of `file` (mapped from `file_offset`).
-    /// A module whose file cannot be read is left out: addresses in it then unwind by
-    /// frame pointers.
+    /// Adds the executable mapping `[start, end)` of `file` (mapped from `file_offset`),
+    /// and says which CFI sources the file has. A module whose file cannot be read is
+    /// left out: addresses in it then unwind by frame pointers.
     pub fn add_module(
         &mut self,
         file: &Path,
         start: u64,
         end: u64,
         file_offset: u64,
-    ) -> Result<(), ModuleError> {
+    ) -> Result<CfiSources, ModuleError> {
         let data = std::fs::read(file).map_err(|e| ModuleError::Unreadable(e.to_string()))?;
         self.add_module_bytes(&file.to_string_lossy(), &data, start, end, file_offset)
     }
 
     /// As [`DwarfUnwinder::add_module`], from the file's bytes.
+    ///
+    /// Every CFI source of the file is used, per address: the mapping is cut into a few
+    /// sub-ranges ([`crate::cfi`]), each a framehop module given only the sections of
+    /// its source — `.eh_frame` (with `.eh_frame_hdr`) where it has an FDE for the
+    /// address, `.debug_frame` (only the FDEs of that sub-range) where only it has one.
+    /// Each module's base is the lowest address it needs (its sub-range and its FDEs),
+    /// so code linked high (a kernel at 0xffffffff80000000) is within framehop's 32-bit
+    /// offsets.
     pub fn add_module_bytes(
         &mut self,
         name: &str,
@@ -97,7 +108,7 @@ impl DwarfUnwinder {
         start: u64,
         end: u64,
         file_offset: u64,
-    ) -> Result<(), ModuleError> {
+    ) -> Result<CfiSources, ModuleError> {
         let elf = object::File::parse(data).map_err(|e| ModuleError::NotElf(e.to_string()))?;
         // The load bias: where the segment holding `file_offset` landed, minus where the
         // file says it should be.
@@ -111,45 +122,28 @@ impl DwarfUnwinder {
         let (segment_offset, _) = segment.file_range();
         let svma_at_start = segment.address() + (file_offset - segment_offset);
         let bias = start.wrapping_sub(svma_at_start);
+        let svma = svma_at_start..svma_at_start.wrapping_add(end.wrapping_sub(start));
 
-        let section = |name: &str| -> (Option<Range<u64>>, Option<SectionBytes>) {
-            match elf.section_by_name(name) {
-                Some(s) => {
-                    let range = s.address()..s.address() + s.size();
-                    let bytes = s
-                        .data()
-                        .ok()
-                        .filter(|d| !d.is_empty())
-                        .map(Arc::<[u8]>::from);
-                    (Some(range), bytes)
-                }
-                None => (None, None),
-            }
-        };
-        let (text_svma, text) = section(".text");
-        let (eh_frame_svma, eh_frame) = section(".eh_frame");
-        let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr");
-        let (_, debug_frame) = section(".debug_frame");
-        let (got_svma, _) = section(".got");
-        let info = ExplicitModuleSectionInfo {
-            base_svma: 0,
-            text_svma,
-            text,
-            got_svma,
-            eh_frame_svma,
-            eh_frame,
-            eh_frame_hdr_svma,
-            eh_frame_hdr,
-            debug_frame,
-            ..Default::default()
-        };
-        let module = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Module::new(name.to_string(), start..end, bias, info)
+        // Unwind tables come from files glass does not control: a parser panic leaves
+        // the module without CFI.
+        let modules = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            modules_for(name, &elf, svma, bias)
         }))
         .map_err(|_| ModuleError::NotElf("unreadable unwind tables".into()))?;
-        self.unwinder.add_module(module);
-        self.modules.push(start..end);
-        Ok(())
+        let (modules, sources) = modules;
+        for module in modules {
+            self.unwinder.add_module(module);
+        }
+        self.modules.push((start..end, sources));
+        Ok(sources)
+    }
+
+    /// The CFI sources of the file of the module added at `start`.
+    pub fn cfi_sources(&self, start: u64) -> Option<CfiSources> {
+        self.modules
+            .iter()
+            .find(|(r, _)| r.start == start)
+            .map(|(_, sources)| *sources)
     }
 
     /// Appends the instruction pointer and the return addresses to `frames`. `read_word`
@@ -190,4 +184,76 @@ impl DwarfUnwinder {
             WalkEnd::Unreadable
         })
     }
+}
+
+/// The framehop modules for the mapping `svma` (file addresses) of `elf`, loaded at
+/// `svma + bias`, and the file's CFI sources.
+fn modules_for(
+    name: &str,
+    elf: &object::File,
+    svma: Range<u64>,
+    bias: u64,
+) -> (Vec<Module<SectionBytes>>, CfiSources) {
+    let cfi = ImageCfi::read(elf);
+    let sources = cfi.sources();
+    let range = |name: &str| cfi::section(elf, name).map(|(range, _)| range);
+    let bytes = |name: &str| {
+        cfi::section(elf, name)
+            .map(|(_, data)| Arc::<[u8]>::from(&*data))
+            .filter(|d| !d.is_empty())
+    };
+    let eh_frame = bytes(".eh_frame");
+    let eh_frame_hdr = bytes(".eh_frame_hdr");
+    let mut runs = cfi::plan(svma.clone(), &cfi.eh_frame, &cfi.debug_frame);
+    if runs.is_empty() && eh_frame.is_some() {
+        // No FDE in this mapping: as before, the whole of it with `.eh_frame` (framehop
+        // finds no FDE and falls back).
+        runs.push((svma.clone(), Source::EhFrame));
+    }
+    let eh_lowest = cfi.eh_frame.iter().map(|f| f.start).min();
+    let mut modules = Vec::new();
+    for (run, source) in runs {
+        let mut info = ExplicitModuleSectionInfo {
+            text_svma: range(".text"),
+            got_svma: range(".got"),
+            ..Default::default()
+        };
+        let base_svma = match source {
+            Source::EhFrame => {
+                info.eh_frame_svma = range(".eh_frame");
+                info.eh_frame = eh_frame.clone();
+                info.eh_frame_hdr_svma = range(".eh_frame_hdr");
+                info.eh_frame_hdr = eh_frame_hdr.clone();
+                // Without `.eh_frame_hdr` framehop indexes every FDE relative to the
+                // base, so the base is below all of them.
+                run.start.min(eh_lowest.unwrap_or(run.start))
+            }
+            Source::DebugFrame => {
+                let fdes: Vec<cfi::Fde> = cfi
+                    .debug_frame
+                    .iter()
+                    .filter(|f| f.start < run.end && f.end > run.start)
+                    .copied()
+                    .collect();
+                let Some(subset) = cfi
+                    .debug_frame_data
+                    .as_deref()
+                    .and_then(|data| cfi::debug_frame_subset(data, &fdes))
+                else {
+                    continue;
+                };
+                info.debug_frame = Some(Arc::from(subset));
+                fdes.iter().map(|f| f.start).fold(run.start, u64::min)
+            }
+        };
+        info.base_svma = base_svma;
+        let avma = run.start.wrapping_add(bias)..run.end.wrapping_add(bias);
+        modules.push(Module::new(
+            name.to_string(),
+            avma,
+            base_svma.wrapping_add(bias),
+            info,
+        ));
+    }
+    (modules, sources)
 }

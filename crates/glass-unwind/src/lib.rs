@@ -5,11 +5,13 @@
 //! (words read with `process_vm_readv` into a [`StackWindow`]), a VM guest read through
 //! its page tables, and a snapshot stored in a recording.
 
+pub mod cfi;
 pub mod dwarf;
 pub mod fp;
 pub mod snapshot;
 pub mod window;
 
+pub use cfi::{cfi_sources, CfiSources};
 pub use dwarf::DwarfUnwinder;
 pub use fp::{walk_frame_pointers, WalkEnd};
 pub use window::{RemoteMemory, StackWindow};

@@ -143,7 +143,38 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         }
         None => println!("cost:        not recorded (the recorder did not finish the file)"),
     }
+    cfi_info(&recording);
     Ok(())
+}
+
+/// Per module file of the recording, the CFI sources the unwinder has for it (read from
+/// the file as it is now).
+fn cfi_info(recording: &glass_format::Recording) {
+    let mut seen = HashSet::new();
+    let mut first = true;
+    for module in &recording.modules {
+        if module.path.starts_with('[') || !seen.insert(module.path.as_str()) {
+            continue;
+        }
+        let what = match std::fs::read(&module.path) {
+            Err(_) => "file missing".to_string(),
+            Ok(bytes) => {
+                let sources = glass_unwind::cfi_sources(&bytes);
+                let changed = !module.build_id.is_empty()
+                    && object::File::parse(&*bytes)
+                        .ok()
+                        .and_then(|elf| object::Object::build_id(&elf).ok().flatten())
+                        .is_some_and(|id| id != module.build_id.as_slice());
+                match changed {
+                    true => format!("{sources} (the file changed since the recording)"),
+                    false => sources.to_string(),
+                }
+            }
+        };
+        let label = if first { "cfi:" } else { "" };
+        first = false;
+        println!("{label:<13}{}: {what}", module.path);
+    }
 }
 
 /// `glass info` of a `glass trace` recording.
