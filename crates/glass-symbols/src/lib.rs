@@ -261,8 +261,9 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
             .and_then(|index| elf.section_by_index(index).ok())
             .is_some_and(|section| section.kind() == object::SectionKind::Text)
     };
+    // (address, size, name, typed as a function)
     let collect =
-        |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<(u64, u64, String)> {
+        |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<(u64, u64, String, bool)> {
             symbols
                 .filter(|s| match s.kind() {
                     object::SymbolKind::Text => s.is_definition() && s.address() != 0,
@@ -280,6 +281,7 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
                         s.address(),
                         s.size(),
                         addr2line::demangle_auto(name.into(), None).into_owned(),
+                        s.kind() == object::SymbolKind::Text,
                     ))
                 })
                 .collect()
@@ -288,9 +290,25 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
     if symbols.is_empty() {
         symbols = collect(&mut elf.dynamic_symbols());
     }
-    // Several names for one address (aliases): keep the first, sized one.
-    symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    // Several names for one address (aliases): keep a function's, the sized one first.
+    symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.3.cmp(&a.3)).then(b.1.cmp(&a.1)));
     symbols.dedup_by_key(|s| s.0);
+    // A label inside a sized function (a loop's or a trampoline's end) does not rename
+    // the rest of the function.
+    let mut enclosing_end = 0;
+    symbols.retain(|&(address, size, _, function)| {
+        if !function && address < enclosing_end {
+            return false;
+        }
+        if function && size > 0 {
+            enclosing_end = enclosing_end.max(address + size);
+        }
+        true
+    });
+    let mut symbols: Vec<(u64, u64, String)> = symbols
+        .into_iter()
+        .map(|(address, size, name, _)| (address, size, name))
+        .collect();
     // A symbol without a size reaches the next symbol (the lookup needs the end so that
     // an address past a sized function is never named after an unsized one before it).
     for i in 0..symbols.len() {

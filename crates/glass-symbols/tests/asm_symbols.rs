@@ -14,6 +14,9 @@ const SOURCE: &str = r#"
     .type sized_function, @function
 sized_function:
     nop
+    .globl label_inside               /* NOTYPE inside a sized function */
+label_inside:
+    nop
     nop
     ret
     .size sized_function, . - sized_function
@@ -25,6 +28,8 @@ notype_entry:                     /* NOTYPE, no size: a multiboot-style entry */
     nop
     nop
     nop
+    .globl trampoline_end             /* NOTYPE at the same address as a function */
+trampoline_end:
     .globl zero_size_function
     .type zero_size_function, @function
 zero_size_function:               /* FUNC, but no .size */
@@ -80,13 +85,17 @@ fn notype_and_unsized_assembly_symbols_name_their_code() {
     let mut symbolizer = Symbolizer::new();
     let mut name = |at: u64| symbolizer.symbolize(&module, at, false)[0].function.clone();
     assert_eq!(name(address("sized_function") + 1), "sized_function");
+    // A label inside a function does not rename the rest of it.
+    assert_eq!(name(address("label_inside") + 1), "sized_function");
+    // A label and a function at one address: the function names it.
+    assert_eq!(address("trampoline_end"), address("zero_size_function"));
     assert_eq!(name(address("notype_entry") + 2), "notype_entry");
     assert_eq!(
         name(address("zero_size_function") + 3),
         "zero_size_function"
     );
     // In the padding after a sized function: not that function's name.
-    let padding = address("sized_function") + 8;
+    let padding = address("sized_function") + 10;
     assert!(padding < address("notype_entry"));
     let shown = name(padding);
     assert!(

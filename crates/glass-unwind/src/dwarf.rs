@@ -26,6 +26,9 @@ pub struct DwarfUnwinder {
     cache: CacheX86_64,
     /// Each mapping added, with its file's CFI sources.
     modules: Vec<(Range<u64>, CfiSources)>,
+    /// Process addresses an FDE covers, sorted by start: code outside them, in a mapping
+    /// whose file has CFI (`modules`), is unwound by a guess (see `walk`).
+    described: Vec<Range<u64>>,
 }
 
 impl Default for DwarfUnwinder {
@@ -40,6 +43,7 @@ impl Clone for DwarfUnwinder {
             unwinder: self.unwinder.clone(),
             cache: CacheX86_64::new(),
             modules: self.modules.clone(),
+            described: self.described.clone(),
         }
     }
 }
@@ -70,6 +74,7 @@ impl DwarfUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             modules: Vec::new(),
+            described: Vec::new(),
         }
     }
 
@@ -130,10 +135,12 @@ impl DwarfUnwinder {
             modules_for(name, &elf, svma, bias)
         }))
         .map_err(|_| ModuleError::NotElf("unreadable unwind tables".into()))?;
-        let (modules, sources) = modules;
+        let (modules, sources, described) = modules;
         for module in modules {
             self.unwinder.add_module(module);
         }
+        self.described.extend(described);
+        self.described.sort_by_key(|r| r.start);
         self.modules.push((start..end, sources));
         Ok(sources)
     }
@@ -157,6 +164,7 @@ impl DwarfUnwinder {
     ) -> WalkEnd {
         let start = frames.len();
         let (unwinder, cache) = (&self.unwinder, &mut self.cache);
+        let (modules, described) = (&self.modules, &self.described);
         // Unwind tables come from files glass does not control: should the parser below
         // panic on one (the fuzz test found such a case in gimli), the sample ends
         // truncated instead of taking the recorder down.
@@ -172,6 +180,21 @@ impl DwarfUnwinder {
                     Ok(Some(FrameAddress::InstructionPointer(ip))) => frames.push(ip),
                     Ok(Some(FrameAddress::ReturnAddress(ra))) => frames.push(ra.get()),
                     Ok(None) => return WalkEnd::Complete,
+                    // The frame that could not be unwound is in code without CFI of an
+                    // image that has CFI: entry code (a kernel's boot stub calling a
+                    // `noreturn` main that never saved the frame pointer register, a
+                    // thread's start routine). The frame-pointer guess there found no
+                    // frame because there is none: the stack ends.
+                    Err(_)
+                        if frames.len() > start + 1 && {
+                            let last = frames[frames.len() - 1];
+                            modules.iter().any(|(range, sources)| {
+                                range.contains(&last) && !sources.is_empty()
+                            }) && is_undescribed(described, last)
+                        } =>
+                    {
+                        return WalkEnd::Complete
+                    }
                     Err(_) => return WalkEnd::BadFramePointer,
                 }
             }
@@ -186,14 +209,26 @@ impl DwarfUnwinder {
     }
 }
 
+/// Whether the return address `address` lies in code no FDE covers (`described`: the
+/// covered ranges, sorted by start).
+fn is_undescribed(described: &[Range<u64>], address: u64) -> bool {
+    let lookup = address.wrapping_sub(1);
+    let index = described.partition_point(|r| r.start <= lookup);
+    !described[..index]
+        .iter()
+        .rev()
+        .take(64)
+        .any(|r| r.contains(&lookup))
+}
+
 /// The framehop modules for the mapping `svma` (file addresses) of `elf`, loaded at
-/// `svma + bias`, and the file's CFI sources.
+/// `svma + bias`, the file's CFI sources, and the process addresses its FDEs cover.
 fn modules_for(
     name: &str,
     elf: &object::File,
     svma: Range<u64>,
     bias: u64,
-) -> (Vec<Module<SectionBytes>>, CfiSources) {
+) -> (Vec<Module<SectionBytes>>, CfiSources, Vec<Range<u64>>) {
     let cfi = ImageCfi::read(elf);
     let sources = cfi.sources();
     let range = |name: &str| cfi::section(elf, name).map(|(range, _)| range);
@@ -211,6 +246,14 @@ fn modules_for(
         runs.push((svma.clone(), Source::EhFrame));
     }
     let eh_lowest = cfi.eh_frame.iter().map(|f| f.start).min();
+    let mut covered: Vec<Range<u64>> = cfi
+        .eh_frame
+        .iter()
+        .chain(&cfi.debug_frame)
+        .filter(|f| f.start < svma.end && f.end > svma.start && f.start < f.end)
+        .map(|f| f.start.wrapping_add(bias)..f.end.wrapping_add(bias))
+        .collect();
+    covered.sort_by_key(|r| r.start);
     let mut modules = Vec::new();
     for (run, source) in runs {
         let mut info = ExplicitModuleSectionInfo {
@@ -255,5 +298,5 @@ fn modules_for(
             info,
         ));
     }
-    (modules, sources)
+    (modules, sources, covered)
 }

@@ -89,6 +89,13 @@ pub(super) fn sample_guest<'a>(
     if let Some(warning) = &image.naming_warning {
         eprintln!("glass: warning: {warning}");
     }
+    if !sink.args.quiet {
+        eprintln!(
+            "glass: unwind tables of {}: {}",
+            symbols.display(),
+            image.cfi
+        );
+    }
     let mut client = Client::connect(address).map_err(stub_failed)?;
     let outcome = match run(
         &mut sink,
@@ -125,6 +132,8 @@ struct Vcpu {
     stack: Vec<u8>,
     /// Bytes to copy at the next sample.
     copy_len: usize,
+    /// The deepest recent walk's need in bytes, decaying (see [`Vcpu::walked`]).
+    deepest: usize,
     /// Bytes copied at this sample.
     copied: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
@@ -145,6 +154,7 @@ impl Vcpu {
             regs: VcpuRegs::default(),
             stack: vec![0; limit],
             copy_len: first_copy.min(limit),
+            deepest: first_copy.min(limit),
             copied: 0,
             ran_image: false,
             in_firmware: false,
@@ -165,23 +175,24 @@ impl Vcpu {
     /// nothing about the stack's depth and is neither counted nor copied for. A copy
     /// that stopped short of its size met the end of the mapped stack: not cut either.
     ///
-    /// The size follows the deepest recent walk, decaying by 1/64 a sample: a vCPU that
-    /// alternates shallow and deep stacks keeps a copy for the deep ones, while one whose
-    /// deep phase is over stops paying for it (which matters most through `m` packets,
-    /// one round trip per packet). A cut copy doubles. Sizes are in 512-byte steps.
+    /// The size follows the deepest recent walk, decaying by 1/256 a sample (a half-life
+    /// of about 180 samples): a vCPU that alternates shallow and deep stacks keeps a copy
+    /// for the deep ones, while one whose deep phase is over stops paying for it (which
+    /// matters most through `m` packets, one round trip per packet). A cut copy grows
+    /// fourfold, so a deep stack is reached in one or two samples.
     fn walked(&mut self, wanted: usize) {
         const FRAME: usize = 4096;
         let limit = self.stack.len();
-        let mut next = self.copy_len - (self.copy_len / 64).max(512);
+        self.deepest -= self.deepest / 256;
         let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
         if ran_out && self.copied == self.copy_len {
             self.cut += 1;
-            next = next.max(self.copy_len * 2);
+            self.deepest = self.deepest.max(self.copy_len * 4);
         }
         if wanted <= self.copied + FRAME {
-            next = next.max(wanted + 512);
+            self.deepest = self.deepest.max(wanted);
         }
-        self.copy_len = next.next_multiple_of(512).clamp(512, limit);
+        self.copy_len = (self.deepest + 512).next_multiple_of(512).clamp(512, limit);
     }
 }
 
@@ -369,6 +380,8 @@ fn sample_loop(
         let taken = take_sample(client, source, image, vcpus, no_idle);
         let resumed = client.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
+        // Ticks are spaced in the guest's own (running) time.
+        timer.postpone(stopped_ns);
         if let Err(error) = taken.and(resumed) {
             // The stub went away: the VM powered off, or the connection broke.
             let powered_off = vm.as_deref_mut().is_some_and(|vm| {

@@ -29,6 +29,8 @@ pub struct GuestImage {
     after_hlt: HashMap<u64, bool>,
     /// Said once at record time when frames will not be named.
     pub naming_warning: Option<String>,
+    /// Which unwind tables the image has (said at record time).
+    pub cfi: glass_unwind::CfiSources,
 }
 
 impl GuestImage {
@@ -52,6 +54,7 @@ impl GuestImage {
                 starts: Vec::new(),
                 after_hlt: HashMap::new(),
                 naming_warning: None,
+                cfi: glass_unwind::CfiSources::default(),
             });
         }
         let elf = object::File::parse(&*bytes).map_err(|e| {
@@ -95,6 +98,7 @@ impl GuestImage {
             starts,
             after_hlt: HashMap::new(),
             naming_warning,
+            cfi: glass_unwind::cfi_sources(&bytes),
         })
     }
 

@@ -380,6 +380,16 @@ impl Ticker {
         Ok(())
     }
 
+    /// Moves every later deadline by `ns`: the schedule then counts only the time the
+    /// target ran. A VM guest's clocks stand still while glass holds it stopped, so with
+    /// wall-clock deadlines the code where stops take longer would get more samples per
+    /// second of the guest's own time than the rest (seen here: a deep recursion read
+    /// through 48 KiB of stack copies at 38% of the samples for 31% of the guest's time).
+    pub fn postpone(&mut self, ns: u64) {
+        self.start_ns = self.start_ns.saturating_add(ns);
+        let _ = self.arm();
+    }
+
     /// After the descriptor polled readable: `Some(missed deadlines)` when a tick is
     /// due (the next one is armed), `None` for a spurious wake-up.
     pub fn fired(&mut self) -> Option<u64> {
