@@ -224,8 +224,14 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Record(args) => record::run(&args),
-        Command::Report(args) => report::run(&args).map(|()| 0),
-        Command::Info(args) => info::run(&args).map(|()| 0),
+        Command::Report(args) => {
+            end_quietly_on_closed_pipe();
+            report::run(&args).map(|()| 0)
+        }
+        Command::Info(args) => {
+            end_quietly_on_closed_pipe();
+            info::run(&args).map(|()| 0)
+        }
         Command::Trace(args) => trace::run(&args),
         Command::Guardian(args) => record::guardian::run(&args),
     };
@@ -236,4 +242,12 @@ fn main() -> ExitCode {
             ExitCode::from(failure.exit_code as u8)
         }
     }
+}
+
+/// `glass report … | head`: a reader that stops early ends glass as it ends any Unix
+/// filter, by SIGPIPE, instead of a panic on the failed write (Rust ignores SIGPIPE).
+/// Only for the commands that merely print: a recording must never die of it.
+fn end_quietly_on_closed_pipe() {
+    // SAFETY: restores the default disposition of one signal, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }

@@ -103,6 +103,30 @@ fn a_truncated_recording_reports_what_it_has() {
 }
 
 #[test]
+fn a_reader_that_stops_early_ends_report_and_info_without_a_panic() {
+    use std::os::fd::FromRawFd;
+    let dir = scratch("closed_pipe");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let recording = dir.join("split.glass");
+    record(&recording, 499, &[split.to_str().unwrap(), "1000"]);
+    for args in [vec!["info"], vec!["report", "--format", "folded"]] {
+        // `glass info FILE | head -0`: the reader is gone before glass writes a byte.
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        unsafe { libc::close(fds[0]) };
+        let write_end = unsafe { std::process::Stdio::from_raw_fd(fds[1]) };
+        let output = std::process::Command::new(GLASS)
+            .args(&args)
+            .arg(&recording)
+            .stdout(write_end)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn an_output_path_in_a_missing_directory() {
     let output = glass(&["record", "-o", "/no/such/dir/prof.glass", "--", "true"]);
     assert_clean_failure(&output, 2, "cannot write /no/such/dir/prof.glass");
