@@ -213,6 +213,19 @@ pub fn function_bytes<'a>(elf: &'a object::File, function: &Function) -> Option<
 }
 
 /// Decides whether `code` (the function's bytes, at `address`) can take the entry patch.
+/// A call that pushes a return address. iced-x86 classes `syscall` and `sysenter` as
+/// calls too, but they come back to the next instruction as any other instruction does:
+/// displaced, they are copied as they are and followed by the jump back.
+pub(crate) fn pushes_return_address(instruction: &Instruction) -> bool {
+    matches!(
+        instruction.flow_control(),
+        FlowControl::Call | FlowControl::IndirectCall
+    ) && !matches!(
+        instruction.mnemonic(),
+        iced_x86::Mnemonic::Syscall | iced_x86::Mnemonic::Sysenter
+    )
+}
+
 pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
     analyze_with_padding(code, address, &[])
 }
@@ -312,9 +325,7 @@ pub fn analyze_with_padding(code: &[u8], address: u64, padding: &[u8]) -> Result
     // code (unwinders and the exit probe read it), so the call is emulated, which only
     // works as the last displaced instruction and without a stack-relative operand.
     for (index, instruction) in displaced.iter().enumerate() {
-        if instruction.flow_control() == FlowControl::Call
-            || instruction.flow_control() == FlowControl::IndirectCall
-        {
+        if pushes_return_address(instruction) {
             let uses_stack = (0..instruction.op_count()).any(|op| {
                 instruction.op_kind(op) == iced_x86::OpKind::Memory
                     && (instruction.memory_base() == iced_x86::Register::RSP

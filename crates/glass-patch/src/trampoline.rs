@@ -66,12 +66,8 @@ pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<
     let leaves = plan.instructions.last().is_some_and(|last| {
         matches!(
             last.flow_control(),
-            FlowControl::Return
-                | FlowControl::UnconditionalBranch
-                | FlowControl::IndirectBranch
-                | FlowControl::Call
-                | FlowControl::IndirectCall
-        )
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) || crate::pushes_return_address(last)
     });
     if !leaves {
         instructions
@@ -159,6 +155,24 @@ mod tests {
                 "jmp 0000000000402000h"
             ]
         );
+    }
+
+    #[test]
+    fn a_displaced_syscall_is_copied_and_followed_by_the_jump_back() {
+        // syscall; nop; nop; nop; ret — syscall returns to the next instruction (iced-x86
+        // classes it as a call): copied as it is, then the jump back after the patch.
+        let code = [0x0f, 0x05, 0x90, 0x90, 0x90, 0xc3];
+        let plan = analyze(&code, 0x40_1000).unwrap();
+        assert_eq!(plan.displaced, 5);
+        let at = 0x50_0000;
+        let text = decode(&build(&plan, 1, at, at - 8).unwrap(), at);
+        assert_eq!(
+            text[2..],
+            ["syscall", "nop", "nop", "nop", "jmp 0000000000401005h"]
+        );
+        // And not only as the last displaced instruction.
+        let code = [0x0f, 0x05, 0x48, 0x89, 0xc7, 0xc3];
+        assert!(analyze(&code, 0x40_1000).is_ok());
     }
 
     #[test]
