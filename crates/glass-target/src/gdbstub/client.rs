@@ -79,6 +79,8 @@ pub struct Client {
     /// Whether `g` replies hold what the target description says (else the control
     /// registers are read with `p`, one round trip each).
     g_matches_layout: bool,
+    /// Replies read but not yet acknowledged (sent with the next `c`).
+    owed_acks: usize,
 }
 
 impl Client {
@@ -112,6 +114,7 @@ impl Client {
             batch: Vec::with_capacity(256),
             select_packets: Vec::new(),
             g_matches_layout: false,
+            owed_acks: 0,
         };
         client.handshake()?;
         Ok(client)
@@ -257,15 +260,99 @@ impl Client {
         }
     }
 
-    /// Lets the VM run; the reply comes only at the next stop.
+    /// Lets the VM run; the reply comes only at the next stop. The `c` goes out with the
+    /// acknowledgements still owed for pipelined replies, in one write, and its own
+    /// acknowledgement is not waited for (the next exchange reads past it): on a stream
+    /// socket nothing is corrupted, and QEMU's system-mode stub never retransmits.
     pub fn resume(&mut self) -> Result<(), StubError> {
         if self.running {
             return Ok(());
         }
-        self.send(b"c")?;
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        batch.resize(self.owed_acks, b'+');
+        encode(b"c", &mut self.framed);
+        batch.extend_from_slice(&self.framed);
+        let written = self.stream.write_all(&batch);
+        self.batch = batch;
+        written?;
+        self.owed_acks = 0;
         self.running = true;
         self.selected = None;
         Ok(())
+    }
+
+    /// Stops the VM and reads every vCPU's registers in one round trip: the interrupt
+    /// byte and every vCPU's `Hg` and `g` go out in one write. QEMU stops the VM
+    /// synchronously on the interrupt (a byte that arrives while the VM runs does nothing
+    /// else), sends the stop reply, then answers the queued packets in order with the VM
+    /// stopped. Replies are acknowledged with the next `c` (see [`Client::resume`]).
+    /// Falls back to [`Client::stop`] and [`Client::registers_of_all`] where the `g`
+    /// replies need `p` packets afterwards or the VM is already stopped.
+    pub fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), StubError> {
+        if !self.running || !self.g_matches_layout || out.len() != self.vcpus.len() {
+            self.stop()?;
+            return self.registers_of_all(out);
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        batch.push(0x03);
+        encode(b"g", &mut self.framed);
+        for select in &self.select_packets {
+            batch.extend_from_slice(select);
+            batch.extend_from_slice(&self.framed);
+        }
+        let written = self.stream.write_all(&batch);
+        self.batch = batch;
+        written?;
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        // The stop reply (a stale one may come first: any stop reply means stopped).
+        loop {
+            let reply = self.unacknowledged_reply(deadline)?;
+            if matches!(reply.first(), Some(b'T' | b'S')) {
+                break;
+            }
+        }
+        self.running = false;
+        self.selected = None;
+        for regs in out.iter_mut() {
+            let selected = self.unacknowledged_reply(deadline)?;
+            if selected != b"OK" {
+                return Err(StubError::Refused(
+                    "Hg".into(),
+                    String::from_utf8_lossy(&selected).into(),
+                ));
+            }
+            let reply = self.unacknowledged_reply(deadline)?;
+            *regs = self.parse_registers(&reply)?;
+        }
+        self.selected = self.vcpus.last().cloned();
+        Ok(())
+    }
+
+    /// The next packet of a pipelined exchange, its acknowledgement owed (sent with the
+    /// next `c`). Stop replies other than the one awaited are skipped by the callers.
+    fn unacknowledged_reply(&mut self, deadline: Instant) -> Result<Vec<u8>, StubError> {
+        loop {
+            match self.next_event(deadline)? {
+                Event::Ack => {}
+                Event::Packet(payload) => {
+                    self.owed_acks += 1;
+                    // A stop reply that was already queued (the VM stopped on its own)
+                    // answers nothing of this exchange.
+                    if !self.running && matches!(payload.first(), Some(b'T' | b'S')) {
+                        continue;
+                    }
+                    return Ok(payload);
+                }
+                Event::Nack | Event::BadChecksum => {
+                    self.selected = None;
+                    return Err(StubError::Protocol(
+                        "a pipelined packet was corrupted on the way".into(),
+                    ));
+                }
+            }
+        }
     }
 
     /// The registers of vCPU `index` (the VM must be stopped).

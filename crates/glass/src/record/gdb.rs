@@ -86,16 +86,6 @@ pub(super) fn sample_guest<'a>(
     vm: Option<&mut std::process::Child>,
 ) -> std::result::Result<(Sink<'a>, Outcome), TargetError> {
     let mut image = GuestImage::load(symbols)?;
-    if let Some(warning) = &image.naming_warning {
-        eprintln!("glass: warning: {warning}");
-    }
-    if !sink.args.quiet {
-        eprintln!(
-            "glass: unwind tables of {}: {}",
-            symbols.display(),
-            image.cfi
-        );
-    }
     let mut client = Client::connect(address).map_err(stub_failed)?;
     let outcome = match run(
         &mut sink,
@@ -202,7 +192,7 @@ struct StackSource<'a> {
     cache: TranslationCache,
     /// Bytes one `m` packet returns (the stub's packet size, hex doubling the bytes).
     packet_bytes: usize,
-    /// Every vCPU's registers, read in one pipelined exchange.
+    /// Every vCPU's registers, read in the exchange that stops the VM.
     regs: Vec<VcpuRegs>,
     /// Per sample, the time that exchange took.
     registers_ns: Vec<u64>,
@@ -218,6 +208,17 @@ fn run(
     vm: Option<&mut std::process::Child>,
 ) -> std::io::Result<Outcome> {
     let args = sink.args;
+    // Said once connected (an error before then is the one line printed).
+    if let Some(warning) = &image.naming_warning {
+        eprintln!("glass: warning: {warning}");
+    }
+    if !args.quiet {
+        eprintln!(
+            "glass: unwind tables of {}: {}",
+            symbols.display(),
+            image.cfi
+        );
+    }
     sink.write_meta("gdbstub", unwind_name(args.unwind), 0)?;
     // Guest addresses are not host processes: never consult /proc for them.
     sink.without_proc();
@@ -274,7 +275,7 @@ fn run(
         let times = &mut source.registers_ns;
         times.sort_unstable();
         eprintln!(
-            "glass: registers of {} vCPUs read in one exchange: p50 {:.1} us, p99 {:.1} us",
+            "glass: stop and registers of {} vCPUs in one exchange: p50 {:.1} us, p99 {:.1} us",
             vcpus.len(),
             percentile(times, 0.5),
             percentile(times, 0.99)
@@ -455,9 +456,8 @@ fn take_sample(
     vcpus: &mut [Vcpu],
     no_idle: bool,
 ) -> std::result::Result<(), StubError> {
-    client.stop()?;
     let started = Instant::now();
-    client.registers_of_all(&mut source.regs)?;
+    client.stop_with_registers(&mut source.regs)?;
     let registers_ns = started.elapsed().as_nanos() as u64;
     source.registers_ns.push(registers_ns);
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
