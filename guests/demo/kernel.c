@@ -3,26 +3,14 @@
  * rate on the serial port so a profiler's cost can be read from inside. Powers off
  * (isa-debug-exit) after ROUNDS rounds, or runs forever if ROUNDS is 0. */
 #include <stdint.h>
+#include "serial.h"
 
 #ifndef ROUNDS
 #define ROUNDS 0
 #endif
 #define UNIT_ITERATIONS 20000
 
-static inline void outb(uint16_t port, uint8_t value) { __asm__ volatile("outb %0, %1" : : "a"(value), "Nd"(port)); }
-static inline uint8_t inb(uint16_t port) { uint8_t v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-static inline uint64_t rdtsc(void) { uint32_t lo, hi; __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi)); return ((uint64_t)hi << 32) | lo; }
 
-static void serial_putc(char c) {
-    while (!(inb(0x3f8 + 5) & 0x20)) {}
-    outb(0x3f8, (uint8_t)c);
-}
-static void serial_puts(const char *s) { while (*s) serial_putc(*s++); }
-static void serial_putu(uint64_t v) {
-    char buf[24]; int i = 0;
-    do { buf[i++] = (char)('0' + v % 10); v /= 10; } while (v);
-    while (i) serial_putc(buf[--i]);
-}
 
 volatile uint64_t work_sink;
 

@@ -19,6 +19,7 @@
  *   "disk: ..." and a halt on any failure.
  * Call chain: kmain -> write_loop -> write_block -> submit / wait_used. */
 #include <stdint.h>
+#include "../demo/serial.h"
 
 #ifndef DISK_MIB
 #define DISK_MIB 16
@@ -26,26 +27,13 @@
 #define BLOCK 4096
 #define SECTORS_PER_BLOCK (BLOCK / 512)
 
-static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port)); }
 static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" : : "a"(v), "Nd"(port)); }
 static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" : : "a"(v), "Nd"(port)); }
-static inline uint8_t inb(uint16_t port) { uint8_t v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
 static inline uint16_t inw(uint16_t port) { uint16_t v; __asm__ volatile("inw %1, %0" : "=a"(v) : "Nd"(port)); return v; }
 static inline uint32_t inl(uint16_t port) { uint32_t v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-static inline uint64_t rdtsc(void) { uint32_t lo, hi; __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi)); return ((uint64_t)hi << 32) | lo; }
 /* The device reads and writes the rings from another thread: order our stores. */
 static inline void barrier(void) { __asm__ volatile("mfence" ::: "memory"); }
 
-static void serial_putc(char c) {
-    while (!(inb(0x3f8 + 5) & 0x20)) {}
-    outb(0x3f8, (uint8_t)c);
-}
-static void serial_puts(const char *s) { while (*s) serial_putc(*s++); }
-static void serial_putu(uint64_t v) {
-    char buf[24]; int i = 0;
-    do { buf[i++] = (char)('0' + v % 10); v /= 10; } while (v);
-    while (i) serial_putc(buf[--i]);
-}
 static void serial_puthex(uint64_t v) {
     serial_puts("0x");
     for (int shift = 60; shift >= 0; shift -= 4) {
