@@ -264,7 +264,19 @@ fn qemu_pid(pidfile: &Path, limit: Duration) -> Option<i32> {
 /// The guest RAM of a QEMU that `--vm` started: a memfd (no name anywhere), and no
 /// descriptor of QEMU's opens a file of this glass's.
 fn assert_ram_is_a_memfd(qemu: i32, glass: i32, tmpdir: &Path, what: &str) {
-    let maps = std::fs::read_to_string(format!("/proc/{qemu}/maps")).unwrap_or_default();
+    // QEMU writes its pid file before it maps the guest's RAM: a glass killed early
+    // leaves a QEMU still setting up, so wait (bounded) for the RAM to be mapped.
+    let started = Instant::now();
+    let maps = loop {
+        let maps = std::fs::read_to_string(format!("/proc/{qemu}/maps")).unwrap_or_default();
+        if maps.is_empty()
+            || maps.contains("/memfd:glass-vm-ram (deleted)")
+            || started.elapsed() > Duration::from_secs(10)
+        {
+            break maps;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     if maps.is_empty() {
         return; // QEMU already ended (the check below still runs).
     }
@@ -373,8 +385,9 @@ fn a_sigkilled_glass_leaves_a_keep_vm_guest_running_and_ends_any_other() {
     let image = dir.join("guest-fp.img");
     let elf = dir.join("guest-fp.elf");
     let mut moments = Moments(0x766d_2d6b_696c_6c21);
+    // 50 SIGKILLs under --vm: 25 with --keep-vm (the VM runs on), 25 without (it ends).
     for keep in [true, false] {
-        for iteration in 0..10 {
+        for iteration in 0..25 {
             let what = format!(
                 "{} iteration {iteration}",
                 if keep { "--keep-vm" } else { "--vm" }
@@ -422,7 +435,7 @@ fn a_sigkilled_glass_leaves_a_keep_vm_guest_running_and_ends_any_other() {
                 let later = progress(&serial);
                 let again = progress_within(&serial, later, Duration::from_secs(2));
                 let alive = !gone(qemu);
-                // SAFETY: QEMU is ours to end now (SIGTERM: it removes its socket).(SIGTERM: it removes its socket).
+                // SAFETY: QEMU is ours to end now (SIGTERM: it removes its socket).
                 unsafe { libc::kill(qemu, libc::SIGTERM) };
                 assert!(wait_gone(qemu, Duration::from_secs(5)), "{what}");
                 let stderr = recorder.stderr(&what);
