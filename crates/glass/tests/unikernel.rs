@@ -225,7 +225,8 @@ fn a_stripped_boot_image_alone_is_announced_and_no_idle_leaves_halted_samples_ou
         &recording,
         &serial,
         "3",
-        &["--no-idle"],
+        // The sampler pinned to a CPU of its own applies to guests too.
+        &["--no-idle", "--sampler-cpu", "0"],
     );
     let err = stderr(&output);
     assert!(output.status.success(), "{err}");

@@ -86,6 +86,10 @@ pub(super) fn sample_guest<'a>(
     vm: Option<&mut std::process::Child>,
 ) -> std::result::Result<(Sink<'a>, Outcome), TargetError> {
     let mut image = GuestImage::load(symbols)?;
+    // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
+    if let Some(cpu) = sink.args.sampler_cpu {
+        super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
+    }
     let mut client = Client::connect(address).map_err(stub_failed)?;
     let outcome = match run(
         &mut sink,
