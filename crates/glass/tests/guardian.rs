@@ -295,25 +295,7 @@ fn assert_ram_is_a_memfd(qemu: i32, glass: i32, tmpdir: &Path, what: &str) {
 }
 
 fn qemu_args<'a>(image: &'a str, serial: &'a str, pidfile: &'a str) -> Vec<&'a str> {
-    vec![
-        "--",
-        "qemu-system-x86_64",
-        "-accel",
-        "tcg",
-        "-smp",
-        "1",
-        "-m",
-        "64",
-        "-display",
-        "none",
-        "-nodefaults",
-        "-serial",
-        serial,
-        "-pidfile",
-        pidfile,
-        "-kernel",
-        image,
-    ]
+    qemu_command("1", &["-serial", serial, "-pidfile", pidfile], image)
 }
 
 #[test]

@@ -44,23 +44,11 @@ fn record_vm(
         recording.to_str().unwrap(),
     ];
     args.extend_from_slice(options);
-    args.extend_from_slice(&[
-        "--",
-        "qemu-system-x86_64",
-        "-accel",
-        "tcg",
-        "-smp",
+    args.extend(qemu_command(
         "2",
-        "-m",
-        "64",
-        "-display",
-        "none",
-        "-nodefaults",
-        "-serial",
-        &serial_arg,
-        "-kernel",
+        &["-serial", &serial_arg],
         image.to_str().unwrap(),
-    ]);
+    ));
     glass(&args)
 }
 

@@ -106,3 +106,25 @@ impl Vm {
         }
     }
 }
+
+/// What follows `glass record --vm` in the tests: `-- qemu-system-x86_64` under TCG with
+/// `vcpus` vCPUs and 64 MiB, no display or default devices, `extra` options, and the
+/// multiboot `image` as `-kernel`.
+pub fn qemu_command<'a>(vcpus: &'a str, extra: &[&'a str], image: &'a str) -> Vec<&'a str> {
+    let mut command = vec![
+        "--",
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg",
+        "-smp",
+        vcpus,
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+    ];
+    command.extend_from_slice(extra);
+    command.extend_from_slice(&["-kernel", image]);
+    command
+}
