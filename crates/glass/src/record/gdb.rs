@@ -128,6 +128,8 @@ struct Vcpu {
     copy_len: usize,
     /// The deepest recent walk's need in bytes, decaying (see [`Vcpu::walked`]).
     deepest: usize,
+    /// When the last walk's sample was taken (ns since the recording's start).
+    last_sample_ns: u64,
     /// Bytes copied at this sample.
     copied: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
@@ -149,6 +151,7 @@ impl Vcpu {
             stack: vec![0; limit],
             copy_len: first_copy.min(limit),
             deepest: first_copy.min(limit),
+            last_sample_ns: 0,
             copied: 0,
             ran_image: false,
             in_firmware: false,
@@ -169,15 +172,19 @@ impl Vcpu {
     /// nothing about the stack's depth and is neither counted nor copied for. A copy
     /// that stopped short of its size met the end of the mapped stack: not cut either.
     ///
-    /// The size follows the deepest recent walk, decaying by 1/256 a sample (a half-life
-    /// of about 180 samples): a vCPU that alternates shallow and deep stacks keeps a copy
-    /// for the deep ones, while one whose deep phase is over stops paying for it (which
-    /// matters most through `m` packets, one round trip per packet). A cut copy grows
-    /// fourfold, so a deep stack is reached in one or two samples.
-    fn walked(&mut self, wanted: usize) {
+    /// The size follows the deepest recent walk with a quarter more room, the deepest
+    /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate):
+    /// a vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
+    /// while one whose deep phase is over stops paying for it (which matters most through
+    /// `m` packets, one round trip per packet). A cut copy grows fourfold, so a deep
+    /// stack is reached in one or two samples.
+    fn walked(&mut self, wanted: usize, since_last_ns: u64) {
         const FRAME: usize = 4096;
+        const DECAY_NS: u64 = 2_000_000_000;
         let limit = self.stack.len();
-        self.deepest -= self.deepest / 256;
+        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS) as u128 / DECAY_NS as u128)
+            as usize;
+        self.deepest -= decay;
         let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
         if ran_out && self.copied == self.copy_len {
             self.cut += 1;
@@ -186,7 +193,9 @@ impl Vcpu {
         if wanted <= self.copied + FRAME {
             self.deepest = self.deepest.max(wanted);
         }
-        self.copy_len = (self.deepest + 512).next_multiple_of(512).clamp(512, limit);
+        self.copy_len = (self.deepest + self.deepest / 4 + 512)
+            .next_multiple_of(512)
+            .clamp(512, limit);
     }
 }
 
@@ -443,7 +452,8 @@ fn sample_loop(
                 unwind,
                 &vcpu.stack[..vcpu.copied],
             )?;
-            vcpu.walked(wanted);
+            vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
+            vcpu.last_sample_ns = time_ns;
         }
         if let Some(dead) = deadline {
             if Instant::now() >= dead {
