@@ -68,7 +68,9 @@ pub fn expand(encoded: &[u8], out: &mut Vec<u8>) -> Option<()> {
     while out.len() < words * 8 {
         let zeros = get_varint(encoded, &mut pos)? as usize;
         let literals = get_varint(encoded, &mut pos)? as usize;
-        if zeros.checked_add(literals)? * 8 > words * 8 - out.len() {
+        // Runs are counted from untrusted bytes: a sum that overflows is damage too.
+        let run_bytes = zeros.checked_add(literals)?.checked_mul(8)?;
+        if run_bytes > words * 8 - out.len() {
             return None;
         }
         out.resize(out.len() + zeros * 8, 0);
@@ -106,6 +108,22 @@ fn get_varint(bytes: &[u8], pos: &mut usize) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_lengths_that_overflow_are_damage_not_a_panic() {
+        // 4 words, then a zero run and a literal run whose sum times 8 overflows usize.
+        let mut encoded = Vec::new();
+        put_varint(&mut encoded, 4);
+        put_varint(&mut encoded, 1);
+        put_varint(&mut encoded, (usize::MAX / 8) as u64);
+        let mut out = Vec::new();
+        assert_eq!(expand(&encoded, &mut out), None);
+        let mut encoded = Vec::new();
+        put_varint(&mut encoded, 4);
+        put_varint(&mut encoded, u64::MAX);
+        put_varint(&mut encoded, 1);
+        assert_eq!(expand(&encoded, &mut out), None);
+    }
 
     #[test]
     fn keeps_code_and_stack_pointers_and_zeroes_the_rest() {
