@@ -136,6 +136,9 @@ struct Vcpu {
     ran_image: bool,
     /// At this sample: still in firmware (not yet in long mode nor in the image).
     in_firmware: bool,
+    /// The stack read's time at this sample, kept in `read_ns` once the VM runs (a push
+    /// may allocate: never while it is stopped).
+    last_read_ns: u64,
     read_ns: Vec<u64>,
     samples: u64,
     halted: u64,
@@ -155,6 +158,7 @@ impl Vcpu {
             copied: 0,
             ran_image: false,
             in_firmware: false,
+            last_read_ns: 0,
             read_ns: Vec::new(),
             samples: 0,
             halted: 0,
@@ -209,6 +213,8 @@ struct StackSource<'a> {
     regs: Vec<VcpuRegs>,
     /// Per sample, the time that exchange took.
     registers_ns: Vec<u64>,
+    /// This sample's, kept in `registers_ns` once the VM runs.
+    last_registers_ns: u64,
 }
 
 fn run(
@@ -266,6 +272,7 @@ fn run(
         packet_bytes: client.max_memory_read(),
         regs: vec![VcpuRegs::default(); vcpus.len()],
         registers_ns: Vec::new(),
+        last_registers_ns: 0,
     };
     let timer = Ticker::new(args.frequency)?;
     let deadline = args
@@ -409,11 +416,13 @@ fn sample_loop(
             return Ok(Outcome::TargetExited);
         }
         sink.tick(stopped_ns);
+        source.registers_ns.push(source.last_registers_ns);
         let time_ns = sink.ns_since_origin(stopped_at);
         for (index, vcpu) in vcpus.iter_mut().enumerate() {
             let tid = index as i32 + 1;
             let r = vcpu.regs;
             vcpu.samples += 1;
+            vcpu.read_ns.push(vcpu.last_read_ns);
             if vcpu.in_firmware {
                 vcpu.firmware += 1;
                 sink.frames_sample(
@@ -472,8 +481,7 @@ fn take_sample(
 ) -> std::result::Result<(), StubError> {
     let started = Instant::now();
     client.stop_with_registers(&mut source.regs)?;
-    let registers_ns = started.elapsed().as_nanos() as u64;
-    source.registers_ns.push(registers_ns);
+    source.last_registers_ns = started.elapsed().as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let started = Instant::now();
         let r = source.regs[index];
@@ -486,7 +494,7 @@ fn take_sample(
         } else {
             copy_stack(client, source, &r, &mut vcpu.stack[..vcpu.copy_len])?
         };
-        vcpu.read_ns.push(started.elapsed().as_nanos() as u64);
+        vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }
     Ok(())
 }
