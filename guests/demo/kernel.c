@@ -9,22 +9,7 @@
 #define ROUNDS 0
 #endif
 #define UNIT_ITERATIONS 20000
-
-
-
-volatile uint64_t work_sink;
-
-__attribute__((noinline)) static void checkpoint(void) { work_sink++; }
-
-static inline __attribute__((always_inline)) uint64_t spin_units(uint64_t units, uint64_t seed) {
-    checkpoint();
-    uint64_t x = seed | 1;
-    for (uint64_t i = 0; i < units * UNIT_ITERATIONS; i++) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        __asm__ volatile("" : "+r"(x));
-    }
-    return x;
-}
+#include "work.h"
 
 __attribute__((noinline)) uint64_t alpha(uint64_t seed) { return spin_units(6, seed); }
 __attribute__((noinline)) uint64_t beta(uint64_t seed) { return spin_units(3, seed); }

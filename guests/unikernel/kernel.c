@@ -39,12 +39,12 @@
 #define ROUNDS 0
 #endif
 #define UNIT_ITERATIONS 500000  /* 25x the demo's: under TCG a round is then ~7 ms busy */
+#include "../demo/work.h"
 #define DESCEND_FRAMES 80       /* descend frames on the stack at the bottom */
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
 #define PIT_HZ 1000
 #define IDLE_TICKS 4            /* per round; the first is usually already pending */
 #define REPORT_ROUNDS 25
-
 
 /* part/whole as a percentage with one decimal. */
 static void serial_putpct(uint64_t part, uint64_t whole) {
@@ -61,22 +61,9 @@ extern void timer_isr(void);
 extern void spurious_isr(void);
 extern char fault_stubs[];      /* 32 stubs of 16 bytes, one per exception vector */
 
-volatile uint64_t work_sink;
 volatile uint64_t pit_ticks;    /* incremented by timer_isr */
 static uint64_t cycles_alpha, cycles_beta, cycles_gamma, cycles_halted;
 static uint64_t stack_top, stack_bottom_sp;
-
-__attribute__((noinline, noclone)) static void checkpoint(void) { work_sink++; }
-
-static inline __attribute__((always_inline)) uint64_t spin_units(uint64_t units, uint64_t seed) {
-    checkpoint();
-    uint64_t x = seed | 1;
-    for (uint64_t i = 0; i < units * UNIT_ITERATIONS; i++) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        __asm__ volatile("" : "+r"(x));
-    }
-    return x;
-}
 
 __attribute__((noinline, noclone)) uint64_t alpha(uint64_t seed) { return spin_units(6, seed); }
 
