@@ -19,8 +19,12 @@ pub use writer::Writer;
 
 /// The first eight bytes of every `.glass` file.
 pub const MAGIC: [u8; 8] = *b"GLASSREC";
-/// Bumped whenever a record's layout changes incompatibly.
-pub const VERSION: u32 = 1;
+/// Bumped whenever a record's layout changes incompatibly. Version 2 added the
+/// architecture to [`Meta`] and the link register to [`Snapshot`]; version 1 files
+/// (x86-64 only) are still read.
+pub const VERSION: u32 = 2;
+/// The oldest version this reader still reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Magic + version + reserved flags.
 pub const HEADER_LEN: usize = 16;
 
@@ -36,13 +40,105 @@ pub const SAMPLE_HALTED: u8 = 1 << 2;
 /// firmware, the boot loader, or never started); `frames[0]` is its instruction pointer.
 pub const SAMPLE_FIRMWARE: u8 = 1 << 3;
 
+/// The instruction set of the recorded code: which registers a raw snapshot holds,
+/// which unwinder and page-table walk apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Arch {
+    #[default]
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture glass itself was built for (a process it samples runs on it).
+    pub const fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        }
+    }
+
+    /// The name on disk and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Arch> {
+        match name {
+            "x86_64" => Some(Arch::X86_64),
+            "aarch64" => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which backend made the recording. Stored by name, so a newer writer's backend reads
+/// back as [`Backend::Other`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The kernel's perf_event sampling (the target never stops).
+    #[default]
+    Perf,
+    /// glass stops each thread with ptrace.
+    Ptrace,
+    /// A VM guest through its VMM's GDB stub.
+    GdbStub,
+    /// `glass trace`: instrumented functions, not samples.
+    Trace,
+    Other(String),
+}
+
+impl Backend {
+    pub fn name(&self) -> &str {
+        match self {
+            Backend::Perf => "perf",
+            Backend::Ptrace => "ptrace",
+            Backend::GdbStub => "gdbstub",
+            Backend::Trace => "trace",
+            Backend::Other(name) => name,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Backend {
+        match name {
+            "perf" => Backend::Perf,
+            "ptrace" => Backend::Ptrace,
+            "gdbstub" => Backend::GdbStub,
+            "trace" => Backend::Trace,
+            other => Backend::Other(other.to_string()),
+        }
+    }
+
+    /// The samples are of a VM guest's vCPUs (threads are vCPUs, stops hold the VM).
+    pub fn is_guest(&self) -> bool {
+        matches!(self, Backend::GdbStub)
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How the recording was made and for what.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Meta {
     /// Wall-clock time at the start, nanoseconds since the Unix epoch.
     pub start_unix_ns: u64,
-    /// The sampling backend that ran ("ptrace", ...).
-    pub backend: String,
+    pub backend: Backend,
+    /// The recorded code's architecture (version 1 files: x86-64).
+    pub arch: Arch,
     /// The unwinder that produced the frames ("fp", ...).
     pub unwind: String,
     pub frequency_hz: u32,
@@ -132,6 +228,9 @@ pub struct Snapshot {
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
+    /// The link register (AArch64's x30: the leaf's return address until it is saved);
+    /// 0 on x86-64 and in version 1 files.
+    pub lr: u64,
     pub stack: Vec<u8>,
 }
 

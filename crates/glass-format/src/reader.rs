@@ -4,8 +4,8 @@ use crate::varint::{get_i64, get_u64};
 use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
+use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Records larger than this are taken as corruption rather than allocated.
 const MAX_RECORD_LEN: usize = 64 << 20;
@@ -14,7 +14,7 @@ const MAX_RECORD_LEN: usize = 64 << 20;
 pub enum FormatError {
     #[error("not a .glass file (bad magic)")]
     NotGlass,
-    #[error(".glass format version {0} is not supported (this glass reads version {VERSION})")]
+    #[error(".glass format version {0} is not supported (this glass reads versions {OLDEST_VERSION} to {VERSION})")]
     UnsupportedVersion(u32),
     #[error("truncated at byte {offset}: the recorder stopped before finishing the file")]
     Truncated { offset: usize },
@@ -31,6 +31,8 @@ pub struct Reader<'a> {
     pos: usize,
     failed: bool,
     ended: bool,
+    /// The file's format version (layouts differ per version).
+    version: u32,
 }
 
 impl<'a> Reader<'a> {
@@ -45,7 +47,7 @@ impl<'a> Reader<'a> {
             });
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         Ok(Reader {
@@ -53,7 +55,13 @@ impl<'a> Reader<'a> {
             pos: HEADER_LEN,
             failed: false,
             ended: false,
+            version,
         })
+    }
+
+    /// The file's format version.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// Byte offset of the next record.
@@ -85,7 +93,7 @@ impl<'a> Reader<'a> {
             offset: start,
             what,
         };
-        let record = decode(frame[0], payload).map_err(corrupt)?;
+        let record = decode(frame[0], payload, self.version).map_err(corrupt)?;
         self.pos = start + 5 + len;
         Ok(Some(record))
     }
@@ -230,12 +238,12 @@ impl<'a> Payload<'a> {
     }
 }
 
-fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
+fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
     let mut p = Payload { bytes, pos: 0 };
     let record = match tag {
         tag::META => {
             let start_unix_ns = p.u64()?;
-            let backend = p.string()?;
+            let backend = Backend::from_name(&p.string()?);
             let unwind = p.string()?;
             let frequency_hz = p.u32()?;
             let max_depth = p.u32()?;
@@ -246,17 +254,25 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
                 return Err("argument count out of range");
             }
             let command = (0..argc).map(|_| p.string()).collect::<Result<_, _>>()?;
+            let (hostname, glass_version, capture) = (p.string()?, p.string()?, p.string()?);
+            let arch = if version >= 2 {
+                let name = p.string()?;
+                Arch::from_name(&name).ok_or("unknown architecture")?
+            } else {
+                Arch::X86_64
+            };
             Record::Meta(Meta {
                 start_unix_ns,
                 backend,
+                arch,
                 unwind,
                 frequency_hz,
                 max_depth,
                 target_pid,
                 command,
-                hostname: p.string()?,
-                glass_version: p.string()?,
-                capture: p.string()?,
+                hostname,
+                glass_version,
+                capture,
             })
         }
         tag::PROCESS => Record::Process(Process {
@@ -325,6 +341,7 @@ fn decode(tag: u8, bytes: &[u8]) -> Result<Record, &'static str> {
             ip: p.u64()?,
             sp: p.u64()?,
             fp: p.u64()?,
+            lr: if version >= 2 { p.u64()? } else { 0 },
             stack: p.bytes()?.to_vec(),
         }),
         tag::SUMMARY => Record::Summary(Summary {

@@ -55,7 +55,7 @@ impl<W: Write> Writer<W> {
         let b = &mut self.scratch;
         b.clear();
         put_u64(b, meta.start_unix_ns);
-        put_str(b, &meta.backend);
+        put_str(b, meta.backend.name());
         put_str(b, &meta.unwind);
         put_u64(b, meta.frequency_hz as u64);
         put_u64(b, meta.max_depth as u64);
@@ -67,6 +67,7 @@ impl<W: Write> Writer<W> {
         put_str(b, &meta.hostname);
         put_str(b, &meta.glass_version);
         put_str(b, &meta.capture);
+        put_str(b, meta.arch.name());
         self.emit(tag::META)
     }
 
@@ -147,7 +148,7 @@ impl<W: Write> Writer<W> {
             put_u64(b, value);
         }
         b.push(s.flags);
-        for value in [s.ip, s.sp, s.fp] {
+        for value in [s.ip, s.sp, s.fp, s.lr] {
             put_u64(b, value);
         }
         put_bytes(b, &s.stack);

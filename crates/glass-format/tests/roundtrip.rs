@@ -8,7 +8,8 @@ fn sample_records() -> Vec<Record> {
     vec![
         Record::Meta(Meta {
             start_unix_ns: 1_700_000_000_000_000_000,
-            backend: "ptrace".into(),
+            backend: glass_format::Backend::Ptrace,
+            arch: glass_format::Arch::Aarch64,
             unwind: "fp".into(),
             frequency_hz: 999,
             max_depth: 512,
@@ -63,6 +64,7 @@ fn sample_records() -> Vec<Record> {
             ip: 0x5555_5555_5123,
             sp: 0x7ffd_0000_1000,
             fp: 0x7ffd_0000_1040,
+            lr: 0x5555_5555_5000,
             stack: vec![3, 1, 2, 1, 2, 3, 4, 5, 6, 7, 8],
         }),
         Record::ThreadExit(ThreadExit {

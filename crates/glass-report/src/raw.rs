@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use glass_format::{Recording, Sample, Snapshot, SAMPLE_TRUNCATED};
+use glass_format::{Arch, Recording, Sample, Snapshot, SAMPLE_TRUNCATED};
 use glass_unwind::snapshot::expand;
 use glass_unwind::{DwarfUnwinder, UnwindRegs};
 
@@ -19,8 +19,8 @@ use crate::modules::ModuleTimeline;
 /// Shows progress on stderr (when it is a terminal) for reports with more snapshots.
 const PROGRESS_FROM: usize = 20_000;
 
-fn unwinder_for(timeline: &ModuleTimeline, snapshot: &Snapshot) -> DwarfUnwinder {
-    let mut unwinder = DwarfUnwinder::new();
+fn unwinder_for(timeline: &ModuleTimeline, snapshot: &Snapshot, arch: Arch) -> DwarfUnwinder {
+    let mut unwinder = DwarfUnwinder::for_arch(arch);
     for module in timeline.in_force(snapshot.pid, snapshot.time_ns) {
         if module.path.starts_with('[') || unwinder.has_module(module.start) {
             continue;
@@ -54,9 +54,8 @@ fn unwind_one(
                 ))
             };
             let regs = UnwindRegs {
-                ip: snapshot.ip,
-                sp: snapshot.sp,
-                fp: snapshot.fp,
+                lr: snapshot.lr,
+                ..UnwindRegs::new(snapshot.ip, snapshot.sp, snapshot.fp)
             };
             unwinder
                 .walk(regs, &mut read, max_depth, &mut frames)
@@ -89,6 +88,9 @@ pub fn unwind_snapshots(recording: &Recording) -> Vec<Sample> {
         .as_ref()
         .map_or(512, |m| m.max_depth as usize)
         .max(1);
+    // The snapshots' registers and stacks are of this architecture (a guest's may not
+    // be the host's).
+    let arch = recording.meta.as_ref().map_or(Arch::host(), |m| m.arch);
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(snapshots.len());
@@ -110,7 +112,7 @@ pub fn unwind_snapshots(recording: &Recording) -> Vec<Sample> {
                         let key = (snapshot.pid, timeline.epoch(snapshot.pid, snapshot.time_ns));
                         let unwinder = unwinders
                             .entry(key)
-                            .or_insert_with(|| unwinder_for(timeline, snapshot));
+                            .or_insert_with(|| unwinder_for(timeline, snapshot, arch));
                         out.push(unwind_one(snapshot, unwinder, &mut stack, max_depth));
                         if i % 1024 == 1023 {
                             let total = done.fetch_add(1024, Ordering::Relaxed) + 1024;

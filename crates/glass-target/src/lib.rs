@@ -5,8 +5,10 @@
 //! A backend hands the sampler a [`ptrace::Tick`] of raw samples (addresses, thread,
 //! time, stopped time) and a stream of [`ptrace::TargetEvent`]s; it never symbolizes.
 
+pub mod arch;
 pub mod attach;
 pub mod gdbstub;
+pub mod guest;
 pub mod inject;
 pub mod launch;
 pub mod perf;

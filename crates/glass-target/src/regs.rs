@@ -42,11 +42,7 @@ pub fn read(tid: i32) -> Result<SampleRegs, i32> {
 #[cfg(target_arch = "x86_64")]
 fn convert(raw: &RawRegs) -> SampleRegs {
     SampleRegs {
-        unwind: UnwindRegs {
-            ip: raw.rip,
-            sp: raw.rsp,
-            fp: raw.rbp,
-        },
+        unwind: UnwindRegs::new(raw.rip, raw.rsp, raw.rbp),
         // orig_rax holds the system call number while the thread is inside one.
         in_syscall: raw.orig_rax as i64 >= 0,
     }
@@ -55,11 +51,7 @@ fn convert(raw: &RawRegs) -> SampleRegs {
 #[cfg(target_arch = "aarch64")]
 fn convert(raw: &RawRegs) -> SampleRegs {
     SampleRegs {
-        unwind: UnwindRegs {
-            ip: raw.pc,
-            sp: raw.sp,
-            fp: raw.regs[29],
-        },
+        unwind: UnwindRegs::new(raw.pc, raw.sp, raw.regs[29]),
         in_syscall: false,
     }
 }

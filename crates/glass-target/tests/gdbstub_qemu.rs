@@ -78,7 +78,7 @@ fn talks_to_qemu() {
         client.resume().unwrap();
         assert!(t0.elapsed() < Duration::from_secs(2));
         assert_eq!(bytes.len(), 16, "the reset vector is readable");
-        instruction_pointers.push(regs.ip);
+        instruction_pointers.push(regs.ip());
         std::thread::sleep(Duration::from_millis(50));
     }
     // No guest: the firmware ends in its "no bootable device" loop, below 1 MiB.

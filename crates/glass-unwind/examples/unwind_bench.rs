@@ -34,11 +34,7 @@ fn main() {
         .take(3)
         .map(|v| u64::from_str_radix(v, 16).unwrap())
         .collect();
-    let regs = UnwindRegs {
-        ip: regs[0],
-        sp: regs[1],
-        fp: regs[2],
-    };
+    let regs = UnwindRegs::new(regs[0], regs[1], regs[2]);
     let mut unwinder = DwarfUnwinder::new();
     for line in lines {
         let fields: Vec<&str> = line.splitn(5, ' ').collect();

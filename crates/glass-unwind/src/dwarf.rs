@@ -5,30 +5,90 @@
 //!
 //! The same unwinder serves a live thread (stack words read from a [`StackWindow`]) and
 //! a snapshot read back from a recording (stack words from the snapshot's bytes).
+//!
+//! One per architecture, chosen by value ([`Arch`]): framehop's x86-64 or AArch64
+//! unwinder over the same modules. On AArch64, a leaf in code no FDE covers is walked by
+//! frame records ([`crate::fp::walk_frame_records_aarch64`]) rather than framehop's
+//! fallback, which takes the link register as the caller's return address even where
+//! the function already saved it (the caller then appears twice); the modules' function
+//! symbols tell the two cases apart.
 
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
-use object::{Object, ObjectSegment};
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::cfi::{self, CfiSources, ImageCfi, Source};
-use crate::fp::WalkEnd;
-use crate::UnwindRegs;
+use crate::fp::{walk_frame_records_aarch64, WalkEnd};
+use crate::{Arch, UnwindRegs};
 
 type SectionBytes = Arc<[u8]>;
 
+/// framehop's unwinder and rule cache for one architecture.
+enum ArchUnwinder {
+    X86_64(UnwinderX86_64<SectionBytes>, CacheX86_64),
+    Aarch64(UnwinderAarch64<SectionBytes>, CacheAarch64),
+}
+
+impl ArchUnwinder {
+    fn new(arch: Arch) -> Self {
+        match arch {
+            Arch::X86_64 => ArchUnwinder::X86_64(UnwinderX86_64::new(), CacheX86_64::new()),
+            Arch::Aarch64 => ArchUnwinder::Aarch64(UnwinderAarch64::new(), CacheAarch64::new()),
+        }
+    }
+
+    fn arch(&self) -> Arch {
+        match self {
+            ArchUnwinder::X86_64(..) => Arch::X86_64,
+            ArchUnwinder::Aarch64(..) => Arch::Aarch64,
+        }
+    }
+
+    fn add_module(&mut self, module: Module<SectionBytes>) {
+        match self {
+            ArchUnwinder::X86_64(unwinder, _) => unwinder.add_module(module),
+            ArchUnwinder::Aarch64(unwinder, _) => unwinder.add_module(module),
+        }
+    }
+
+    fn reset_cache(&mut self) {
+        match self {
+            ArchUnwinder::X86_64(_, cache) => *cache = CacheX86_64::new(),
+            ArchUnwinder::Aarch64(_, cache) => *cache = CacheAarch64::new(),
+        }
+    }
+}
+
+impl Clone for ArchUnwinder {
+    /// The rule cache starts empty.
+    fn clone(&self) -> Self {
+        match self {
+            ArchUnwinder::X86_64(unwinder, _) => {
+                ArchUnwinder::X86_64(unwinder.clone(), CacheX86_64::new())
+            }
+            ArchUnwinder::Aarch64(unwinder, _) => {
+                ArchUnwinder::Aarch64(unwinder.clone(), CacheAarch64::new())
+            }
+        }
+    }
+}
+
 /// The unwind tables of one process's modules, and framehop's rule cache.
 pub struct DwarfUnwinder {
-    unwinder: UnwinderX86_64<SectionBytes>,
-    cache: CacheX86_64,
+    unwinder: ArchUnwinder,
     /// Each mapping added, with its file's CFI sources.
     modules: Vec<(Range<u64>, CfiSources)>,
     /// Process addresses an FDE covers, sorted by start: code outside them, in a mapping
     /// whose file has CFI (`modules`), is unwound by a guess (see `walk`).
     described: Vec<Range<u64>>,
+    /// AArch64: the modules' function symbols (process addresses, sorted), which tell
+    /// whether the link register still holds the leaf's return address.
+    function_starts: Vec<u64>,
 }
 
 impl Default for DwarfUnwinder {
@@ -41,9 +101,9 @@ impl Clone for DwarfUnwinder {
     fn clone(&self) -> Self {
         DwarfUnwinder {
             unwinder: self.unwinder.clone(),
-            cache: CacheX86_64::new(),
             modules: self.modules.clone(),
             described: self.described.clone(),
+            function_starts: self.function_starts.clone(),
         }
     }
 }
@@ -69,12 +129,34 @@ impl std::fmt::Display for ModuleError {
 }
 
 impl DwarfUnwinder {
+    /// For code of the architecture glass runs on (a process it samples).
     pub fn new() -> Self {
+        Self::for_arch(Arch::host())
+    }
+
+    pub fn for_arch(arch: Arch) -> Self {
         DwarfUnwinder {
-            unwinder: UnwinderX86_64::new(),
-            cache: CacheX86_64::new(),
+            unwinder: ArchUnwinder::new(arch),
             modules: Vec::new(),
             described: Vec::new(),
+            function_starts: Vec::new(),
+        }
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.unwinder.arch()
+    }
+
+    /// Whether `a` and `b` lie in the same function of a module (by its symbols); false
+    /// where the symbols do not tell.
+    pub fn same_function(&self, a: u64, b: u64) -> bool {
+        let start_of = |address: u64| {
+            let index = self.function_starts.partition_point(|&s| s <= address);
+            (index > 0).then(|| self.function_starts[index - 1])
+        };
+        match (start_of(a), start_of(b)) {
+            (Some(x), Some(y)) => x == y && self.modules.iter().any(|(r, _)| r.contains(&a)),
+            _ => false,
         }
     }
 
@@ -139,6 +221,16 @@ impl DwarfUnwinder {
         for module in modules {
             self.unwinder.add_module(module);
         }
+        if self.arch() == Arch::Aarch64 {
+            self.function_starts.extend(
+                elf.symbols()
+                    .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+                    .map(|s| s.address().wrapping_add(bias))
+                    .filter(|a| (start..end).contains(a)),
+            );
+            self.function_starts.sort_unstable();
+            self.function_starts.dedup();
+        }
         self.described.extend(described);
         self.described.sort_by_key(|r| r.start);
         self.modules.push((start..end, sources));
@@ -163,49 +255,80 @@ impl DwarfUnwinder {
         frames: &mut Vec<u64>,
     ) -> WalkEnd {
         let start = frames.len();
-        let (unwinder, cache) = (&self.unwinder, &mut self.cache);
+        if self.arch() == Arch::Aarch64 && is_undescribed(&self.described, regs.ip + 1) {
+            // No FDE for the leaf: frame records, with the link register where the leaf
+            // has not saved it (see the module comment).
+            return walk_frame_records_aarch64(regs, read_word, max_depth, frames, &|a, b| {
+                self.same_function(a, b)
+            });
+        }
         let (modules, described) = (&self.modules, &self.described);
+        let unwinder = &mut self.unwinder;
         // Unwind tables come from files glass does not control: should the parser below
         // panic on one (the fuzz test found such a case in gimli), the sample ends
         // truncated instead of taking the recorder down.
         let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut read_stack = |addr: u64| read_word(addr).ok_or(());
-            let unwind_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.fp);
-            let mut iter = unwinder.iter_frames(regs.ip, unwind_regs, cache, &mut read_stack);
-            loop {
-                if frames.len() - start >= max_depth {
-                    return WalkEnd::DepthLimit;
+            let ends_stack = |frames: &Vec<u64>| {
+                frames.len() > start + 1 && {
+                    let last = frames[frames.len() - 1];
+                    modules
+                        .iter()
+                        .any(|(range, sources)| range.contains(&last) && !sources.is_empty())
+                        && is_undescribed(described, last)
                 }
-                match iter.next() {
-                    Ok(Some(FrameAddress::InstructionPointer(ip))) => frames.push(ip),
-                    Ok(Some(FrameAddress::ReturnAddress(ra))) => frames.push(ra.get()),
-                    Ok(None) => return WalkEnd::Complete,
-                    // The frame that could not be unwound is in code without CFI of an
-                    // image that has CFI: entry code (a kernel's boot stub calling a
-                    // `noreturn` main that never saved the frame pointer register, a
-                    // thread's start routine). The frame-pointer guess there found no
-                    // frame because there is none: the stack ends.
-                    Err(_)
-                        if frames.len() > start + 1 && {
-                            let last = frames[frames.len() - 1];
-                            modules.iter().any(|(range, sources)| {
-                                range.contains(&last) && !sources.is_empty()
-                            }) && is_undescribed(described, last)
-                        } =>
-                    {
-                        return WalkEnd::Complete
-                    }
-                    Err(_) => return WalkEnd::BadFramePointer,
+            };
+            match unwinder {
+                ArchUnwinder::X86_64(unwinder, cache) => {
+                    let regs_x86 = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.fp);
+                    let iter = unwinder.iter_frames(regs.ip, regs_x86, cache, &mut read_stack);
+                    collect_frames(iter, max_depth, start, frames, ends_stack)
+                }
+                ArchUnwinder::Aarch64(unwinder, cache) => {
+                    let regs_arm = UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
+                    let iter = unwinder.iter_frames(regs.ip, regs_arm, cache, &mut read_stack);
+                    collect_frames(iter, max_depth, start, frames, ends_stack)
                 }
             }
         }));
         walked.unwrap_or_else(|_| {
-            self.cache = CacheX86_64::new();
+            self.unwinder.reset_cache();
             if frames.len() == start {
                 frames.push(regs.ip);
             }
             WalkEnd::Unreadable
         })
+    }
+}
+
+/// Runs framehop's iterator into `frames` (at most `max_depth` past `start`).
+/// `ends_stack(frames)`: a failed unwind there ends the stack rather than truncating
+/// it — the frame that could not be unwound is in code without CFI of an image that
+/// has CFI: entry code (a kernel's boot stub calling a `noreturn` main that never saved
+/// the frame pointer register, a thread's start routine), where the frame-pointer guess
+/// found no frame because there is none.
+fn collect_frames<U, F>(
+    mut iter: framehop::UnwindIterator<'_, '_, '_, U, F>,
+    max_depth: usize,
+    start: usize,
+    frames: &mut Vec<u64>,
+    ends_stack: impl Fn(&Vec<u64>) -> bool,
+) -> WalkEnd
+where
+    U: Unwinder,
+    F: FnMut(u64) -> Result<u64, ()>,
+{
+    loop {
+        if frames.len() - start >= max_depth {
+            return WalkEnd::DepthLimit;
+        }
+        match iter.next() {
+            Ok(Some(FrameAddress::InstructionPointer(ip))) => frames.push(ip),
+            Ok(Some(FrameAddress::ReturnAddress(ra))) => frames.push(ra.get()),
+            Ok(None) => return WalkEnd::Complete,
+            Err(_) if ends_stack(frames) => return WalkEnd::Complete,
+            Err(_) => return WalkEnd::BadFramePointer,
+        }
     }
 }
 

@@ -3,8 +3,9 @@
 //! above it).
 //!
 //! Written here rather than taken from framehop because it must run inside the
-//! target's stopped window against a [`StackWindow`] that reads more stack on demand;
-//! it is a dozen lines.
+//! target's stopped window against a [`StackWindow`] that reads more stack on demand
+//! (a dozen lines), and because framehop's AArch64 fallback cannot tell whether the
+//! link register was already saved (see [`walk_frame_records_aarch64`]).
 
 use crate::window::{RemoteMemory, StackWindow};
 use crate::UnwindRegs;
@@ -42,22 +43,73 @@ pub fn walk_frame_pointers(
     frames: &mut Vec<u64>,
 ) -> WalkEnd {
     frames.push(regs.ip);
-    let mut fp = regs.fp;
-    let mut lowest_allowed = regs.sp;
+    follow_chain(
+        regs.fp,
+        regs.sp,
+        &mut |address| window.word(memory, address),
+        max_depth,
+        frames,
+    )
+}
+
+/// The AArch64 frame-record walk. A function saves x29/x30 as a frame record only in
+/// its prologue (and leaves compiled without frame records never do): until then the
+/// caller's return address is in the link register alone. So the link register is the
+/// first return address unless the leaf has already saved it — the frame record at x29
+/// holds the same value — or it points into the leaf's own function (a call the leaf
+/// made has returned: x30 is then that call's return address, and the leaf's own is in
+/// its record). `same_function(a, b)` says whether two addresses lie in one function
+/// (from symbols; false when unknown, which keeps the link register).
+pub fn walk_frame_records_aarch64(
+    regs: UnwindRegs,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+    same_function: &dyn Fn(u64, u64) -> bool,
+) -> WalkEnd {
+    let start = frames.len();
+    frames.push(regs.ip);
+    let lr = regs.lr;
+    let saved_lr = (regs.fp >= regs.sp && regs.fp != 0)
+        .then(|| read_word(regs.fp + 8))
+        .flatten();
+    // lr - 4: the call instruction itself (a call that ends a function returns past it).
+    if lr != 0 && saved_lr != Some(lr) && !same_function(lr.wrapping_sub(4), regs.ip) {
+        if max_depth <= 1 {
+            return WalkEnd::DepthLimit;
+        }
+        frames.push(lr);
+    }
+    let remaining = max_depth.saturating_sub(frames.len() - start - 1);
+    follow_chain(regs.fp, regs.sp, read_word, remaining, frames)
+}
+
+/// Follows frame records from `fp` (saved frame pointer at `fp`, return address above
+/// it): the part of the walk both architectures share. `frames` already holds the
+/// first address(es); at most `max_depth` in all counting from its first entry.
+fn follow_chain(
+    mut fp: u64,
+    sp: u64,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+) -> WalkEnd {
+    let start = frames.len().saturating_sub(1);
+    let mut lowest_allowed = sp;
     loop {
         if fp == 0 {
             return WalkEnd::Complete;
         }
-        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - regs.sp > MAX_STACK_SPAN {
+        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - sp > MAX_STACK_SPAN {
             return WalkEnd::BadFramePointer;
         }
-        if frames.len() >= max_depth {
+        if frames.len() - start >= max_depth {
             return WalkEnd::DepthLimit;
         }
-        let Some(return_address) = window.word(memory, fp + 8) else {
+        let Some(return_address) = read_word(fp + 8) else {
             return WalkEnd::Unreadable;
         };
-        let Some(caller_fp) = window.word(memory, fp) else {
+        let Some(caller_fp) = read_word(fp) else {
             return WalkEnd::Unreadable;
         };
         if return_address == 0 {
@@ -127,11 +179,7 @@ mod tests {
         let mut window = StackWindow::new();
         window.fill(&mut memory, base);
         let mut frames = Vec::new();
-        let regs = UnwindRegs {
-            ip: 0x400500,
-            sp: base,
-            fp: base + 0x100,
-        };
+        let regs = UnwindRegs::new(0x400500, base, base + 0x100);
         let end = walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames);
         assert_eq!(end, WalkEnd::Complete);
         assert_eq!(frames, vec![0x400500, 0x401000, 0x402000, 0x403000]);
@@ -145,11 +193,7 @@ mod tests {
         let mut window = StackWindow::new();
         window.fill(&mut memory, base);
         let mut frames = Vec::new();
-        let regs = UnwindRegs {
-            ip: 1,
-            sp: base,
-            fp: base + 0x100,
-        };
+        let regs = UnwindRegs::new(1, base, base + 0x100);
         assert_eq!(
             walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames),
             WalkEnd::BadFramePointer
@@ -172,11 +216,7 @@ mod tests {
         let mut window = StackWindow::new();
         window.fill(&mut memory, base);
         let mut frames = Vec::new();
-        let regs = UnwindRegs {
-            ip: 7,
-            sp: base,
-            fp: base + 64,
-        };
+        let regs = UnwindRegs::new(7, base, base + 64);
         assert_eq!(
             walk_frame_pointers(regs, &mut window, &mut memory, 100_000, &mut frames),
             WalkEnd::Complete
@@ -205,11 +245,7 @@ mod tests {
         let mut window = StackWindow::new();
         window.fill(&mut memory, base);
         let mut frames = Vec::new();
-        let regs = UnwindRegs {
-            ip: 1,
-            sp: base,
-            fp: base + 0x100,
-        };
+        let regs = UnwindRegs::new(1, base, base + 0x100);
         assert_eq!(
             walk_frame_pointers(regs, &mut window, &mut memory, 512, &mut frames),
             WalkEnd::Unreadable

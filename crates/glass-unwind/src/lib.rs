@@ -1,7 +1,9 @@
 //! Stack unwinders that work on stack memory copied out of a target.
 //!
-//! An unwinder needs three registers (instruction pointer, stack pointer, frame pointer)
-//! and a way to read words of the target's stack. The same walk serves a live process
+//! An unwinder needs the instruction pointer, the stack pointer, the frame pointer (and
+//! on AArch64 the link register) and a way to read words of the target's stack. The
+//! architecture is a value ([`Arch`]): a glass built for x86-64 unwinds an AArch64
+//! guest's stacks, so nothing here is chosen by `cfg`. The same walk serves a live process
 //! (words read with `process_vm_readv` into a [`StackWindow`]), a VM guest read through
 //! its page tables, and a snapshot stored in a recording.
 
@@ -14,6 +16,7 @@ pub mod window;
 pub use cfi::{cfi_sources, CfiSources};
 pub use dwarf::DwarfUnwinder;
 pub use fp::{walk_frame_pointers, WalkEnd};
+pub use glass_format::Arch;
 pub use window::{RemoteMemory, StackWindow};
 
 /// The registers an unwinder starts from.
@@ -21,5 +24,16 @@ pub use window::{RemoteMemory, StackWindow};
 pub struct UnwindRegs {
     pub ip: u64,
     pub sp: u64,
+    /// rbp on x86-64, x29 on AArch64.
     pub fp: u64,
+    /// AArch64's link register x30 (the return address of a function that has not saved
+    /// it yet); 0 on x86-64, whose calls push the return address.
+    pub lr: u64,
+}
+
+impl UnwindRegs {
+    /// x86-64's three (it has no link register).
+    pub const fn new(ip: u64, sp: u64, fp: u64) -> Self {
+        UnwindRegs { ip, sp, fp, lr: 0 }
+    }
 }

@@ -62,7 +62,7 @@ proptest! {
             stack.get(index).copied()
         };
         let mut frames = Vec::new();
-        let _ = unwinder.walk(UnwindRegs { ip: pc, sp, fp }, &mut read, 512, &mut frames);
+        let _ = unwinder.walk(UnwindRegs::new(pc, sp, fp), &mut read, 512, &mut frames);
         prop_assert!(frames.len() <= 512);
         let _ = added;
     }

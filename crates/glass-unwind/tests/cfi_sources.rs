@@ -92,11 +92,7 @@ impl Image {
             let index = usize::try_from(address.checked_sub(sp)? / 8).ok()?;
             stack.get(index).copied()
         };
-        let regs = UnwindRegs {
-            ip: self.symbol("inner_pc") + bias,
-            sp,
-            fp: 0,
-        };
+        let regs = UnwindRegs::new(self.symbol("inner_pc") + bias, sp, 0);
         let mut frames = Vec::new();
         let end = unwinder.walk(regs, &mut read, 64, &mut frames);
         (frames.iter().map(|f| f - bias).collect(), end)

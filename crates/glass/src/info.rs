@@ -53,7 +53,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             meta.hostname,
             meta.glass_version
         );
-        if meta.backend == "gdbstub" {
+        if meta.backend == glass_format::Backend::GdbStub {
             let name = recording.processes.first().map_or("", |p| p.name.as_str());
             let vcpus = recording
                 .threads
@@ -79,7 +79,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 meta.target_pid
             );
         }
-        if meta.backend == "trace" {
+        if meta.backend == glass_format::Backend::Trace {
             trace_info(&recording);
             return Ok(());
         }
@@ -122,7 +122,11 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 s.ticks,
                 s.missed_deadlines
             );
-            if recording.meta.as_ref().is_some_and(|m| m.backend == "perf") {
+            if recording
+                .meta
+                .as_ref()
+                .is_some_and(|m| m.backend == glass_format::Backend::Perf)
+            {
                 println!("cost:        the target was never stopped: the kernel copied registers and stack at each sample");
             }
             println!(

@@ -44,7 +44,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let is_trace = recording
         .meta
         .as_ref()
-        .is_some_and(|m| m.backend == "trace");
+        .is_some_and(|m| m.backend == glass_format::Backend::Trace);
     let format = args
         .format
         .unwrap_or(if is_trace { Format::Calls } else { Format::Top });
@@ -199,7 +199,7 @@ fn run_trace(args: &ReportArgs, recording: &Recording, format: Format) -> Result
 
 fn title(recording: &Recording) -> String {
     match &recording.meta {
-        Some(meta) if meta.backend == "gdbstub" => format!(
+        Some(meta) if meta.backend == glass_format::Backend::GdbStub => format!(
             "glass: guest {}",
             recording.processes.first().map_or("", |p| p.name.as_str())
         ),

@@ -46,7 +46,7 @@ fn capture(argv: &[&str]) -> (Vec<Captured>, Mappings) {
                 ..
             } => samples.push(Captured {
                 pid,
-                regs: UnwindRegs { ip, sp, fp },
+                regs: UnwindRegs::new(ip, sp, fp),
                 stack: stack.to_vec(),
             }),
             PerfRecord::Mmap {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::packet::{encode, hex_bytes, Decoder, Event};
 use super::target_xml::{parse, Layout, Register};
+pub use crate::arch::{Arch, VcpuRegs};
 
 /// How long one reply may take before the stub is considered gone.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,15 +49,15 @@ impl Stream for UnixStream {
     }
 }
 
-/// The registers a sample needs from one vCPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VcpuRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub fp: u64,
-    pub cr3: u64,
-    pub cr4: u64,
-    pub efer: u64,
+/// Where one of the registers a sample needs comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Bytes `offset..offset + size` of the `g` reply.
+    G { offset: usize, size: usize },
+    /// A `p` request of this register number.
+    P(u32),
+    /// The stub does not have it: reads as 0.
+    Missing,
 }
 
 pub struct Client {
@@ -76,9 +77,12 @@ pub struct Client {
     batch: Vec<u8>,
     /// Per vCPU, its framed `Hg` packet (built once).
     select_packets: Vec<Vec<u8>>,
-    /// Whether `g` replies hold what the target description says (else the control
-    /// registers are read with `p`, one round trip each).
-    g_matches_layout: bool,
+    /// The guest's architecture, from the target description's registers.
+    arch: Arch,
+    /// Per register of [`VcpuRegs::names`], where its value comes from.
+    sources: Vec<Source>,
+    /// The framed `p` requests of the registers not in `g`, in `sources` order.
+    p_packets: Vec<Vec<u8>>,
     /// Replies read but not yet acknowledged (sent with the next `c`).
     owed_acks: usize,
 }
@@ -113,7 +117,9 @@ impl Client {
             packet_size: 0,
             batch: Vec::with_capacity(256),
             select_packets: Vec::new(),
-            g_matches_layout: false,
+            arch: Arch::X86_64,
+            sources: Vec::new(),
+            p_packets: Vec::new(),
             owed_acks: 0,
         };
         client.handshake()?;
@@ -151,14 +157,16 @@ impl Client {
             }
         }
         self.layout = Layout::new(registers);
-        for name in ["rip", "rsp", "rbp"] {
-            if self.layout.find(name).is_none() {
-                return Err(StubError::Protocol(format!(
-                    "the target description has no {name} register (not x86-64?)"
-                )));
-            }
-        }
-        self.g_matches_layout = g_len == self.layout.g_len;
+        self.arch = if self.layout.find("rip").is_some() {
+            Arch::X86_64
+        } else if self.layout.find("pc").is_some() && self.layout.find("x29").is_some() {
+            Arch::Aarch64
+        } else {
+            return Err(StubError::Protocol(
+                "the target description is neither x86-64 nor AArch64 (no rip, no pc/x29)".into(),
+            ));
+        };
+        self.plan_sources(g_len)?;
         self.vcpus = self.thread_ids()?;
         if self.vcpus.is_empty() {
             return Err(StubError::Protocol("the stub lists no vCPUs".into()));
@@ -173,6 +181,51 @@ impl Client {
             })
             .collect();
         self.resume()
+    }
+
+    /// The guest's architecture.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// Decides where each needed register comes from. Where the `g` reply is as long as
+    /// the description says, every register is in it; otherwise (QEMU's AArch64 stub
+    /// sends the core registers only; system registers only on `p`) the required general
+    /// registers, which come first, are taken from `g` and the rest asked for with `p`.
+    fn plan_sources(&mut self, g_len: usize) -> Result<(), StubError> {
+        let names = VcpuRegs::names(self.arch);
+        let required = VcpuRegs::required(self.arch);
+        let whole = g_len == self.layout.g_len;
+        self.sources.clear();
+        self.p_packets.clear();
+        for (index, aliases) in names.iter().enumerate() {
+            let found = aliases
+                .iter()
+                .find_map(|name| self.layout.find(name).map(|slot| (name, slot)));
+            let source = match found {
+                None if index < required => {
+                    return Err(StubError::Protocol(format!(
+                        "the target description has no {} register",
+                        aliases[0]
+                    )))
+                }
+                None => Source::Missing,
+                Some((_, (offset, size)))
+                    if (whole || index < required) && offset + size <= g_len =>
+                {
+                    Source::G { offset, size }
+                }
+                Some((name, _)) => {
+                    let regnum = self.layout.regnum(name).unwrap_or(0);
+                    let mut framed = Vec::new();
+                    encode(format!("p{regnum:x}").as_bytes(), &mut framed);
+                    self.p_packets.push(framed);
+                    Source::P(regnum)
+                }
+            };
+            self.sources.push(source);
+        }
+        Ok(())
     }
 
     /// Reads `target.xml` and the annexes it includes.
@@ -283,38 +336,106 @@ impl Client {
     }
 
     /// Stops the VM and reads every vCPU's registers in one round trip: the interrupt
-    /// byte and every vCPU's `Hg` and `g` go out in one write. QEMU stops the VM
-    /// synchronously on the interrupt (a byte that arrives while the VM runs does nothing
-    /// else), sends the stop reply, then answers the queued packets in order with the VM
-    /// stopped. Replies are acknowledged with the next `c` (see [`Client::resume`]).
-    /// Falls back to [`Client::stop`] and [`Client::registers_of_all`] where the `g`
-    /// replies need `p` packets afterwards or the VM is already stopped.
+    /// byte and every vCPU's `Hg`, `g` and `p` requests go out in one write. QEMU stops
+    /// the VM synchronously on the interrupt (a byte that arrives while the VM runs does
+    /// nothing else), sends the stop reply, then answers the queued packets in order with
+    /// the VM stopped. Replies are acknowledged with the next `c` (see
+    /// [`Client::resume`]). Where the VM is already stopped, the same without the
+    /// interrupt.
     pub fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), StubError> {
-        if !self.running || !self.g_matches_layout || out.len() != self.vcpus.len() {
-            self.stop()?;
-            return self.registers_of_all(out);
+        let interrupt = self.running;
+        self.exchange_registers(interrupt, out)
+    }
+
+    /// Makes vCPU `index` the one `g`, `p` and `m` packets apply to (an `Hg` round trip
+    /// unless it already is).
+    pub fn select(&mut self, index: usize) -> Result<(), StubError> {
+        let id = self
+            .vcpus
+            .get(index)
+            .cloned()
+            .ok_or_else(|| StubError::Protocol(format!("no vCPU {index}")))?;
+        if self.selected.as_deref() != Some(id.as_str()) {
+            let select = format!("Hg{id}");
+            let reply = self.request(select.as_bytes())?;
+            if reply != b"OK" {
+                return Err(StubError::Refused(
+                    select,
+                    String::from_utf8_lossy(&reply).into(),
+                ));
+            }
+            self.selected = Some(id);
+        }
+        Ok(())
+    }
+
+    /// The registers of vCPU `index` (the VM must be stopped).
+    pub fn registers(&mut self, index: usize) -> Result<VcpuRegs, StubError> {
+        self.select(index)?;
+        let g = self.request(b"g")?;
+        let mut p_replies = Vec::with_capacity(self.p_packets.len());
+        for source in self.sources.clone() {
+            if let Source::P(regnum) = source {
+                p_replies.push(self.request(format!("p{regnum:x}").as_bytes())?);
+            }
+        }
+        self.parse_registers(&g, &p_replies)
+    }
+
+    /// The registers of every vCPU (the VM must be stopped), in one write of all the
+    /// `Hg`/`g`/`p` requests and one read of their replies: QEMU answers queued packets
+    /// in order and, in system emulation, does not wait for acknowledgements, so the
+    /// whole read costs one round trip instead of several per vCPU.
+    pub fn registers_of_all(&mut self, out: &mut [VcpuRegs]) -> Result<(), StubError> {
+        if self.running {
+            return Err(StubError::Protocol(
+                "registers asked for while the VM runs".into(),
+            ));
+        }
+        self.exchange_registers(false, out)
+    }
+
+    fn exchange_registers(
+        &mut self,
+        interrupt: bool,
+        out: &mut [VcpuRegs],
+    ) -> Result<(), StubError> {
+        if out.len() != self.vcpus.len() {
+            return Err(StubError::Protocol(format!(
+                "{} vCPUs asked for, the stub has {}",
+                out.len(),
+                self.vcpus.len()
+            )));
         }
         let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
-        batch.push(0x03);
+        if interrupt {
+            batch.push(0x03);
+        }
         encode(b"g", &mut self.framed);
         for select in &self.select_packets {
             batch.extend_from_slice(select);
             batch.extend_from_slice(&self.framed);
+            for p in &self.p_packets {
+                batch.extend_from_slice(p);
+            }
         }
         let written = self.stream.write_all(&batch);
         self.batch = batch;
         written?;
         let deadline = Instant::now() + REPLY_TIMEOUT;
-        // The stop reply (a stale one may come first: any stop reply means stopped).
-        loop {
-            let reply = self.unacknowledged_reply(deadline)?;
-            if matches!(reply.first(), Some(b'T' | b'S')) {
-                break;
+        if interrupt {
+            // The stop reply (a stale one may come first: any stop reply means stopped).
+            loop {
+                let reply = self.unacknowledged_reply(deadline)?;
+                if matches!(reply.first(), Some(b'T' | b'S')) {
+                    break;
+                }
             }
+            self.running = false;
         }
-        self.running = false;
         self.selected = None;
+        let mut p_replies = Vec::with_capacity(self.p_packets.len());
         for regs in out.iter_mut() {
             let selected = self.unacknowledged_reply(deadline)?;
             if selected != b"OK" {
@@ -323,10 +444,26 @@ impl Client {
                     String::from_utf8_lossy(&selected).into(),
                 ));
             }
-            let reply = self.unacknowledged_reply(deadline)?;
-            *regs = self.parse_registers(&reply)?;
+            let g = self.unacknowledged_reply(deadline)?;
+            if g.first() == Some(&b'E') {
+                return Err(StubError::Refused(
+                    "g".into(),
+                    String::from_utf8_lossy(&g).into(),
+                ));
+            }
+            p_replies.clear();
+            for _ in 0..self.p_packets.len() {
+                p_replies.push(self.unacknowledged_reply(deadline)?);
+            }
+            *regs = self.parse_registers(&g, &p_replies)?;
         }
         self.selected = self.vcpus.last().cloned();
+        if !interrupt {
+            // Not followed by a `c` that would carry them.
+            let acks = vec![b'+'; self.owed_acks];
+            self.stream.write_all(&acks)?;
+            self.owed_acks = 0;
+        }
         Ok(())
     }
 
@@ -355,135 +492,37 @@ impl Client {
         }
     }
 
-    /// The registers of vCPU `index` (the VM must be stopped).
-    pub fn registers(&mut self, index: usize) -> Result<VcpuRegs, StubError> {
-        let id = self
-            .vcpus
-            .get(index)
-            .cloned()
-            .ok_or_else(|| StubError::Protocol(format!("no vCPU {index}")))?;
-        if self.selected.as_deref() != Some(id.as_str()) {
-            let select = format!("Hg{id}");
-            let reply = self.request(select.as_bytes())?;
-            if reply != b"OK" {
-                return Err(StubError::Refused(
-                    select,
-                    String::from_utf8_lossy(&reply).into(),
-                ));
-            }
-            self.selected = Some(id);
-        }
-        let reply = self.request(b"g")?;
-        self.parse_registers(&reply)
-    }
-
-    /// The registers of every vCPU (the VM must be stopped), in one write of all the
-    /// `Hg`/`g` requests and one read of their replies: QEMU answers queued packets in
-    /// order and, in system emulation, does not wait for acknowledgements, so the whole
-    /// read costs one round trip instead of two per vCPU.
-    pub fn registers_of_all(&mut self, out: &mut [VcpuRegs]) -> Result<(), StubError> {
-        if out.len() != self.vcpus.len() {
-            return Err(StubError::Protocol(format!(
-                "{} vCPUs asked for, the stub has {}",
-                out.len(),
-                self.vcpus.len()
-            )));
-        }
-        if !self.g_matches_layout {
-            // Each reply needs `p` packets afterwards: no pipelining.
-            for (index, regs) in out.iter_mut().enumerate() {
-                *regs = self.registers(index)?;
-            }
-            return Ok(());
-        }
-        let mut batch = std::mem::take(&mut self.batch);
-        batch.clear();
-        let mut selects = 0;
-        for (index, id) in self.vcpus.iter().enumerate() {
-            if self.selected.as_deref() != Some(id.as_str()) {
-                batch.extend_from_slice(&self.select_packets[index]);
-                selects += 1;
-            }
-            encode(b"g", &mut self.framed);
-            batch.extend_from_slice(&self.framed);
-        }
-        // The last vCPU stays selected.
-        if selects > 0 {
-            self.selected = self.vcpus.last().cloned();
-        }
-        let written = self.stream.write_all(&batch);
-        self.batch = batch;
-        if let Err(error) = written {
-            self.selected = None;
-            return Err(error.into());
-        }
-        let deadline = Instant::now() + REPLY_TIMEOUT;
-        let mut index = 0;
-        let mut selects_left = selects;
-        let mut first = true;
-        while index < out.len() {
-            // Each packet is acknowledged, then answered; replies come in request order.
-            // The `Hg` of a vCPU precedes its `g` unless the vCPU was already selected.
-            let reply = self.pipelined_reply(deadline)?;
-            if reply == b"OK" && selects_left > 0 {
-                selects_left -= 1;
-                continue;
-            }
-            if reply.first() == Some(&b'E') {
-                self.selected = None;
-                return Err(StubError::Refused(
-                    if first { "Hg/g".into() } else { "g".into() },
-                    String::from_utf8_lossy(&reply).into(),
-                ));
-            }
-            first = false;
-            out[index] = self.parse_registers(&reply)?;
-            index += 1;
-        }
-        Ok(())
-    }
-
-    /// The next reply of a pipelined batch (after its acknowledgement).
-    fn pipelined_reply(&mut self, deadline: Instant) -> Result<Vec<u8>, StubError> {
-        loop {
-            match self.next_event(deadline)? {
-                Event::Ack => {}
-                Event::Packet(payload) => {
-                    self.stream.write_all(b"+")?;
-                    return Ok(payload);
-                }
-                Event::Nack | Event::BadChecksum => {
-                    self.selected = None;
-                    return Err(StubError::Protocol(
-                        "a pipelined packet was corrupted on the way".into(),
-                    ));
-                }
-            }
-        }
-    }
-
-    /// A `g` reply's registers (the control registers with `p` where the reply does not
-    /// match the description).
-    fn parse_registers(&mut self, reply: &[u8]) -> Result<VcpuRegs, StubError> {
-        let bytes = hex_bytes(reply)
-            .ok_or_else(|| StubError::Protocol("register reply is not hex".into()))?;
-        let value = |name: &str| self.layout.value(&bytes, name).unwrap_or(0);
-        let mut regs = VcpuRegs {
-            ip: value("rip"),
-            sp: value("rsp"),
-            fp: value("rbp"),
-            cr3: value("cr3"),
-            cr4: value("cr4"),
-            efer: value("efer"),
+    /// One vCPU's registers from its `g` reply and the replies to the `p` requests (in
+    /// `sources` order). A `p` the stub refuses reads as 0.
+    fn parse_registers(&self, g: &[u8], p_replies: &[Vec<u8>]) -> Result<VcpuRegs, StubError> {
+        let g =
+            hex_bytes(g).ok_or_else(|| StubError::Protocol("register reply is not hex".into()))?;
+        let little_endian = |bytes: &[u8]| {
+            let mut word = [0u8; 8];
+            let n = bytes.len().min(8);
+            word[..n].copy_from_slice(&bytes[..n]);
+            u64::from_le_bytes(word)
         };
-        if bytes.len() != self.layout.g_len {
-            // The reply does not match the description: the general registers come
-            // first and are placed right; the control registers are asked for by number.
-            regs.cr3 = self.register("cr3")?;
-            regs.cr4 = self.register("cr4")?;
-            regs.efer = self.register("efer")?;
+        let mut values = [0u64; 16];
+        let mut p_index = 0;
+        for (value, source) in values.iter_mut().zip(&self.sources) {
+            *value = match *source {
+                Source::G { offset, size } => g
+                    .get(offset..offset + size)
+                    .map(little_endian)
+                    .ok_or_else(|| StubError::Protocol("short register reply".into()))?,
+                Source::P(_) => {
+                    let reply = p_replies.get(p_index).map(Vec::as_slice).unwrap_or(b"");
+                    p_index += 1;
+                    hex_bytes(reply).map_or(0, |bytes| little_endian(&bytes))
+                }
+                Source::Missing => 0,
+            };
         }
-        Ok(regs)
+        Ok(VcpuRegs::from_values(
+            self.arch,
+            &values[..self.sources.len()],
+        ))
     }
 
     /// One register by name, with a `p` packet (0 if the stub has no such register).

@@ -2,6 +2,7 @@
 //! framing and the target description. The connection and the sample loop build on
 //! these.
 
+pub mod backend;
 pub mod client;
 pub mod packet;
 pub mod target_xml;

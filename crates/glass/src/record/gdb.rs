@@ -1,9 +1,10 @@
-//! The VM-guest loop: sample a guest through its VMM's GDB stub.
+//! The VM-guest loop: sample a guest through a [`GuestBackend`] (its VMM's GDB stub for
+//! `--gdb` and `--vm`), whatever the guest's architecture.
 //!
-//! At each tick: stop the VM, read each vCPU's registers (one `g` per vCPU), copy the
-//! top of each vCPU's stack — from the guest's RAM mapping through glass's own page-table
-//! walk and translation cache when `--guest-memory` is given, through `m` packets
-//! otherwise — and let the VM run. Unwinding (DWARF CFI from the guest ELF, frame
+//! At each tick: stop the VM, read each vCPU's registers, copy the top of each vCPU's
+//! stack — from the guest's RAM through glass's own page-table walk (x86-64 or AArch64)
+//! and translation cache where the backend maps RAM (`--guest-memory`, `--vm`), through
+//! the backend's own reads otherwise — and let the VM run. Unwinding (DWARF CFI from the guest ELF, frame
 //! pointers where there is none) and writing happen after the guest runs again, in the
 //! same sink as for processes. A vCPU is recorded as thread `vcpuN` (tid N+1) of one
 //! process named after the guest ELF.
@@ -18,12 +19,13 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use glass_format::ProcessKind;
-use glass_mem::ram::{qemu_x86_layout, GuestRam};
-use glass_mem::{PagingMode, TranslationCache};
-use glass_target::gdbstub::client::{Client, StubError, VcpuRegs};
+use glass_format::{Arch, Backend, ProcessKind};
+use glass_mem::ram::{qemu_arm_virt_layout, qemu_x86_layout, GuestRam};
+use glass_mem::TranslationCache;
+use glass_target::gdbstub::backend::GdbBackend;
+use glass_target::gdbstub::client::{Client, StubError};
+use glass_target::guest::{paging_of, GuestBackend, GuestError, VcpuRegs};
 use glass_target::TargetError;
-use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
 
 use super::guest_image::GuestImage;
@@ -40,8 +42,6 @@ const FIRST_STACK_COPY: usize = 16 << 10;
 const DEFAULT_STACK_LIMIT: usize = 256 << 10;
 /// QEMU's i440fx keeps RAM below 3.5 GiB under 4 GiB (the PCI hole above it).
 const QEMU_BELOW_4G: u64 = 0xe000_0000;
-/// EFER.LMA: the vCPU runs in long mode.
-const EFER_LMA: u64 = 1 << 10;
 
 fn stub_failed(error: StubError) -> TargetError {
     TargetError::Io(std::io::Error::other(error.to_string()))
@@ -54,10 +54,12 @@ pub fn record(
     let args = sink.args;
     let address = args.gdb.clone().unwrap_or_default();
     let symbols = args.symbols.clone().unwrap_or_default();
-    let ram = match &args.guest_memory {
-        Some(path) => Some(map_ram(path)?),
-        None => None,
-    };
+    if let Some(path) = &args.guest_memory {
+        // Checked before the VM is touched; mapped once the guest's machine is known.
+        std::fs::metadata(path)
+            .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
+    }
+    let ram = args.guest_memory.clone();
     // Before the first connection stops the VM: from here on, a glass that dies leaves
     // the VM to the guardian, which lets it run.
     let guardian = super::guardian::Guardian::start(&address, false, false)?;
@@ -65,14 +67,20 @@ pub fn record(
     // Every way out of sample_guest leaves the VM running (or never stopped it).
     guardian.done();
     let (sink, outcome) = sampled?;
-    Ok(finish(sink, outcome, None, "gdbstub"))
+    Ok(finish(sink, outcome, None, Backend::GdbStub))
 }
 
-pub(super) fn map_ram(path: &std::path::Path) -> std::result::Result<GuestRam, TargetError> {
+/// Maps the guest's RAM file with the layout of QEMU's machine for `arch` (x86: `pc`,
+/// RAM from 0 with the PCI hole; AArch64: `virt`, RAM from 1 GiB).
+fn map_ram(path: &std::path::Path, arch: Arch) -> std::result::Result<GuestRam, TargetError> {
     let size = std::fs::metadata(path)
         .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?
         .len();
-    GuestRam::open(path, qemu_x86_layout(size, QEMU_BELOW_4G)).map_err(TargetError::Io)
+    let layout = match arch {
+        Arch::X86_64 => qemu_x86_layout(size, QEMU_BELOW_4G),
+        Arch::Aarch64 => qemu_arm_virt_layout(size),
+    };
+    GuestRam::open(path, layout).map_err(TargetError::Io)
 }
 
 /// Connects, samples until the end, and lets the guest go. `vm` is the QEMU glass
@@ -80,7 +88,7 @@ pub(super) fn map_ram(path: &std::path::Path) -> std::result::Result<GuestRam, T
 pub(super) fn sample_guest<'a>(
     mut sink: Sink<'a>,
     address: &str,
-    ram: Option<GuestRam>,
+    ram: Option<std::path::PathBuf>,
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
     vm: Option<&mut std::process::Child>,
@@ -90,11 +98,17 @@ pub(super) fn sample_guest<'a>(
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
-    let mut client = Client::connect(address).map_err(stub_failed)?;
+    let client = Client::connect(address).map_err(stub_failed)?;
+    let arch = client.arch();
+    image.check_arch(symbols, arch)?;
+    let ram = match ram {
+        Some(path) => Some(map_ram(&path, arch)?),
+        None => None,
+    };
+    let mut backend = GdbBackend::new(client, ram);
     let outcome = match run(
         &mut sink,
-        &mut client,
-        ram.as_ref(),
+        &mut backend,
         &mut image,
         symbols,
         stop_signals,
@@ -106,14 +120,14 @@ pub(super) fn sample_guest<'a>(
     if matches!(outcome, Outcome::StubLost) {
         // The VM may have been stopped when the connection broke, and QEMU leaves it
         // stopped: connect again (the handshake resumes it) and detach.
-        drop(client);
+        drop(backend);
         match Client::connect(address).and_then(|mut again| again.detach()) {
             Ok(()) => eprintln!("glass: reconnected to the GDB stub and let the guest run"),
             Err(error) => eprintln!("glass: could not reconnect to let the guest run: {error}"),
         }
     } else {
         // Whatever else ended the recording, the guest runs on.
-        let _ = client.detach();
+        let _ = backend.detach();
     }
     Ok((sink, outcome))
 }
@@ -148,9 +162,9 @@ struct Vcpu {
 }
 
 impl Vcpu {
-    fn new(limit: usize, first_copy: usize) -> Self {
+    fn new(limit: usize, first_copy: usize, arch: Arch) -> Self {
         Vcpu {
-            regs: VcpuRegs::default(),
+            regs: VcpuRegs::zeroed(arch),
             stack: vec![0; limit],
             copy_len: first_copy.min(limit),
             deepest: first_copy.min(limit),
@@ -204,11 +218,8 @@ impl Vcpu {
 }
 
 /// Where the VM's stack copies come from.
-struct StackSource<'a> {
-    ram: Option<&'a GuestRam>,
+struct StackSource {
     cache: TranslationCache,
-    /// Bytes one `m` packet returns (the stub's packet size, hex doubling the bytes).
-    packet_bytes: usize,
     /// Every vCPU's registers, read in the exchange that stops the VM.
     regs: Vec<VcpuRegs>,
     /// Per sample, the time that exchange took.
@@ -219,8 +230,7 @@ struct StackSource<'a> {
 
 fn run(
     sink: &mut Sink,
-    client: &mut Client,
-    ram: Option<&GuestRam>,
+    backend: &mut dyn GuestBackend,
     image: &mut GuestImage,
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
@@ -238,7 +248,8 @@ fn run(
             image.cfi
         );
     }
-    sink.write_meta("gdbstub", unwind_name(args.unwind), 0)?;
+    let arch = backend.arch();
+    sink.write_meta(Backend::GdbStub, arch, unwind_name(args.unwind), 0)?;
     // Guest addresses are not host processes: never consult /proc for them.
     sink.without_proc();
     let name = symbols
@@ -249,28 +260,29 @@ fn run(
     for mapping in &image.mappings {
         sink.add_mapping(GUEST_PID, mapping.clone(), 0)?;
     }
-    for vcpu in 0..client.vcpus.len() {
+    let vcpu_count = backend.vcpu_count();
+    for vcpu in 0..vcpu_count {
         sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
     }
     let limit = args
         .stack_size
         .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
-    let first_copy = match ram {
-        Some(_) => FIRST_STACK_COPY,
-        None => client.max_memory_read(),
+    let has_ram = backend.physical_memory().is_some();
+    let first_copy = if has_ram {
+        FIRST_STACK_COPY
+    } else {
+        backend.read_unit()
     };
-    let mut vcpus: Vec<Vcpu> = (0..client.vcpus.len())
-        .map(|_| Vcpu::new(limit, first_copy))
+    let mut vcpus: Vec<Vcpu> = (0..vcpu_count)
+        .map(|_| Vcpu::new(limit, first_copy, arch))
         .collect();
     let mut source = StackSource {
-        ram,
         cache: if args.no_translation_cache {
             TranslationCache::disabled()
         } else {
             TranslationCache::new()
         },
-        packet_bytes: client.max_memory_read(),
-        regs: vec![VcpuRegs::default(); vcpus.len()],
+        regs: vec![VcpuRegs::zeroed(arch); vcpus.len()],
         registers_ns: Vec::new(),
         last_registers_ns: 0,
     };
@@ -283,7 +295,7 @@ fn run(
         &mut vcpus,
         &mut outside,
         sink,
-        client,
+        backend,
         &mut source,
         image,
         stop_signals,
@@ -301,7 +313,7 @@ fn run(
             percentile(times, 0.99)
         );
         print_vcpus(&mut vcpus, limit, args.no_idle);
-        if ram.is_some() {
+        if has_ram {
             let cache = &source.cache;
             eprintln!(
                 "glass: translation cache: {} hits, {} misses, {} stale entries re-walked",
@@ -360,7 +372,7 @@ fn sample_loop(
     vcpus: &mut [Vcpu],
     outside: &mut OutsideText,
     sink: &mut Sink,
-    client: &mut Client,
+    backend: &mut dyn GuestBackend,
     source: &mut StackSource,
     image: &mut GuestImage,
     stop_signals: &SignalFd,
@@ -398,8 +410,8 @@ fn sample_loop(
 
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();
-        let taken = take_sample(client, source, image, vcpus, no_idle);
-        let resumed = client.resume();
+        let taken = take_sample(backend, source, image, vcpus, no_idle);
+        let resumed = backend.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
         // Ticks are spaced in the guest's own (running) time.
         timer.postpone(stopped_ns);
@@ -431,23 +443,19 @@ fn sample_loop(
                     time_ns,
                     stopped_ns as u32,
                     glass_format::SAMPLE_FIRMWARE,
-                    &[r.ip],
+                    &[r.ip()],
                 )?;
                 continue;
             }
-            outside.note(image.contains(r.ip));
-            let halted = image.halted_at(r.ip);
+            outside.note(image.contains(r.ip()));
+            let halted = image.halted_at(r.ip());
             if halted {
                 vcpu.halted += 1;
                 if no_idle {
                     continue;
                 }
             }
-            let unwind = UnwindRegs {
-                ip: r.ip,
-                sp: r.sp,
-                fp: r.fp,
-            };
+            let unwind = r.unwind();
             let wanted = sink.stack_sample(
                 GUEST_PID,
                 tid,
@@ -473,56 +481,51 @@ fn sample_loop(
 }
 
 fn take_sample(
-    client: &mut Client,
+    backend: &mut dyn GuestBackend,
     source: &mut StackSource,
     image: &mut GuestImage,
     vcpus: &mut [Vcpu],
     no_idle: bool,
-) -> std::result::Result<(), StubError> {
+) -> std::result::Result<(), GuestError> {
     let started = Instant::now();
-    client.stop_with_registers(&mut source.regs)?;
+    backend.stop_with_registers(&mut source.regs)?;
     source.last_registers_ns = started.elapsed().as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let started = Instant::now();
         let r = source.regs[index];
         vcpu.regs = r;
-        vcpu.ran_image |= image.contains(r.ip);
-        vcpu.in_firmware = !vcpu.ran_image && r.efer & EFER_LMA == 0;
-        vcpu.copied = if vcpu.in_firmware || (no_idle && image.halted_at(r.ip)) {
+        vcpu.ran_image |= image.contains(r.ip());
+        vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
+        vcpu.copied = if vcpu.in_firmware || (no_idle && image.halted_at(r.ip())) {
             // Nothing of its stack is recorded.
             0
         } else {
-            copy_stack(client, source, &r, &mut vcpu.stack[..vcpu.copy_len])?
+            copy_stack(
+                backend,
+                &mut source.cache,
+                index,
+                &r,
+                &mut vcpu.stack[..vcpu.copy_len],
+            )?
         };
         vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }
     Ok(())
 }
 
-/// Copies the stack from `r.sp` into `buf`; returns how many bytes could be read (a
-/// short count ends at the first unmapped page).
+/// Copies the stack from the vCPU's stack pointer into `buf`; returns how many bytes
+/// could be read (a short count ends at the first unmapped page).
 fn copy_stack(
-    client: &mut Client,
-    source: &mut StackSource,
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    vcpu: usize,
     r: &VcpuRegs,
     buf: &mut [u8],
-) -> std::result::Result<usize, StubError> {
-    if let Some(ram) = source.ram {
-        return Ok(source
-            .cache
-            .read_virtual(ram, r.cr3, PagingMode::from_cr4(r.cr4), r.sp, buf));
+) -> std::result::Result<usize, GuestError> {
+    if let Some(ram) = backend.physical_memory() {
+        return Ok(cache.read_with(ram, &paging_of(r), r.sp(), buf));
     }
-    let mut done = 0;
-    while done < buf.len() {
-        let want = source.packet_bytes.min(buf.len() - done);
-        let bytes = client.read_memory(r.sp.wrapping_add(done as u64), want)?;
-        buf[done..done + bytes.len()].copy_from_slice(&bytes);
-        done += bytes.len();
-        if bytes.len() < want {
-            break;
-        }
-    }
-    Ok(done)
+    backend.read_virtual(vcpu, r.sp(), buf)
 }
 
 /// Counts sampled instruction pointers outside the image's text, once the vCPU is past

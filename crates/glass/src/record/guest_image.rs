@@ -4,15 +4,18 @@
 //! named at all (a stripped image, or the 32-bit multiboot copy QEMU's `-kernel` wants,
 //! names nothing: the user is told at record time, not after the recording).
 //!
-//! Whether an instruction pointer follows a `hlt` is decided by decoding the image's code
-//! with iced-x86 from the function symbol before it (or its segment's start when there
-//! is none): the byte before the instruction pointer alone would also match an
-//! instruction that merely ends in 0xf4. Only addresses after a 0xf4 byte are decoded,
-//! once each (a large image is never decoded whole).
+//! On x86-64, whether an instruction pointer follows a `hlt` is decided by decoding the
+//! image's code with iced-x86 from the function symbol before it (or its segment's start
+//! when there is none): the byte before the instruction pointer alone would also match
+//! an instruction that merely ends in 0xf4. Only addresses after a 0xf4 byte are
+//! decoded, once each (a large image is never decoded whole). AArch64 instructions are
+//! one aligned word each: the word before the instruction pointer is a `wfi` or `wfe`,
+//! or not.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use glass_format::Arch;
 use glass_target::procfs::Mapping;
 use glass_target::TargetError;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
@@ -31,7 +34,13 @@ pub struct GuestImage {
     pub naming_warning: Option<String>,
     /// Which unwind tables the image has (said at record time).
     pub cfi: glass_unwind::CfiSources,
+    /// The image's architecture (None for a symbol table).
+    pub arch: Option<Arch>,
 }
+
+/// AArch64's wait-for-interrupt and wait-for-event: a vCPU stopped after one is idle.
+const AARCH64_WFI: u32 = 0xd503_207f;
+const AARCH64_WFE: u32 = 0xd503_205f;
 
 impl GuestImage {
     /// Reads an ELF image, or an `nm -n` / System.map table (one mapping over its text
@@ -55,11 +64,22 @@ impl GuestImage {
                 after_hlt: HashMap::new(),
                 naming_warning: None,
                 cfi: glass_unwind::CfiSources::default(),
+                arch: None,
             });
         }
         let elf = object::File::parse(&*bytes).map_err(|e| {
             TargetError::BadInput(format!("{}: not an ELF file ({e})", path.display()))
         })?;
+        let arch = match elf.architecture() {
+            object::Architecture::X86_64 | object::Architecture::I386 => Arch::X86_64,
+            object::Architecture::Aarch64 => Arch::Aarch64,
+            other => {
+                return Err(TargetError::BadInput(format!(
+                    "{}: a {other:?} image; glass samples x86-64 and AArch64 guests",
+                    path.display()
+                )))
+            }
+        };
         let executable: Vec<_> = elf
             .segments()
             .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0))
@@ -99,7 +119,19 @@ impl GuestImage {
             after_hlt: HashMap::new(),
             naming_warning,
             cfi: glass_unwind::cfi_sources(&bytes),
+            arch: Some(arch),
         })
+    }
+
+    /// Refuses an image of another architecture than the guest's.
+    pub fn check_arch(&self, path: &Path, guest: Arch) -> Result<(), TargetError> {
+        match self.arch {
+            Some(image) if image != guest => Err(TargetError::BadInput(format!(
+                "{} is an {image} image but the guest runs {guest}: give the guest's own image",
+                path.display()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `ip` lies in the image's code.
@@ -117,6 +149,15 @@ impl GuestImage {
         else {
             return false;
         };
+        if self.arch == Some(Arch::Aarch64) {
+            let at = (ip - base) as usize;
+            return at >= 4
+                && ip % 4 == 0
+                && bytes
+                    .get(at - 4..at)
+                    .map(|w| u32::from_le_bytes(w.try_into().unwrap_or_default()))
+                    .is_some_and(|word| word == AARCH64_WFI || word == AARCH64_WFE);
+        }
         if bytes[(ip - 1 - base) as usize] != 0xf4 {
             return false;
         }

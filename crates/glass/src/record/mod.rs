@@ -23,7 +23,7 @@ use std::io::BufWriter;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use glass_format::Writer;
+use glass_format::{Backend, Writer};
 use glass_target::TargetError;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -104,7 +104,7 @@ fn unwind_name(mode: UnwindMode) -> &'static str {
 
 /// The recording's end, common to the backends: summary, end marker, the printed
 /// figures, and the exit status to return.
-fn finish(sink: Sink, outcome: Outcome, exit_status: Option<i32>, backend: &str) -> Result<i32> {
+fn finish(sink: Sink, outcome: Outcome, exit_status: Option<i32>, backend: Backend) -> Result<i32> {
     finish_with(sink, outcome, exit_status, backend, None)
 }
 
@@ -114,7 +114,7 @@ fn finish_with(
     mut sink: Sink,
     outcome: Outcome,
     exit_status: Option<i32>,
-    backend: &str,
+    backend: Backend,
     vm_fate: Option<String>,
 ) -> Result<i32> {
     let summary = sink.summary(exit_status);
@@ -135,7 +135,7 @@ fn finish_with(
     written.map_err(|e| with_fate(write_failure(&sink.args.output, &e)))?;
     let args = sink.args;
     if !args.quiet {
-        print_summary(args, &summary, &outcome, backend, vm_fate.as_deref());
+        print_summary(args, &summary, &outcome, &backend, vm_fate.as_deref());
     }
     Ok(match (args.pid, summary.exit_status) {
         (None, status) if status >= 0 => status,
@@ -147,7 +147,7 @@ fn print_summary(
     args: &RecordArgs,
     s: &glass_format::Summary,
     outcome: &Outcome,
-    backend: &str,
+    backend: &Backend,
     vm_fate: Option<&str>,
 ) {
     let us = |ns: u64| ns as f64 / 1000.0;
@@ -191,7 +191,7 @@ fn print_summary(
         args.output.display(),
         size.div_ceil(1024)
     );
-    if backend == "perf" {
+    if *backend == Backend::Perf {
         eprintln!(
             "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",
             s.lost_samples

@@ -5,7 +5,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use glass_format::ProcessKind;
+use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::launch::spawn_paused;
 use glass_target::perf::{PerfRecord, PerfSampler};
 use glass_target::procfs::{self, Mapping};
@@ -169,7 +169,7 @@ pub fn record(
     let _ = recorder.drain();
     // The sampler's descriptors close here: the target is no longer sampled.
     let PerfRecorder { sink, .. } = recorder;
-    Ok(finish(sink, outcome, watch.exit_status(), "perf"))
+    Ok(finish(sink, outcome, watch.exit_status(), Backend::Perf))
 }
 
 struct PerfRecorder<'a> {
@@ -188,8 +188,12 @@ impl PerfRecorder<'_> {
         stop_signals: &SignalFd,
     ) -> std::io::Result<Outcome> {
         let args = self.sink.args;
-        self.sink
-            .write_meta("perf", unwind_name(args.unwind), self.leader)?;
+        self.sink.write_meta(
+            Backend::Perf,
+            Arch::host(),
+            unwind_name(args.unwind),
+            self.leader,
+        )?;
         let attached = args.pid.is_some();
         // A launched command has not exec'd its program yet when the recording starts:
         // its mappings arrive as MMAP2 records after the exec.
@@ -263,7 +267,7 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
                 sink.thread(pid, tid)?;
             }
             let time_ns = time_ns.saturating_sub(origin_mono_ns);
-            sink.stack_sample(pid, tid, time_ns, 0, 0, UnwindRegs { ip, sp, fp }, stack)?;
+            sink.stack_sample(pid, tid, time_ns, 0, 0, UnwindRegs::new(ip, sp, fp), stack)?;
             sink.tick(0);
         }
         PerfRecord::Mmap {

@@ -12,7 +12,7 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use glass_format::ProcessKind;
+use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::ptrace::{Capture, ProcessTarget, TargetEvent, Tick};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
@@ -47,7 +47,12 @@ pub fn record(
     let _ = sink.refresh_thread_names(&target.threads());
     target.detach();
     let _ = write_events(&mut sink, &mut target);
-    Ok(finish(sink, outcome, target.leader_status(), "ptrace"))
+    Ok(finish(
+        sink,
+        outcome,
+        target.leader_status(),
+        Backend::Ptrace,
+    ))
 }
 
 fn run(
@@ -64,7 +69,12 @@ fn run(
         },
         _ => Capture::StackCopy,
     };
-    sink.write_meta("ptrace", unwind_name(args.unwind), target.leader)?;
+    sink.write_meta(
+        Backend::Ptrace,
+        Arch::host(),
+        unwind_name(args.unwind),
+        target.leader,
+    )?;
     sink.process(target.leader, 0, ProcessKind::Attached, 0, true)?;
     for (pid, tid) in target.threads() {
         sink.thread(pid, tid)?;

@@ -10,9 +10,11 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread, ThreadExit, Writer,
+    Arch, Backend, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread, ThreadExit,
+    Writer,
 };
 use glass_target::procfs::{self, Mapping};
+use glass_unwind::fp::walk_frame_records_aarch64;
 use glass_unwind::snapshot::compact;
 use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
 
@@ -27,7 +29,7 @@ const MAPS_REFRESH_PERIOD: Duration = Duration::from_millis(20);
 const FLUSH_PERIOD: Duration = Duration::from_millis(250);
 
 /// One process's executable mappings, as the file has them, and its unwind tables.
-#[derive(Default, Clone)]
+#[derive(Clone)]
 struct AddressSpace {
     mappings: Vec<Mapping>,
     last_refresh: Option<Instant>,
@@ -35,6 +37,14 @@ struct AddressSpace {
 }
 
 impl AddressSpace {
+    fn new(arch: Arch) -> Self {
+        AddressSpace {
+            mappings: Vec::new(),
+            last_refresh: None,
+            unwinder: DwarfUnwinder::for_arch(arch),
+        }
+    }
+
     fn contains(&self, address: u64) -> bool {
         let index = self.mappings.partition_point(|m| m.start <= address);
         index > 0 && address < self.mappings[index - 1].end
@@ -95,6 +105,8 @@ pub struct Sink<'a> {
     window: StackWindow,
     /// Module maps may be refreshed from /proc (not for VM guests).
     use_proc: bool,
+    /// The sampled code's architecture (set with the meta record).
+    arch: Arch,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
     last_flush: Instant,
@@ -120,9 +132,18 @@ impl<'a> Sink<'a> {
             encoded: Vec::new(),
             window: StackWindow::new(),
             use_proc: true,
+            arch: Arch::host(),
             read_words: Vec::new(),
             last_flush: Instant::now(),
         }
+    }
+
+    /// The address space of `pid` (made empty on first use).
+    fn space(&mut self, pid: i32) -> &mut AddressSpace {
+        let arch = self.arch;
+        self.spaces
+            .entry(pid)
+            .or_insert_with(|| AddressSpace::new(arch))
     }
 
     /// The samples are not of host processes: module maps come only from the caller.
@@ -138,18 +159,26 @@ impl<'a> Sink<'a> {
         instant.saturating_duration_since(self.origin).as_nanos() as u64
     }
 
-    pub fn write_meta(&mut self, backend: &str, unwind: &str, target_pid: i32) -> io::Result<()> {
+    pub fn write_meta(
+        &mut self,
+        backend: Backend,
+        arch: Arch,
+        unwind: &str,
+        target_pid: i32,
+    ) -> io::Result<()> {
         let start_unix_ns = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
+        self.arch = arch;
         let capture = match self.args.capture {
             CaptureMode::Frames => "frames",
             CaptureMode::Raw => "raw",
         };
         self.writer.meta(&Meta {
             start_unix_ns,
-            backend: backend.into(),
+            backend,
+            arch,
             unwind: unwind.into(),
             frequency_hz: self.args.frequency,
             max_depth: self.args.max_depth,
@@ -199,11 +228,15 @@ impl<'a> Sink<'a> {
         match kind {
             ProcessKind::Forked => {
                 // The child starts with its parent's mappings; readers copy them too.
-                let inherited = self.spaces.get(&parent).cloned().unwrap_or_default();
+                let inherited = self
+                    .spaces
+                    .get(&parent)
+                    .cloned()
+                    .unwrap_or_else(|| AddressSpace::new(self.arch));
                 self.spaces.insert(pid, inherited);
             }
             ProcessKind::Attached | ProcessKind::Exec => {
-                self.spaces.insert(pid, AddressSpace::default());
+                self.spaces.insert(pid, AddressSpace::new(self.arch));
                 self.thread_names.remove(&pid);
                 if read_maps {
                     self.refresh_modules(pid, time_ns)?;
@@ -218,7 +251,7 @@ impl<'a> Sink<'a> {
         let Ok(current) = procfs::executable_mappings(pid) else {
             return Ok(());
         };
-        self.spaces.entry(pid).or_default().last_refresh = Some(Instant::now());
+        self.space(pid).last_refresh = Some(Instant::now());
         for mapping in current {
             self.add_mapping(pid, mapping, time_ns)?;
         }
@@ -227,7 +260,7 @@ impl<'a> Sink<'a> {
 
     /// Records one executable mapping (if new) and loads its unwind tables.
     pub fn add_mapping(&mut self, pid: i32, mapping: Mapping, time_ns: u64) -> io::Result<()> {
-        let space = self.spaces.entry(pid).or_default();
+        let space = self.space(pid);
         if space.mappings.contains(&mapping) {
             return Ok(());
         }
@@ -241,8 +274,11 @@ impl<'a> Sink<'a> {
             build_id,
             path: mapping.path.clone(),
         })?;
-        let space = self.spaces.entry(pid).or_default();
-        if self.args.unwind != UnwindMode::Fp
+        // With frame pointers only, AArch64 still needs the modules' function symbols
+        // (to tell a leaf's unsaved link register from one it saved).
+        let wants_tables = self.args.unwind != UnwindMode::Fp || self.arch == Arch::Aarch64;
+        let space = self.space(pid);
+        if wants_tables
             && !mapping.path.starts_with('[')
             && !space.unwinder.has_module(mapping.start)
         {
@@ -367,8 +403,22 @@ impl<'a> Sink<'a> {
             high_water: regs.sp,
         };
         let max_depth = self.args.max_depth as usize;
-        let space = self.spaces.entry(pid).or_default();
-        let end = match self.args.unwind {
+        let (unwind, arch) = (self.args.unwind, self.arch);
+        let space = self
+            .spaces
+            .entry(pid)
+            .or_insert_with(|| AddressSpace::new(arch));
+        let end = match unwind {
+            UnwindMode::Fp if arch == Arch::Aarch64 => {
+                let unwinder = &space.unwinder;
+                walk_frame_records_aarch64(
+                    regs,
+                    &mut |address| copy.word(address),
+                    max_depth,
+                    &mut frames,
+                    &|a, b| unwinder.same_function(a, b),
+                )
+            }
             UnwindMode::Fp => {
                 self.window.fill(&mut copy, regs.sp);
                 walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, &mut frames)
@@ -399,7 +449,7 @@ impl<'a> Sink<'a> {
                 // report's unwind of the compacted copy gives exactly these frames.
                 let mut read_words = std::mem::take(&mut self.read_words);
                 read_words.clear();
-                let space = self.spaces.entry(pid).or_default();
+                let space = self.space(pid);
                 let mut scratch = Vec::new();
                 let sp = regs.sp;
                 space.unwinder.walk(
@@ -438,6 +488,7 @@ impl<'a> Sink<'a> {
                     ip: regs.ip,
                     sp: regs.sp,
                     fp: regs.fp,
+                    lr: regs.lr,
                     stack: std::mem::take(&mut encoded),
                 });
                 self.samples += 1;
@@ -455,7 +506,7 @@ impl<'a> Sink<'a> {
         if !self.use_proc {
             return Ok(());
         }
-        let space = self.spaces.entry(pid).or_default();
+        let space = self.space(pid);
         if frames.iter().all(|&a| space.contains(a)) {
             return Ok(());
         }

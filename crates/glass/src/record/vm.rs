@@ -1,4 +1,4 @@
-//! `glass record --vm -- qemu-system-x86_64 ARGS`: the QEMU launcher. glass starts the VM
+//! `glass record --vm -- qemu-system-x86_64|qemu-system-aarch64 ARGS`: the QEMU launcher. glass starts the VM
 //! with a private GDB stub (a unix socket) and guest RAM shared with glass, then samples
 //! it with the same loop as `--gdb` ([`super::gdb`]), and ends the VM with the recording
 //! unless `--keep-vm`.
@@ -13,12 +13,13 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use glass_format::Backend;
 use glass_target::TargetError;
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 
 use super::finish_with;
-use super::gdb::{map_ram, sample_guest};
+use super::gdb::sample_guest;
 use super::guardian::{report_vm_pid, Guardian, QEMU_GRACE};
 use super::sink::Sink;
 use crate::error::Result;
@@ -143,18 +144,16 @@ fn launch_and_sample(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let ram = map_ram(std::path::Path::new(&format!("/proc/self/fd/{ram_raw}")));
+    let ram = std::path::PathBuf::from(format!("/proc/self/fd/{ram_raw}"));
     let address = socket.to_string_lossy().into_owned();
-    let result = ram.and_then(|ram| {
-        sample_guest(
-            sink,
-            &address,
-            Some(ram),
-            symbols,
-            stop_signals,
-            Some(&mut child),
-        )
-    });
+    let result = sample_guest(
+        sink,
+        &address,
+        Some(ram),
+        symbols,
+        stop_signals,
+        Some(&mut child),
+    );
     let exited = child.try_wait().ok().flatten();
     let fate = match exited {
         Some(status) => ended_by_itself(status),
@@ -171,7 +170,13 @@ fn launch_and_sample(
     }
     let (sink, outcome) = result.map_err(|error| with_fate(error, &fate))?;
     let status = exited.map(|s| s.code().unwrap_or(1));
-    Ok(finish_with(sink, outcome, status, "gdbstub", Some(fate)))
+    Ok(finish_with(
+        sink,
+        outcome,
+        status,
+        Backend::GdbStub,
+        Some(fate),
+    ))
 }
 
 /// Whether a unix socket listens at `path`. QEMU binds its stub's socket (the file

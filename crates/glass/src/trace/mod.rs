@@ -189,7 +189,8 @@ fn start_output(
     let mut out = Output::new(file, 1 + counters.len() as u64);
     out.write(&Record::Meta(Meta {
         start_unix_ns,
-        backend: "trace".into(),
+        backend: glass_format::Backend::Trace,
+        arch: glass_format::Arch::host(),
         unwind: String::new(),
         frequency_hz: 0,
         max_depth: 0,

@@ -1,0 +1,89 @@
+//! The registers a sampler needs from a stopped guest vCPU, one file per architecture
+//! (mirroring glass-unwind's and glass-mem's per-architecture files): which registers
+//! to ask a backend for, and what they mean for unwinding and address translation.
+//! A backend (the GDB stub today, Xen next) fills a [`VcpuRegs`] by register name.
+
+pub mod aarch64;
+pub mod x86_64;
+
+pub use aarch64::Aarch64Regs;
+pub use glass_format::Arch;
+pub use x86_64::X86Regs;
+
+use glass_unwind::UnwindRegs;
+
+/// One vCPU's registers, of whichever architecture the guest is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuRegs {
+    X86_64(X86Regs),
+    Aarch64(Aarch64Regs),
+}
+
+impl Default for VcpuRegs {
+    fn default() -> Self {
+        VcpuRegs::X86_64(X86Regs::default())
+    }
+}
+
+impl VcpuRegs {
+    /// Zeroed registers of `arch`.
+    pub fn zeroed(arch: Arch) -> Self {
+        match arch {
+            Arch::X86_64 => VcpuRegs::X86_64(X86Regs::default()),
+            Arch::Aarch64 => VcpuRegs::Aarch64(Aarch64Regs::default()),
+        }
+    }
+
+    /// The register names a backend must provide for `arch`, in the order
+    /// [`VcpuRegs::from_values`] takes them.
+    pub fn names(arch: Arch) -> &'static [&'static [&'static str]] {
+        match arch {
+            Arch::X86_64 => x86_64::NAMES,
+            Arch::Aarch64 => aarch64::NAMES,
+        }
+    }
+
+    /// How many of [`VcpuRegs::names`] a backend must have (the rest read as 0).
+    pub fn required(arch: Arch) -> usize {
+        match arch {
+            Arch::X86_64 => x86_64::REQUIRED,
+            Arch::Aarch64 => aarch64::REQUIRED,
+        }
+    }
+
+    /// From the values of [`VcpuRegs::names`] (0 for a register the backend lacks).
+    pub fn from_values(arch: Arch, values: &[u64]) -> Self {
+        match arch {
+            Arch::X86_64 => VcpuRegs::X86_64(X86Regs::from_values(values)),
+            Arch::Aarch64 => VcpuRegs::Aarch64(Aarch64Regs::from_values(values)),
+        }
+    }
+
+    pub fn ip(&self) -> u64 {
+        match self {
+            VcpuRegs::X86_64(r) => r.ip,
+            VcpuRegs::Aarch64(r) => r.pc,
+        }
+    }
+
+    pub fn sp(&self) -> u64 {
+        self.unwind().sp
+    }
+
+    pub fn unwind(&self) -> UnwindRegs {
+        match self {
+            VcpuRegs::X86_64(r) => r.unwind(),
+            VcpuRegs::Aarch64(r) => r.unwind(),
+        }
+    }
+
+    /// The vCPU translates addresses through page tables (x86: long mode; AArch64: the
+    /// stage-1 MMU on). A vCPU that does not and has not yet run the guest image is
+    /// still in its firmware or has not been started.
+    pub fn paging_on(&self) -> bool {
+        match self {
+            VcpuRegs::X86_64(r) => r.long_mode(),
+            VcpuRegs::Aarch64(r) => r.mmu_on(),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The GDB stub as a [`GuestBackend`]: the [`Client`]'s pipelined stop-and-registers
+//! exchange, `m` packets for memory, and the guest's RAM where QEMU shares it (a file
+//! or memfd glass maps read-only), laid out as the machine does.
+
+use glass_mem::{GuestRam, PhysicalMemory};
+
+use super::client::{Client, StubError};
+use crate::guest::{Arch, GuestBackend, GuestError, VcpuRegs};
+
+pub struct GdbBackend {
+    pub client: Client,
+    ram: Option<GuestRam>,
+}
+
+impl From<StubError> for GuestError {
+    fn from(error: StubError) -> Self {
+        GuestError(error.to_string())
+    }
+}
+
+impl GdbBackend {
+    pub fn new(client: Client, ram: Option<GuestRam>) -> Self {
+        GdbBackend { client, ram }
+    }
+}
+
+impl GuestBackend for GdbBackend {
+    fn arch(&self) -> Arch {
+        self.client.arch()
+    }
+
+    fn vcpu_count(&self) -> usize {
+        self.client.vcpus.len()
+    }
+
+    fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), GuestError> {
+        Ok(self.client.stop_with_registers(out)?)
+    }
+
+    fn resume(&mut self) -> Result<(), GuestError> {
+        Ok(self.client.resume()?)
+    }
+
+    fn detach(&mut self) -> Result<(), GuestError> {
+        Ok(self.client.detach()?)
+    }
+
+    fn physical_memory(&self) -> Option<&dyn PhysicalMemory> {
+        self.ram.as_ref().map(|ram| ram as &dyn PhysicalMemory)
+    }
+
+    /// Whole packets until `buf` is full or the stub returns less (an unmapped page).
+    /// `m` reads memory as the selected vCPU sees it (its page tables).
+    fn read_virtual(
+        &mut self,
+        vcpu: usize,
+        address: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, GuestError> {
+        self.client.select(vcpu)?;
+        let unit = self.client.max_memory_read();
+        let mut done = 0;
+        while done < buf.len() {
+            let want = unit.min(buf.len() - done);
+            let bytes = self
+                .client
+                .read_memory(address.wrapping_add(done as u64), want)?;
+            buf[done..done + bytes.len()].copy_from_slice(&bytes);
+            done += bytes.len();
+            if bytes.len() < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn read_unit(&self) -> usize {
+        self.client.max_memory_read()
+    }
+}

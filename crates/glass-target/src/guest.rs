@@ -1,0 +1,63 @@
+//! The guest-backend seam: what the guest sampling loop needs from whatever holds a VM
+//! (a VMM's GDB stub today; Xen's hypercall interface is the next implementation). A
+//! backend lists vCPUs, stops them all and reads their registers, resumes, detaches,
+//! and gives access to guest memory: the guest's physical RAM where it can map it (the
+//! loop then walks the guest's page tables itself, see glass-mem), or its own
+//! virtual-memory reads otherwise.
+
+use glass_mem::{GuestPaging, PhysicalMemory};
+
+pub use crate::arch::{Arch, VcpuRegs};
+
+/// A backend's failure: the VM went away or the connection to it broke.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GuestError(pub String);
+
+pub trait GuestBackend {
+    /// The guest's architecture.
+    fn arch(&self) -> Arch;
+
+    /// How many vCPUs the guest has.
+    fn vcpu_count(&self) -> usize;
+
+    /// Stops every vCPU and reads each one's registers into `out` (one per vCPU).
+    fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), GuestError>;
+
+    /// Lets the guest run again.
+    fn resume(&mut self) -> Result<(), GuestError>;
+
+    /// Lets the guest run and lets go of it for good.
+    fn detach(&mut self) -> Result<(), GuestError>;
+
+    /// The guest's physical memory, where the backend has it mapped.
+    fn physical_memory(&self) -> Option<&dyn PhysicalMemory>;
+
+    /// Reads guest-virtual memory as vCPU `vcpu` sees it through the backend itself
+    /// (when there is no [`GuestBackend::physical_memory`]); returns the bytes read.
+    fn read_virtual(
+        &mut self,
+        vcpu: usize,
+        address: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, GuestError>;
+
+    /// The bytes one [`GuestBackend::read_virtual`] call costs one round trip for.
+    fn read_unit(&self) -> usize;
+}
+
+/// How vCPU registers say their page tables are to be walked.
+pub fn paging_of(regs: &VcpuRegs) -> GuestPaging {
+    match regs {
+        VcpuRegs::X86_64(r) => GuestPaging::X86_64(glass_mem::X86Paging {
+            cr3: r.cr3,
+            mode: glass_mem::PagingMode::from_cr4(r.cr4),
+        }),
+        VcpuRegs::Aarch64(r) => GuestPaging::Aarch64(glass_mem::Aarch64Paging {
+            ttbr0: r.ttbr0_el1,
+            ttbr1: r.ttbr1_el1,
+            tcr: r.tcr_el1,
+            sctlr: r.sctlr_el1,
+        }),
+    }
+}
