@@ -84,8 +84,8 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             return Ok(());
         }
         println!(
-            "sampling:    {} backend, {} unwinding, {} Hz, max depth {}, {} capture",
-            meta.backend, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
+            "sampling:    {} backend, {} code, {} unwinding, {} Hz, max depth {}, {} capture",
+            meta.backend, meta.arch, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
         );
     }
     let truncated = recording

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use glass_record::{BackendChoice, CaptureMode, UnwindMode};
 
 #[derive(Parser)]
 #[command(
@@ -36,7 +37,7 @@ enum Command {
     Trace(TraceArgs),
     /// Internal: started by `glass record --gdb/--vm`; lets the VM run if glass dies
     #[command(name = "__guardian", hide = true)]
-    Guardian(record::guardian::GuardianArgs),
+    Guardian(glass_record::guardian::GuardianArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -150,26 +151,6 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendChoice {
-    Auto,
-    Perf,
-    Ptrace,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindMode {
-    Auto,
-    Fp,
-    Dwarf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CaptureMode {
-    Frames,
-    Raw,
-}
-
 /// A multiple of 8 (the kernel's requirement for perf; words for the others), at most
 /// 16 MiB (the perf backend checks its own lower limit).
 fn parse_stack_size(text: &str) -> Result<u32, String> {
@@ -233,7 +214,7 @@ fn main() -> ExitCode {
             info::run(&args).map(|()| 0)
         }
         Command::Trace(args) => trace::run(&args),
-        Command::Guardian(args) => record::guardian::run(&args),
+        Command::Guardian(args) => glass_record::guardian::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

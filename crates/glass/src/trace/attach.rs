@@ -43,8 +43,8 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use super::ledger::{self, Ledger};
 use super::{install, select, CounterChoice};
 use crate::error::{Failure, Result};
-use crate::record::{create_output, monotonic_now_ns, stop_signal_fd, take_stop_signal};
 use crate::TraceArgs;
+use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, take_stop_signal};
 
 /// Longest an injected call (dlopen) may take before glass gives up.
 const CALL_LIMIT: Duration = Duration::from_secs(10);

@@ -23,8 +23,8 @@ use glass_target::inject::{shell_status, StoppedProcess};
 use glass_trace::session::SessionMemory;
 
 use crate::error::{Failure, Result};
-use crate::record::{create_output, error_text, monotonic_now_ns};
 use crate::TraceArgs;
+use glass_record::{create_output, error_text, monotonic_now_ns};
 
 fn split_list(list: &Option<String>) -> Vec<String> {
     list.as_deref()

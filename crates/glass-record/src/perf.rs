@@ -13,9 +13,9 @@ use glass_target::TargetError;
 use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
 
-use super::sink::Sink;
+use super::recorder::Recorder as Sink;
 use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome};
-use crate::error::Result;
+use crate::{Recorded, Result};
 
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 
@@ -91,7 +91,7 @@ fn sigchld_fd() -> std::io::Result<SignalFd> {
 pub fn record(
     sink: Sink,
     stop_signals: &SignalFd,
-) -> std::result::Result<Result<i32>, TargetError> {
+) -> std::result::Result<Result<Recorded>, TargetError> {
     let args = sink.args;
     let sigchld = sigchld_fd().map_err(TargetError::Io)?;
     let stack_size = args.stack_size.unwrap_or(16384);

@@ -17,10 +17,10 @@ use glass_target::ptrace::{Capture, ProcessTarget, TargetEvent, Tick};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::sink::Sink;
+use super::recorder::Recorder as Sink;
 use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
-use crate::error::Result;
 use crate::{CaptureMode, UnwindMode};
+use crate::{Recorded, Result};
 
 /// How often the file is flushed and thread names are re-read.
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
@@ -28,7 +28,7 @@ const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 pub fn record(
     mut sink: Sink,
     stop_signals: &SignalFd,
-) -> std::result::Result<Result<i32>, TargetError> {
+) -> std::result::Result<Result<Recorded>, TargetError> {
     let args = sink.args;
     let mut target = match args.pid {
         Some(pid) => ProcessTarget::attach(pid)?,

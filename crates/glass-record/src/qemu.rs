@@ -19,16 +19,16 @@ use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 
 use super::finish_with;
-use super::gdb::sample_guest;
 use super::guardian::{report_vm_pid, Guardian, QEMU_GRACE};
-use super::sink::Sink;
-use crate::error::Result;
+use super::guest::sample_guest;
+use super::recorder::Recorder as Sink;
+use crate::{Recorded, Result};
 
 /// `--vm -- qemu-system-x86_64 ARGS`: launch QEMU with a private stub and shared RAM.
 pub fn record(
     sink: Sink,
     stop_signals: &SignalFd,
-) -> std::result::Result<Result<i32>, TargetError> {
+) -> std::result::Result<Result<Recorded>, TargetError> {
     let args = sink.args;
     let command = &args.command;
     if command.is_empty() {
@@ -87,7 +87,7 @@ fn launch_and_sample(
     socket: &std::path::Path,
     (ram_fd, ram_mib): (&OwnedFd, u64),
     symbols: &std::path::Path,
-) -> std::result::Result<Result<i32>, TargetError> {
+) -> std::result::Result<Result<Recorded>, TargetError> {
     use std::os::unix::process::CommandExt;
     let args = sink.args;
     let command = &args.command;

@@ -29,9 +29,9 @@ use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
 use super::guest_image::GuestImage;
-use super::sink::Sink;
+use super::recorder::Recorder as Sink;
 use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
-use crate::error::Result;
+use crate::{Notes, Recorded, Result};
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
 const GUEST_PID: i32 = 1;
@@ -50,7 +50,7 @@ fn stub_failed(error: StubError) -> TargetError {
 pub fn record(
     sink: Sink,
     stop_signals: &SignalFd,
-) -> std::result::Result<Result<i32>, TargetError> {
+) -> std::result::Result<Result<Recorded>, TargetError> {
     let args = sink.args;
     let address = args.gdb.clone().unwrap_or_default();
     let symbols = args.symbols.clone().unwrap_or_default();
@@ -122,8 +122,12 @@ pub(super) fn sample_guest<'a>(
         // stopped: connect again (the handshake resumes it) and detach.
         drop(backend);
         match Client::connect(address).and_then(|mut again| again.detach()) {
-            Ok(()) => eprintln!("glass: reconnected to the GDB stub and let the guest run"),
-            Err(error) => eprintln!("glass: could not reconnect to let the guest run: {error}"),
+            Ok(()) => sink
+                .notes
+                .warn("reconnected to the GDB stub and let the guest run"),
+            Err(error) => sink.notes.warn(&format!(
+                "could not reconnect to let the guest run: {error}"
+            )),
         }
     } else {
         // Whatever else ended the recording, the guest runs on.
@@ -239,15 +243,13 @@ fn run(
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
     if let Some(warning) = &image.naming_warning {
-        eprintln!("glass: warning: {warning}");
+        sink.notes.warn(warning);
     }
-    if !args.quiet {
-        eprintln!(
-            "glass: unwind tables of {}: {}",
-            symbols.display(),
-            image.cfi
-        );
-    }
+    sink.notes.figure(&format!(
+        "unwind tables of {}: {}",
+        symbols.display(),
+        image.cfi
+    ));
     let arch = backend.arch();
     sink.write_meta(Backend::GdbStub, arch, unwind_name(args.unwind), 0)?;
     // Guest addresses are not host processes: never consult /proc for them.
@@ -303,32 +305,30 @@ fn run(
         timer,
         deadline,
     );
-    if !args.quiet {
-        let times = &mut source.registers_ns;
-        times.sort_unstable();
-        eprintln!(
-            "glass: stop and registers of {} vCPUs in one exchange: p50 {:.1} us, p99 {:.1} us",
-            vcpus.len(),
-            percentile(times, 0.5),
-            percentile(times, 0.99)
-        );
-        print_vcpus(&mut vcpus, limit, args.no_idle);
-        if has_ram {
-            let cache = &source.cache;
-            eprintln!(
-                "glass: translation cache: {} hits, {} misses, {} stale entries re-walked",
-                cache.hits, cache.misses, cache.stale
-            );
-        }
+    let times = &mut source.registers_ns;
+    times.sort_unstable();
+    sink.notes.figure(&format!(
+        "stop and registers of {} vCPUs in one exchange: p50 {:.1} us, p99 {:.1} us",
+        vcpus.len(),
+        percentile(times, 0.5),
+        percentile(times, 0.99)
+    ));
+    print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
+    if has_ram {
+        let cache = &source.cache;
+        sink.notes.figure(&format!(
+            "translation cache: {} hits, {} misses, {} stale entries re-walked",
+            cache.hits, cache.misses, cache.stale
+        ));
     }
-    outside.judge(symbols);
+    outside.judge(symbols, sink.notes);
     outcome
 }
 
 /// The per-vCPU figures: the VM stops as a whole (the stopped time per sample is in the
 /// summary); what differs per vCPU is the time its registers and stack take to read,
 /// its states, and its stack copies.
-fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool) {
+fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn Notes) {
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let times = &mut vcpu.read_ns;
         times.sort_unstable();
@@ -346,15 +346,15 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool) {
         } else {
             format!(" ({})", states.join(", "))
         };
-        eprintln!(
-            "glass: vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks longer than the copy",
+        notes.figure(&format!(
+            "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks longer than the copy",
             vcpu.samples,
             at(0.5),
             at(0.99),
             vcpu.copy_len.div_ceil(1024),
             limit / 1024,
             vcpu.cut
-        );
+        ));
     }
 }
 
@@ -422,7 +422,7 @@ fn sample_loop(
                 matches!(vm.try_wait(), Ok(Some(_)))
             });
             if !powered_off {
-                eprintln!("glass: {error}; ending the recording");
+                sink.notes.warn(&format!("{error}; ending the recording"));
                 return Ok(Outcome::StubLost);
             }
             return Ok(Outcome::TargetExited);
@@ -544,15 +544,15 @@ impl OutsideText {
         self.outside += u64::from(!inside);
     }
 
-    fn judge(&mut self, symbols: &std::path::Path) {
+    fn judge(&mut self, symbols: &std::path::Path, notes: &mut dyn Notes) {
         if !self.warned && self.samples >= 40 && self.outside * 2 > self.samples {
             self.warned = true;
-            eprintln!(
-                "glass: warning: {} of {} sampled addresses lie outside the text of {} (counting only vCPUs past their firmware): is it the running guest's image?",
+            notes.warn(&format!(
+                "{} of {} sampled addresses lie outside the text of {} (counting only vCPUs past their firmware): is it the running guest's image?",
                 self.outside,
                 self.samples,
                 symbols.display()
-            );
+            ));
         }
     }
 }

@@ -159,7 +159,7 @@ pub fn report_vm_pid(pipe: RawFd) {
 }
 
 /// The guardian process.
-pub fn run(args: &GuardianArgs) -> crate::error::Result<i32> {
+pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     // Already ignored since exec (see `start`); again in case someone runs it by hand.
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: setting a disposition.

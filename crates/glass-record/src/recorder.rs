@@ -18,7 +18,7 @@ use glass_unwind::fp::walk_frame_records_aarch64;
 use glass_unwind::snapshot::compact;
 use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
 
-use crate::{CaptureMode, RecordArgs, UnwindMode};
+use crate::{CaptureMode, Notes, RecordOptions, UnwindMode};
 
 /// The module map of a process is re-read at most this often when samples show
 /// addresses outside every known mapping (code mapped by dlopen, a JIT).
@@ -86,8 +86,10 @@ impl RemoteMemory for CopiedStack<'_> {
     }
 }
 
-pub struct Sink<'a> {
-    pub args: &'a RecordArgs,
+pub struct Recorder<'a> {
+    pub args: &'a RecordOptions,
+    /// Where warnings and figures go (the CLI prints them on stderr).
+    pub notes: &'a mut dyn Notes,
     writer: Writer<BufWriter<File>>,
     pub origin: Instant,
     spaces: HashMap<i32, AddressSpace>,
@@ -112,10 +114,15 @@ pub struct Sink<'a> {
     last_flush: Instant,
 }
 
-impl<'a> Sink<'a> {
-    pub fn new(args: &'a RecordArgs, writer: Writer<BufWriter<File>>) -> Self {
-        Sink {
+impl<'a> Recorder<'a> {
+    pub fn new(
+        args: &'a RecordOptions,
+        writer: Writer<BufWriter<File>>,
+        notes: &'a mut dyn Notes,
+    ) -> Self {
+        Recorder {
             args,
+            notes,
             writer,
             origin: Instant::now(),
             spaces: HashMap::new(),
@@ -194,7 +201,7 @@ impl<'a> Sink<'a> {
 
     /// A process appears. For an attached or exec'd process with `read_maps`, its
     /// mappings are read from /proc now; otherwise they arrive through
-    /// [`Sink::add_mapping`].
+    /// [`Recorder::add_mapping`].
     pub fn process(
         &mut self,
         pid: i32,
@@ -207,7 +214,7 @@ impl<'a> Sink<'a> {
         self.process_named(pid, parent, kind, time_ns, read_maps, name)
     }
 
-    /// As [`Sink::process`], with the name given (a VM guest has no /proc entry).
+    /// As [`Recorder::process`], with the name given (a VM guest has no /proc entry).
     pub fn process_named(
         &mut self,
         pid: i32,

@@ -1,36 +1,101 @@
-//! `glass record`: set-up shared by the backends, then one module per backend loop:
+//! Recording, as a library: the CLI's `glass record` (and a live view later) hand it
+//! [`RecordOptions`] and a [`Notes`] to tell the user things, and get back a
+//! [`Recorded`]. Set-up shared by the backends, then one module per backend:
 //!
 //! - [`perf`]: the kernel samples the target (cpu-clock) and copies its registers and
 //!   stack; the target is never stopped. The default where perf_event_open is allowed.
 //! - [`ptrace`]: glass stops each thread at every tick, copies what it needs, resumes.
-//! - [`gdb`]: a VM guest through its VMM's GDB stub (`--gdb`); [`vm`] launches QEMU for
-//!   `--vm` and samples it with the same loop; [`guardian`] outlives glass and lets the
-//!   VM run (or ends the QEMU `--vm` launched) if glass is killed.
+//! - [`guest`]: a VM guest through a `glass_target::guest::GuestBackend` (a VMM's GDB
+//!   stub for `--gdb`); [`qemu`] launches QEMU for `--vm` and samples it with the same
+//!   loop; [`guardian`] outlives glass and lets the VM run (or ends the QEMU `--vm`
+//!   launched) if glass is killed.
 //!
-//! Both hand their samples to a [`sink::Sink`], which unwinds, keeps module maps, and
-//! writes the file after the target has its CPU back.
+//! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
+//! and writes the file after the target has its CPU back.
 
-mod gdb;
-pub(crate) mod guardian;
+mod error;
+pub mod guardian;
+mod guest;
 mod guest_image;
 mod perf;
 mod ptrace;
-mod sink;
-mod vm;
+mod qemu;
+pub mod recorder;
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use glass_format::{Backend, Writer};
 use glass_target::TargetError;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use crate::error::{Failure, Result};
-use crate::{BackendChoice, CaptureMode, RecordArgs, UnwindMode};
-use sink::Sink;
+pub use error::{Failure, Result};
+use recorder::Recorder as Sink;
+
+/// What `glass record` was asked to do (the CLI's arguments, parsed).
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    pub output: PathBuf,
+    pub frequency: u32,
+    pub duration: Option<f64>,
+    pub max_depth: u32,
+    pub pid: Option<i32>,
+    pub gdb: Option<String>,
+    pub symbols: Option<PathBuf>,
+    pub guest_memory: Option<PathBuf>,
+    pub vm: bool,
+    pub keep_vm: bool,
+    pub no_translation_cache: bool,
+    pub sampler_cpu: Option<usize>,
+    pub backend: BackendChoice,
+    pub unwind: UnwindMode,
+    pub capture: CaptureMode,
+    pub stack_size: Option<u32>,
+    pub no_idle: bool,
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Perf,
+    Ptrace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    Auto,
+    Fp,
+    Dwarf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureMode {
+    Frames,
+    Raw,
+}
+
+/// What a recording tells its user while it runs and at its end: warnings (always
+/// shown) and figures (the cost summary, which the CLI's `--quiet` hides). A live view
+/// shows them in its own way instead of on stderr.
+pub trait Notes {
+    fn warn(&mut self, text: &str);
+    fn figure(&mut self, text: &str);
+}
+
+/// A finished recording.
+pub struct Recorded {
+    pub summary: glass_format::Summary,
+    pub outcome: Outcome,
+    pub backend: Backend,
+    /// What became of a VM `--vm` launched.
+    pub vm_fate: Option<String>,
+    /// The exit status `glass record` ends with (the launched command's, else 0).
+    pub exit_status: i32,
+}
 
 /// Why the recording ended.
 pub enum Outcome {
@@ -42,7 +107,8 @@ pub enum Outcome {
     WriteFailed(std::io::Error),
 }
 
-pub fn run(args: &RecordArgs) -> Result<i32> {
+/// Records as `args` says; notes go to `notes`.
+pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     if let Some(cpu) = args.sampler_cpu {
         // Check the CPU before starting anything; pin only after launching, so the
         // target does not inherit the sampler's core.
@@ -72,7 +138,7 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
     writer
         .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
-    let sink = Sink::new(args, writer);
+    let sink = Sink::new(args, writer, notes);
     let start_failed = |error: TargetError| {
         let _ = std::fs::remove_file(&args.output);
         if error.is_bad_input() {
@@ -82,10 +148,10 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         }
     };
     if args.vm {
-        return vm::record(sink, &stop_signals).map_err(start_failed)?;
+        return qemu::record(sink, &stop_signals).map_err(start_failed)?;
     }
     if args.gdb.is_some() {
-        return gdb::record(sink, &stop_signals).map_err(start_failed)?;
+        return guest::record(sink, &stop_signals).map_err(start_failed)?;
     }
     match backend {
         BackendChoice::Perf => perf::record(sink, &stop_signals).map_err(start_failed)?,
@@ -104,7 +170,12 @@ fn unwind_name(mode: UnwindMode) -> &'static str {
 
 /// The recording's end, common to the backends: summary, end marker, the printed
 /// figures, and the exit status to return.
-fn finish(sink: Sink, outcome: Outcome, exit_status: Option<i32>, backend: Backend) -> Result<i32> {
+fn finish(
+    sink: Sink,
+    outcome: Outcome,
+    exit_status: Option<i32>,
+    backend: Backend,
+) -> Result<Recorded> {
     finish_with(sink, outcome, exit_status, backend, None)
 }
 
@@ -116,7 +187,7 @@ fn finish_with(
     exit_status: Option<i32>,
     backend: Backend,
     vm_fate: Option<String>,
-) -> Result<i32> {
+) -> Result<Recorded> {
     let summary = sink.summary(exit_status);
     let written = match &outcome {
         Outcome::WriteFailed(_) => Ok(()),
@@ -133,84 +204,20 @@ fn finish_with(
         return Err(with_fate(write_failure(&sink.args.output, error)));
     }
     written.map_err(|e| with_fate(write_failure(&sink.args.output, &e)))?;
-    let args = sink.args;
-    if !args.quiet {
-        print_summary(args, &summary, &outcome, &backend, vm_fate.as_deref());
-    }
-    Ok(match (args.pid, summary.exit_status) {
+    let exit_status = match (sink.args.pid, summary.exit_status) {
         (None, status) if status >= 0 => status,
         _ => 0,
+    };
+    Ok(Recorded {
+        summary,
+        outcome,
+        backend,
+        vm_fate,
+        exit_status,
     })
 }
 
-fn print_summary(
-    args: &RecordArgs,
-    s: &glass_format::Summary,
-    outcome: &Outcome,
-    backend: &Backend,
-    vm_fate: Option<&str>,
-) {
-    let us = |ns: u64| ns as f64 / 1000.0;
-    let size = std::fs::metadata(&args.output)
-        .map(|m| m.len())
-        .unwrap_or(0);
-    let signal_name = |signal: i32| {
-        Signal::try_from(signal)
-            .map(|s| s.as_str())
-            .unwrap_or("a signal")
-    };
-    let ended = match (outcome, vm_fate) {
-        // A VM glass launched: what ended the recording, then what became of the VM.
-        (Outcome::TargetExited, Some(fate)) => fate.to_string(),
-        (Outcome::StubLost, Some(fate)) => format!("GDB stub connection lost; {fate}"),
-        (Outcome::DurationElapsed, Some(fate)) => format!("duration elapsed; {fate}"),
-        (Outcome::Signalled(signal), Some(fate)) => {
-            format!("stopped by {}; {fate}", signal_name(*signal))
-        }
-        (Outcome::TargetExited, None) => "target exited".to_string(),
-        (Outcome::StubLost, None) => "GDB stub connection lost".to_string(),
-        (Outcome::DurationElapsed, None) => {
-            "duration elapsed; target detached and running".to_string()
-        }
-        (Outcome::Signalled(signal), None) => {
-            format!("stopped by {}; target detached", signal_name(*signal))
-        }
-        (Outcome::WriteFailed(_), _) => "write failed".to_string(),
-    };
-    let capture = match args.capture {
-        CaptureMode::Frames => "",
-        CaptureMode::Raw => ", raw stacks",
-    };
-    eprintln!(
-        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}) -> {} ({} KiB)",
-        s.samples,
-        s.threads,
-        s.processes,
-        s.duration_ns as f64 / 1e9,
-        args.frequency,
-        args.output.display(),
-        size.div_ceil(1024)
-    );
-    if *backend == Backend::Perf {
-        eprintln!(
-            "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",
-            s.lost_samples
-        );
-        return;
-    }
-    eprintln!(
-        "glass: target stopped per sample: mean {:.1} us, p50 {:.1} us, p99 {:.1} us, max {:.1} us; overhead {:.3}% of wall time; missed deadlines {}; lost samples {}",
-        us(s.stopped_mean_ns),
-        us(s.stopped_p50_ns),
-        us(s.stopped_p99_ns),
-        us(s.stopped_max_ns),
-        if s.duration_ns > 0 { s.stopped_total_ns as f64 * 100.0 / s.duration_ns as f64 } else { 0.0 },
-        s.missed_deadlines,
-        s.lost_samples
-    );
-}
-
-pub(crate) fn create_output(path: &Path) -> Result<File> {
+pub fn create_output(path: &Path) -> Result<File> {
     File::create(path).map_err(|error| {
         Failure::bad_input(format!(
             "cannot write {}: {}",
@@ -220,7 +227,7 @@ pub(crate) fn create_output(path: &Path) -> Result<File> {
     })
 }
 
-pub(crate) fn error_text(error: &std::io::Error) -> String {
+pub fn error_text(error: &std::io::Error) -> String {
     let text = error.to_string();
     text.split(" (os error").next().unwrap_or(&text).to_string()
 }
@@ -233,7 +240,7 @@ fn write_failure(path: &Path, error: &std::io::Error) -> Failure {
     ))
 }
 
-pub(crate) fn stop_signal_fd() -> Result<SignalFd> {
+pub fn stop_signal_fd() -> Result<SignalFd> {
     let mut mask = SigSet::empty();
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         mask.add(signal);
@@ -280,7 +287,7 @@ fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
 }
 
 /// A SIGINT/SIGTERM/SIGHUP waiting on the descriptor, if any.
-pub(crate) fn take_stop_signal(stop_signals: &SignalFd) -> Option<i32> {
+pub fn take_stop_signal(stop_signals: &SignalFd) -> Option<i32> {
     stop_signals
         .read_signal()
         .ok()
@@ -302,7 +309,7 @@ pub struct Ticker {
     next: u64,
 }
 
-pub(crate) fn monotonic_now_ns() -> u64 {
+pub fn monotonic_now_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -1,0 +1,128 @@
+//! `glass record`: its arguments turned into [`RecordOptions`], the recording itself
+//! done by the `glass-record` library, and what the user reads printed here.
+
+use glass_format::Backend;
+use glass_record::{CaptureMode, Notes, Outcome, RecordOptions};
+use nix::sys::signal::Signal;
+
+use crate::error::Result;
+use crate::RecordArgs;
+
+/// Warnings always; figures unless `--quiet`.
+struct Stderr {
+    quiet: bool,
+}
+
+impl Notes for Stderr {
+    fn warn(&mut self, text: &str) {
+        eprintln!("glass: warning: {text}");
+    }
+
+    fn figure(&mut self, text: &str) {
+        if !self.quiet {
+            eprintln!("glass: {text}");
+        }
+    }
+}
+
+pub fn run(args: &RecordArgs) -> Result<i32> {
+    let options = RecordOptions {
+        output: args.output.clone(),
+        frequency: args.frequency,
+        duration: args.duration,
+        max_depth: args.max_depth,
+        pid: args.pid,
+        gdb: args.gdb.clone(),
+        symbols: args.symbols.clone(),
+        guest_memory: args.guest_memory.clone(),
+        vm: args.vm,
+        keep_vm: args.keep_vm,
+        no_translation_cache: args.no_translation_cache,
+        sampler_cpu: args.sampler_cpu,
+        backend: args.backend,
+        unwind: args.unwind,
+        capture: args.capture,
+        stack_size: args.stack_size,
+        no_idle: args.no_idle,
+        command: args.command.clone(),
+    };
+    let mut notes = Stderr { quiet: args.quiet };
+    let recorded = glass_record::record(&options, &mut notes)?;
+    if !args.quiet {
+        print_summary(
+            args,
+            &recorded.summary,
+            &recorded.outcome,
+            &recorded.backend,
+            recorded.vm_fate.as_deref(),
+        );
+    }
+    Ok(recorded.exit_status)
+}
+
+fn print_summary(
+    args: &RecordArgs,
+    s: &glass_format::Summary,
+    outcome: &Outcome,
+    backend: &Backend,
+    vm_fate: Option<&str>,
+) {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let size = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let signal_name = |signal: i32| {
+        Signal::try_from(signal)
+            .map(|s| s.as_str())
+            .unwrap_or("a signal")
+    };
+    let ended = match (outcome, vm_fate) {
+        // A VM glass launched: what ended the recording, then what became of the VM.
+        (Outcome::TargetExited, Some(fate)) => fate.to_string(),
+        (Outcome::StubLost, Some(fate)) => format!("GDB stub connection lost; {fate}"),
+        (Outcome::DurationElapsed, Some(fate)) => format!("duration elapsed; {fate}"),
+        (Outcome::Signalled(signal), Some(fate)) => {
+            format!("stopped by {}; {fate}", signal_name(*signal))
+        }
+        (Outcome::TargetExited, None) => "target exited".to_string(),
+        (Outcome::StubLost, None) => "GDB stub connection lost".to_string(),
+        (Outcome::DurationElapsed, None) => {
+            "duration elapsed; target detached and running".to_string()
+        }
+        (Outcome::Signalled(signal), None) => {
+            format!("stopped by {}; target detached", signal_name(*signal))
+        }
+        (Outcome::WriteFailed(_), _) => "write failed".to_string(),
+    };
+    let capture = match args.capture {
+        CaptureMode::Frames => "",
+        CaptureMode::Raw => ", raw stacks",
+    };
+    eprintln!(
+        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}) -> {} ({} KiB)",
+        s.samples,
+        s.threads,
+        s.processes,
+        s.duration_ns as f64 / 1e9,
+        args.frequency,
+        args.output.display(),
+        size.div_ceil(1024)
+    );
+    if *backend == Backend::Perf {
+        eprintln!(
+            "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",
+            s.lost_samples
+        );
+        return;
+    }
+    eprintln!(
+        "glass: target stopped per sample: mean {:.1} us, p50 {:.1} us, p99 {:.1} us, max {:.1} us; overhead {:.3}% of wall time; missed deadlines {}; lost samples {}",
+        us(s.stopped_mean_ns),
+        us(s.stopped_p50_ns),
+        us(s.stopped_p99_ns),
+        us(s.stopped_max_ns),
+        if s.duration_ns > 0 { s.stopped_total_ns as f64 * 100.0 / s.duration_ns as f64 } else { 0.0 },
+        s.missed_deadlines,
+        s.lost_samples
+    );
+}
