@@ -16,7 +16,6 @@
 //! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
 //! image is flagged `HALTED` (left out with `--no-idle`).
 
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use glass_format::{Arch, Backend, ProcessKind};
@@ -28,9 +27,10 @@ use glass_target::guest::{paging_of, GuestBackend, GuestError, VcpuRegs};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
+use super::driver::{drive, Clock, Sampler};
 use super::guest_image::GuestImage;
 use super::recorder::Recorder as Sink;
-use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
+use super::{finish, unwind_name, Outcome};
 use crate::{Notes, Recorded, Result};
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
@@ -288,23 +288,22 @@ fn run(
         registers_ns: Vec::new(),
         last_registers_ns: 0,
     };
-    let timer = Ticker::new(args.frequency)?;
-    let deadline = args
-        .duration
-        .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
-    let mut outside = OutsideText::default();
-    let outcome = sample_loop(
-        &mut vcpus,
-        &mut outside,
-        sink,
+    let mut sampler = GuestSampler {
+        vcpus: &mut vcpus,
+        outside: OutsideText::default(),
         backend,
-        &mut source,
+        source: &mut source,
         image,
-        stop_signals,
         vm,
-        timer,
-        deadline,
+        no_idle: args.no_idle,
+    };
+    let outcome = drive(
+        &mut sampler,
+        sink,
+        stop_signals,
+        Clock::Running(args.frequency),
     );
+    let mut outside = std::mem::take(&mut sampler.outside);
     let times = &mut source.registers_ns;
     times.sort_unstable();
     sink.notes.figure(&format!(
@@ -367,65 +366,49 @@ fn percentile(sorted_ns: &[u64], p: f64) -> f64 {
         / 1000.0
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sample_loop(
-    vcpus: &mut [Vcpu],
-    outside: &mut OutsideText,
-    sink: &mut Sink,
-    backend: &mut dyn GuestBackend,
-    source: &mut StackSource,
-    image: &mut GuestImage,
-    stop_signals: &SignalFd,
-    mut vm: Option<&mut std::process::Child>,
-    mut timer: Ticker,
-    deadline: Option<Instant>,
-) -> std::io::Result<Outcome> {
-    let no_idle = sink.args.no_idle;
-    loop {
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Ok(Outcome::DurationElapsed);
-        }
-        if let Some(vm) = vm.as_deref_mut() {
-            if matches!(vm.try_wait(), Ok(Some(_))) {
-                return Ok(Outcome::TargetExited);
-            }
-        }
-        let wait_ms = deadline.map_or(500, |d| {
-            d.saturating_duration_since(now).as_millis().min(500) as i32 + 1
-        });
-        let ready = poll_readable(&[timer.fd(), stop_signals.as_raw_fd()], wait_ms);
-        if ready[1] {
-            if let Some(signal) = take_stop_signal(stop_signals) {
-                return Ok(Outcome::Signalled(signal));
-            }
-        }
-        if !ready[0] {
-            continue;
-        }
-        let Some(missed) = timer.fired() else {
-            continue;
-        };
-        sink.missed_deadlines += missed;
+/// The guest loop's side of the shared poll loop: the whole VM is one target, stopped
+/// at each tick; its vCPUs are its threads.
+struct GuestSampler<'s, 'b> {
+    vcpus: &'s mut [Vcpu],
+    outside: OutsideText,
+    backend: &'b mut dyn GuestBackend,
+    source: &'s mut StackSource,
+    image: &'s mut GuestImage,
+    vm: Option<&'s mut std::process::Child>,
+    no_idle: bool,
+}
 
+impl Sampler for GuestSampler<'_, '_> {
+    fn fds(&self) -> Vec<i32> {
+        Vec::new()
+    }
+
+    fn gather(&mut self, _sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+        let exited = self
+            .vm
+            .as_deref_mut()
+            .is_some_and(|vm| matches!(vm.try_wait(), Ok(Some(_))));
+        Ok(exited.then_some(Outcome::TargetExited))
+    }
+
+    fn tick(&mut self, sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        let (vcpus, source, image) = (&mut *self.vcpus, &mut *self.source, &mut *self.image);
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();
-        let taken = take_sample(backend, source, image, vcpus, no_idle);
-        let resumed = backend.resume();
+        let taken = take_sample(self.backend, source, image, vcpus, self.no_idle);
+        let resumed = self.backend.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
-        // Ticks are spaced in the guest's own (running) time.
-        timer.postpone(stopped_ns);
         if let Err(error) = taken.and(resumed) {
-            // The stub went away: the VM powered off, or the connection broke.
-            let powered_off = vm.as_deref_mut().is_some_and(|vm| {
+            // The backend lost the VM: it powered off, or the connection broke.
+            let powered_off = self.vm.as_deref_mut().is_some_and(|vm| {
                 std::thread::sleep(Duration::from_millis(100));
                 matches!(vm.try_wait(), Ok(Some(_)))
             });
             if !powered_off {
                 sink.notes.warn(&format!("{error}; ending the recording"));
-                return Ok(Outcome::StubLost);
+                return Ok(Err(Outcome::StubLost));
             }
-            return Ok(Outcome::TargetExited);
+            return Ok(Err(Outcome::TargetExited));
         }
         sink.tick(stopped_ns);
         source.registers_ns.push(source.last_registers_ns);
@@ -447,15 +430,14 @@ fn sample_loop(
                 )?;
                 continue;
             }
-            outside.note(image.contains(r.ip()));
+            self.outside.note(image.contains(r.ip()));
             let halted = image.halted_at(r.ip());
             if halted {
                 vcpu.halted += 1;
-                if no_idle {
+                if self.no_idle {
                     continue;
                 }
             }
-            let unwind = r.unwind();
             let wanted = sink.stack_sample(
                 GUEST_PID,
                 tid,
@@ -466,17 +448,14 @@ fn sample_loop(
                 } else {
                     0
                 },
-                unwind,
+                r.unwind(),
                 &vcpu.stack[..vcpu.copied],
             )?;
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }
-        if let Some(dead) = deadline {
-            if Instant::now() >= dead {
-                return Ok(Outcome::DurationElapsed);
-            }
-        }
+        // Ticks are spaced in the guest's own (running) time: the loop postpones them.
+        Ok(Ok(stopped_ns))
     }
 }
 

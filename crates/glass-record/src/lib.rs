@@ -13,6 +13,7 @@
 //! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
 //! and writes the file after the target has its CPU back.
 
+mod driver;
 mod error;
 pub mod guardian;
 mod guest;

@@ -3,7 +3,6 @@
 //! never stops the target here, so there is no tick and no stopped time to measure.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, Instant};
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::launch::spawn_paused;
@@ -13,11 +12,10 @@ use glass_target::TargetError;
 use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
 
+use super::driver::{drive, Clock, Sampler};
 use super::recorder::Recorder as Sink;
-use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome};
+use super::{finish, unwind_name, Outcome};
 use crate::{Recorded, Result};
-
-const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 
 /// How the end of the target is noticed: our own child is reaped with waitpid; a
 /// process we did not start is watched through a pidfd.
@@ -100,7 +98,7 @@ pub fn record(
             "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
         )));
     }
-    let (sampler, mut watch, leader) = match args.pid {
+    let (sampler, watch, leader) = match args.pid {
         Some(pid) => {
             if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return Err(TargetError::NoSuchProcess(pid));
@@ -154,41 +152,41 @@ pub fn record(
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
-    let mut recorder = PerfRecorder {
-        sink,
+    let mut backend = PerfBackend {
         sampler,
+        watch,
+        sigchld,
         leader,
-        origin_mono_ns: 0,
+        origin_mono_ns: super::monotonic_now_ns().saturating_sub(sink.now_ns()),
     };
-    recorder.origin_mono_ns = super::monotonic_now_ns().saturating_sub(recorder.sink.now_ns());
-    let outcome = match recorder.run(&mut watch, &sigchld, stop_signals) {
+    let mut sink = sink;
+    let outcome = match backend.run(&mut sink, stop_signals) {
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
     };
-    recorder.sampler.disable();
-    let _ = recorder.drain();
+    backend.sampler.disable();
+    let _ = backend.drain(&mut sink);
+    let exit_status = backend.watch.exit_status();
     // The sampler's descriptors close here: the target is no longer sampled.
-    let PerfRecorder { sink, .. } = recorder;
-    Ok(finish(sink, outcome, watch.exit_status(), Backend::Perf))
+    drop(backend);
+    Ok(finish(sink, outcome, exit_status, Backend::Perf))
 }
 
-struct PerfRecorder<'a> {
-    sink: Sink<'a>,
+/// The perf backend under the shared loop: no clock of glass's (the kernel samples);
+/// each turn drains the rings.
+struct PerfBackend {
     sampler: PerfSampler,
+    watch: Watch,
+    sigchld: SignalFd,
     leader: i32,
     /// CLOCK_MONOTONIC at the sink's origin: perf stamps samples on that clock.
     origin_mono_ns: u64,
 }
 
-impl PerfRecorder<'_> {
-    fn run(
-        &mut self,
-        watch: &mut Watch,
-        sigchld: &SignalFd,
-        stop_signals: &SignalFd,
-    ) -> std::io::Result<Outcome> {
-        let args = self.sink.args;
-        self.sink.write_meta(
+impl PerfBackend {
+    fn run(&mut self, sink: &mut Sink, stop_signals: &SignalFd) -> std::io::Result<Outcome> {
+        let args = sink.args;
+        sink.write_meta(
             Backend::Perf,
             Arch::host(),
             unwind_name(args.unwind),
@@ -197,50 +195,18 @@ impl PerfRecorder<'_> {
         let attached = args.pid.is_some();
         // A launched command has not exec'd its program yet when the recording starts:
         // its mappings arrive as MMAP2 records after the exec.
-        self.sink
-            .process(self.leader, 0, ProcessKind::Attached, 0, attached)?;
+        sink.process(self.leader, 0, ProcessKind::Attached, 0, attached)?;
         if attached {
             for tid in procfs::thread_ids(self.leader).unwrap_or_default() {
-                self.sink.thread(self.leader, tid)?;
+                sink.thread(self.leader, tid)?;
             }
         }
-        let deadline = args
-            .duration
-            .map(|s| self.sink.origin + Duration::from_secs_f64(s.max(0.0)));
-        let mut next_housekeeping = Instant::now() + HOUSEKEEPING_PERIOD;
-        let mut fds = self.sampler.fds();
-        fds.push(watch.fd(sigchld));
-        fds.push(stop_signals.as_raw_fd());
-        loop {
-            self.drain()?;
-            watch.poll(sigchld);
-            if watch.ended() {
-                return Ok(Outcome::TargetExited);
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(Outcome::DurationElapsed);
-            }
-            if now >= next_housekeeping {
-                next_housekeeping = now + HOUSEKEEPING_PERIOD;
-                self.sink.flush()?;
-            }
-            let wait_ms = deadline.map_or(100, |d| {
-                d.saturating_duration_since(now).as_millis().min(100) as i32 + 1
-            });
-            let ready = poll_readable(&fds, wait_ms);
-            if ready[ready.len() - 1] {
-                if let Some(signal) = take_stop_signal(stop_signals) {
-                    return Ok(Outcome::Signalled(signal));
-                }
-            }
-        }
+        drive(self, sink, stop_signals, Clock::None { wake_ms: 100 })
     }
 
     /// Takes every record out of the rings.
-    fn drain(&mut self) -> std::io::Result<()> {
+    fn drain(&mut self, sink: &mut Sink) -> std::io::Result<()> {
         let mut result = Ok(());
-        let sink = &mut self.sink;
         let origin = self.origin_mono_ns;
         self.sampler.drain(&mut |record| {
             if result.is_ok() {
@@ -248,6 +214,25 @@ impl PerfRecorder<'_> {
             }
         });
         result
+    }
+}
+
+impl Sampler for PerfBackend {
+    fn fds(&self) -> Vec<i32> {
+        let mut fds = self.sampler.fds();
+        fds.push(self.watch.fd(&self.sigchld));
+        fds
+    }
+
+    fn gather(&mut self, sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+        self.drain(sink)?;
+        self.watch.poll(&self.sigchld);
+        Ok(self.watch.ended().then_some(Outcome::TargetExited))
+    }
+
+    fn tick(&mut self, _sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        // Never called: the kernel samples (Clock::None).
+        Ok(Ok(0))
     }
 }
 

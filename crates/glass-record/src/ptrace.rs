@@ -1,29 +1,22 @@
 //! The ptrace backend's loop.
 //!
 //! One thread does everything, because ptrace requests must come from the tracing
-//! thread: it waits on three descriptors (the tick timer, the target's reports, and
-//! SIGINT/SIGTERM/SIGHUP), takes a sample at each tick, and only after the target runs
-//! again does the work that can wait (unwinding copied stacks, module maps, writing).
-//!
-//! The tick timer is a `timerfd` with absolute periodic expiry: deadlines are computed
-//! from the start, never from the last wake-up, so the rate does not drift, and a tick
-//! that comes too late shows up as a count of missed deadlines.
+//! thread: under the shared loop ([`super::driver`]) it serves the target's reports,
+//! takes a sample at each tick, and only after the target runs again does the work that
+//! can wait (unwinding copied stacks, module maps, writing).
 
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::ptrace::{Capture, ProcessTarget, TargetEvent, Tick};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
+use super::driver::{drive, Clock, Sampler};
 use super::recorder::Recorder as Sink;
-use super::{finish, poll_readable, take_stop_signal, unwind_name, Outcome, Ticker};
+use super::{finish, unwind_name, Outcome};
 use crate::{CaptureMode, UnwindMode};
 use crate::{Recorded, Result};
-
-/// How often the file is flushed and thread names are re-read.
-const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 
 pub fn record(
     mut sink: Sink,
@@ -79,55 +72,57 @@ fn run(
     for (pid, tid) in target.threads() {
         sink.thread(pid, tid)?;
     }
-    let mut timer = Ticker::new(args.frequency)?;
-    let deadline = args
-        .duration
-        .map(|s| sink.origin + Duration::from_secs_f64(s.max(0.0)));
-    let mut tick = Tick::default();
-    let mut next_housekeeping = Instant::now() + HOUSEKEEPING_PERIOD;
-    loop {
-        write_events(sink, target)?;
-        if target.leader_status().is_some() {
-            return Ok(Outcome::TargetExited);
+    let mut sampler = PtraceSampler {
+        target,
+        tick: Tick::default(),
+        capture,
+    };
+    drive(
+        &mut sampler,
+        sink,
+        stop_signals,
+        Clock::Wall(args.frequency),
+    )
+}
+
+/// The ptrace backend under the shared loop.
+struct PtraceSampler<'t> {
+    target: &'t mut ProcessTarget,
+    tick: Tick,
+    capture: Capture,
+}
+
+impl Sampler for PtraceSampler<'_> {
+    fn fds(&self) -> Vec<i32> {
+        vec![self.target.report_fd()]
+    }
+
+    fn gather(&mut self, sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+        write_events(sink, self.target)?;
+        Ok(self.target.leader_status().map(|_| Outcome::TargetExited))
+    }
+
+    fn serve(&mut self, _sink: &mut Sink, _ready: &[bool]) -> std::io::Result<()> {
+        self.target.handle_reports();
+        Ok(())
+    }
+
+    fn tick(&mut self, sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        let tick = &mut self.tick;
+        self.target.sample(tick, sink.origin, self.capture);
+        sink.lost += tick.lost as u64;
+        if !tick.samples.is_empty() {
+            sink.tick(tick.stopped_ns);
         }
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Ok(Outcome::DurationElapsed);
-        }
-        if now >= next_housekeeping {
-            next_housekeeping = now + HOUSEKEEPING_PERIOD;
-            sink.refresh_thread_names(&target.threads())?;
-            sink.flush()?;
-        }
-        let wait_ms = deadline.map_or(500, |d| {
-            d.saturating_duration_since(now).as_millis().min(500) as i32 + 1
-        });
-        let ready = poll_readable(
-            &[timer.fd(), target.report_fd(), stop_signals.as_raw_fd()],
-            wait_ms,
-        );
-        if ready[2] {
-            if let Some(signal) = take_stop_signal(stop_signals) {
-                return Ok(Outcome::Signalled(signal));
-            }
-        }
-        if ready[1] {
-            target.handle_reports();
-        }
-        if ready[0] {
-            let Some(missed) = timer.fired() else {
-                continue;
-            };
-            sink.missed_deadlines += missed;
-            target.sample(&mut tick, sink.origin, capture);
-            sink.lost += tick.lost as u64;
-            if !tick.samples.is_empty() {
-                sink.tick(tick.stopped_ns);
-            }
-            // Events the tick handled (an exec, a new thread) precede its samples.
-            write_events(sink, target)?;
-            write_tick(sink, target, &tick)?;
-        }
+        // Events the tick handled (an exec, a new thread) precede its samples.
+        write_events(sink, self.target)?;
+        write_tick(sink, self.target, &self.tick)?;
+        Ok(Ok(self.tick.stopped_ns))
+    }
+
+    fn housekeeping(&mut self, sink: &mut Sink) -> std::io::Result<()> {
+        sink.refresh_thread_names(&self.target.threads())?;
+        sink.flush()
     }
 }
 
