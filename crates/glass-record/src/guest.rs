@@ -28,6 +28,7 @@ use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
 use super::driver::{drive, Clock, Sampler};
+use super::event::Event;
 use super::guest_image::GuestImage;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
@@ -258,13 +259,28 @@ fn run(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "guest".into());
-    sink.process_named(GUEST_PID, 0, ProcessKind::Attached, 0, false, name)?;
+    sink.handle(Event::Process {
+        pid: GUEST_PID,
+        parent: 0,
+        kind: ProcessKind::Attached,
+        time_ns: 0,
+        name: Some(name),
+        read_maps: false,
+    })?;
     for mapping in &image.mappings {
-        sink.add_mapping(GUEST_PID, mapping.clone(), 0)?;
+        sink.handle(Event::Mapping {
+            pid: GUEST_PID,
+            mapping: mapping.clone(),
+            time_ns: 0,
+        })?;
     }
     let vcpu_count = backend.vcpu_count();
     for vcpu in 0..vcpu_count {
-        sink.thread_name(GUEST_PID, vcpu as i32 + 1, format!("vcpu{vcpu}"))?;
+        sink.handle(Event::Thread {
+            pid: GUEST_PID,
+            tid: vcpu as i32 + 1,
+            name: Some(format!("vcpu{vcpu}")),
+        })?;
     }
     let limit = args
         .stack_size
@@ -420,14 +436,14 @@ impl Sampler for GuestSampler<'_, '_> {
             vcpu.read_ns.push(vcpu.last_read_ns);
             if vcpu.in_firmware {
                 vcpu.firmware += 1;
-                sink.frames_sample(
-                    GUEST_PID,
+                sink.handle(Event::Frames {
+                    pid: GUEST_PID,
                     tid,
                     time_ns,
-                    stopped_ns as u32,
-                    glass_format::SAMPLE_FIRMWARE,
-                    &[r.ip()],
-                )?;
+                    stopped_ns: stopped_ns as u32,
+                    flags: glass_format::SAMPLE_FIRMWARE,
+                    frames: &[r.ip()],
+                })?;
                 continue;
             }
             self.outside.note(image.contains(r.ip()));
@@ -438,19 +454,19 @@ impl Sampler for GuestSampler<'_, '_> {
                     continue;
                 }
             }
-            let wanted = sink.stack_sample(
-                GUEST_PID,
+            let wanted = sink.handle(Event::Stack {
+                pid: GUEST_PID,
                 tid,
                 time_ns,
-                stopped_ns as u32,
-                if halted {
+                stopped_ns: stopped_ns as u32,
+                flags: if halted {
                     glass_format::SAMPLE_HALTED
                 } else {
                     0
                 },
-                r.unwind(),
-                &vcpu.stack[..vcpu.copied],
-            )?;
+                regs: r.unwind(),
+                stack: &vcpu.stack[..vcpu.copied],
+            })?;
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }

@@ -15,6 +15,7 @@
 
 mod driver;
 mod error;
+pub mod event;
 pub mod guardian;
 mod guest;
 mod guest_image;
@@ -139,7 +140,7 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     writer
         .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
-    let sink = Sink::new(args, writer, notes);
+    let sink = Sink::new(args, Box::new(writer), notes);
     let start_failed = |error: TargetError| {
         let _ = std::fs::remove_file(&args.output);
         if error.is_bad_input() {

@@ -13,6 +13,7 @@ use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
 
 use super::driver::{drive, Clock, Sampler};
+use super::event::Event;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{Recorded, Result};
@@ -195,10 +196,21 @@ impl PerfBackend {
         let attached = args.pid.is_some();
         // A launched command has not exec'd its program yet when the recording starts:
         // its mappings arrive as MMAP2 records after the exec.
-        sink.process(self.leader, 0, ProcessKind::Attached, 0, attached)?;
+        sink.handle(Event::Process {
+            pid: self.leader,
+            parent: 0,
+            kind: ProcessKind::Attached,
+            time_ns: 0,
+            name: None,
+            read_maps: attached,
+        })?;
         if attached {
             for tid in procfs::thread_ids(self.leader).unwrap_or_default() {
-                sink.thread(self.leader, tid)?;
+                sink.handle(Event::Thread {
+                    pid: self.leader,
+                    tid,
+                    name: None,
+                })?;
             }
         }
         drive(self, sink, stop_signals, Clock::None { wake_ms: 100 })
@@ -249,10 +261,21 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             let (pid, tid) = (pid as i32, tid as i32);
             if !sink.knows_thread(tid) {
-                sink.thread(pid, tid)?;
+                sink.handle(Event::Thread {
+                    pid,
+                    tid,
+                    name: None,
+                })?;
             }
-            let time_ns = time_ns.saturating_sub(origin_mono_ns);
-            sink.stack_sample(pid, tid, time_ns, 0, 0, UnwindRegs::new(ip, sp, fp), stack)?;
+            sink.handle(Event::Stack {
+                pid,
+                tid,
+                time_ns: time_ns.saturating_sub(origin_mono_ns),
+                stopped_ns: 0,
+                flags: 0,
+                regs: UnwindRegs::new(ip, sp, fp),
+                stack,
+            })?;
             sink.tick(0);
         }
         PerfRecord::Mmap {
@@ -276,7 +299,11 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
                     },
                     deleted: false,
                 };
-                sink.add_mapping(pid as i32, mapping, time_ns.saturating_sub(origin_mono_ns))?;
+                sink.handle(Event::Mapping {
+                    pid: pid as i32,
+                    mapping,
+                    time_ns: time_ns.saturating_sub(origin_mono_ns),
+                })?;
             }
         }
         PerfRecord::Comm {
@@ -288,9 +315,20 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             if exec {
                 let time_ns = time_ns.saturating_sub(origin_mono_ns);
-                sink.process(pid as i32, 0, ProcessKind::Exec, time_ns, false)?;
+                sink.handle(Event::Process {
+                    pid: pid as i32,
+                    parent: 0,
+                    kind: ProcessKind::Exec,
+                    time_ns,
+                    name: None,
+                    read_maps: false,
+                })?;
             }
-            sink.thread_name(pid as i32, tid as i32, name.to_string())?;
+            sink.handle(Event::Thread {
+                pid: pid as i32,
+                tid: tid as i32,
+                name: Some(name.to_string()),
+            })?;
         }
         PerfRecord::Fork {
             time_ns,
@@ -300,24 +338,29 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             if pid != parent_pid {
                 let time_ns = time_ns.saturating_sub(origin_mono_ns);
-                sink.process(
-                    pid as i32,
-                    parent_pid as i32,
-                    ProcessKind::Forked,
+                sink.handle(Event::Process {
+                    pid: pid as i32,
+                    parent: parent_pid as i32,
+                    kind: ProcessKind::Forked,
                     time_ns,
-                    false,
-                )?;
+                    name: None,
+                    read_maps: false,
+                })?;
             }
-            sink.thread(pid as i32, tid as i32)?;
+            sink.handle(Event::Thread {
+                pid: pid as i32,
+                tid: tid as i32,
+                name: None,
+            })?;
         }
         PerfRecord::Exit { time_ns, pid, tid } => {
-            sink.thread_exit(
-                pid as i32,
-                tid as i32,
-                time_ns.saturating_sub(origin_mono_ns),
-            )?;
+            sink.handle(Event::ThreadExit {
+                pid: pid as i32,
+                tid: tid as i32,
+                time_ns: time_ns.saturating_sub(origin_mono_ns),
+            })?;
             if pid == tid {
-                sink.process_exit(pid as i32);
+                sink.handle(Event::ProcessExit { pid: pid as i32 })?;
             }
         }
         PerfRecord::Lost { count } => sink.lost += count,

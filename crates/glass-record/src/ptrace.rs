@@ -13,6 +13,7 @@ use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
 use super::driver::{drive, Clock, Sampler};
+use super::event::Event;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{CaptureMode, UnwindMode};
@@ -68,9 +69,20 @@ fn run(
         unwind_name(args.unwind),
         target.leader,
     )?;
-    sink.process(target.leader, 0, ProcessKind::Attached, 0, true)?;
+    sink.handle(Event::Process {
+        pid: target.leader,
+        parent: 0,
+        kind: ProcessKind::Attached,
+        time_ns: 0,
+        name: None,
+        read_maps: true,
+    })?;
     for (pid, tid) in target.threads() {
-        sink.thread(pid, tid)?;
+        sink.handle(Event::Thread {
+            pid,
+            tid,
+            name: None,
+        })?;
     }
     let mut sampler = PtraceSampler {
         target,
@@ -130,7 +142,11 @@ impl Sampler for PtraceSampler<'_> {
 fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::io::Result<()> {
     for sample in &tick.samples {
         if !sink.knows_thread(sample.tid) {
-            sink.thread(sample.pid, sample.tid)?;
+            sink.handle(Event::Thread {
+                pid: sample.pid,
+                tid: sample.tid,
+                name: None,
+            })?;
         }
         match sample.stack_len {
             0 if sample.count > 0 => {
@@ -143,29 +159,29 @@ fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::
                 } else {
                     0
                 };
-                sink.frames_sample(
-                    sample.pid,
-                    sample.tid,
-                    sample.time_ns,
-                    sample.stopped_ns,
+                sink.handle(Event::Frames {
+                    pid: sample.pid,
+                    tid: sample.tid,
+                    time_ns: sample.time_ns,
+                    stopped_ns: sample.stopped_ns,
                     flags,
-                    tick.frames_of(sample),
-                )?;
+                    frames: tick.frames_of(sample),
+                })?;
             }
             _ => {
-                let wanted = sink.stack_sample(
-                    sample.pid,
-                    sample.tid,
-                    sample.time_ns,
-                    sample.stopped_ns,
-                    if sample.in_syscall {
+                let wanted = sink.handle(Event::Stack {
+                    pid: sample.pid,
+                    tid: sample.tid,
+                    time_ns: sample.time_ns,
+                    stopped_ns: sample.stopped_ns,
+                    flags: if sample.in_syscall {
                         glass_format::SAMPLE_IN_SYSCALL
                     } else {
                         0
                     },
-                    sample.regs,
-                    tick.stack_of(sample),
-                )?;
+                    regs: sample.regs,
+                    stack: tick.stack_of(sample),
+                })?;
                 if wanted > sample.stack_len {
                     target.want_stack_copy(sample.tid, wanted);
                 }
@@ -182,17 +198,45 @@ fn write_events(sink: &mut Sink, target: &mut ProcessTarget) -> std::io::Result<
         // between must fall after an exec, not before it.
         let time_ns = sink.ns_since_origin(seen);
         match event {
-            TargetEvent::ThreadStarted { pid, tid } => sink.thread(pid, tid)?,
-            TargetEvent::ThreadExited { pid, tid } => sink.thread_exit(pid, tid, time_ns)?,
+            TargetEvent::ThreadStarted { pid, tid } => {
+                sink.handle(Event::Thread {
+                    pid,
+                    tid,
+                    name: None,
+                })?;
+            }
+            TargetEvent::ThreadExited { pid, tid } => {
+                sink.handle(Event::ThreadExit { pid, tid, time_ns })?;
+            }
             TargetEvent::ProcessForked { parent, child } => {
-                sink.process(child, parent, ProcessKind::Forked, time_ns, false)?;
-                sink.thread(child, child)?;
+                sink.handle(Event::Process {
+                    pid: child,
+                    parent,
+                    kind: ProcessKind::Forked,
+                    time_ns,
+                    name: None,
+                    read_maps: false,
+                })?;
+                sink.handle(Event::Thread {
+                    pid: child,
+                    tid: child,
+                    name: None,
+                })?;
             }
             TargetEvent::ProcessExec { pid } => {
-                sink.process(pid, 0, ProcessKind::Exec, time_ns, true)?;
+                sink.handle(Event::Process {
+                    pid,
+                    parent: 0,
+                    kind: ProcessKind::Exec,
+                    time_ns,
+                    name: None,
+                    read_maps: true,
+                })?;
                 sink.refresh_thread_names(&target.threads())?;
             }
-            TargetEvent::ProcessExited { pid, .. } => sink.process_exit(pid),
+            TargetEvent::ProcessExited { pid, .. } => {
+                sink.handle(Event::ProcessExit { pid })?;
+            }
         }
     }
     Ok(())

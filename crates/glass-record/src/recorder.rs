@@ -4,8 +4,7 @@
 //! Nothing here runs while the target is stopped.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{self, BufWriter};
+use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,6 +17,7 @@ use glass_unwind::fp::walk_frame_records_aarch64;
 use glass_unwind::snapshot::compact;
 use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
 
+use crate::event::Event;
 use crate::{CaptureMode, Notes, RecordOptions, UnwindMode};
 
 /// The module map of a process is re-read at most this often when samples show
@@ -86,11 +86,77 @@ impl RemoteMemory for CopiedStack<'_> {
     }
 }
 
+/// Where the recorder's records go: the `.glass` file ([`Writer`]) for `glass record`;
+/// a live view can take them instead.
+pub trait Output {
+    fn meta(&mut self, meta: &Meta) -> io::Result<()>;
+    fn process(&mut self, process: &Process) -> io::Result<()>;
+    fn module(&mut self, module: &Module) -> io::Result<()>;
+    fn thread(&mut self, thread: &Thread) -> io::Result<()>;
+    fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()>;
+    /// An unwound sample: `frames[0]` is the instruction pointer.
+    fn sample(
+        &mut self,
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
+        stopped_ns: u32,
+        flags: u8,
+        frames: &[u64],
+    ) -> io::Result<()>;
+    /// A raw sample (`--capture raw`), unwound by the report.
+    fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()>;
+    fn summary(&mut self, summary: &Summary) -> io::Result<()>;
+    fn end(&mut self) -> io::Result<()>;
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+impl<W: io::Write> Output for Writer<W> {
+    fn meta(&mut self, meta: &Meta) -> io::Result<()> {
+        Writer::meta(self, meta)
+    }
+    fn process(&mut self, process: &Process) -> io::Result<()> {
+        Writer::process(self, process)
+    }
+    fn module(&mut self, module: &Module) -> io::Result<()> {
+        Writer::module(self, module)
+    }
+    fn thread(&mut self, thread: &Thread) -> io::Result<()> {
+        Writer::thread(self, thread)
+    }
+    fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
+        Writer::thread_exit(self, exit)
+    }
+    fn sample(
+        &mut self,
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
+        stopped_ns: u32,
+        flags: u8,
+        frames: &[u64],
+    ) -> io::Result<()> {
+        Writer::sample(self, time_ns, pid, tid, stopped_ns, flags, frames)
+    }
+    fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()> {
+        Writer::snapshot(self, snapshot)
+    }
+    fn summary(&mut self, summary: &Summary) -> io::Result<()> {
+        Writer::summary(self, summary)
+    }
+    fn end(&mut self) -> io::Result<()> {
+        Writer::end(self)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Writer::flush(self)
+    }
+}
+
 pub struct Recorder<'a> {
     pub args: &'a RecordOptions,
     /// Where warnings and figures go (the CLI prints them on stderr).
     pub notes: &'a mut dyn Notes,
-    writer: Writer<BufWriter<File>>,
+    writer: Box<dyn Output + 'a>,
     pub origin: Instant,
     spaces: HashMap<i32, AddressSpace>,
     build_ids: HashMap<String, Vec<u8>>,
@@ -117,7 +183,7 @@ pub struct Recorder<'a> {
 impl<'a> Recorder<'a> {
     pub fn new(
         args: &'a RecordOptions,
-        writer: Writer<BufWriter<File>>,
+        writer: Box<dyn Output + 'a>,
         notes: &'a mut dyn Notes,
     ) -> Self {
         Recorder {
@@ -199,23 +265,59 @@ impl<'a> Recorder<'a> {
         })
     }
 
-    /// A process appears. For an attached or exec'd process with `read_maps`, its
-    /// mappings are read from /proc now; otherwise they arrive through
-    /// [`Recorder::add_mapping`].
-    pub fn process(
-        &mut self,
-        pid: i32,
-        parent: i32,
-        kind: ProcessKind,
-        time_ns: u64,
-        read_maps: bool,
-    ) -> io::Result<()> {
-        let name = procfs::thread_name(pid, pid);
-        self.process_named(pid, parent, kind, time_ns, read_maps, name)
+    /// Consumes one event of a backend. For a [`Event::Stack`] sample, returns how many
+    /// bytes of stack the unwinder wanted, so the backend can copy enough next time
+    /// (0 otherwise).
+    pub fn handle(&mut self, event: Event) -> io::Result<usize> {
+        match event {
+            Event::Process {
+                pid,
+                parent,
+                kind,
+                time_ns,
+                name,
+                read_maps,
+            } => {
+                let name = name.unwrap_or_else(|| procfs::thread_name(pid, pid));
+                self.process_named(pid, parent, kind, time_ns, read_maps, name)?;
+            }
+            Event::Mapping {
+                pid,
+                mapping,
+                time_ns,
+            } => self.add_mapping(pid, mapping, time_ns)?,
+            Event::Thread { pid, tid, name } => match name {
+                Some(name) => self.thread_name(pid, tid, name)?,
+                None => self.thread(pid, tid)?,
+            },
+            Event::ThreadExit { pid, tid, time_ns } => self.thread_exit(pid, tid, time_ns)?,
+            Event::ProcessExit { pid } => {
+                self.spaces.remove(&pid);
+            }
+            Event::Frames {
+                pid,
+                tid,
+                time_ns,
+                stopped_ns,
+                flags,
+                frames,
+            } => self.frames_sample(pid, tid, time_ns, stopped_ns, flags, frames)?,
+            Event::Stack {
+                pid,
+                tid,
+                time_ns,
+                stopped_ns,
+                flags,
+                regs,
+                stack,
+            } => return self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack),
+        }
+        Ok(0)
     }
 
-    /// As [`Recorder::process`], with the name given (a VM guest has no /proc entry).
-    pub fn process_named(
+    /// A process appears, named. For an attached or exec'd process with `read_maps`,
+    /// its mappings are read from /proc now; otherwise they arrive as mapping events.
+    fn process_named(
         &mut self,
         pid: i32,
         parent: i32,
@@ -266,7 +368,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// Records one executable mapping (if new) and loads its unwind tables.
-    pub fn add_mapping(&mut self, pid: i32, mapping: Mapping, time_ns: u64) -> io::Result<()> {
+    fn add_mapping(&mut self, pid: i32, mapping: Mapping, time_ns: u64) -> io::Result<()> {
         let space = self.space(pid);
         if space.mappings.contains(&mapping) {
             return Ok(());
@@ -322,12 +424,12 @@ impl<'a> Recorder<'a> {
         id
     }
 
-    pub fn thread(&mut self, pid: i32, tid: i32) -> io::Result<()> {
+    fn thread(&mut self, pid: i32, tid: i32) -> io::Result<()> {
         self.threads_seen.insert(tid);
         self.thread_name(pid, tid, procfs::thread_name(pid, tid))
     }
 
-    pub fn thread_name(&mut self, pid: i32, tid: i32, name: String) -> io::Result<()> {
+    fn thread_name(&mut self, pid: i32, tid: i32, name: String) -> io::Result<()> {
         if name.is_empty() || self.thread_names.get(&tid) == Some(&name) {
             return Ok(());
         }
@@ -354,16 +456,12 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    pub fn thread_exit(&mut self, pid: i32, tid: i32, time_ns: u64) -> io::Result<()> {
+    fn thread_exit(&mut self, pid: i32, tid: i32, time_ns: u64) -> io::Result<()> {
         self.writer.thread_exit(&ThreadExit {
             time_ns,
             pid: pid as u32,
             tid: tid as u32,
         })
-    }
-
-    pub fn process_exit(&mut self, pid: i32) {
-        self.spaces.remove(&pid);
     }
 
     pub fn tick(&mut self, stopped_ns: u64) {
@@ -372,7 +470,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// A sample already unwound (the frame-pointer walk in the stopped window).
-    pub fn frames_sample(
+    fn frames_sample(
         &mut self,
         pid: i32,
         tid: i32,
@@ -392,7 +490,7 @@ impl<'a> Recorder<'a> {
     /// (or, with `--capture raw`, compacts and stores it). Returns how many bytes of
     /// stack the unwinder wanted, so the backend can copy enough next time.
     #[allow(clippy::too_many_arguments)]
-    pub fn stack_sample(
+    fn stack_sample(
         &mut self,
         pid: i32,
         tid: i32,

@@ -1,0 +1,62 @@
+//! What a backend reports, as a stream: the [`Recorder`](crate::recorder::Recorder)
+//! consumes each event after the target runs again — unwinding stacks, keeping module
+//! maps, writing records to its [`Output`](crate::recorder::Output). Backends never
+//! write records themselves, so a new consumer (a live view) sees every backend's
+//! events the same way.
+
+use glass_format::ProcessKind;
+use glass_target::procfs::Mapping;
+use glass_unwind::UnwindRegs;
+
+pub enum Event<'s> {
+    /// A process appears (attached, forked, or replaced by exec). `name: None` reads it
+    /// from /proc; `read_maps` reads its mappings from /proc now.
+    Process {
+        pid: i32,
+        parent: i32,
+        kind: ProcessKind,
+        time_ns: u64,
+        name: Option<String>,
+        read_maps: bool,
+    },
+    /// An executable mapping of a process (a guest's image segments, a perf MMAP2).
+    Mapping {
+        pid: i32,
+        mapping: Mapping,
+        time_ns: u64,
+    },
+    /// A thread appears or is renamed (`name: None` reads it from /proc).
+    Thread {
+        pid: i32,
+        tid: i32,
+        name: Option<String>,
+    },
+    ThreadExit {
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+    },
+    /// A process is gone: its address space is forgotten.
+    ProcessExit {
+        pid: i32,
+    },
+    /// A sample already unwound (`frames[0]` the instruction pointer).
+    Frames {
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        flags: u8,
+        frames: &'s [u64],
+    },
+    /// A sample of registers and a copy of the stack from `regs.sp`, to be unwound.
+    Stack {
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        flags: u8,
+        regs: UnwindRegs,
+        stack: &'s [u8],
+    },
+}
