@@ -6,9 +6,18 @@
 //! per read, tens of microseconds each under QEMU) while the guest is stopped. Walking
 //! the tables in mapped RAM costs a few memory reads, and the cache makes the common
 //! case (the same stack pages, sample after sample) one verification read.
+//!
+//! One module per architecture's walker (`x86_64`, `aarch64`), each implementing
+//! [`PageWalk`] from `walk`, which also holds what they share; `cache` works with any.
 
+pub mod aarch64;
+pub mod cache;
 pub mod ram;
+pub mod walk;
 pub mod x86_64;
 
+pub use aarch64::Aarch64Paging;
+pub use cache::TranslationCache;
 pub use ram::{GuestRam, PhysicalMemory};
-pub use x86_64::{PagingMode, Translation, TranslationCache, WalkError};
+pub use walk::{GuestPaging, LeafEntry, PageWalk, Translation, WalkError};
+pub use x86_64::{PagingMode, X86Paging};

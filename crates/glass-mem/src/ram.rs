@@ -65,6 +65,20 @@ pub fn qemu_x86_layout(ram_size: u64, below_4g_max: u64) -> Vec<RamRegion> {
     regions
 }
 
+/// Where QEMU's Arm `virt` machine puts RAM: all of it, contiguous, from 1 GiB up
+/// (flash and devices lie below).
+pub const QEMU_ARM_VIRT_RAM_BASE: u64 = 0x4000_0000;
+
+/// QEMU's Arm `virt` machine: one region, the whole RAM file at
+/// [`QEMU_ARM_VIRT_RAM_BASE`].
+pub fn qemu_arm_virt_layout(ram_size: u64) -> Vec<RamRegion> {
+    vec![RamRegion {
+        guest_physical: QEMU_ARM_VIRT_RAM_BASE,
+        len: ram_size,
+        file_offset: 0,
+    }]
+}
+
 impl GuestRam {
     /// Maps the RAM file read-only with the given layout.
     pub fn open(path: &Path, regions: Vec<RamRegion>) -> std::io::Result<Self> {
@@ -149,5 +163,25 @@ mod tests {
             "crosses the end of a region"
         );
         assert!(!ram.read_physical(1 << 31, &mut buf), "in the hole");
+    }
+
+    #[test]
+    fn arm_virt_ram_starts_at_1g() {
+        assert_eq!(
+            qemu_arm_virt_layout(256 << 20),
+            vec![RamRegion {
+                guest_physical: 0x4000_0000,
+                len: 256 << 20,
+                file_offset: 0,
+            }]
+        );
+        let mut bytes = vec![0u8; 8192];
+        bytes[4096] = 0xa5;
+        let ram = GuestRam::from_bytes(bytes, qemu_arm_virt_layout(8192));
+        let mut byte = [0u8; 1];
+        assert!(ram.read_physical(0x4000_1000, &mut byte));
+        assert_eq!(byte, [0xa5]);
+        assert!(!ram.read_physical(0x1000, &mut byte), "below RAM");
+        assert!(!ram.read_physical(0x4000_2000, &mut byte), "past RAM");
     }
 }

@@ -1,13 +1,12 @@
 //! The x86-64 page-table walk: 4-level and 5-level (LA57) paging, 4 KiB, 2 MiB and
-//! 1 GiB pages, from a guest's CR3, done by glass in mapped guest RAM.
+//! 1 GiB pages, from a guest's CR3.
 //!
-//! The translation cache is keyed by (page-table root, virtual page). A hit is verified
-//! with one read: the cached leaf entry is read again and must hold the same value, so
-//! a page the guest remapped is walked afresh instead of silently giving a wrong stack.
-
-use std::collections::HashMap;
+//! glass walks the guest's tables itself, in mapped guest RAM, because asking the VMM
+//! to translate costs a GDB stub round trip per read while the guest is stopped, where
+//! a walk is a few memory reads (and a cached one, one; see the crate's comment).
 
 use crate::ram::PhysicalMemory;
+use crate::walk::{LeafEntry, PageWalk, Translation, WalkError};
 
 const PRESENT: u64 = 1;
 const PAGE_SIZE_BIT: u64 = 1 << 7;
@@ -39,28 +38,26 @@ impl PagingMode {
     }
 }
 
+/// An x86-64 vCPU's paging: CR3 and whether CR4.LA57 is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WalkError {
-    /// The entry at this level (5 = PML5 ... 1 = PT) is not present.
-    NotPresent { level: u32 },
-    /// A page-size bit where the architecture reserves it (PML5E/PML4E).
-    Reserved { level: u32 },
-    /// A table or the page lies outside guest RAM.
-    OutsideRam,
-    /// Not a canonical address for the paging mode.
-    NonCanonical,
+pub struct X86Paging {
+    pub cr3: u64,
+    pub mode: PagingMode,
 }
 
-/// A guest-virtual address's physical page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Translation {
-    /// Physical address of `vaddr` itself.
-    pub physical: u64,
-    /// Size of the page it lies in (4 KiB, 2 MiB or 1 GiB).
-    pub page_size: u64,
-    /// Where the leaf entry lives and what it held, for verification.
-    leaf_entry_address: u64,
-    leaf_entry: u64,
+impl PageWalk for X86Paging {
+    fn walk(&self, memory: &dyn PhysicalMemory, vaddr: u64) -> Result<Translation, WalkError> {
+        translate(memory, self.cr3, self.mode, vaddr)
+    }
+
+    /// CR3's table address: PCID (bits 11:0) left out, since a walk does not use it.
+    fn cache_root(&self, _vaddr: u64) -> u64 {
+        self.cr3 & ADDRESS_MASK
+    }
+
+    fn page_granule(&self) -> u64 {
+        4096
+    }
 }
 
 /// Walks the tables rooted at `cr3` for `vaddr`.
@@ -99,8 +96,10 @@ pub fn translate(
             return Ok(Translation {
                 physical: base | (vaddr & (page_size - 1)),
                 page_size,
-                leaf_entry_address: entry_address,
-                leaf_entry: entry,
+                leaf: Some(LeafEntry {
+                    address: entry_address,
+                    value: entry,
+                }),
             });
         }
         table = entry & ADDRESS_MASK;
@@ -108,96 +107,10 @@ pub fn translate(
     unreachable!("level 1 always returns")
 }
 
-/// Remembers translations per (root, 4 KiB virtual page).
-#[derive(Default)]
-pub struct TranslationCache {
-    entries: HashMap<(u64, u64), Translation>,
-    /// Off: every translation walks the tables (to measure what the cache saves).
-    disabled: bool,
-    pub hits: u64,
-    pub misses: u64,
-    /// Hits whose leaf entry had changed: walked again.
-    pub stale: u64,
-}
-
-/// Entries kept before the cache is cleared (guests touch few stack pages; this only
-/// bounds memory when a guest switches among many address spaces).
-const CACHE_LIMIT: usize = 65_536;
-
-impl TranslationCache {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A cache that never remembers: every translation is a full walk.
-    pub fn disabled() -> Self {
-        TranslationCache {
-            disabled: true,
-            ..Self::default()
-        }
-    }
-
-    pub fn translate(
-        &mut self,
-        memory: &dyn PhysicalMemory,
-        cr3: u64,
-        mode: PagingMode,
-        vaddr: u64,
-    ) -> Result<u64, WalkError> {
-        let root = cr3 & ADDRESS_MASK;
-        let key = (root, vaddr >> 12);
-        if let Some(cached) = self.entries.get(&key) {
-            // Verify: the leaf entry must still say the same.
-            if memory.read_u64(cached.leaf_entry_address) == Some(cached.leaf_entry) {
-                self.hits += 1;
-                let offset_mask = cached.page_size - 1;
-                return Ok((cached.physical & !offset_mask) | (vaddr & offset_mask));
-            }
-            self.stale += 1;
-            self.entries.remove(&key);
-        }
-        self.misses += 1;
-        let translation = translate(memory, cr3, mode, vaddr)?;
-        if self.disabled {
-            return Ok(translation.physical);
-        }
-        if self.entries.len() >= CACHE_LIMIT {
-            self.entries.clear();
-        }
-        self.entries.insert(key, translation);
-        Ok(translation.physical)
-    }
-
-    /// Copies guest-virtual memory, page by page; returns how many bytes from `vaddr`
-    /// could be read (a short count stops at the first unmapped page).
-    pub fn read_virtual(
-        &mut self,
-        memory: &dyn PhysicalMemory,
-        cr3: u64,
-        mode: PagingMode,
-        vaddr: u64,
-        buf: &mut [u8],
-    ) -> usize {
-        let mut done = 0;
-        while done < buf.len() {
-            let address = vaddr.wrapping_add(done as u64);
-            let in_page = (4096 - (address & 4095)) as usize;
-            let n = in_page.min(buf.len() - done);
-            let Ok(physical) = self.translate(memory, cr3, mode, address) else {
-                break;
-            };
-            if !memory.read_physical(physical, &mut buf[done..done + n]) {
-                break;
-            }
-            done += n;
-        }
-        done
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::TranslationCache;
     use crate::ram::{GuestRam, RamRegion};
 
     const RAM: usize = 16 << 20;
@@ -388,5 +301,35 @@ mod tests {
             Ok(0x68_0008)
         );
         assert_eq!(cache.stale, 1);
+    }
+
+    #[test]
+    fn the_generic_walk_is_this_walk() {
+        let mut t = Tables::new();
+        let root = t.table();
+        let vaddr = 0xffff_8000_0040_3000u64;
+        map(&mut t, root, 4, vaddr, 1, 0x20_5000 | 3);
+        let memory = t.memory();
+        // PCID 5 in CR3's low bits: not part of the root.
+        let paging = crate::GuestPaging::from(X86Paging {
+            cr3: root | 5,
+            mode: PagingMode::FourLevel,
+        });
+        assert_eq!(paging.walk(&memory, vaddr + 8).unwrap().physical, 0x20_5008);
+        assert_eq!(
+            (paging.cache_root(vaddr), paging.page_granule()),
+            (root, 4096)
+        );
+        // The old x86 signatures and the generic ones share entries.
+        let mut cache = TranslationCache::new();
+        assert_eq!(
+            cache.translate_with(&memory, &paging, vaddr + 8),
+            Ok(0x20_5008)
+        );
+        assert_eq!(
+            cache.translate(&memory, root, PagingMode::FourLevel, vaddr + 16),
+            Ok(0x20_5010)
+        );
+        assert_eq!((cache.hits, cache.misses), (1, 1));
     }
 }

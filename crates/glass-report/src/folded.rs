@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use crate::Profile;
+use crate::{Exporter, Model, Profile, ReportError};
 
 pub fn folded_lines(profile: &Profile) -> Vec<String> {
     profile
@@ -23,4 +23,20 @@ pub fn write_folded(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "{line}")?;
     }
     Ok(())
+}
+
+/// Collapsed stacks of a sampled recording.
+pub struct Folded {
+    /// Each thread under its own frame below the process.
+    pub split_threads: bool,
+}
+
+impl Exporter for Folded {
+    fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError> {
+        crate::Format::Folded.check(model.source)?;
+        Ok(write_folded(
+            &Profile::from_model(model, self.split_threads),
+            out,
+        )?)
+    }
 }

@@ -1,21 +1,40 @@
-//! From a recording to what a person reads: one in-memory [`Profile`] (symbolized
-//! stacks with counts) built once, and one module per output format, each a function
-//! from the profile to bytes.
+//! From a recording to what a person reads: one interned, timed [`Model`] (string,
+//! module, frame and stack tables; per-thread samples with time and weight) built once,
+//! and one module per output format, each an [`Exporter`] from the model to bytes.
 
 pub mod calltrace;
+mod diff;
+mod error;
+mod firefox;
 mod flamegraph;
 mod folded;
+pub mod model;
 mod modules;
+mod pprof;
 mod profile;
 mod raw;
+mod speedscope;
 mod top;
 
-pub use flamegraph::write_flamegraph;
-pub use folded::write_folded;
+use std::io::Write;
+
+pub use diff::{diff_folded, DiffFlamegraph};
+pub use error::ReportError;
+pub use firefox::Firefox;
+pub use flamegraph::{write_flamegraph, Flamegraph};
+pub use folded::{write_folded, Folded};
+pub use model::{Model, ModelOptions, Source};
 pub use modules::ModuleTimeline;
+pub use pprof::Pprof;
 pub use profile::{Profile, ProfileOptions, Stack};
 pub use raw::unwind_snapshots;
-pub use top::write_top;
+pub use speedscope::Speedscope;
+pub use top::{write_top, Top};
+
+/// One output format: writes a view of the model.
+pub trait Exporter {
+    fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError>;
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -25,6 +44,14 @@ pub enum Format {
     Folded,
     /// An interactive SVG flame graph (hover, zoom, search)
     Flamegraph,
+    /// pprof's gzip'd profile.proto (go tool pprof, pprof's web UI)
+    Pprof,
+    /// speedscope's JSON (sampled per thread; evented for glass trace)
+    Speedscope,
+    /// The Firefox Profiler's processed profile JSON (profiler.firefox.com)
+    Firefox,
+    /// A differential flame graph of --diff BEFORE against this recording
+    Diff,
     /// glass trace: per function, calls and time (total, self, min, p50, p99, max)
     Calls,
     /// glass trace: the call tree, calls merged by path
@@ -33,6 +60,40 @@ pub enum Format {
     Invocations,
     /// glass trace: Chrome trace-event JSON (Perfetto, chrome://tracing)
     Chrome,
+}
+
+impl Format {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Top => "top",
+            Format::Folded => "folded",
+            Format::Flamegraph => "flamegraph",
+            Format::Pprof => "pprof",
+            Format::Speedscope => "speedscope",
+            Format::Firefox => "firefox",
+            Format::Diff => "diff",
+            Format::Calls => "calls",
+            Format::Tree => "tree",
+            Format::Invocations => "invocations",
+            Format::Chrome => "chrome",
+        }
+    }
+
+    /// Whether the format can show a recording of this kind.
+    pub fn check(self, source: Source) -> Result<(), ReportError> {
+        match (self, source) {
+            (Format::Calls | Format::Tree | Format::Invocations | Format::Chrome, Source::Samples) => {
+                Err(ReportError::NeedsCalls { format: self.name() })
+            }
+            (Format::Top | Format::Folded | Format::Firefox, Source::Calls) => {
+                Err(ReportError::NeedsSamples {
+                    hint: "use --format calls, tree, invocations, chrome, flamegraph, pprof, speedscope or diff",
+                })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Marks the outermost frames a stack walk could not reach.

@@ -1,13 +1,12 @@
-//! The one in-memory profile every format is made from: distinct symbolized stacks
-//! (root first) with their sample counts.
+//! The aggregated view of a [`Model`] the top, folded and flame graph outputs are made
+//! from: distinct symbolized stacks (root first, below the process and, when split, the
+//! thread) with their sample counts.
 
 use std::collections::HashMap;
 
-use glass_format::{Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED};
-use glass_symbols::{ModuleRef, Symbolizer};
+use glass_format::Recording;
 
-use crate::modules::ModuleTimeline;
-use crate::{FIRMWARE_FRAME, HALTED_FRAME, TRUNCATED_FRAME, UNKNOWN_FRAME};
+use crate::model::{FrameIndex, Model, ModelOptions, StackIndex, StringIndex};
 
 #[derive(Debug, Clone, Default)]
 pub struct ProfileOptions {
@@ -17,6 +16,15 @@ pub struct ProfileOptions {
     pub tid: Option<u32>,
     /// Leave out samples of halted (idle) VM guest vCPUs.
     pub no_idle: bool,
+}
+
+impl ProfileOptions {
+    pub fn model_options(&self) -> ModelOptions {
+        ModelOptions {
+            tid: self.tid,
+            no_idle: self.no_idle,
+        }
+    }
 }
 
 /// One distinct stack.
@@ -46,128 +54,47 @@ pub struct Profile {
     pub warnings: Vec<String>,
 }
 
-/// The name a process or thread had last (threads often name themselves after start).
-fn last_names(recording: &Recording) -> (HashMap<u32, String>, HashMap<u32, String>) {
-    let mut processes = HashMap::new();
-    for process in &recording.processes {
-        if !process.name.is_empty() {
-            processes.insert(process.pid, process.name.clone());
-        }
-    }
-    let mut threads = HashMap::new();
-    for thread in &recording.threads {
-        if !thread.name.is_empty() {
-            threads.insert(thread.tid, thread.name.clone());
-        }
-    }
-    (processes, threads)
-}
-
 impl Profile {
+    /// Builds the model of a recording and aggregates it.
     pub fn build(recording: &Recording, options: &ProfileOptions) -> Profile {
-        let timeline = ModuleTimeline::new(recording);
-        let mut symbolizer = Symbolizer::new();
-        let (process_names, thread_names) = last_names(recording);
-        // The process name at each exec: a sample is named after the program it ran.
-        let mut exec_names: HashMap<u32, Vec<(u64, String)>> = HashMap::new();
-        for process in &recording.processes {
-            exec_names
-                .entry(process.pid)
-                .or_default()
-                .push((process.time_ns, process.name.clone()));
-        }
+        let mut model = Model::build(recording, &options.model_options());
+        let mut profile = Profile::from_model(&model, options.split_threads);
+        profile.warnings = std::mem::take(&mut model.warnings);
+        profile
+    }
 
-        let mut counts: HashMap<(Vec<String>, Vec<bool>), u64> = HashMap::new();
-        let mut profile = Profile {
-            context_frames: if options.split_threads { 2 } else { 1 },
-            ..Profile::default()
-        };
-        let mut threads_seen: HashMap<u32, String> = HashMap::new();
-        let mut frames: Vec<String> = Vec::with_capacity(64);
-        let mut inlined: Vec<bool> = Vec::with_capacity(64);
-        let unwound = crate::raw::unwind_snapshots(recording);
-        for sample in recording.samples.iter().chain(&unwound) {
-            if options.tid.is_some_and(|tid| tid != sample.tid)
-                || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
-            {
-                continue;
+    /// Sums the samples of a model by stack (under the process, and the thread when
+    /// `split_threads`).
+    pub fn from_model(model: &Model, split_threads: bool) -> Profile {
+        // Count by (process, thread, stack) first: few distinct keys, cheap to expand.
+        let mut by_stack: HashMap<(StringIndex, Option<usize>, Option<StackIndex>), u64> =
+            HashMap::new();
+        for (index, thread) in model.threads.iter().enumerate() {
+            let thread_key = split_threads.then_some(index);
+            for sample in &thread.samples {
+                *by_stack
+                    .entry((thread.process, thread_key, sample.stack))
+                    .or_insert(0) += sample.weight;
             }
-            frames.clear();
-            inlined.clear();
-            let process = exec_names
-                .get(&sample.pid)
-                .and_then(|names| {
-                    names
-                        .iter()
-                        .rev()
-                        .find(|(t, _)| *t <= sample.time_ns)
-                        .or(names.first())
-                })
-                .map(|(_, name)| name.clone())
-                .filter(|name| !name.is_empty())
-                .or_else(|| process_names.get(&sample.pid).cloned())
-                .unwrap_or_else(|| format!("pid {}", sample.pid));
-            frames.push(process);
-            let thread_name = thread_names
-                .get(&sample.tid)
-                .cloned()
-                .unwrap_or_else(|| "thread".to_string());
-            threads_seen
-                .entry(sample.tid)
-                .or_insert_with(|| thread_name.clone());
-            if options.split_threads {
-                frames.push(format!("{thread_name}/{}", sample.tid));
-            }
-            if sample.flags & SAMPLE_TRUNCATED != 0 {
-                profile.truncated_samples += 1;
-                frames.push(TRUNCATED_FRAME.to_string());
-            }
-            // A vCPU still in its firmware runs no code of the image: its addresses
-            // name nothing.
-            let addresses = if sample.flags & SAMPLE_FIRMWARE != 0 {
-                frames.push(FIRMWARE_FRAME.to_string());
-                inlined.push(false);
-                &[][..]
-            } else {
-                &sample.frames[..]
-            };
-            // Outermost frame first.
-            for (index, &address) in addresses.iter().enumerate().rev() {
-                let is_return = index > 0;
-                match timeline.find(sample.pid, sample.time_ns, address) {
-                    Some(module) => {
-                        let module_ref = ModuleRef {
-                            path: &module.path,
-                            build_id: &module.build_id,
-                            start: module.start,
-                            file_offset: module.file_offset,
-                        };
-                        for frame in symbolizer.symbolize(&module_ref, address, is_return).iter() {
-                            profile
-                                .function_modules
-                                .entry(frame.function.clone())
-                                .or_insert_with(|| frame.module.clone());
-                            frames.push(frame.function.clone());
-                            inlined.push(frame.inlined);
-                        }
-                    }
-                    None => {
-                        frames.push(UNKNOWN_FRAME.to_string());
-                        inlined.push(false);
-                    }
-                }
-            }
-            if sample.flags & SAMPLE_HALTED != 0 {
-                frames.push(HALTED_FRAME.to_string());
-                inlined.push(false);
-            }
-            // The context frames (process, thread, [truncated]) are never inlined.
-            let context = frames.len() - inlined.len();
-            inlined.splice(0..0, std::iter::repeat_n(false, context));
-            *counts.entry((frames.clone(), inlined.clone())).or_insert(0) += 1;
-            profile.samples += 1;
         }
-        profile.stacks = counts
+        let mut counts: HashMap<(Vec<String>, Vec<bool>), u64> = HashMap::new();
+        let mut frame_indices: Vec<FrameIndex> = Vec::new();
+        for ((process, thread, stack), count) in by_stack {
+            let mut frames = vec![model.string(process).to_string()];
+            if let Some(thread) = thread {
+                let thread = &model.threads[thread];
+                frames.push(format!("{}/{}", model.string(thread.name), thread.tid));
+            }
+            let mut inlined = vec![false; frames.len()];
+            model.stack_frames(stack, &mut frame_indices);
+            for &frame in &frame_indices {
+                let row = &model.frames[frame as usize];
+                frames.push(model.string(row.function).to_string());
+                inlined.push(row.inline_depth > 0);
+            }
+            *counts.entry((frames, inlined)).or_insert(0) += count;
+        }
+        let mut stacks: Vec<Stack> = counts
             .into_iter()
             .map(|((frames, inlined), count)| Stack {
                 frames,
@@ -175,11 +102,21 @@ impl Profile {
                 count,
             })
             .collect();
-        profile.stacks.sort_by(|a, b| a.frames.cmp(&b.frames));
-        profile.threads = threads_seen.into_iter().collect();
-        profile.threads.sort();
-        profile.warnings = std::mem::take(&mut symbolizer.warnings);
-        profile
+        stacks.sort_by(|a, b| a.frames.cmp(&b.frames));
+        Profile {
+            stacks,
+            samples: model
+                .threads
+                .iter()
+                .flat_map(|t| &t.samples)
+                .map(|s| s.weight)
+                .sum(),
+            truncated_samples: model.truncated_samples,
+            context_frames: if split_threads { 2 } else { 1 },
+            function_modules: model.function_modules.clone(),
+            threads: model.thread_names(),
+            warnings: Vec::new(),
+        }
     }
 
     /// The functions of a stack, without the process and thread frames.

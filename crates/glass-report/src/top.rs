@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
-use crate::{Profile, TRUNCATED_FRAME};
+use crate::{Exporter, Model, Profile, ReportError, TRUNCATED_FRAME};
 
 struct Row<'a> {
     function: &'a str,
@@ -53,6 +53,30 @@ fn rows<'a>(profile: &'a Profile, thread: Option<&str>) -> (Vec<Row<'a>>, u64) {
         ))
     });
     (rows, samples)
+}
+
+/// The top table of a sampled recording.
+pub struct Top {
+    /// What was recorded, printed above the tables.
+    pub header: String,
+    /// One table per thread.
+    pub split_threads: bool,
+    /// Rows per table.
+    pub limit: usize,
+}
+
+impl Exporter for Top {
+    fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError> {
+        crate::Format::Top.check(model.source)?;
+        let profile = Profile::from_model(model, self.split_threads);
+        Ok(write_top(
+            &profile,
+            &self.header,
+            self.split_threads,
+            self.limit,
+            out,
+        )?)
+    }
 }
 
 /// `header` is printed above the tables (what was recorded); `limit` rows per table.

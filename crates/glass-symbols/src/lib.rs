@@ -10,9 +10,19 @@
 //! was rebuilt since shows offsets rather than wrong names. The parsing is done by
 //! `addr2line` (which uses `gimli` and `object`); this crate only maps process addresses
 //! to file addresses and caches.
+//!
+//! Two more sources, each in its own module:
+//! - [`jit`]: code a JIT compiler generated in anonymous memory (`[anon]` modules) is
+//!   named from the runtime's `/tmp/perf-PID.map` and jitdump files;
+//! - [`debuginfod`]: a module whose debug info is not on this machine (a stripped binary
+//!   without a local debug file), or whose file is gone, is fetched by build id from the
+//!   servers in `DEBUGINFOD_URLS`, into elfutils' cache.
+
+pub mod debuginfod;
+pub mod jit;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
@@ -73,12 +83,26 @@ impl ModuleFile {
     }
 }
 
+/// A JIT description registered for a process (in addition to `/tmp/perf-PID.map` and
+/// `/tmp/jit-PID.dump`, which are always looked at).
+enum JitSource {
+    File(PathBuf),
+    Bytes(String, Vec<u8>),
+}
+
 /// Symbolizes addresses of many modules, opening each file once and remembering every
 /// answer.
 #[derive(Default)]
 pub struct Symbolizer {
     files: HashMap<(String, Vec<u8>), Rc<ModuleFile>>,
     answers: HashMap<(String, u64, u64, u64), Rc<[Frame]>>,
+    /// Per process: the JIT files registered, the symbols read from them (once), and the
+    /// answers for addresses in anonymous memory.
+    jit_sources: HashMap<u32, Vec<JitSource>>,
+    jit: HashMap<u32, jit::JitSymbols>,
+    jit_answers: HashMap<(u32, u64), Option<Rc<[Frame]>>>,
+    /// None until first needed; then the client from the environment, if any.
+    debuginfod: Option<Option<debuginfod::Debuginfod>>,
     /// Warnings for the user, one per module (build id mismatch, unreadable file).
     pub warnings: Vec<String>,
 }
@@ -87,9 +111,56 @@ fn basename(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
 }
 
+/// Anonymous memory, where JIT compilers put their code: `[anon]` (or `[anon:NAME]`) as
+/// glass records it, `//anon` as perf names it, or no path at all.
+pub fn is_anonymous(path: &str) -> bool {
+    path.is_empty()
+        || path.starts_with("[anon")
+        || path.starts_with("//anon")
+        || path.starts_with("/memfd:")
+        || path == "[heap]"
+}
+
+/// What [`Symbolizer::inspect`] learns of a module's file.
+struct Inspected {
+    segments: Vec<Segment>,
+    /// A separate debug file found on this machine.
+    debug_file: Option<String>,
+    /// The file has DWARF of its own.
+    has_dwarf: bool,
+}
+
 impl Symbolizer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Uses `client` (or no debuginfod at all) instead of the one `DEBUGINFOD_URLS` and
+    /// the other elfutils variables describe.
+    pub fn set_debuginfod(&mut self, client: Option<debuginfod::Debuginfod>) {
+        self.debuginfod = Some(client);
+    }
+
+    fn debuginfod(&mut self) -> Option<&debuginfod::Debuginfod> {
+        self.debuginfod
+            .get_or_insert_with(debuginfod::Debuginfod::from_env)
+            .as_ref()
+    }
+
+    /// Fetches `kind` of `build_id` through debuginfod, if configured.
+    fn fetch(&mut self, build_id: &[u8], kind: debuginfod::Kind, path: &str) -> Option<String> {
+        if build_id.is_empty() {
+            return None;
+        }
+        let result = self.debuginfod()?.fetch(build_id, kind);
+        match result {
+            Ok(fetched) => Some(fetched.to_string_lossy().into_owned()),
+            Err(debuginfod::FetchError::NotFound) => None,
+            Err(debuginfod::FetchError::Failed(reason)) => {
+                self.warnings.push(format!("{path}: debuginfod: {reason}"));
+                None
+            }
+        }
     }
 
     fn open(&mut self, module: &ModuleRef) -> Rc<ModuleFile> {
@@ -105,14 +176,31 @@ impl Symbolizer {
             basename,
         };
         // Pseudo-files ([vdso], [anon], ...) have nothing on disk.
-        if !module.path.starts_with('[') {
-            match self.inspect(module) {
-                Ok((segments, debug_file)) => {
-                    opened.segments = segments;
-                    let debug = debug_file.as_deref().unwrap_or(module.path);
+        if !module.path.starts_with('[') && !is_anonymous(module.path) {
+            let mut path = module.path.to_string();
+            let mut inspected = Self::inspect(&path, module.build_id);
+            // The file is gone or was rebuilt since: the build's own file, by build id.
+            if inspected.is_err() {
+                if let Some(fetched) =
+                    self.fetch(module.build_id, debuginfod::Kind::Executable, module.path)
+                {
+                    if let Ok(found) = Self::inspect(&fetched, module.build_id) {
+                        inspected = Ok(found);
+                        path = fetched;
+                    }
+                }
+            }
+            match inspected {
+                Ok(mut inspected) => {
+                    if inspected.debug_file.is_none() && !inspected.has_dwarf {
+                        inspected.debug_file =
+                            self.fetch(module.build_id, debuginfod::Kind::Debuginfo, module.path);
+                    }
+                    opened.segments = inspected.segments;
+                    let debug = inspected.debug_file.as_deref().unwrap_or(&path);
                     opened.symbols = function_symbols(debug);
-                    if opened.symbols.is_empty() && debug != module.path {
-                        opened.symbols = function_symbols(module.path);
+                    if opened.symbols.is_empty() && debug != path {
+                        opened.symbols = function_symbols(&path);
                     }
                     opened.loader = addr2line::Loader::new(debug).ok();
                 }
@@ -134,14 +222,14 @@ impl Symbolizer {
         file
     }
 
-    /// Checks the file on disk is the one that was mapped, and reads its segments.
-    fn inspect(&self, module: &ModuleRef) -> Result<(Vec<Segment>, Option<String>), String> {
-        let file = std::fs::File::open(module.path).map_err(|e| format!("cannot open ({e})"))?;
+    /// Checks the file at `path` is the build that was mapped, and reads its segments.
+    fn inspect(path: &str, build_id: &[u8]) -> Result<Inspected, String> {
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot open ({e})"))?;
         // SAFETY: read-only map of a regular file.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot map ({e})"))?;
         let elf = object::File::parse(&*map).map_err(|e| format!("not an ELF file ({e})"))?;
         let on_disk = elf.build_id().ok().flatten().unwrap_or(&[]);
-        if !module.build_id.is_empty() && on_disk != module.build_id {
+        if !build_id.is_empty() && on_disk != build_id {
             return Err("changed since recording (build id differs)".to_string());
         }
         let segments = elf
@@ -151,7 +239,126 @@ impl Symbolizer {
                 (offset, size, s.address())
             })
             .collect();
-        Ok((segments, debug_file_for(module.path, on_disk, &elf)))
+        let has_dwarf = elf
+            .section_by_name(".debug_info")
+            .is_some_and(|s| s.size() > 0 && s.file_range().is_some());
+        Ok(Inspected {
+            segments,
+            debug_file: debug_file_for(path, on_disk, &elf),
+            has_dwarf,
+        })
+    }
+
+    /// Registers a JIT description file (perf map or jitdump) for process `pid`, read
+    /// when its anonymous code is first symbolized. `/tmp/perf-PID.map` and
+    /// `/tmp/jit-PID.dump` need no registering; a jitdump elsewhere does (node writes it
+    /// in its working directory), as does a copy kept with the recording.
+    pub fn add_jit_file(&mut self, pid: u32, path: &Path) {
+        self.add_jit_source(pid, JitSource::File(path.to_path_buf()));
+    }
+
+    /// Registers the contents of a JIT description file (a copy kept in the recording);
+    /// `name` is shown as the module of the frames it names.
+    pub fn add_jit_bytes(&mut self, pid: u32, name: &str, bytes: Vec<u8>) {
+        self.add_jit_source(pid, JitSource::Bytes(name.to_string(), bytes));
+    }
+
+    /// Tells the symbolizer about a module the recording has: a jitdump file that a
+    /// runtime mapped (as it does for profilers to find it) is registered for `pid`.
+    /// Other paths are ignored, so every recorded module can be passed.
+    pub fn note_module(&mut self, pid: u32, path: &str) {
+        if jit::is_jitdump_marker(path) {
+            let path = Path::new(path);
+            let known = self.jit_sources.get(&pid).is_some_and(|sources| {
+                sources
+                    .iter()
+                    .any(|s| matches!(s, JitSource::File(p) if p == path))
+            });
+            if !known {
+                self.add_jit_file(pid, path);
+            }
+        }
+    }
+
+    fn add_jit_source(&mut self, pid: u32, source: JitSource) {
+        self.jit_sources.entry(pid).or_default().push(source);
+        // Read again (with the new source) when next needed.
+        self.jit.remove(&pid);
+        self.jit_answers.retain(|(p, _), _| *p != pid);
+    }
+
+    fn jit_symbols(&mut self, pid: u32) -> &jit::JitSymbols {
+        if !self.jit.contains_key(&pid) {
+            let mut symbols = jit::JitSymbols::new();
+            let mut paths = jit::default_files(pid);
+            let mut data = Vec::new();
+            for source in self.jit_sources.get(&pid).into_iter().flatten() {
+                match source {
+                    JitSource::File(path) => {
+                        if !paths.contains(path) {
+                            paths.push(path.clone());
+                        }
+                    }
+                    JitSource::Bytes(name, bytes) => data.push((name, bytes)),
+                }
+            }
+            for path in paths {
+                if let Err(e) = symbols.add_file(&path) {
+                    self.warnings.push(format!("JIT symbols: {e}"));
+                }
+            }
+            for (name, bytes) in data {
+                if let Err(e) = symbols.add_bytes(bytes, name) {
+                    self.warnings.push(format!("JIT symbols: {name}: {e}"));
+                }
+            }
+            self.jit.insert(pid, symbols);
+        }
+        &self.jit[&pid]
+    }
+
+    /// The JIT code at `address` in process `pid`, if a perf map or jitdump of the
+    /// process names it.
+    pub fn jit_frames(
+        &mut self,
+        pid: u32,
+        address: u64,
+        is_return_address: bool,
+    ) -> Option<Rc<[Frame]>> {
+        let probe = if is_return_address {
+            address.saturating_sub(1)
+        } else {
+            address
+        };
+        if let Some(answer) = self.jit_answers.get(&(pid, probe)) {
+            return answer.clone();
+        }
+        let answer = self.jit_symbols(pid).lookup(probe).map(|(name, source)| {
+            Rc::from(vec![Frame {
+                function: name.to_string(),
+                module: source.to_string(),
+                inlined: false,
+            }])
+        });
+        self.jit_answers.insert((pid, probe), answer.clone());
+        answer
+    }
+
+    /// [`Symbolizer::symbolize`] for an address of process `pid`: code in anonymous
+    /// memory is looked up in the process's JIT files first.
+    pub fn symbolize_in(
+        &mut self,
+        pid: u32,
+        module: &ModuleRef,
+        address: u64,
+        is_return_address: bool,
+    ) -> Rc<[Frame]> {
+        if is_anonymous(module.path) {
+            if let Some(frames) = self.jit_frames(pid, address, is_return_address) {
+                return frames;
+            }
+        }
+        self.symbolize(module, address, is_return_address)
     }
 
     /// The frames for `address` in `module`. `is_return_address` marks an address taken

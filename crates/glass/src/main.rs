@@ -186,6 +186,10 @@ pub struct ReportArgs {
     /// Leave out samples of halted (idle) VM guest vCPUs
     #[arg(long)]
     pub no_idle: bool,
+    /// Compare with this earlier recording: `--diff BEFORE.glass AFTER.glass` draws a
+    /// differential flame graph of AFTER (red: grew, blue: shrank)
+    #[arg(long, value_name = "BEFORE")]
+    pub diff: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -5,7 +5,9 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 use glass_format::{FormatError, Recording};
-use glass_report::{Format, Profile, ProfileOptions};
+use glass_report::calltrace;
+use glass_report::model::Unit;
+use glass_report::{Exporter, Format, Model, ModelOptions, ReportError, Source};
 
 use crate::error::{Failure, Result};
 use crate::ReportArgs;
@@ -39,96 +41,162 @@ fn strip_os_error(message: &str) -> &str {
     message.split(" (os error").next().unwrap_or(message)
 }
 
-pub fn run(args: &ReportArgs) -> Result<()> {
-    let recording = open_recording(&args.input)?;
-    let is_trace = recording
+/// A sampled or traced recording, as the model every format is a view of.
+fn model_of(recording: &Recording, options: &ModelOptions) -> Model {
+    if is_trace(recording) {
+        Model::from_trace(recording, calltrace::CallTrace::build(recording))
+    } else {
+        Model::build(recording, options)
+    }
+}
+
+fn is_trace(recording: &Recording) -> bool {
+    recording
         .meta
         .as_ref()
-        .is_some_and(|m| m.backend == glass_format::Backend::Trace);
-    let format = args
-        .format
-        .unwrap_or(if is_trace { Format::Calls } else { Format::Top });
-    let trace_only = matches!(
-        format,
-        Format::Calls | Format::Tree | Format::Invocations | Format::Chrome
-    );
-    if trace_only && !is_trace {
-        return Err(Failure::bad_input(format!(
-            "{}: --format {} needs a `glass trace` recording; this one holds samples",
-            args.input.display(),
-            format_name(format)
-        )));
-    }
-    if is_trace && matches!(format, Format::Top | Format::Folded) {
-        return Err(Failure::bad_input(format!(
-            "{}: a `glass trace` recording has calls, not samples: use --format calls, tree, invocations, chrome or flamegraph",
-            args.input.display()
-        )));
-    }
+        .is_some_and(|m| m.backend == glass_format::Backend::Trace)
+}
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let recording = open_recording(&args.input)?;
+    let before = args.diff.as_deref().map(open_recording).transpose()?;
+    let is_trace = is_trace(&recording);
+    let source = if is_trace {
+        Source::Calls
+    } else {
+        Source::Samples
+    };
+    let format = args.format.unwrap_or(match (&before, is_trace) {
+        (Some(_), _) => Format::Diff,
+        (None, true) => Format::Calls,
+        (None, false) => Format::Top,
+    });
+    format
+        .check(source)
+        .map_err(|error| Failure::bad_input(format!("{}: {error}", args.input.display())))?;
     if format == Format::Invocations && args.root.is_none() {
         return Err(Failure::bad_input(
             "--format invocations needs --root FUNCTION (e.g. --root process_batch)",
         ));
     }
-    if is_trace {
-        return run_trace(args, &recording, format);
+    match (&before, format) {
+        (None, Format::Diff) => {
+            return Err(Failure::bad_input(ReportError::NoBaseline.to_string()));
+        }
+        (Some(_), format) if format != Format::Diff => {
+            return Err(Failure::bad_input(format!(
+                "--diff BEFORE.glass draws a differential flame graph: it goes with --format diff, not {}",
+                format.name()
+            )));
+        }
+        (Some(before), _) if self::is_trace(before) != is_trace => {
+            return Err(Failure::bad_input(format!(
+                "--diff: {} and {} are not of one kind (one holds samples, the other calls)",
+                args.diff.as_deref().unwrap_or(Path::new("")).display(),
+                args.input.display()
+            )));
+        }
+        _ => {}
     }
     // Open the output before the (possibly long) symbolization, so a bad path fails fast.
-    let mut out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
-            Failure::bad_input(format!(
-                "cannot write {}: {}",
-                path.display(),
-                strip_os_error(&e.to_string())
-            ))
-        })?)),
-        None => Box::new(BufWriter::new(io::stdout().lock())),
-    };
-    let options = ProfileOptions {
-        split_threads: args.threads,
+    let mut out = create(&args.output)?;
+    let options = ModelOptions {
         tid: args.tid,
         no_idle: args.no_idle,
     };
-    let profile = Profile::build(&recording, &options);
-    for warning in &profile.warnings {
+    let mut model = model_of(&recording, &options);
+    for warning in std::mem::take(&mut model.warnings) {
         eprintln!("glass: warning: {warning}");
     }
-    if let Some(tid) = args.tid {
-        if profile.samples == 0 {
+    if model.unit == Unit::Cycles {
+        eprintln!("glass: warning: the recording has no cycle rate: times are in cycles");
+    }
+    if let (Some(tid), Source::Samples) = (args.tid, source) {
+        if model.samples == 0 {
             eprintln!(
                 "glass: warning: no samples of thread {tid} in {}",
                 args.input.display()
             );
         }
     }
-    let written = match format {
-        Format::Top => glass_report::write_top(
-            &profile,
-            &header(&recording, &profile, &args.input),
-            args.threads,
-            args.limit.unwrap_or(30),
-            &mut out,
-        ),
-        Format::Folded => glass_report::write_folded(&profile, &mut out),
-        Format::Flamegraph => {
-            glass_report::write_flamegraph(&profile, &title(&recording), &mut out)
+    let before = before.map(|recording| {
+        let options = ModelOptions {
+            tid: None,
+            no_idle: args.no_idle,
+        };
+        let mut model = model_of(&recording, &options);
+        for warning in std::mem::take(&mut model.warnings) {
+            eprintln!("glass: warning: {warning}");
         }
-        Format::Calls | Format::Tree | Format::Invocations | Format::Chrome => unreachable!(),
+        model
+    });
+    // What the recording holds, for the headers and titles.
+    let header = match &model.calls {
+        Some(trace) => calltrace::header(&recording, trace),
+        None => header(&recording, &model, &args.input),
     };
-    match written.and_then(|()| out.flush()) {
+    let title = match &model.calls {
+        Some(_) => header.clone(),
+        None => title(&recording),
+    };
+    let exporter: Box<dyn Exporter + '_> = match format {
+        Format::Top => Box::new(glass_report::Top {
+            header,
+            split_threads: args.threads,
+            limit: args.limit.unwrap_or(30),
+        }),
+        Format::Folded => Box::new(glass_report::Folded {
+            split_threads: args.threads,
+        }),
+        Format::Flamegraph => Box::new(glass_report::Flamegraph {
+            title,
+            split_threads: args.threads,
+        }),
+        Format::Pprof => Box::new(glass_report::Pprof { title }),
+        Format::Speedscope => Box::new(glass_report::Speedscope { title }),
+        Format::Firefox => Box::new(glass_report::Firefox { title }),
+        Format::Diff => match &before {
+            Some(before) => Box::new(glass_report::DiffFlamegraph {
+                before,
+                title: format!(
+                    "glass: {} against {}",
+                    args.input.display(),
+                    args.diff.as_deref().unwrap_or(Path::new("")).display()
+                ),
+            }),
+            None => return Err(Failure::bad_input(ReportError::NoBaseline.to_string())),
+        },
+        Format::Calls => Box::new(calltrace::CallsReport {
+            header,
+            limit: args.limit.unwrap_or(usize::MAX),
+        }),
+        Format::Tree => Box::new(calltrace::TreeReport {
+            header,
+            limit: args.limit.unwrap_or(200),
+        }),
+        Format::Invocations => Box::new(calltrace::InvocationsReport {
+            header,
+            root: args.root.clone().unwrap_or_default(),
+            limit: args.limit.unwrap_or(20),
+        }),
+        Format::Chrome => Box::new(calltrace::ChromeReport {
+            header,
+            losses: calltrace::losses(&recording),
+        }),
+    };
+    let written = exporter
+        .write(&model, &mut out)
+        .and_then(|()| out.flush().map_err(ReportError::from));
+    match written {
         Ok(()) => Ok(()),
         // `glass report | head` is not a failure.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) if e.is_broken_pipe() => Ok(()),
+        Err(ReportError::Root(message)) => Err(Failure::bad_input(message)),
+        Err(e) if e.is_bad_input() => {
+            Err(Failure::bad_input(format!("{}: {e}", args.input.display())))
+        }
         Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
     }
-}
-
-fn format_name(format: Format) -> String {
-    use clap::ValueEnum;
-    format
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default()
 }
 
 fn create(path: &Option<std::path::PathBuf>) -> Result<Box<dyn Write>> {
@@ -144,59 +212,6 @@ fn create(path: &Option<std::path::PathBuf>) -> Result<Box<dyn Write>> {
     })
 }
 
-/// The reports of a `glass trace` recording.
-fn run_trace(args: &ReportArgs, recording: &Recording, format: Format) -> Result<()> {
-    use glass_report::calltrace;
-    let mut out = create(&args.output)?;
-    let trace = calltrace::CallTrace::build(recording);
-    if trace.tsc_hz == 0 {
-        eprintln!("glass: warning: the recording has no cycle rate: times are in cycles");
-    }
-    let header = calltrace::header(recording, &trace);
-    let written = match format {
-        Format::Calls => calltrace::calls::write_calls(
-            &trace,
-            &header,
-            args.limit.unwrap_or(usize::MAX),
-            &mut out,
-        ),
-        Format::Tree => {
-            calltrace::tree::write_tree(&trace, &header, args.limit.unwrap_or(200), &mut out)
-        }
-        Format::Invocations => {
-            let root = args.root.as_deref().unwrap_or_default();
-            calltrace::invocations::write_invocations(
-                &trace,
-                &header,
-                root,
-                args.limit.unwrap_or(20),
-                &mut out,
-            )
-            .map_err(|message| {
-                if message.starts_with("--root") {
-                    Failure::bad_input(message)
-                } else {
-                    Failure::runtime(format!("writing the report failed: {message}"))
-                }
-            })?;
-            Ok(())
-        }
-        Format::Chrome => calltrace::chrome::write_chrome(
-            &trace,
-            &header,
-            &calltrace::losses(recording),
-            &mut out,
-        ),
-        Format::Flamegraph => calltrace::write_flamegraph(recording, &trace, &mut out),
-        Format::Top | Format::Folded => unreachable!(),
-    };
-    match written.and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
-    }
-}
-
 fn title(recording: &Recording) -> String {
     match &recording.meta {
         Some(meta) if meta.backend == glass_format::Backend::GdbStub => format!(
@@ -209,7 +224,7 @@ fn title(recording: &Recording) -> String {
     }
 }
 
-fn header(recording: &Recording, profile: &Profile, path: &Path) -> String {
+fn header(recording: &Recording, model: &Model, path: &Path) -> String {
     let duration = recording
         .summary
         .as_ref()
@@ -224,7 +239,7 @@ fn header(recording: &Recording, profile: &Profile, path: &Path) -> String {
     format!(
         "{}: {} samples, {} threads{duration}{lost}",
         title(recording),
-        profile.samples,
-        profile.threads.len(),
+        model.samples,
+        model.thread_names().len(),
     ) + &format!(" ({})", path.display())
 }

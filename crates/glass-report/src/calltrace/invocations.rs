@@ -3,7 +3,7 @@
 //! the callee whose time exceeds its median over all calls of F by the most.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io::Write;
 
 use super::model::{human_cycles, CallTrace};
 
@@ -63,7 +63,7 @@ pub fn write_invocations(
     root_name: &str,
     limit: usize,
     out: &mut dyn Write,
-) -> Result<(), String> {
+) -> Result<(), crate::ReportError> {
     let Some(root) = trace
         .names
         .iter()
@@ -71,15 +71,14 @@ pub fn write_invocations(
         .map(|(&id, _)| id)
         .min()
     else {
-        return Err(format!(
+        return Err(crate::ReportError::Root(format!(
             "--root {root_name}: no traced function of that name"
-        ));
+        )));
     };
     let all = invocations(trace, root);
-    let io = |e: io::Error| e.to_string();
-    writeln!(out, "{header}").map_err(io)?;
+    writeln!(out, "{header}")?;
     if all.is_empty() {
-        writeln!(out, "{root_name} was never called").map_err(io)?;
+        writeln!(out, "{root_name} was never called")?;
         return Ok(());
     }
     let mut durations: Vec<u64> = all.iter().map(|i| trace.calls[i.call].cycles()).collect();
@@ -101,14 +100,12 @@ pub fn write_invocations(
         trace.duration(root_median),
         human_cycles(root_median),
         trace.duration(*durations.last().unwrap())
-    )
-    .map_err(io)?;
+    )?;
     writeln!(
         out,
         "{:<8} {:>8} {:>12} {:>11} {:>10}  {:<36}  callees",
         "call", "tid", "start", "duration", "cycles", "slow because (vs median)"
-    )
-    .map_err(io)?;
+    )?;
     let mut rows: Vec<&Invocation> = all.iter().collect();
     rows.sort_by(|a, b| {
         trace.calls[b.call]
@@ -143,8 +140,7 @@ pub fn write_invocations(
             human_cycles(call.cycles()),
             because,
             callees.join(", ")
-        )
-        .map_err(io)?;
+        )?;
     }
     Ok(())
 }

@@ -118,3 +118,69 @@ pub fn write_flamegraph(
         out,
     )
 }
+
+/// The calls of a model built from a `glass trace` recording.
+fn calls_of(model: &crate::Model, format: crate::Format) -> Result<&CallTrace, crate::ReportError> {
+    format.check(model.source)?;
+    model.calls.as_ref().ok_or(crate::ReportError::NeedsCalls {
+        format: format.name(),
+    })
+}
+
+/// `--format calls`.
+pub struct CallsReport {
+    pub header: String,
+    pub limit: usize,
+}
+
+impl crate::Exporter for CallsReport {
+    fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
+        let trace = calls_of(model, crate::Format::Calls)?;
+        Ok(calls::write_calls(trace, &self.header, self.limit, out)?)
+    }
+}
+
+/// `--format tree`.
+pub struct TreeReport {
+    pub header: String,
+    pub limit: usize,
+}
+
+impl crate::Exporter for TreeReport {
+    fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
+        let trace = calls_of(model, crate::Format::Tree)?;
+        Ok(tree::write_tree(trace, &self.header, self.limit, out)?)
+    }
+}
+
+/// `--format invocations --root FUNCTION`.
+pub struct InvocationsReport {
+    pub header: String,
+    pub root: String,
+    pub limit: usize,
+}
+
+impl crate::Exporter for InvocationsReport {
+    fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
+        let trace = calls_of(model, crate::Format::Invocations)?;
+        invocations::write_invocations(trace, &self.header, &self.root, self.limit, out)
+    }
+}
+
+/// `--format chrome`.
+pub struct ChromeReport {
+    pub header: String,
+    pub losses: String,
+}
+
+impl crate::Exporter for ChromeReport {
+    fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
+        let trace = calls_of(model, crate::Format::Chrome)?;
+        Ok(chrome::write_chrome(
+            trace,
+            &self.header,
+            &self.losses,
+            out,
+        )?)
+    }
+}

@@ -1,0 +1,692 @@
+//! The interned, timed profile every format is a view of (after the design of
+//! `fxprof-processed-profile`): a string table; a module table; a frame table (module,
+//! address, function, inline depth, category); a stack table (a prefix tree: frame and
+//! parent); and per thread its samples in time order, each with a time, a weight and a
+//! stack. A `glass trace` recording becomes the same tables, with one sample per call
+//! (weight 1 call, cost its self time) plus the open and close events of every call.
+//!
+//! Built once from a [`Recording`]: samples, guest samples and raw snapshots (unwound as
+//! for every report), symbolized by [`Symbolizer`].
+
+use std::collections::HashMap;
+
+use glass_format::{Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED};
+use glass_symbols::{ModuleRef, Symbolizer};
+
+use crate::calltrace::CallTrace;
+use crate::modules::ModuleTimeline;
+use crate::{FIRMWARE_FRAME, HALTED_FRAME, TRUNCATED_FRAME, UNKNOWN_FRAME};
+
+pub type StringIndex = u32;
+pub type ModuleIndex = u32;
+pub type FrameIndex = u32;
+pub type StackIndex = u32;
+
+/// Every distinct string once.
+#[derive(Debug, Default, Clone)]
+pub struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, StringIndex>,
+}
+
+impl StringTable {
+    pub fn intern(&mut self, text: &str) -> StringIndex {
+        if let Some(&index) = self.index.get(text) {
+            return index;
+        }
+        let index = self.strings.len() as StringIndex;
+        self.strings.push(text.to_string());
+        self.index.insert(text.to_string(), index);
+        index
+    }
+
+    pub fn get(&self, index: StringIndex) -> &str {
+        &self.strings[index as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+}
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// Code in a known module (symbolized, or `module+0xoffset`).
+    Code,
+    /// An address in no known module (`[unknown]`).
+    Unknown,
+    /// The root of a stack whose walk ended early (`[truncated]`).
+    Truncated,
+    /// The leaf of a vCPU sampled halted (`[halted]`).
+    Halted,
+    /// The only frame of a vCPU sampled in its firmware (`[firmware]`).
+    Firmware,
+}
+
+/// Where a frame's code runs, for the Firefox Profiler's categories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    User,
+    Kernel,
+    /// A VM guest's code.
+    Guest,
+    /// A guest vCPU halted in its idle loop.
+    GuestHalted,
+    /// A guest vCPU before it ran the image.
+    GuestFirmware,
+    /// Code generated at run time (anonymous executable memory, perf maps, jitdump).
+    Jit,
+    /// Frames glass adds (`[truncated]`, `[unknown]`).
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleRow {
+    /// The path as mapped (or a pseudo-name such as `[vdso]`).
+    pub path: StringIndex,
+    /// The file name, as the tables show it.
+    pub name: StringIndex,
+    pub build_id: Vec<u8>,
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameRow {
+    pub kind: FrameKind,
+    pub module: Option<ModuleIndex>,
+    /// The address looked up: the instruction for the innermost frame, the call
+    /// instruction (return address - 1) for the others; 0 for glass's own frames.
+    pub address: u64,
+    pub function: StringIndex,
+    /// 0 for the function the address is in, n for the n-th function inlined into it.
+    pub inline_depth: u32,
+    pub category: Category,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StackRow {
+    pub frame: FrameIndex,
+    /// The caller's stack; None at the root.
+    pub parent: Option<StackIndex>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleRow {
+    /// Nanoseconds since the recording started (cycles for a trace without a cycle
+    /// rate: see [`Model::unit`]).
+    pub time: u64,
+    /// None for a sample without frames.
+    pub stack: Option<StackIndex>,
+    /// Samples (or, for a trace, calls) this row stands for.
+    pub weight: u64,
+    /// Time this row stands for: samples × the sampling period, or a call's self time.
+    pub cost: u64,
+}
+
+/// A call's start or end on its thread's timeline (traces only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub time: u64,
+    pub open: bool,
+    pub frame: FrameIndex,
+}
+
+#[derive(Debug, Clone)]
+pub struct ThreadRow {
+    pub pid: u32,
+    pub tid: u32,
+    /// The program the thread ran (a thread that execs gets one row per program).
+    pub process: StringIndex,
+    pub name: StringIndex,
+    /// In time order.
+    pub samples: Vec<SampleRow>,
+    /// Open and close events, properly nested (traces only).
+    pub events: Vec<Event>,
+}
+
+/// What the samples are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Stacks sampled at a rate (`glass record`).
+    Samples,
+    /// Every call of the traced functions (`glass trace`).
+    Calls,
+}
+
+/// The unit of times and costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Nanoseconds,
+    /// A trace whose cycle rate is unknown.
+    Cycles,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ModelOptions {
+    /// Keep only this thread.
+    pub tid: Option<u32>,
+    /// Leave out samples of halted (idle) VM guest vCPUs.
+    pub no_idle: bool,
+}
+
+#[derive(Debug)]
+pub struct Model {
+    pub source: Source,
+    pub unit: Unit,
+    pub strings: StringTable,
+    pub modules: Vec<ModuleRow>,
+    pub frames: Vec<FrameRow>,
+    pub stacks: Vec<StackRow>,
+    pub threads: Vec<ThreadRow>,
+    /// The time one sample stands for (1e9 / frequency); 0 for traces.
+    pub period: u64,
+    /// When the recording started (ns since the Unix epoch; 0 when unknown).
+    pub start_unix_ns: u64,
+    /// The latest sample or event time.
+    pub end: u64,
+    /// Samples (or calls) included.
+    pub samples: u64,
+    /// Samples whose stack walk ended early.
+    pub truncated_samples: u64,
+    /// The module of each function, the first seen (for the top table).
+    pub function_modules: HashMap<String, String>,
+    pub warnings: Vec<String>,
+    /// The calls, for the trace-only formats.
+    pub calls: Option<CallTrace>,
+    module_index: HashMap<(StringIndex, Vec<u8>, u64, u64, u64), ModuleIndex>,
+    frame_index: HashMap<FrameRow, FrameIndex>,
+    stack_index: HashMap<StackRow, StackIndex>,
+}
+
+/// The name a process or thread had last (threads often name themselves after start).
+fn last_names(recording: &Recording) -> (HashMap<u32, String>, HashMap<u32, String>) {
+    let mut processes = HashMap::new();
+    for process in &recording.processes {
+        if !process.name.is_empty() {
+            processes.insert(process.pid, process.name.clone());
+        }
+    }
+    let mut threads = HashMap::new();
+    for thread in &recording.threads {
+        if !thread.name.is_empty() {
+            threads.insert(thread.tid, thread.name.clone());
+        }
+    }
+    (processes, threads)
+}
+
+/// Code made at run time lives in anonymous memory or is named by a perf map or jitdump.
+fn is_jit(path: &str) -> bool {
+    path.starts_with("[anon")
+        || path.starts_with("//anon")
+        || path.starts_with("[jit")
+        || path.starts_with("memfd:")
+        || (path.contains("perf-") && path.ends_with(".map"))
+        || (path.contains("jit-") && path.ends_with(".dump"))
+}
+
+impl Model {
+    fn empty(source: Source, unit: Unit) -> Model {
+        Model {
+            source,
+            unit,
+            strings: StringTable::default(),
+            modules: Vec::new(),
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            threads: Vec::new(),
+            period: 0,
+            start_unix_ns: 0,
+            end: 0,
+            samples: 0,
+            truncated_samples: 0,
+            function_modules: HashMap::new(),
+            warnings: Vec::new(),
+            calls: None,
+            module_index: HashMap::new(),
+            frame_index: HashMap::new(),
+            stack_index: HashMap::new(),
+        }
+    }
+
+    pub fn string(&self, index: StringIndex) -> &str {
+        self.strings.get(index)
+    }
+
+    /// The function name of a frame.
+    pub fn function(&self, frame: FrameIndex) -> &str {
+        self.strings.get(self.frames[frame as usize].function)
+    }
+
+    /// The frames of a stack, root first.
+    pub fn stack_frames(&self, stack: Option<StackIndex>, into: &mut Vec<FrameIndex>) {
+        into.clear();
+        let mut next = stack;
+        while let Some(index) = next {
+            let row = self.stacks[index as usize];
+            into.push(row.frame);
+            next = row.parent;
+        }
+        into.reverse();
+    }
+
+    pub fn intern_frame(&mut self, row: FrameRow) -> FrameIndex {
+        if let Some(&index) = self.frame_index.get(&row) {
+            return index;
+        }
+        let index = self.frames.len() as FrameIndex;
+        self.frames.push(row);
+        self.frame_index.insert(row, index);
+        index
+    }
+
+    pub fn intern_stack(&mut self, parent: Option<StackIndex>, frame: FrameIndex) -> StackIndex {
+        let row = StackRow { frame, parent };
+        if let Some(&index) = self.stack_index.get(&row) {
+            return index;
+        }
+        let index = self.stacks.len() as StackIndex;
+        self.stacks.push(row);
+        self.stack_index.insert(row, index);
+        index
+    }
+
+    fn intern_module(&mut self, module: &glass_format::Module) -> ModuleIndex {
+        let path = self.strings.intern(&module.path);
+        let key = (
+            path,
+            module.build_id.clone(),
+            module.start,
+            module.end,
+            module.file_offset,
+        );
+        if let Some(&index) = self.module_index.get(&key) {
+            return index;
+        }
+        let name = module.path.rsplit('/').next().unwrap_or(&module.path);
+        let name = self.strings.intern(name);
+        let index = self.modules.len() as ModuleIndex;
+        self.modules.push(ModuleRow {
+            path,
+            name,
+            build_id: module.build_id.clone(),
+            start: module.start,
+            end: module.end,
+            file_offset: module.file_offset,
+        });
+        self.module_index.insert(key, index);
+        index
+    }
+
+    fn special_frame(&mut self, kind: FrameKind, name: &str, category: Category) -> FrameIndex {
+        let function = self.strings.intern(name);
+        self.intern_frame(FrameRow {
+            kind,
+            module: None,
+            address: 0,
+            function,
+            inline_depth: 0,
+            category,
+        })
+    }
+
+    /// The model of a sampled recording (`glass record`).
+    pub fn build(recording: &Recording, options: &ModelOptions) -> Model {
+        let mut model = Model::empty(Source::Samples, Unit::Nanoseconds);
+        let meta = recording.meta.as_ref();
+        let guest = meta.is_some_and(|m| m.backend.is_guest());
+        model.period = meta
+            .map(|m| m.frequency_hz)
+            .filter(|&hz| hz > 0)
+            .map_or(0, |hz| 1_000_000_000 / u64::from(hz));
+        model.start_unix_ns = meta.map_or(0, |m| m.start_unix_ns);
+
+        let timeline = ModuleTimeline::new(recording);
+        let mut symbolizer = Symbolizer::new();
+        let (process_names, thread_names) = last_names(recording);
+        // The process name at each exec: a sample is named after the program it ran.
+        let mut exec_names: HashMap<u32, Vec<(u64, String)>> = HashMap::new();
+        for process in &recording.processes {
+            exec_names
+                .entry(process.pid)
+                .or_default()
+                .push((process.time_ns, process.name.clone()));
+        }
+        let mut thread_rows: HashMap<(u32, u32, StringIndex), usize> = HashMap::new();
+        let mut module_rows: HashMap<*const glass_format::Module, ModuleIndex> = HashMap::new();
+        let code_category = |path: &str, address: u64| {
+            if guest {
+                Category::Guest
+            } else if address >= 0xffff_8000_0000_0000 {
+                Category::Kernel
+            } else if is_jit(path) {
+                Category::Jit
+            } else {
+                Category::User
+            }
+        };
+        let unwound = crate::raw::unwind_snapshots(recording);
+        let mut frames: Vec<FrameIndex> = Vec::with_capacity(64);
+        for sample in recording.samples.iter().chain(&unwound) {
+            if options.tid.is_some_and(|tid| tid != sample.tid)
+                || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
+            {
+                continue;
+            }
+            frames.clear();
+            let process = exec_names
+                .get(&sample.pid)
+                .and_then(|names| {
+                    names
+                        .iter()
+                        .rev()
+                        .find(|(t, _)| *t <= sample.time_ns)
+                        .or(names.first())
+                })
+                .map(|(_, name)| name.clone())
+                .filter(|name| !name.is_empty())
+                .or_else(|| process_names.get(&sample.pid).cloned())
+                .unwrap_or_else(|| format!("pid {}", sample.pid));
+            let process = model.strings.intern(&process);
+            let thread_name = thread_names
+                .get(&sample.tid)
+                .map_or("thread", String::as_str);
+            let thread_name = model.strings.intern(thread_name);
+            if sample.flags & SAMPLE_TRUNCATED != 0 {
+                model.truncated_samples += 1;
+                frames.push(model.special_frame(
+                    FrameKind::Truncated,
+                    TRUNCATED_FRAME,
+                    Category::Other,
+                ));
+            }
+            // A vCPU still in its firmware runs no code of the image: its addresses
+            // name nothing.
+            let addresses = if sample.flags & SAMPLE_FIRMWARE != 0 {
+                frames.push(model.special_frame(
+                    FrameKind::Firmware,
+                    FIRMWARE_FRAME,
+                    Category::GuestFirmware,
+                ));
+                &[][..]
+            } else {
+                &sample.frames[..]
+            };
+            // Outermost frame first.
+            for (index, &address) in addresses.iter().enumerate().rev() {
+                let is_return = index > 0;
+                match timeline.find(sample.pid, sample.time_ns, address) {
+                    Some(module) => {
+                        let module_ref = ModuleRef {
+                            path: &module.path,
+                            build_id: &module.build_id,
+                            start: module.start,
+                            file_offset: module.file_offset,
+                        };
+                        let module_index = match module_rows.get(&(module as *const _)) {
+                            Some(&index) => index,
+                            None => {
+                                let index = model.intern_module(module);
+                                module_rows.insert(module as *const _, index);
+                                index
+                            }
+                        };
+                        let lookup = if is_return {
+                            address.saturating_sub(1)
+                        } else {
+                            address
+                        };
+                        let category = code_category(&module.path, address);
+                        let symbolized = symbolizer.symbolize(&module_ref, address, is_return);
+                        for (depth, frame) in symbolized.iter().enumerate() {
+                            if !model.function_modules.contains_key(&frame.function) {
+                                model
+                                    .function_modules
+                                    .insert(frame.function.clone(), frame.module.clone());
+                            }
+                            let function = model.strings.intern(&frame.function);
+                            frames.push(model.intern_frame(FrameRow {
+                                kind: FrameKind::Code,
+                                module: Some(module_index),
+                                address: lookup,
+                                function,
+                                inline_depth: if frame.inlined { depth as u32 } else { 0 },
+                                category,
+                            }));
+                        }
+                    }
+                    None => {
+                        let function = model.strings.intern(UNKNOWN_FRAME);
+                        frames.push(model.intern_frame(FrameRow {
+                            kind: FrameKind::Unknown,
+                            module: None,
+                            address,
+                            function,
+                            inline_depth: 0,
+                            category: Category::Other,
+                        }));
+                    }
+                }
+            }
+            if sample.flags & SAMPLE_HALTED != 0 {
+                frames.push(model.special_frame(
+                    FrameKind::Halted,
+                    HALTED_FRAME,
+                    Category::GuestHalted,
+                ));
+            }
+            let mut stack = None;
+            for &frame in &frames {
+                stack = Some(model.intern_stack(stack, frame));
+            }
+            let row = *thread_rows
+                .entry((sample.pid, sample.tid, process))
+                .or_insert_with(|| {
+                    model.threads.push(ThreadRow {
+                        pid: sample.pid,
+                        tid: sample.tid,
+                        process,
+                        name: thread_name,
+                        samples: Vec::new(),
+                        events: Vec::new(),
+                    });
+                    model.threads.len() - 1
+                });
+            model.threads[row].samples.push(SampleRow {
+                time: sample.time_ns,
+                stack,
+                weight: 1,
+                cost: model.period,
+            });
+            model.end = model.end.max(sample.time_ns);
+            model.samples += 1;
+        }
+        for thread in &mut model.threads {
+            thread.samples.sort_by_key(|s| s.time);
+        }
+        model.warnings = std::mem::take(&mut symbolizer.warnings);
+        model
+    }
+
+    /// The model of a `glass trace` recording: one sample per call at its start (weight
+    /// 1, cost its self time), and each call's open and close events.
+    pub fn from_trace(recording: &Recording, trace: CallTrace) -> Model {
+        let unit = if trace.tsc_hz == 0 {
+            Unit::Cycles
+        } else {
+            Unit::Nanoseconds
+        };
+        let mut model = Model::empty(Source::Calls, unit);
+        model.start_unix_ns = recording.meta.as_ref().map_or(0, |m| m.start_unix_ns);
+        let (process_names, thread_names) = last_names(recording);
+        let command = recording
+            .meta
+            .as_ref()
+            .and_then(|m| m.command.first())
+            .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
+        let time = |cycles: u64| -> u64 {
+            let since = cycles.saturating_sub(trace.first);
+            if trace.tsc_hz == 0 {
+                since
+            } else {
+                trace.ns(since).round() as u64
+            }
+        };
+        // One frame per traced function: its module, entry address and name.
+        let mut function_frames: HashMap<u32, FrameIndex> = HashMap::new();
+        for function in &recording.trace_functions {
+            let name = model.strings.intern(&function.name);
+            let path = model.strings.intern(&function.module);
+            let module_name = function
+                .module
+                .rsplit('/')
+                .next()
+                .unwrap_or(&function.module)
+                .to_string();
+            let module = match model.modules.iter().position(|m| m.path == path) {
+                Some(index) => index as ModuleIndex,
+                None => {
+                    let name = model.strings.intern(&module_name);
+                    model.modules.push(ModuleRow {
+                        path,
+                        name,
+                        build_id: Vec::new(),
+                        start: 0,
+                        end: 0,
+                        file_offset: 0,
+                    });
+                    (model.modules.len() - 1) as ModuleIndex
+                }
+            };
+            model
+                .function_modules
+                .entry(function.name.clone())
+                .or_insert(module_name);
+            let frame = model.intern_frame(FrameRow {
+                kind: FrameKind::Code,
+                module: Some(module),
+                address: function.address,
+                function: name,
+                inline_depth: 0,
+                category: if is_jit(&function.module) {
+                    Category::Jit
+                } else {
+                    Category::User
+                },
+            });
+            function_frames.insert(function.id, frame);
+        }
+        let unknown = model.special_frame(FrameKind::Unknown, UNKNOWN_FRAME, Category::Other);
+        for &(pid, tid) in &trace.threads {
+            let process = process_names
+                .get(&pid)
+                .cloned()
+                .or_else(|| command.clone())
+                .unwrap_or_else(|| format!("pid {pid}"));
+            let process = model.strings.intern(&process);
+            let name = model
+                .strings
+                .intern(thread_names.get(&tid).map_or("thread", String::as_str));
+            model.threads.push(ThreadRow {
+                pid,
+                tid,
+                process,
+                name,
+                samples: Vec::new(),
+                events: Vec::new(),
+            });
+        }
+        let mut call_stacks: Vec<StackIndex> = Vec::with_capacity(trace.calls.len());
+        // Per thread, the calls still open (their ends are pending events).
+        let mut open: Vec<Vec<usize>> = vec![Vec::new(); trace.threads.len()];
+        for (index, call) in trace.calls.iter().enumerate() {
+            let frame = function_frames
+                .get(&call.function)
+                .copied()
+                .unwrap_or(unknown);
+            let parent = call.parent.map(|p| call_stacks[p]);
+            let stack = model.intern_stack(parent, frame);
+            call_stacks.push(stack);
+            let thread = &mut model.threads[call.thread];
+            // Calls come in entry order: the ones open that are not this call's
+            // ancestors ended before it began.
+            let pending = &mut open[call.thread];
+            while let Some(&top) = pending.last() {
+                if Some(top) == call.parent {
+                    break;
+                }
+                pending.pop();
+                thread.events.push(Event {
+                    time: time(trace.calls[top].end),
+                    open: false,
+                    frame: model.stacks[call_stacks[top] as usize].frame,
+                });
+            }
+            thread.events.push(Event {
+                time: time(call.start),
+                open: true,
+                frame,
+            });
+            pending.push(index);
+            let cost = if trace.tsc_hz == 0 {
+                call.self_cycles()
+            } else {
+                trace.ns(call.self_cycles()).round() as u64
+            };
+            thread.samples.push(SampleRow {
+                time: time(call.start),
+                stack: Some(stack),
+                weight: 1,
+                cost,
+            });
+            model.samples += 1;
+            model.end = model.end.max(time(call.end));
+        }
+        for (thread, pending) in open.iter_mut().enumerate() {
+            while let Some(top) = pending.pop() {
+                model.threads[thread].events.push(Event {
+                    time: time(trace.calls[top].end),
+                    open: false,
+                    frame: model.stacks[call_stacks[top] as usize].frame,
+                });
+            }
+        }
+        // A close never precedes its own open, nor a close the open of a later call:
+        // clamp rounding so that times never go backwards.
+        for thread in &mut model.threads {
+            let mut last = 0;
+            for event in &mut thread.events {
+                event.time = event.time.max(last);
+                last = event.time;
+            }
+        }
+        model.calls = Some(trace);
+        model
+    }
+
+    /// Distinct thread ids with their names, in tid order.
+    pub fn thread_names(&self) -> Vec<(u32, String)> {
+        let mut seen: HashMap<u32, String> = HashMap::new();
+        for thread in &self.threads {
+            seen.entry(thread.tid)
+                .or_insert_with(|| self.string(thread.name).to_string());
+        }
+        let mut threads: Vec<(u32, String)> = seen.into_iter().collect();
+        threads.sort();
+        threads
+    }
+
+    /// The module row of a frame.
+    pub fn module_of(&self, frame: FrameIndex) -> Option<&ModuleRow> {
+        self.frames[frame as usize]
+            .module
+            .map(|m| &self.modules[m as usize])
+    }
+}
