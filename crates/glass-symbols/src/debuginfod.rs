@@ -197,7 +197,8 @@ impl Debuginfod {
                 Err(ureq::Error::Transport(e)) => {
                     all_missing = false;
                     self.unreachable.borrow_mut().push(index);
-                    errors.push(format!("{url}: {e}"));
+                    // The message names the URL already.
+                    errors.push(e.to_string());
                 }
             }
         }
