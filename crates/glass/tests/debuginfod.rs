@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use glass_symbols::debuginfod::{hex, Debuginfod, Kind};
+use glass_symbols::debuginfod::{hex, Debuginfod, FetchError, Kind};
 
 /// Installs Debian's debuginfod if missing, as ./x installs packages.
 fn ensure_debuginfod() {
@@ -215,8 +215,37 @@ fn stripped_binary_symbolized_through_debuginfod_then_offline_from_the_cache() {
     assert_named(&top, "file gone, executable from the server");
     assert!(cache.join(hex(&build_id)).join("executable").is_file());
 
+    // A build the server does not have: remembered as a miss (an empty file, as
+    // elfutils does), not asked again while the miss is recent.
+    let client = Debuginfod::new(
+        vec![server.url.clone()],
+        cache.clone(),
+        Duration::from_secs(5),
+    );
+    let unknown = [0x5a; 20];
+    assert_eq!(
+        client.fetch(&unknown, Kind::Debuginfo),
+        Err(FetchError::NotFound)
+    );
+    let miss = cache.join(hex(&unknown)).join("debuginfo");
+    assert_eq!(std::fs::metadata(&miss).map(|m| m.len()).ok(), Some(0));
+
     // The server stopped: the cache alone, offline.
     server.stop();
+    let client = Debuginfod::new(
+        vec![server.url.clone()],
+        cache.clone(),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        client.fetch(&unknown, Kind::Debuginfo),
+        Err(FetchError::NotFound)
+    );
+    assert_eq!(client.fetch(&build_id, Kind::Debuginfo), Ok(cached.clone()));
+    assert!(matches!(
+        client.fetch(&[0x6b; 20], Kind::Debuginfo),
+        Err(FetchError::Failed(_))
+    ));
     let (top, _) = report(&recording, &cache, Some(&server.url));
     assert_named(&top, "offline, from the cache");
     // ... and the cache is what names them: a fresh one has nothing to offer.
