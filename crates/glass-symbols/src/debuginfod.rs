@@ -169,11 +169,13 @@ impl Debuginfod {
         let hex = hex(build_id);
         let mut errors = Vec::new();
         let mut all_missing = true;
+        let mut asked = false;
         for (index, url) in self.urls.iter().enumerate() {
             if self.unreachable.borrow().contains(&index) {
                 all_missing = false;
                 continue;
             }
+            asked = true;
             let url = format!(
                 "{}/buildid/{hex}/{}",
                 url.trim_end_matches('/'),
@@ -197,7 +199,8 @@ impl Debuginfod {
                 Err(ureq::Error::Transport(e)) => {
                     all_missing = false;
                     self.unreachable.borrow_mut().push(index);
-                    errors.push(format!("{url}: {e}"));
+                    // The message names the URL already.
+                    errors.push(e.to_string());
                 }
             }
         }
@@ -206,6 +209,10 @@ impl Debuginfod {
             if std::fs::create_dir_all(path.parent().unwrap()).is_ok() {
                 let _ = std::fs::File::create(&path);
             }
+            return Err(FetchError::NotFound);
+        }
+        if !asked {
+            // Every server failed earlier, and was reported then.
             return Err(FetchError::NotFound);
         }
         Err(FetchError::Failed(errors.join("; ")))

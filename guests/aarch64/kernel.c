@@ -1,0 +1,296 @@
+/* The AArch64 demo guest: a small high-half unikernel for QEMU's virt machine (see
+ * boot.S and layout.h for the boot path and the translation tables), to test a VM
+ * profiler on AArch64. Built twice from this source (build.sh): with frame pointers and
+ * no unwind tables at all, and without frame pointers with .eh_frame.
+ *
+ * vCPU0's busy time splits alpha 60%, beta 30%, gamma 10% (units of the same spin loop
+ * as guests/demo and guests/unikernel, 6:3:1):
+ *   kernel_entry -> kmain -> run -> dispatch -> alpha -> spin_block     60%, in the
+ *        leaf spin_block (return address only in x30 without frame pointers)
+ *   kernel_entry -> kmain -> run -> dispatch -> beta -> descend x80     30%, all of it in
+ *        the bottom descend (depth 0), each descend frame holding >= 576 bytes of
+ *        locals, so the stack there is > 40 KiB deep, across 4 KiB pages
+ *   kernel_entry -> kmain -> run -> dispatch -> gamma -> mix_block      10%, in the
+ *        assembly leaf mix_block (mix_block.S)
+ * After each round, kmain -> run -> idle_wait waits in wfi for IDLE_TICKS 1 ms ticks of
+ * the virtual timer (interrupts stay masked: the GIC only wakes wfi), about 30% of wall
+ * time ("halted=").
+ * vCPU1, started with PSCI CPU_ON, runs only delta, 100% busy:
+ *   secondary_entry -> second_cpu_main -> delta_loop -> delta
+ *
+ * Serial (PL011) lines:
+ *   glass aarch64 guest: alpha 60% beta 30% gamma 10% ...      once, first (vCPU0)
+ *   mmu sctlr=... tcr=... mair=... ttbr0=... ttbr1=...           once (vCPU0)
+ *   vcpu1 started: delta mpidr=... sp=...                        once (vCPU1)
+ *   stack depth=BYTES frames=80 (bottom of descend)              once, after round 1
+ *   rate rounds=REPORT_ROUNDS cycles=TICKS                       every REPORT_ROUNDS rounds
+ *   split alpha=A% beta=B% gamma=G% halted=H% rounds=N           right after each rate line
+ *   vcpu1 delta rounds=N                                         right after each split line
+ *   done rounds=N                                                at the end (ROUNDS > 0)
+ * "cycles" are ticks of the generic timer's virtual count (CNTVCT_EL0, at the CNTFRQ_EL0
+ * frequency the banner prints), not CPU cycles. alpha/beta/gamma are shares of busy
+ * ticks (each function's inclusive time, from the counter around its call in
+ * dispatch), halted is the share of all ticks since run started spent in wfi; both
+ * cumulative. Powers off (PSCI SYSTEM_OFF: QEMU exits 0) after ROUNDS rounds, or runs
+ * forever if ROUNDS is 0; on an unexpected exception prints "fault ..." and powers off. */
+#include <stdint.h>
+#include "serial.h"
+
+#ifndef ROUNDS
+#define ROUNDS 0
+#endif
+#define UNIT_ITERATIONS 500000  /* as guests/unikernel: a round is ~10 ms busy under TCG */
+#include "../demo/work.h"
+#define DESCEND_FRAMES 80       /* descend frames on the stack at the bottom */
+#define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
+#define TICK_HZ 1000
+#define IDLE_TICKS 4            /* per round, to the 4th 1 ms boundary from now */
+#define REPORT_ROUNDS 25
+
+#define GICD ((volatile uint32_t *)(KERNEL_OFFSET + GICD_PA))
+#define GICC ((volatile uint32_t *)(KERNEL_OFFSET + GICC_PA))
+#define VTIMER_PPI 27           /* the virtual timer's interrupt (PPI 11) */
+
+/* boot.S, mix_block.S, link.ld.S */
+extern uint64_t mix_block(uint64_t seed, uint64_t iterations);
+extern const uint64_t secondary_start_pa;
+extern char stack0_top[];
+
+#define SYSREG(name) ({ uint64_t v_; __asm__ volatile("mrs %0, " #name : "=r"(v_)); v_; })
+
+/* part/whole as a percentage with one decimal. */
+static void serial_putpct(uint64_t part, uint64_t whole) {
+    uint64_t permille = whole ? (part * 1000 + whole / 2) / whole : 0;
+    serial_putu(permille / 10);
+    serial_putc('.');
+    serial_putu(permille % 10);
+    serial_putc('%');
+}
+
+static uint64_t ticks_alpha, ticks_beta, ticks_gamma, ticks_halted;
+static uint64_t stack_bottom_sp;
+volatile uint64_t delta_rounds;
+
+/* The unit loop of work.h as a function of its own, a leaf. It counts down, so that it
+ * compiles to the same three instructions (madd, subs, b.ne) as work.h's loop with a
+ * constant unit count and as mix_block: the three parts cost the same per unit. */
+__attribute__((noinline, noclone)) uint64_t spin_block(uint64_t units, uint64_t seed) {
+    uint64_t x = seed | 1;
+    for (uint64_t i = units * UNIT_ITERATIONS; i != 0; i--) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        __asm__ volatile("" : "+r"(x));
+    }
+    return x;
+}
+
+__attribute__((noinline, noclone)) uint64_t alpha(uint64_t seed) {
+    checkpoint();
+    uint64_t r = spin_block(6, seed);
+    work_sink = r;
+    return r + 1;
+}
+
+/* 576 bytes of locals per level that the compiler must keep (their address escapes
+ * into an asm that clobbers memory), work after the recursive call so it is no tail
+ * call, and beta's 3 units at the bottom. */
+__attribute__((noinline, noclone)) uint64_t descend(uint64_t depth, uint64_t seed) {
+    uint64_t frame[FRAME_WORDS];
+    if (depth == 0) {
+        uint64_t sp;
+        __asm__ volatile("mov %0, sp" : "=r"(sp));
+        if (!stack_bottom_sp) stack_bottom_sp = sp;
+        return spin_units(3, seed);
+    }
+    for (int i = 0; i < FRAME_WORDS; i++) frame[i] = seed + (uint64_t)i * depth;
+    __asm__ volatile("" : : "r"(frame) : "memory");
+    uint64_t r = descend(depth - 1, seed ^ frame[depth % FRAME_WORDS]);
+    __asm__ volatile("" : : "r"(frame) : "memory");
+    return r + frame[r % FRAME_WORDS];
+}
+
+__attribute__((noinline, noclone)) uint64_t beta(uint64_t seed) {
+    uint64_t r = descend(DESCEND_FRAMES - 1, seed);
+    work_sink = r;
+    return r + 1;
+}
+
+__attribute__((noinline, noclone)) uint64_t gamma(uint64_t seed) {
+    checkpoint();
+    uint64_t r = mix_block(seed, 1 * UNIT_ITERATIONS);
+    work_sink = r;
+    return r + 1;
+}
+
+__attribute__((noinline, noclone)) uint64_t dispatch(uint64_t round) {
+    uint64_t sum = 0, t0 = counter(), t1, t2, t3;
+    sum += alpha(round);
+    work_sink = sum;
+    t1 = counter();
+    sum += beta(round + 1);
+    work_sink = sum;
+    t2 = counter();
+    sum += gamma(round + 2);
+    work_sink = sum;
+    t3 = counter();
+    ticks_alpha += t1 - t0;
+    ticks_beta += t2 - t1;
+    ticks_gamma += t3 - t2;
+    return sum;
+}
+
+/* Waits in wfi until the counter reaches the `ticks`-th 1 ms boundary from now. The
+ * virtual timer's compare value wakes wfi through the GIC; PSTATE.I stays set, so no
+ * interrupt is taken and a halted vCPU's pc is in idle_wait, after the wfi. */
+__attribute__((noinline, noclone)) void idle_wait(uint64_t ticks) {
+    uint64_t tick = counter_hz() / TICK_HZ;
+    uint64_t deadline = (counter() / tick + ticks) * tick;
+    __asm__ volatile("msr cntv_cval_el0, %0; msr cntv_ctl_el0, %1; isb" : : "r"(deadline), "r"(1UL));
+    uint64_t now;
+    while ((now = counter()) < deadline) {
+        __asm__ volatile("dsb sy; wfi" : : : "memory");
+        ticks_halted += counter() - now;
+    }
+    __asm__ volatile("msr cntv_ctl_el0, %0; isb" : : "r"(0UL));   /* the line drops */
+    work_sink++;
+}
+
+static void print_split(uint64_t rounds, uint64_t wall) {
+    uint64_t busy = ticks_alpha + ticks_beta + ticks_gamma;
+    serial_puts("split alpha=");
+    serial_putpct(ticks_alpha, busy);
+    serial_puts(" beta=");
+    serial_putpct(ticks_beta, busy);
+    serial_puts(" gamma=");
+    serial_putpct(ticks_gamma, busy);
+    serial_puts(" halted=");
+    serial_putpct(ticks_halted, wall);
+    serial_puts(" rounds=");
+    serial_putu(rounds);
+    serial_puts("\nvcpu1 delta rounds=");
+    serial_putu(delta_rounds);
+    serial_puts("\n");
+}
+
+__attribute__((noinline, noclone)) void run(void) {
+    uint64_t checksum = 0, rounds_done = 0, start = counter(), last = start;
+    const uint64_t max_rounds = ROUNDS;
+    for (uint64_t round = 0; max_rounds == 0 || round < max_rounds; round++) {
+        checksum ^= dispatch(round);
+        work_sink = checksum;
+        idle_wait(IDLE_TICKS);
+        if (++rounds_done == 1) {
+            serial_lock();
+            serial_puts("stack depth=");
+            serial_putu((uint64_t)stack0_top - stack_bottom_sp);
+            serial_puts(" frames=");
+            serial_putu(DESCEND_FRAMES);
+            serial_puts(" (bottom of descend)\n");
+            serial_unlock();
+        }
+        if (rounds_done % REPORT_ROUNDS == 0) {
+            uint64_t now = counter();
+            serial_lock();
+            serial_puts("rate rounds=");
+            serial_putu(REPORT_ROUNDS);
+            serial_puts(" cycles=");
+            serial_putu(now - last);
+            serial_puts("\n");
+            print_split(rounds_done, now - start);
+            serial_unlock();
+            last = now;
+        }
+    }
+    serial_lock();
+    print_split(rounds_done, counter() - start);
+    serial_puts("done rounds=");
+    serial_putu(rounds_done);
+    serial_puts("\n");
+    serial_unlock();
+}
+
+/* vCPU1's workload: all of it in delta, at depth 4 from secondary_entry. */
+__attribute__((noinline, noclone)) uint64_t delta(uint64_t seed) { return spin_units(2, seed); }
+
+__attribute__((noinline, noclone)) void delta_loop(void) {
+    uint64_t sum = 0;
+    for (uint64_t i = 0;; i++) {
+        sum += delta(i);
+        work_sink = sum;
+        delta_rounds = i + 1;
+    }
+}
+
+/* PSCI CPU_ON entry (boot.S secondary_start -> secondary_entry), MMU on, own stack. */
+void second_cpu_main(void) {
+    uint64_t sp;
+    __asm__ volatile("mov %0, sp" : "=r"(sp));
+    serial_lock();
+    serial_puts("vcpu1 started: delta mpidr=");
+    serial_putx(SYSREG(mpidr_el1));
+    serial_puts(" sp=");
+    serial_putx(sp);
+    serial_puts("\n");
+    serial_unlock();
+    delta_loop();
+}
+
+/* The distributor and this vCPU's CPU interface, so that the virtual timer's PPI
+ * reaches the vCPU (and wakes wfi). */
+static void timer_irq_setup(void) {
+    GICD[0x000 / 4] = 1;                                        /* GICD_CTLR: enable */
+    ((volatile uint8_t *)GICD)[0x400 + VTIMER_PPI] = 0x80;      /* GICD_IPRIORITYR */
+    GICD[0x100 / 4] = 1u << VTIMER_PPI;                         /* GICD_ISENABLER0 */
+    GICC[0x004 / 4] = 0xff;                                     /* GICC_PMR */
+    GICC[0x000 / 4] = 1;                                        /* GICC_CTLR: enable */
+    __asm__ volatile("msr cntv_ctl_el0, %0; isb" : : "r"(0UL));
+}
+
+static __attribute__((noreturn)) void power_off(void) {
+    psci_call(PSCI_SYSTEM_OFF, 0, 0, 0);
+    for (;;) __asm__ volatile("wfi");
+}
+
+/* boot.S's exception vectors (no exception is expected): reports and powers off. */
+__attribute__((noreturn)) void guest_fault(uint64_t vector, uint64_t esr, uint64_t far, uint64_t elr) {
+    serial_puts("fault vector=");
+    serial_putu(vector);
+    serial_puts(" esr=");
+    serial_putx(esr);
+    serial_puts(" far=");
+    serial_putx(far);
+    serial_puts(" elr=");
+    serial_putx(elr);
+    serial_puts("\n");
+    power_off();
+}
+
+void kmain(void) {
+    serial_lock();
+    serial_puts("glass aarch64 guest: alpha 60% beta 30% gamma 10% (busy time; alpha in "
+                "spin_block, beta at the bottom of descend x80, gamma in mix_block), halted "
+                "in idle_wait between rounds, delta on vcpu1, counter hz=");
+    serial_putu(counter_hz());
+    serial_puts("\nmmu sctlr=");
+    serial_putx(SYSREG(sctlr_el1));
+    serial_puts(" tcr=");
+    serial_putx(SYSREG(tcr_el1));
+    serial_puts(" mair=");
+    serial_putx(SYSREG(mair_el1));
+    serial_puts(" ttbr0=");
+    serial_putx(SYSREG(ttbr0_el1));
+    serial_puts(" ttbr1=");
+    serial_putx(SYSREG(ttbr1_el1));
+    serial_puts("\n");
+    serial_unlock();
+    timer_irq_setup();
+    int64_t ret = psci_call(PSCI_CPU_ON_64, 1, secondary_start_pa, 0);
+    if (ret != 0) {
+        serial_lock();
+        serial_puts("psci cpu_on failed ret=");
+        serial_putu((uint64_t)-ret);
+        serial_puts("\n");
+        serial_unlock();
+    }
+    run();
+    power_off();
+}
