@@ -489,7 +489,9 @@ fn take_sample(
         let started = Instant::now();
         let r = source.regs[index];
         vcpu.regs = r;
-        vcpu.ran_image |= image.contains(r.ip());
+        // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
+        // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
+        vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
         vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
         vcpu.copied = if vcpu.in_firmware || (no_idle && image.halted_at(r.ip())) {
             // Nothing of its stack is recorded.
