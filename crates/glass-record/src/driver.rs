@@ -67,10 +67,12 @@ pub fn drive(
         Clock::Running(hz) => (Some(Ticker::new(hz)?), true, 500),
         Clock::None { wake_ms } => (None, false, wake_ms),
     };
+    // `-d` counts sampling time: from now, after the set-up (reading a large image's
+    // unwind tables can take a while).
     let deadline = recorder
         .args
         .duration
-        .map(|s| recorder.origin + Duration::from_secs_f64(s.max(0.0)));
+        .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING_PERIOD;
     // Polled: the ticker (if any), the backend's descriptors, the stop signals.
     let mut fds: Vec<i32> = ticker.iter().map(|t| t.fd()).collect();

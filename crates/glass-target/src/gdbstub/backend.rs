@@ -5,11 +5,15 @@
 use glass_mem::{GuestRam, PhysicalMemory};
 
 use super::client::{Client, StubError};
-use crate::guest::{Arch, GuestBackend, GuestError, VcpuRegs};
+use crate::guest::{paging_of, Arch, GuestBackend, GuestError, VcpuRegs};
 
 pub struct GdbBackend {
     pub client: Client,
     ram: Option<GuestRam>,
+    /// The registers of the last stop, and the vCPU the stub has selected since: an
+    /// `m` read through another vCPU with the same page tables needs no `Hg`.
+    last_regs: Vec<VcpuRegs>,
+    selected: Option<usize>,
 }
 
 impl From<StubError> for GuestError {
@@ -20,7 +24,13 @@ impl From<StubError> for GuestError {
 
 impl GdbBackend {
     pub fn new(client: Client, ram: Option<GuestRam>) -> Self {
-        GdbBackend { client, ram }
+        let vcpus = client.vcpus.len();
+        GdbBackend {
+            client,
+            ram,
+            last_regs: Vec::with_capacity(vcpus),
+            selected: None,
+        }
     }
 }
 
@@ -34,10 +44,17 @@ impl GuestBackend for GdbBackend {
     }
 
     fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), GuestError> {
-        Ok(self.client.stop_with_registers(out)?)
+        self.selected = None;
+        self.client.stop_with_registers(out)?;
+        // The exchange ends with the last vCPU selected.
+        self.selected = out.len().checked_sub(1);
+        self.last_regs.clear();
+        self.last_regs.extend_from_slice(out);
+        Ok(())
     }
 
     fn resume(&mut self) -> Result<(), GuestError> {
+        self.selected = None;
         Ok(self.client.resume()?)
     }
 
@@ -57,7 +74,17 @@ impl GuestBackend for GdbBackend {
         address: u64,
         buf: &mut [u8],
     ) -> Result<usize, GuestError> {
-        self.client.select(vcpu)?;
+        let same_tables = |a: usize, b: usize| {
+            let paging = |i: usize| self.last_regs.get(i).map(paging_of);
+            a == b || paging(a).is_some_and(|p| Some(p) == paging(b))
+        };
+        if !self
+            .selected
+            .is_some_and(|selected| same_tables(selected, vcpu))
+        {
+            self.client.select(vcpu)?;
+            self.selected = Some(vcpu);
+        }
         let unit = self.client.max_memory_read();
         let mut done = 0;
         while done < buf.len() {

@@ -1,0 +1,431 @@
+//! AArch64 guests end to end under qemu-system-aarch64 (TCG, `-M virt`): the demo
+//! unikernel of guests/aarch64 turns its MMU on with its own tables (4K granule, a
+//! high-half kernel through TTBR1, stacks in 4 KiB pages), runs a 60/30/10 split on
+//! vCPU0 and another workload on vCPU1 (started with PSCI CPU_ON), measures its own
+//! split with the generic timer and prints it: the truth the profile is checked
+//! against. Built twice: with frame records and no CFI at all, and without frame
+//! pointers with `.eh_frame` only.
+
+mod common;
+use common::*;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn build_aarch64(dir: &Path) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/aarch64/build.sh");
+    let output = Command::new(script).arg(dir).output().unwrap();
+    assert!(
+        output.status.success(),
+        "guests/aarch64/build.sh failed (./x test installs gcc-aarch64-linux-gnu): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dir.to_path_buf()
+}
+
+/// `-- qemu-system-aarch64 -M virt` with two vCPUs, the serial port in `serial`, under
+/// `accel` (`tcg,thread=single` where the split is checked: multi-threaded TCG lets a
+/// vCPU run on after the stop, and its profile drifts as the rate rises; see
+/// docs/guests.md).
+fn qemu_aarch64<'a>(serial: &'a str, image: &'a str, accel: &'a str) -> Vec<&'a str> {
+    vec![
+        "--",
+        "qemu-system-aarch64",
+        "-M",
+        "virt",
+        "-cpu",
+        "cortex-a57",
+        "-smp",
+        "2",
+        "-m",
+        "128",
+        "-accel",
+        accel,
+        "-display",
+        "none",
+        "-nodefaults",
+        "-serial",
+        serial,
+        "-kernel",
+        image,
+    ]
+}
+
+fn record_vm(
+    image: &Path,
+    recording: &Path,
+    serial: &Path,
+    seconds: &str,
+    accel: &str,
+    extra: &[&str],
+) -> Output {
+    let serial_arg = format!("file:{}", serial.display());
+    let mut args = vec![
+        "record",
+        "--vm",
+        "-F",
+        "997",
+        "-d",
+        seconds,
+        "-o",
+        recording.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args.extend(qemu_aarch64(&serial_arg, image.to_str().unwrap(), accel));
+    glass(&args)
+}
+
+/// The guest's own last `split alpha=A% beta=B% gamma=G% halted=H%` line.
+fn guest_split(serial: &Path) -> [f64; 3] {
+    let text = std::fs::read_to_string(serial).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("split "))
+        .unwrap_or_else(|| panic!("no split line on the serial port: {text}"));
+    let value = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(key))
+            .and_then(|v| v.trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    [value("alpha="), value("beta="), value("gamma=")]
+}
+
+/// Samples of `thread` (by its `vcpuN/` frame) whose stack holds `function`.
+fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames.get(1).is_some_and(|t| t.starts_with(thread))
+                && frames.iter().any(|f| f == function)
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The checks both builds must pass: the split within 3 points of the guest's own,
+/// each vCPU's work under its own vCPU, whole stacks down from the entry points,
+/// the 80-deep recursion whole, idle named.
+fn check_profile(dir: &Path, image: &str, unwinding: &str) {
+    let recording = dir.join(format!("{image}.glass"));
+    let serial = dir.join(format!("{image}.serial"));
+    // 997 Hz for 6 s: about 3000 busy samples (a standard error near 1 point on 60%).
+    let output = record_vm(
+        &dir.join(image),
+        &recording,
+        &serial,
+        "6",
+        "tcg,thread=single",
+        &[],
+    );
+    let err = stderr(&output);
+    assert!(output.status.success(), "{image}: {err}");
+    assert!(!err.contains("warning"), "{image}: {err}");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("unwind tables of") && l.contains(unwinding)),
+        "{image}: {err}"
+    );
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    assert!(info.contains("gdbstub backend, aarch64 code"), "{info}");
+
+    let stacks = folded(&recording, &["--threads"]);
+    // vCPU1 runs delta and nothing of vCPU0's work; vCPU0 never runs delta.
+    let vcpu1: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f[1].starts_with("vcpu1/"))
+        .map(|(_, n)| n)
+        .sum();
+    let delta = under(&stacks, "vcpu1/", "delta");
+    assert!(vcpu1 > 1000, "{image}: {stacks:?}");
+    assert!(
+        delta as f64 >= 0.97 * vcpu1 as f64,
+        "{image}: {delta} of {vcpu1} vcpu1 samples in delta: {stacks:?}"
+    );
+    assert!(
+        under(&stacks, "vcpu1/", "secondary_entry") as f64 >= 0.97 * vcpu1 as f64,
+        "{image}: vcpu1's stacks not rooted at secondary_entry: {stacks:?}"
+    );
+    assert_eq!(under(&stacks, "vcpu1/", "dispatch"), 0, "{image}");
+    assert_eq!(under(&stacks, "vcpu0/", "delta"), 0, "{image}");
+
+    // Busy time on vCPU0: the split the guest measured itself, within 3 points.
+    let truth = guest_split(&serial);
+    let busy = under(&stacks, "vcpu0/", "dispatch");
+    assert!(busy > 800, "{image}: {busy} busy samples: {stacks:?}");
+    let shares = ["alpha", "beta", "gamma"]
+        .map(|function| under(&stacks, "vcpu0/", function) as f64 * 100.0 / busy as f64);
+    for (index, function) in ["alpha", "beta", "gamma"].iter().enumerate() {
+        assert!(
+            (shares[index] - truth[index]).abs() <= 3.0,
+            "{image}: {function}: samples split {shares:.1?}%, the guest measured {truth:?}%"
+        );
+    }
+    // Whole stacks: every busy sample reaches the entry point.
+    let rooted: u64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            f.windows(4)
+                .any(|w| w == ["kernel_entry", "kmain", "run", "dispatch"])
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        rooted as f64 >= 0.97 * busy as f64,
+        "{image}: {rooted} of {busy} busy samples rooted at kernel_entry;kmain;run;dispatch"
+    );
+    // The leaves are named under their callers: the frame record walk takes the link
+    // register where the leaf has not saved it, and no caller appears twice.
+    let leaf_chains = [
+        ["dispatch", "alpha", "spin_block"],
+        ["dispatch", "gamma", "mix_block"],
+    ];
+    for chain in leaf_chains {
+        let leaf = under(&stacks, "vcpu0/", chain[2]);
+        let whole: u64 = stacks
+            .iter()
+            .filter(|(f, _)| f.windows(3).any(|w| w == chain))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(
+            leaf > 20 && whole as f64 >= 0.97 * leaf as f64,
+            "{image}: {whole} of {leaf} samples in {} under {}: {stacks:?}",
+            chain[2],
+            chain[..2].join(";")
+        );
+    }
+    let doubled: u64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            f.windows(2)
+                .any(|w| w[0] == w[1] && w[0] != "descend" && !w[0].starts_with('['))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        doubled as f64 <= 0.01 * busy as f64,
+        "{image}: {doubled} samples show a caller twice: {stacks:?}"
+    );
+    // The recursion, 48 KiB of stack in 4 KiB pages, whole.
+    let beta_samples = under(&stacks, "vcpu0/", "beta");
+    let deep: u64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            f.windows(2).any(|w| w == ["dispatch", "beta"])
+                && f.iter().filter(|x| *x == "descend").count() == 80
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        deep as f64 >= 0.9 * beta_samples as f64,
+        "{image}: {deep} of {beta_samples} samples in beta hold all 80 descend frames"
+    );
+    // Idle: halted after a wfi, under idle_wait.
+    let halted = under(&stacks, "vcpu0/", "[halted]");
+    let halted_in_idle: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x == "idle_wait") && f.iter().any(|x| x == "[halted]"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(halted > 100, "{image}: {stacks:?}");
+    assert!(
+        halted_in_idle as f64 >= 0.95 * halted as f64,
+        "{image}: {halted_in_idle} of {halted} halted samples under idle_wait"
+    );
+    let truncated = under(&stacks, "vcpu0/", "[truncated]");
+    assert!(
+        truncated as f64 <= 0.03 * busy as f64,
+        "{image}: {truncated} truncated stacks"
+    );
+    assert!(
+        under(&stacks, "vcpu0/", "[unknown]") as f64 <= 0.01 * busy as f64,
+        "{image}: {stacks:?}"
+    );
+}
+
+#[test]
+fn an_aarch64_guest_with_frame_records_only_is_profiled_whole() {
+    let _alone = exclusive();
+    let dir = build_aarch64(&scratch("aarch64_fp"));
+    check_profile(&dir, "uk-fp.elf", "none: frame pointers only");
+}
+
+#[test]
+fn an_aarch64_guest_without_frame_pointers_is_profiled_by_its_cfi() {
+    let _alone = exclusive();
+    let dir = build_aarch64(&scratch("aarch64_nofp"));
+    check_profile(&dir, "uk-nofp.elf", ".eh_frame (");
+}
+
+#[test]
+fn raw_capture_of_an_aarch64_guest_unwinds_at_report_time_as_while_recording() {
+    let _alone = exclusive();
+    let dir = build_aarch64(&scratch("aarch64_raw"));
+    for image in ["uk-fp.elf", "uk-nofp.elf"] {
+        let recording = dir.join(format!("{image}.raw.glass"));
+        let serial = dir.join(format!("{image}.raw.serial"));
+        let output = record_vm(
+            &dir.join(image),
+            &recording,
+            &serial,
+            "3",
+            // QEMU's default for AArch64: multi-threaded TCG, which glass warns about.
+            "tcg",
+            &["--capture", "raw"],
+        );
+        let err = stderr(&output);
+        assert!(output.status.success(), "{err}");
+        assert!(
+            err.contains("multi-threaded TCG") && err.contains("thread=single"),
+            "{err}"
+        );
+        let stacks = folded(&recording, &["--threads"]);
+        let busy = under(&stacks, "vcpu0/", "dispatch");
+        let rooted: u64 = stacks
+            .iter()
+            .filter(|(f, _)| {
+                f.windows(4)
+                    .any(|w| w == ["kernel_entry", "kmain", "run", "dispatch"])
+            })
+            .map(|(_, n)| n)
+            .sum();
+        assert!(busy > 300, "{image}: {stacks:?}");
+        assert!(
+            rooted as f64 >= 0.97 * busy as f64,
+            "{image}: raw snapshots unwound at report time: {rooted} of {busy} rooted"
+        );
+        assert!(
+            under(&stacks, "vcpu0/", "spin_block") > 0 && under(&stacks, "vcpu0/", "mix_block") > 0,
+            "{image}: {stacks:?}"
+        );
+    }
+}
+
+/// A QEMU AArch64 VM the test starts itself, with a GDB stub on a unix socket.
+struct ArmVm {
+    child: Child,
+    socket: PathBuf,
+    serial: PathBuf,
+}
+
+impl Drop for ArmVm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ArmVm {
+    fn start(dir: &Path, image: &str, name: &str) -> ArmVm {
+        let socket = dir.join(format!("{name}.sock"));
+        let serial = dir.join(format!("{name}.serial"));
+        let _ = std::fs::remove_file(&socket);
+        let serial_arg = format!("file:{}", serial.display());
+        let image = dir.join(image);
+        let mut command = qemu_aarch64(&serial_arg, image.to_str().unwrap(), "tcg");
+        command.remove(0);
+        let child = Command::new(command[0])
+            .args(&command[1..])
+            .arg("-gdb")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu-system-aarch64 is installed (./x test installs it)");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() || !serial.exists() {
+            assert!(Instant::now() < deadline, "QEMU did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ArmVm {
+            child,
+            socket,
+            serial,
+        }
+    }
+
+    /// Lines of work-rate output so far.
+    fn progress(&self) -> usize {
+        let mut text = String::new();
+        let _ = std::fs::File::open(&self.serial).and_then(|mut f| f.read_to_string(&mut text));
+        text.lines().filter(|l| l.starts_with("rate")).count()
+    }
+
+    fn assert_running(&self, what: &str) {
+        let before = self.progress();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.progress() <= before {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the guest stopped making progress"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn the_aarch64_vm_runs_on_after_sigint_sigterm_and_sigkill_of_glass() {
+    let _alone = exclusive();
+    let dir = build_aarch64(&scratch("aarch64_endings"));
+    let vm = ArmVm::start(&dir, "uk-fp.elf", "endings");
+    vm.assert_running("before glass");
+    let elf = dir.join("uk-fp.elf");
+    for (signal, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGKILL, "SIGKILL"),
+    ] {
+        let recording = dir.join(format!("{name}.glass"));
+        let mut glass = Command::new(env!("CARGO_BIN_EXE_glass"))
+            .args([
+                "record",
+                "-F",
+                "997",
+                "-d",
+                "60",
+                "--gdb",
+                vm.socket.to_str().unwrap(),
+                "--symbols",
+                elf.to_str().unwrap(),
+                "-o",
+                recording.to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Sampling for a while: the file has its header and samples.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::metadata(&recording).map_or(0, |m| m.len()) < 4096 {
+            assert!(Instant::now() < deadline, "{name}: glass wrote no samples");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(glass.id() as i32, signal) };
+        let status = glass.wait().unwrap();
+        let mut err = String::new();
+        let _ = glass.stderr.take().unwrap().read_to_string(&mut err);
+        if signal == libc::SIGKILL {
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "{err}"
+            );
+        } else {
+            assert!(status.success(), "{name}: {status}: {err}");
+            assert!(err.contains(&format!("stopped by {name}")), "{name}: {err}");
+        }
+        vm.assert_running(name);
+        // What was recorded before the signal reads back (after SIGKILL: all but the
+        // unflushed tail).
+        let stacks = folded(&recording, &[]);
+        assert!(total(&stacks) > 100, "{name}: {stacks:?}");
+    }
+}
