@@ -225,10 +225,13 @@ fn symbolizer_names_anonymous_code_from_the_jit_files_or_their_copy() {
     let dump_name = path.file_name().unwrap().to_str().unwrap().to_string();
 
     // Unregistered (jitgen's dump is in its working directory, not /tmp): offsets.
-    let mut symbolizer = Symbolizer::new();
-    assert!(function(&mut symbolizer, code, false)
-        .0
-        .starts_with("[anon]+0x"));
+    // (Unless another process with this pid left JIT files in /tmp.)
+    if glass_symbols::jit::default_files(pid).is_empty() {
+        let mut symbolizer = Symbolizer::new();
+        assert!(function(&mut symbolizer, code, false)
+            .0
+            .starts_with("[anon]+0x"));
+    }
     // The recording's module list names the dump: the code is named from it.
     let mut symbolizer = Symbolizer::new();
     symbolizer.note_module(pid, "/usr/lib/libc.so.6");
@@ -245,7 +248,7 @@ fn symbolizer_names_anonymous_code_from_the_jit_files_or_their_copy() {
     assert!(other[0].function.starts_with("[anon]+0x"));
 
     // The copy a recorder keeps (the process is gone: the dump found through `also`).
-    let copy = glass_symbols::jit::snapshot(pid, &[path.clone()]).expect("a snapshot");
+    let copy = glass_symbols::jit::snapshot(pid, std::slice::from_ref(&path)).expect("a snapshot");
     std::fs::remove_file(&path).unwrap();
     let mut symbolizer = Symbolizer::new();
     symbolizer.add_jit_bytes(pid, "recorded.map", copy.into_bytes());
