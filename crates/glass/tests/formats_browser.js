@@ -73,8 +73,10 @@ async function svg(file, fn, term) {
   page.on('dialog', (d) => {
     if (d.type() === 'prompt') { prompted = true; d.accept(term); } else { errors.push('dialog: ' + d.message()); d.dismiss(); }
   });
-  await page.goto('file://' + path.resolve(file));
-  await page.waitForTimeout(300);
+  await page.goto('file://' + path.resolve(file), { waitUntil: 'load' });
+  // The SVG's init() (on load) sets up its handlers and its fluid drawing.
+  await page.waitForFunction(() => typeof details !== 'undefined' && details !== null &&
+    document.querySelectorAll('#frames > g').length > 0, null, { timeout: 10000 });
   const frameBox = async (name) => page.evaluate((name) => {
     const boxes = [];
     for (const g of document.querySelectorAll('#frames > g')) {
@@ -106,14 +108,21 @@ async function svg(file, fn, term) {
   }, fn);
   if (index >= 0) {
     await page.locator('#frames > g').nth(index).locator('rect').click();
-    await page.waitForTimeout(300);
+    await page.waitForFunction(() => !document.getElementById('unzoom').classList.contains('hide'),
+      null, { timeout: 10000 }).catch(() => {});
+    await page.waitForTimeout(100);
   }
   const after = await frameBox(fn);
   const unzoom = await page.evaluate(() => !document.getElementById('unzoom').classList.contains('hide'));
   // Reset the zoom, then search as a person does: the Search button and its prompt.
-  if (unzoom) { await page.locator('#unzoom').click(); await page.waitForTimeout(200); }
+  if (unzoom) {
+    await page.locator('#unzoom').click();
+    await page.waitForFunction(() => document.getElementById('unzoom').classList.contains('hide'),
+      null, { timeout: 10000 }).catch(() => {});
+  }
   await page.locator('#search').click();
-  await page.waitForTimeout(300);
+  await page.waitForFunction(() => document.getElementById('matched').textContent.trim() !== '',
+    null, { timeout: 10000 }).catch(() => {});
   const searched = await page.evaluate(() => {
     const matched = document.getElementById('matched').textContent;
     const highlighted = [];
