@@ -31,6 +31,10 @@ pub use raw::unwind_snapshots;
 pub use speedscope::Speedscope;
 pub use top::{write_top, Top};
 
+/// For tests that read the JSON formats back.
+#[doc(hidden)]
+pub use serde_json;
+
 /// One output format: writes a view of the model.
 pub trait Exporter {
     fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError>;

@@ -224,8 +224,7 @@ fn last_names(recording: &Recording) -> (HashMap<u32, String>, HashMap<u32, Stri
 
 /// Code made at run time lives in anonymous memory or is named by a perf map or jitdump.
 fn is_jit(path: &str) -> bool {
-    path.starts_with("[anon")
-        || path.starts_with("//anon")
+    glass_symbols::is_anonymous(path)
         || path.starts_with("[jit")
         || path.starts_with("memfd:")
         || (path.contains("perf-") && path.ends_with(".map"))
@@ -350,6 +349,10 @@ impl Model {
 
         let timeline = ModuleTimeline::new(recording);
         let mut symbolizer = Symbolizer::new();
+        // JIT code: the jitdump files runtimes map are among the modules.
+        for module in &recording.modules {
+            symbolizer.note_module(module.pid, &module.path);
+        }
         let (process_names, thread_names) = last_names(recording);
         // The process name at each exec: a sample is named after the program it ran.
         let mut exec_names: HashMap<u32, Vec<(u64, String)>> = HashMap::new();
@@ -444,7 +447,9 @@ impl Model {
                             address
                         };
                         let category = code_category(&module.path, address);
-                        let symbolized = symbolizer.symbolize(&module_ref, address, is_return);
+                        // Anonymous code is named from the process's perf map or jitdump.
+                        let symbolized =
+                            symbolizer.symbolize_in(sample.pid, &module_ref, address, is_return);
                         for (depth, frame) in symbolized.iter().enumerate() {
                             if !model.function_modules.contains_key(&frame.function) {
                                 model

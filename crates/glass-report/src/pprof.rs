@@ -200,7 +200,7 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
     for key in order {
         let (thread_index, stack) = key;
         let (weight, cost) = sums[&key];
-        if !stack_locations.contains_key(&stack) {
+        if let std::collections::hash_map::Entry::Vacant(vacant) = stack_locations.entry(stack) {
             model.stack_frames(stack, &mut frames);
             // Group each address's frames: a frame inlined into the one before shares
             // its location.
@@ -238,7 +238,7 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
                 locations.insert(group, id);
                 ids.push(id);
             }
-            stack_locations.insert(stack, ids);
+            vacant.insert(ids);
         }
         let thread = &model.threads[thread_index];
         let thread_name = strings.get(model.string(thread.name));

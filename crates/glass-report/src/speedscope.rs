@@ -4,6 +4,7 @@
 //! time it stands for); a `glass trace` recording one "evented" profile per thread, an
 //! open and a close event per call.
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use serde_json::{json, Value};
@@ -36,16 +37,26 @@ fn profile_name(model: &Model, thread: &ThreadRow) -> String {
 
 impl Exporter for Speedscope {
     fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError> {
-        // speedscope's frames are the model's frames: name and file (the module).
-        let frames: Vec<Value> = model
+        // speedscope's frames: one per function name and file (the module), so that
+        // its tables show each function once however many addresses it was seen at.
+        let mut frames: Vec<Value> = Vec::new();
+        let mut by_name: HashMap<(u32, Option<u32>), usize> = HashMap::new();
+        let frame_of: Vec<usize> = model
             .frames
             .iter()
             .map(|row| {
-                let mut frame = json!({ "name": model.string(row.function) });
-                if let (FrameKind::Code, Some(module)) = (row.kind, row.module) {
-                    frame["file"] = json!(model.string(model.modules[module as usize].path));
-                }
-                frame
+                let file = match (row.kind, row.module) {
+                    (FrameKind::Code, Some(module)) => Some(model.modules[module as usize].path),
+                    _ => None,
+                };
+                *by_name.entry((row.function, file)).or_insert_with(|| {
+                    let mut frame = json!({ "name": model.string(row.function) });
+                    if let Some(file) = file {
+                        frame["file"] = json!(model.string(file));
+                    }
+                    frames.push(frame);
+                    frames.len() - 1
+                })
             })
             .collect();
         let mut profiles = Vec::new();
@@ -59,7 +70,10 @@ impl Exporter for Speedscope {
                     let mut total = 0u64;
                     for sample in &thread.samples {
                         model.stack_frames(sample.stack, &mut path);
-                        samples.push(json!(path));
+                        samples.push(json!(path
+                            .iter()
+                            .map(|&f| frame_of[f as usize])
+                            .collect::<Vec<_>>()));
                         let weight = if model.period == 0 {
                             sample.weight
                         } else {
@@ -85,7 +99,7 @@ impl Exporter for Speedscope {
                         .map(|e| {
                             json!({
                                 "type": if e.open { "O" } else { "C" },
-                                "frame": e.frame,
+                                "frame": frame_of[e.frame as usize],
                                 "at": e.time,
                             })
                         })
@@ -102,11 +116,17 @@ impl Exporter for Speedscope {
             };
             profiles.push(profile);
         }
+        let active = model
+            .threads
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, t)| (t.samples.len(), std::cmp::Reverse(*i)))
+            .map_or(0, |(i, _)| i);
         let file = json!({
             "$schema": "https://www.speedscope.app/file-format-schema.json",
             "name": self.title,
             "exporter": concat!("glass ", env!("CARGO_PKG_VERSION")),
-            "activeProfileIndex": 0,
+            "activeProfileIndex": active,
             "shared": { "frames": frames },
             "profiles": profiles,
         });

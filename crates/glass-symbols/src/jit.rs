@@ -96,6 +96,17 @@ impl JitSymbols {
         (address < *end).then(|| (&**name, self.sources[*source].as_str()))
     }
 
+    /// The ranges as a perf map (`START SIZE name` lines, by address), after overrides:
+    /// a compact copy of everything the files said (a jitdump also holds the code
+    /// itself, megabytes a second for node), for a recorder to keep.
+    pub fn to_perf_map(&self) -> String {
+        let mut text = String::new();
+        for (start, (end, name, _)) in &self.ranges {
+            text.push_str(&format!("{start:x} {:x} {name}\n", end - start));
+        }
+        text
+    }
+
     /// Adds the entries of a perf map (`START SIZE name` lines), in file order.
     pub fn add_perf_map(&mut self, text: &str, source: &str) {
         let source = self.source_index(source);
@@ -646,6 +657,26 @@ pub fn files_for_pid(pid: u32) -> Vec<PathBuf> {
     files
 }
 
+/// What the JIT files of process `pid` name, as one perf map, or None if it has none:
+/// [`files_for_pid`] and `also` (jitdump files the recording saw the process map, whose
+/// paths a recorder can no longer find in /proc once the process is gone), read in that
+/// order. For a recorder to keep in the recording when the recording ends (the files are
+/// complete then, and runtimes may delete them at exit); the report passes it back
+/// through [`crate::Symbolizer::add_jit_bytes`].
+pub fn snapshot(pid: u32, also: &[PathBuf]) -> Option<String> {
+    let mut paths = files_for_pid(pid);
+    for path in also {
+        if path.is_file() && !paths.contains(path) {
+            paths.push(path.clone());
+        }
+    }
+    let mut symbols = JitSymbols::new();
+    for path in paths {
+        let _ = symbols.add_file(&path);
+    }
+    (!symbols.is_empty()).then(|| symbols.to_perf_map())
+}
+
 /// The files a report looks at for process `pid` when nothing else is known:
 /// `/tmp/perf-PID.map` and `/tmp/jit-PID.dump`.
 pub fn default_files(pid: u32) -> Vec<PathBuf> {
@@ -681,6 +712,15 @@ mod tests {
         assert_eq!(jit.lookup(0x107f).unwrap().0, "c");
         assert_eq!(jit.lookup(0x1080).unwrap().0, "a");
         assert_eq!(jit.len(), 2);
+        // Its perf map says the same.
+        let mut copy = JitSymbols::new();
+        copy.add_perf_map(&jit.to_perf_map(), "copy");
+        for address in (0xe00..0x1200).step_by(8) {
+            assert_eq!(
+                copy.lookup(address).map(|l| l.0),
+                jit.lookup(address).map(|l| l.0)
+            );
+        }
     }
 
     #[test]

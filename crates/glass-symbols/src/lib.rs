@@ -257,8 +257,10 @@ impl Symbolizer {
         self.add_jit_source(pid, JitSource::File(path.to_path_buf()));
     }
 
-    /// Registers the contents of a JIT description file (a copy kept in the recording);
-    /// `name` is shown as the module of the frames it names.
+    /// Registers the contents of a JIT description file (a copy kept in the recording,
+    /// such as [`jit::snapshot`] makes); `name` is shown as the module of the frames it
+    /// names. A process with such copies is named from them alone: the files on this
+    /// machine may be gone, or belong to a later process that had the same pid.
     pub fn add_jit_bytes(&mut self, pid: u32, name: &str, bytes: Vec<u8>) {
         self.add_jit_source(pid, JitSource::Bytes(name.to_string(), bytes));
     }
@@ -290,12 +292,20 @@ impl Symbolizer {
     fn jit_symbols(&mut self, pid: u32) -> &jit::JitSymbols {
         if !self.jit.contains_key(&pid) {
             let mut symbols = jit::JitSymbols::new();
-            let mut paths = jit::default_files(pid);
+            let copied = self
+                .jit_sources
+                .get(&pid)
+                .is_some_and(|sources| sources.iter().any(|s| matches!(s, JitSource::Bytes(..))));
+            let mut paths = if copied {
+                Vec::new()
+            } else {
+                jit::default_files(pid)
+            };
             let mut data = Vec::new();
             for source in self.jit_sources.get(&pid).into_iter().flatten() {
                 match source {
                     JitSource::File(path) => {
-                        if !paths.contains(path) {
+                        if !copied && !paths.contains(path) {
                             paths.push(path.clone());
                         }
                     }

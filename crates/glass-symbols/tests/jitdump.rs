@@ -204,3 +204,59 @@ fn written_dumps_read_back_and_bad_ones_are_refused() {
     assert!(header.big_endian);
     assert_eq!(header.pid, 77);
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn symbolizer_names_anonymous_code_from_the_jit_files_or_their_copy() {
+    use glass_symbols::{ModuleRef, Symbolizer};
+    let dir = scratch("jitdump_symbolizer");
+    let (path, pid, code, _) = run_jitgen(&dir);
+    let anon = ModuleRef {
+        path: "[anon]",
+        build_id: &[],
+        start: code,
+        file_offset: 0,
+    };
+    let function = |symbolizer: &mut Symbolizer, address: u64, is_return: bool| {
+        let frames = symbolizer.symbolize_in(pid, &anon, address, is_return);
+        assert_eq!(frames.len(), 1);
+        (frames[0].function.clone(), frames[0].module.clone())
+    };
+    let dump_name = path.file_name().unwrap().to_str().unwrap().to_string();
+
+    // Unregistered (jitgen's dump is in its working directory, not /tmp): offsets.
+    // (Unless another process with this pid left JIT files in /tmp.)
+    if glass_symbols::jit::default_files(pid).is_empty() {
+        let mut symbolizer = Symbolizer::new();
+        assert!(function(&mut symbolizer, code, false)
+            .0
+            .starts_with("[anon]+0x"));
+    }
+    // The recording's module list names the dump: the code is named from it.
+    let mut symbolizer = Symbolizer::new();
+    symbolizer.note_module(pid, "/usr/lib/libc.so.6");
+    symbolizer.note_module(pid, path.to_str().unwrap());
+    assert_eq!(
+        function(&mut symbolizer, code + 4, false),
+        ("jit_hot".to_string(), dump_name.clone())
+    );
+    // A return address just past jit_hot's end is the call at its end.
+    assert_eq!(function(&mut symbolizer, code + 0x20, true).0, "jit_hot");
+    assert_eq!(function(&mut symbolizer, code + 0x20, false).0, "stale_fn");
+    // Another process's anonymous memory is not named from this one's files.
+    let other = symbolizer.symbolize_in(pid + 1, &anon, code + 4, false);
+    assert!(other[0].function.starts_with("[anon]+0x"));
+
+    // The copy a recorder keeps (the process is gone: the dump found through `also`).
+    let copy = glass_symbols::jit::snapshot(pid, std::slice::from_ref(&path)).expect("a snapshot");
+    std::fs::remove_file(&path).unwrap();
+    let mut symbolizer = Symbolizer::new();
+    symbolizer.add_jit_bytes(pid, "recorded.map", copy.into_bytes());
+    assert_eq!(
+        function(&mut symbolizer, code + 0x104, false),
+        ("jit_cold".to_string(), "recorded.map".to_string())
+    );
+    assert_eq!(function(&mut symbolizer, code + 0x80, false).0, "stale_fn");
+    assert!(symbolizer.warnings.is_empty(), "{:?}", symbolizer.warnings);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -41,6 +41,7 @@ fn top_rows(recording: &Path) -> HashMap<String, (f64, u64, String)> {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn code_described_only_by_a_jitdump_is_named() {
+    let _alone = exclusive();
     let dir = scratch("jit_jitdump_c");
     let program = dir.join("jitgen");
     let status = Command::new("gcc")
@@ -53,11 +54,11 @@ fn code_described_only_by_a_jitdump_is_named() {
     let recording = dir.join("jitgen.glass");
     // In its own directory: jitgen writes jit-PID.dump where it runs.
     let output = Command::new(GLASS)
-        .args(["record", "-q", "-F", "499", "-o"])
+        .args(["record", "-q", "-F", "999", "-o"])
         .arg(&recording)
         .arg("--")
         .arg(&program)
-        .arg("2")
+        .arg("3")
         .current_dir(&dir)
         .output()
         .unwrap();
@@ -71,10 +72,8 @@ fn code_described_only_by_a_jitdump_is_named() {
     let dump = format!("jit-{pid}.dump");
     let (hot, hot_samples, hot_module) = rows.get("jit_hot").cloned().unwrap_or_default();
     let (cold, cold_samples, cold_module) = rows.get("jit_cold").cloned().unwrap_or_default();
-    assert!(
-        hot_samples + cold_samples > 300,
-        "jit_hot and jit_cold named in: {rows:?}"
-    );
+    let samples = hot_samples + cold_samples;
+    assert!(samples >= 50, "jit_hot and jit_cold named in: {rows:?}");
     assert_eq!(
         (hot_module.as_str(), cold_module.as_str()),
         (&*dump, &*dump)
@@ -87,11 +86,13 @@ fn code_described_only_by_a_jitdump_is_named() {
             .any(|f| f.starts_with("[anon]") || f == "stale_fn"),
         "{rows:?}"
     );
-    // The loops run 3:1; at ~1000 samples the split is within a few points of 75%.
+    // The loops run 3:1: the split is 75% give or take sampling noise (five standard
+    // deviations for the samples the machine allowed, ~3000 when idle; at least 5 points).
     let split = 100.0 * hot / (hot + cold);
+    let tolerance = (5.0 * 100.0 * (0.75 * 0.25 / samples as f64).sqrt()).max(5.0);
     assert!(
-        (split - 75.0).abs() < 8.0,
-        "jit_hot {hot}% jit_cold {cold}%"
+        (split - 75.0).abs() < tolerance,
+        "jit_hot {hot}% jit_cold {cold}% of {samples} samples"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
