@@ -34,7 +34,7 @@ fn recording(backend: &str, samples: Vec<Sample>) -> Recording {
     Recording {
         meta: Some(Meta {
             start_unix_ns: 1_700_000_000_000_000_000,
-            backend: backend.to_string(),
+            backend: glass_format::Backend::from_name(backend),
             frequency_hz: HZ,
             max_depth: 512,
             target_pid: 1,
@@ -430,7 +430,7 @@ fn trace_recording() -> Recording {
     ];
     let mut recording = Recording {
         meta: Some(Meta {
-            backend: "trace".into(),
+            backend: glass_format::Backend::Trace,
             command: vec!["/bin/prog".into()],
             ..Meta::default()
         }),
