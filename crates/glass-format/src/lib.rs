@@ -234,6 +234,17 @@ pub struct Snapshot {
     pub stack: Vec<u8>,
 }
 
+/// What a process's JIT description files (`/tmp/perf-PID.map`, jitdump files) named
+/// when the recording ended, as one perf map (`START SIZE name` lines, hex): a report
+/// names the process's JIT code from this copy, whatever became of the files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitMap {
+    pub pid: u32,
+    /// Shown as the module of the frames it names (the file's name).
+    pub name: String,
+    pub text: String,
+}
+
 /// The cost figures of a recording, written once at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -337,6 +348,7 @@ pub enum Record {
     TraceSkipped(TraceSkipped),
     TraceChunk(TraceChunk),
     TraceSummary(TraceSummary),
+    JitMap(JitMap),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -360,5 +372,6 @@ pub(crate) mod tag {
     pub const TRACE_CHUNK: u8 = 11;
     pub const TRACE_SUMMARY: u8 = 12;
     pub const TRACE_PACKED: u8 = 13;
+    pub const JIT_MAP: u8 = 14;
     pub const END: u8 = 0xff;
 }

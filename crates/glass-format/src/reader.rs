@@ -5,7 +5,7 @@ use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
 use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
-use crate::{TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
 
 /// Records larger than this are taken as corruption rather than allocated.
 const MAX_RECORD_LEN: usize = 64 << 20;
@@ -148,6 +148,8 @@ pub struct Recording {
     pub trace_skipped: Vec<TraceSkipped>,
     pub trace_chunks: Vec<TraceChunk>,
     pub trace_summary: Option<TraceSummary>,
+    /// Copies of the processes' JIT description files, kept when the recording ended.
+    pub jit_maps: Vec<JitMap>,
     /// The file ended with an End record.
     pub complete: bool,
     /// What stopped the reader early, if anything: the records before it are kept.
@@ -183,6 +185,7 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
             Ok(Record::TraceSkipped(s)) => recording.trace_skipped.push(s),
             Ok(Record::TraceChunk(chunk)) => recording.trace_chunks.push(chunk),
             Ok(Record::TraceSummary(summary)) => recording.trace_summary = Some(summary),
+            Ok(Record::JitMap(map)) => recording.jit_maps.push(map),
             Ok(Record::End) => recording.complete = true,
             Err(error) => recording.damage = Some(error),
         }
@@ -343,6 +346,11 @@ fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
             fp: p.u64()?,
             lr: if version >= 2 { p.u64()? } else { 0 },
             stack: p.bytes()?.to_vec(),
+        }),
+        tag::JIT_MAP => Record::JitMap(JitMap {
+            pid: p.u32()?,
+            name: p.string()?,
+            text: p.string()?,
         }),
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,

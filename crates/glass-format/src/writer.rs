@@ -2,7 +2,7 @@ use std::io::{self, Write};
 
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
-use crate::{TraceFunction, TraceSkipped, TraceSummary};
+use crate::{JitMap, TraceFunction, TraceSkipped, TraceSummary};
 use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Streams records to `out`. Each record is encoded into a reused scratch buffer and
@@ -47,6 +47,7 @@ impl<W: Write> Writer<W> {
             Record::TraceSkipped(skipped) => self.trace_skipped(skipped),
             Record::TraceChunk(chunk) => self.trace_chunk(chunk.pid, chunk.tid, &chunk.words),
             Record::TraceSummary(summary) => self.trace_summary(summary),
+            Record::JitMap(map) => self.jit_map(map),
             Record::End => self.end(),
         }
     }
@@ -238,6 +239,15 @@ impl<W: Write> Writer<W> {
         put_u64(b, s.detach_stop_ns);
         put_u64(b, s.in_flight_at_detach);
         self.emit(tag::TRACE_SUMMARY)
+    }
+
+    pub fn jit_map(&mut self, map: &JitMap) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, map.pid as u64);
+        put_str(b, &map.name);
+        put_str(b, &map.text);
+        self.emit(tag::JIT_MAP)
     }
 
     pub fn end(&mut self) -> io::Result<()> {

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread, ThreadExit,
-    Writer,
+    Arch, Backend, JitMap, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread,
+    ThreadExit, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::fp::walk_frame_records_aarch64;
@@ -107,6 +107,8 @@ pub trait Output {
     /// A raw sample (`--capture raw`), unwound by the report.
     fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()>;
     fn summary(&mut self, summary: &Summary) -> io::Result<()>;
+    /// A copy of a process's JIT description files.
+    fn jit_map(&mut self, map: &JitMap) -> io::Result<()>;
     fn end(&mut self) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
 }
@@ -144,6 +146,9 @@ impl<W: io::Write> Output for Writer<W> {
     fn summary(&mut self, summary: &Summary) -> io::Result<()> {
         Writer::summary(self, summary)
     }
+    fn jit_map(&mut self, map: &JitMap) -> io::Result<()> {
+        Writer::jit_map(self, map)
+    }
     fn end(&mut self) -> io::Result<()> {
         Writer::end(self)
     }
@@ -175,6 +180,8 @@ pub struct Recorder<'a> {
     use_proc: bool,
     /// The sampled code's architecture (set with the meta record).
     arch: Arch,
+    /// Jitdump files the processes mapped (runtimes map them for profilers to find).
+    jitdumps_mapped: Vec<(i32, String)>,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
     last_flush: Instant,
@@ -206,6 +213,7 @@ impl<'a> Recorder<'a> {
             window: StackWindow::new(),
             use_proc: true,
             arch: Arch::host(),
+            jitdumps_mapped: Vec::new(),
             read_words: Vec::new(),
             last_flush: Instant::now(),
         }
@@ -372,6 +380,9 @@ impl<'a> Recorder<'a> {
         let space = self.space(pid);
         if space.mappings.contains(&mapping) {
             return Ok(());
+        }
+        if glass_symbols::jit::is_jitdump_marker(&mapping.path) {
+            self.jitdumps_mapped.push((pid, mapping.path.clone()));
         }
         let build_id = self.build_id(pid, &mapping);
         self.writer.module(&Module {
@@ -668,10 +679,47 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// Writes the summary and the end marker.
+    /// Writes the copies of the JIT files, the summary and the end marker.
     pub fn finish(&mut self, summary: &Summary) -> io::Result<()> {
+        self.keep_jit_files()?;
         self.writer.summary(summary)?;
         self.writer.end()
+    }
+
+    /// Keeps what each sampled process's JIT description files (`/tmp/perf-PID.map`,
+    /// jitdump files) name, as they are now that the recording ends (they grow while the
+    /// process runs; runtimes may delete them at exit, and a later process may reuse the
+    /// pid): the report names JIT code from these copies.
+    fn keep_jit_files(&mut self) -> io::Result<()> {
+        if !self.use_proc {
+            return Ok(());
+        }
+        let mut pids: Vec<i32> = self.processes_seen.iter().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let mapped: Vec<std::path::PathBuf> = self
+                .jitdumps_mapped
+                .iter()
+                .filter(|(p, _)| *p == pid)
+                .map(|(_, path)| path.into())
+                .collect();
+            let Some(text) = glass_symbols::jit::snapshot(pid as u32, &mapped) else {
+                continue;
+            };
+            // Named after the file that names the code: the jitdump where there is one.
+            let name = glass_symbols::jit::files_for_pid(pid as u32)
+                .into_iter()
+                .chain(mapped)
+                .filter_map(|path| path.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .find(|name| name.starts_with("jit-"))
+                .unwrap_or_else(|| format!("perf-{pid}.map"));
+            self.writer.jit_map(&JitMap {
+                pid: pid as u32,
+                name,
+                text,
+            })?;
+        }
+        Ok(())
     }
 }
 

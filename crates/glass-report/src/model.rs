@@ -349,7 +349,11 @@ impl Model {
 
         let timeline = ModuleTimeline::new(recording);
         let mut symbolizer = Symbolizer::new();
-        // JIT code: the jitdump files runtimes map are among the modules.
+        // JIT code: the copies of the JIT files the recorder kept name it; else the
+        // files themselves (the jitdump files runtimes map are among the modules).
+        for map in &recording.jit_maps {
+            symbolizer.add_jit_bytes(map.pid, &map.name, map.text.clone().into_bytes());
+        }
         for module in &recording.modules {
             symbolizer.note_module(module.pid, &module.path);
         }

@@ -94,6 +94,17 @@ fn code_described_only_by_a_jitdump_is_named() {
         (split - 75.0).abs() < tolerance,
         "jit_hot {hot}% jit_cold {cold}% of {samples} samples"
     );
+    // The recording keeps what the file named when the recording ended: with the file
+    // gone (runtimes delete theirs at exit), the report names the code as before.
+    std::fs::remove_file(dir.join(&dump)).unwrap();
+    let again = top_rows(&recording);
+    for function in ["jit_hot", "jit_cold"] {
+        assert_eq!(
+            again.get(function).map(|row| (row.1, row.2.clone())),
+            rows.get(function).map(|row| (row.1, row.2.clone())),
+            "{function} without the jitdump file: {again:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
