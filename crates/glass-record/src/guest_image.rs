@@ -152,7 +152,7 @@ impl GuestImage {
         if self.arch == Some(Arch::Aarch64) {
             let at = (ip - base) as usize;
             return at >= 4
-                && ip % 4 == 0
+                && ip.is_multiple_of(4)
                 && bytes
                     .get(at - 4..at)
                     .map(|w| u32::from_le_bytes(w.try_into().unwrap_or_default()))

@@ -13,7 +13,6 @@ use glass_format::{
     ThreadExit, Writer,
 };
 use glass_target::procfs::{self, Mapping};
-use glass_unwind::fp::walk_frame_records_aarch64;
 use glass_unwind::snapshot::compact;
 use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
 
@@ -527,7 +526,7 @@ impl<'a> Recorder<'a> {
         let end = match unwind {
             UnwindMode::Fp if arch == Arch::Aarch64 => {
                 let unwinder = &space.unwinder;
-                walk_frame_records_aarch64(
+                glass_unwind::aarch64::walk_frame_records(
                     regs,
                     &mut |address| copy.word(address),
                     max_depth,

@@ -8,7 +8,7 @@
 //!
 //! One per architecture, chosen by value ([`Arch`]): framehop's x86-64 or AArch64
 //! unwinder over the same modules. On AArch64, a leaf in code no FDE covers is walked by
-//! frame records ([`crate::fp::walk_frame_records_aarch64`]) rather than framehop's
+//! frame records ([`crate::aarch64::walk_frame_records`]) rather than framehop's
 //! fallback, which takes the link register as the caller's return address even where
 //! the function already saved it (the caller then appears twice); the modules' function
 //! symbols tell the two cases apart.
@@ -17,13 +17,13 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::aarch64::{CacheAarch64, UnwinderAarch64};
+use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::cfi::{self, CfiSources, ImageCfi, Source};
-use crate::fp::{walk_frame_records_aarch64, WalkEnd};
+use crate::fp::WalkEnd;
 use crate::{Arch, UnwindRegs};
 
 type SectionBytes = Arc<[u8]>;
@@ -258,9 +258,13 @@ impl DwarfUnwinder {
         if self.arch() == Arch::Aarch64 && is_undescribed(&self.described, regs.ip + 1) {
             // No FDE for the leaf: frame records, with the link register where the leaf
             // has not saved it (see the module comment).
-            return walk_frame_records_aarch64(regs, read_word, max_depth, frames, &|a, b| {
-                self.same_function(a, b)
-            });
+            return crate::aarch64::walk_frame_records(
+                regs,
+                read_word,
+                max_depth,
+                frames,
+                &|a, b| self.same_function(a, b),
+            );
         }
         let (modules, described) = (&self.modules, &self.described);
         let unwinder = &mut self.unwinder;
@@ -280,13 +284,13 @@ impl DwarfUnwinder {
             };
             match unwinder {
                 ArchUnwinder::X86_64(unwinder, cache) => {
-                    let regs_x86 = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.fp);
-                    let iter = unwinder.iter_frames(regs.ip, regs_x86, cache, &mut read_stack);
+                    let start_regs = crate::x86_64::framehop_regs(regs);
+                    let iter = unwinder.iter_frames(regs.ip, start_regs, cache, &mut read_stack);
                     collect_frames(iter, max_depth, start, frames, ends_stack)
                 }
                 ArchUnwinder::Aarch64(unwinder, cache) => {
-                    let regs_arm = UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
-                    let iter = unwinder.iter_frames(regs.ip, regs_arm, cache, &mut read_stack);
+                    let start_regs = crate::aarch64::framehop_regs(regs);
+                    let iter = unwinder.iter_frames(regs.ip, start_regs, cache, &mut read_stack);
                     collect_frames(iter, max_depth, start, frames, ends_stack)
                 }
             }

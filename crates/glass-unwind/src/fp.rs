@@ -4,8 +4,8 @@
 //!
 //! Written here rather than taken from framehop because it must run inside the
 //! target's stopped window against a [`StackWindow`] that reads more stack on demand
-//! (a dozen lines), and because framehop's AArch64 fallback cannot tell whether the
-//! link register was already saved (see [`walk_frame_records_aarch64`]).
+//! (a dozen lines). The AArch64 walk, which also weighs the link register, is in
+//! [`crate::aarch64`].
 
 use crate::window::{RemoteMemory, StackWindow};
 use crate::UnwindRegs;
@@ -52,42 +52,10 @@ pub fn walk_frame_pointers(
     )
 }
 
-/// The AArch64 frame-record walk. A function saves x29/x30 as a frame record only in
-/// its prologue (and leaves compiled without frame records never do): until then the
-/// caller's return address is in the link register alone. So the link register is the
-/// first return address unless the leaf has already saved it — the frame record at x29
-/// holds the same value — or it points into the leaf's own function (a call the leaf
-/// made has returned: x30 is then that call's return address, and the leaf's own is in
-/// its record). `same_function(a, b)` says whether two addresses lie in one function
-/// (from symbols; false when unknown, which keeps the link register).
-pub fn walk_frame_records_aarch64(
-    regs: UnwindRegs,
-    read_word: &mut dyn FnMut(u64) -> Option<u64>,
-    max_depth: usize,
-    frames: &mut Vec<u64>,
-    same_function: &dyn Fn(u64, u64) -> bool,
-) -> WalkEnd {
-    let start = frames.len();
-    frames.push(regs.ip);
-    let lr = regs.lr;
-    let saved_lr = (regs.fp >= regs.sp && regs.fp != 0)
-        .then(|| read_word(regs.fp + 8))
-        .flatten();
-    // lr - 4: the call instruction itself (a call that ends a function returns past it).
-    if lr != 0 && saved_lr != Some(lr) && !same_function(lr.wrapping_sub(4), regs.ip) {
-        if max_depth <= 1 {
-            return WalkEnd::DepthLimit;
-        }
-        frames.push(lr);
-    }
-    let remaining = max_depth.saturating_sub(frames.len() - start - 1);
-    follow_chain(regs.fp, regs.sp, read_word, remaining, frames)
-}
-
 /// Follows frame records from `fp` (saved frame pointer at `fp`, return address above
 /// it): the part of the walk both architectures share. `frames` already holds the
 /// first address(es); at most `max_depth` in all counting from its first entry.
-fn follow_chain(
+pub(crate) fn follow_chain(
     mut fp: u64,
     sp: u64,
     read_word: &mut dyn FnMut(u64) -> Option<u64>,

@@ -7,11 +7,13 @@
 //! (words read with `process_vm_readv` into a [`StackWindow`]), a VM guest read through
 //! its page tables, and a snapshot stored in a recording.
 
+pub mod aarch64;
 pub mod cfi;
 pub mod dwarf;
 pub mod fp;
 pub mod snapshot;
 pub mod window;
+pub mod x86_64;
 
 pub use cfi::{cfi_sources, CfiSources};
 pub use dwarf::DwarfUnwinder;

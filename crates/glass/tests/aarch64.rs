@@ -429,3 +429,174 @@ fn the_aarch64_vm_runs_on_after_sigint_sigterm_and_sigkill_of_glass() {
         assert!(total(&stacks) > 100, "{name}: {stacks:?}");
     }
 }
+
+/// glass's top table of a recording: function -> total samples, and the sample count.
+fn top_totals(recording: &Path) -> (std::collections::BTreeMap<String, u64>, u64) {
+    let output = glass(&["report", recording.to_str().unwrap(), "--limit", "100000"]);
+    let text = stdout(&output);
+    let samples: u64 = text
+        .lines()
+        .next()
+        .and_then(|l| l.split(" samples, ").next())
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no sample count in: {text}"));
+    let mut rows = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains('%')) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 5 && fields[0].ends_with('%') {
+            if let Ok(total) = fields[3].parse() {
+                rows.insert(fields[4].to_string(), total);
+            }
+        }
+    }
+    (rows, samples)
+}
+
+#[test]
+fn a_guest_recording_in_every_format_agrees_with_top() {
+    let _alone = exclusive();
+    let dir = build_aarch64(&scratch("aarch64_formats"));
+    let recording = dir.join("formats.glass");
+    let output = record_vm(
+        &dir.join("uk-nofp.elf"),
+        &recording,
+        &dir.join("formats.serial"),
+        "3",
+        "tcg,thread=single",
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (top, samples) = top_totals(&recording);
+    assert!(samples > 1000 && top.contains_key("spin_block"), "{top:?}");
+    let share = |n: u64| n as f64 * 100.0 / samples as f64;
+    let write = |format: &str, file: &str| {
+        let path = dir.join(file);
+        let output = glass(&[
+            "report",
+            recording.to_str().unwrap(),
+            "--format",
+            format,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{format}: {}", stderr(&output));
+        path
+    };
+
+    // speedscope: one sampled profile per vCPU, the samples of top between them, and
+    // each function's share of the samples whose stack holds it.
+    let json: glass_report::serde_json::Value = glass_report::serde_json::from_slice(
+        &std::fs::read(write("speedscope", "guest.speedscope.json")).unwrap(),
+    )
+    .unwrap();
+    let frames: Vec<&str> = json["shared"]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    let profiles = json["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2, "one profile per vCPU");
+    let mut holding: std::collections::BTreeMap<&str, u64> = Default::default();
+    let mut all = 0;
+    for profile in profiles {
+        assert_eq!(profile["type"], "sampled");
+        let weights = profile["weights"].as_array().unwrap();
+        for (stack, weight) in profile["samples"].as_array().unwrap().iter().zip(weights) {
+            let count = weight.as_f64().unwrap().round() as u64;
+            let count = if profile["unit"] == "none" { count } else { 1 };
+            all += count;
+            let mut seen = std::collections::BTreeSet::new();
+            for frame in stack.as_array().unwrap() {
+                seen.insert(frames[frame.as_u64().unwrap() as usize]);
+            }
+            for name in seen {
+                *holding.entry(name).or_default() += count;
+            }
+        }
+    }
+    assert_eq!(all, samples, "speedscope holds every sample");
+    for function in ["spin_block", "descend", "mix_block", "delta", "dispatch"] {
+        let theirs = holding.get(function).copied().unwrap_or(0);
+        assert!(
+            (share(theirs) - share(top[function])).abs() <= 0.5,
+            "{function}: {theirs} in speedscope, {} in top",
+            top[function]
+        );
+    }
+
+    // Firefox Profiler: the halted leaf in the Guest category; every sample there.
+    let json: glass_report::serde_json::Value = glass_report::serde_json::from_slice(
+        &std::fs::read(write("firefox", "guest.firefox.json")).unwrap(),
+    )
+    .unwrap();
+    let threads = json["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "one thread per vCPU");
+    let firefox_samples: u64 = threads
+        .iter()
+        .map(|t| t["samples"]["length"].as_u64().unwrap())
+        .sum();
+    assert_eq!(firefox_samples, samples);
+    let guest_category = json["meta"]["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c["name"] == "Guest")
+        .unwrap() as u64;
+    let halted_in_guest = threads.iter().any(|t| {
+        let strings = t["stringArray"].as_array().unwrap();
+        let funcs = t["funcTable"]["name"].as_array().unwrap();
+        let frames = t["frameTable"]["func"].as_array().unwrap();
+        let categories = t["frameTable"]["category"].as_array().unwrap();
+        frames.iter().zip(categories).any(|(func, category)| {
+            let name = &strings[funcs[func.as_u64().unwrap() as usize].as_u64().unwrap() as usize];
+            name == "[halted]" && category.as_u64() == Some(guest_category)
+        })
+    });
+    assert!(halted_in_guest, "[halted] frames in the Guest category");
+
+    // pprof, read back by go tool pprof: cum% is top's total%.
+    let pprof = write("pprof", "guest.pb.gz");
+    let go = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=100000"])
+        .arg(&pprof)
+        .env("HOME", &dir)
+        .output();
+    let Ok(go) = go else {
+        panic!("go tool pprof is needed (./x test installs golang-go)");
+    };
+    let text = stdout(&go);
+    assert!(go.status.success(), "{}", stderr(&go));
+    let mut cum = std::collections::BTreeMap::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("flat") {
+            in_table = true;
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if in_table && fields.len() >= 6 {
+            let name = fields[5..].join(" ");
+            let name = name.trim_end_matches(" (inline)").to_string();
+            cum.insert(
+                name,
+                fields[4].trim_end_matches('%').parse::<f64>().unwrap(),
+            );
+        }
+    }
+    for function in [
+        "spin_block",
+        "descend",
+        "mix_block",
+        "delta",
+        "kernel_entry",
+    ] {
+        let theirs = cum.get(function).copied().unwrap_or(0.0);
+        assert!(
+            (theirs - share(top[function])).abs() <= 0.5,
+            "{function}: cum {theirs}% in pprof, total {:.2}% in top",
+            share(top[function])
+        );
+    }
+}
