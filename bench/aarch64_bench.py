@@ -2,9 +2,11 @@
 Results replace the text between the glass-arch markers of docs/benchmarks.md.
 
 The same measurement, in the same run, for the AArch64 demo guest (guests/aarch64,
-`qemu-system-aarch64 -M virt -accel tcg,thread=single`, two vCPUs, frame records) and the
-x86-64 demo guest (guests/demo, `qemu-system-x86_64 -accel tcg`, two vCPUs, frame
-pointers), each with its RAM shared through a file and a TCP GDB stub:
+`qemu-system-aarch64 -M virt`, two vCPUs, frame records) and the x86-64 demo guest
+(guests/demo, `qemu-system-x86_64`, two vCPUs, frame pointers), each with its RAM shared through a file and a TCP GDB stub:
+
+Both run under `-accel tcg,thread=single`: with two busy vCPU threads on these 2-CPU
+machines, multi-threaded TCG takes every CPU and QEMU stops the VM late (docs/guests.md).
 
 - the floor: stub_floor in `fused` mode, glass's own RSP client stopping the VM and
   reading every vCPU's registers in one exchange, then letting it go, with no stack read
@@ -182,9 +184,9 @@ def markdown(results):
         "`./x bench aarch64` (or `bench/run aarch64` after the release build). Both guests run two busy "
         "vCPUs (vCPU 0 a 60/30/10 split with an idle wait between rounds, vCPU 1 another workload) with "
         "their RAM shared through a file; glass samples them through QEMU's GDB stub with `--guest-memory` "
-        "(its own page walk: AArch64 stage 1 through TTBR1 with 4 KiB stack pages, x86-64 4-level). The "
-        "AArch64 guest runs under `-accel tcg,thread=single` (see docs/guests.md: multi-threaded TCG "
-        "skews AArch64 profiles).",
+        "(its own page walk: AArch64 stage 1 through TTBR1 with 4 KiB stack pages, x86-64 4-level). Both "
+        "run under `-accel tcg,thread=single`: two busy vCPU threads under multi-threaded TCG take both host "
+        "CPUs, and QEMU then stops the VM late (docs/guests.md).",
         "",
         "- stopped per sample: glass's own account (p50 / p99) of how long the VM was held stopped;",
         "- floor: `stub_floor ADDRESS N fused`, glass's RSP client stopping the VM and reading every vCPU's",
@@ -237,7 +239,7 @@ def run(work):
         128, arm_dir / "uk-fp.elf")
     results["guests"]["x86-64, 2 vCPUs"] = measure(
         "x86",
-        ["qemu-system-x86_64", "-accel", "tcg", "-smp", "2", "-m", "64", "-kernel", str(x86_dir / "guest-fp.img")],
+        ["qemu-system-x86_64", "-accel", "tcg,thread=single", "-smp", "2", "-m", "64", "-kernel", str(x86_dir / "guest-fp.img")],
         64, x86_dir / "guest-fp.elf")
     results["load"] = (load, os.getloadavg()[0])
     write(markdown(results))

@@ -56,9 +56,6 @@ pub fn record(
             ))
         }
     };
-    if let Some(warning) = multi_threaded_tcg_warning(command, &value_of) {
-        sink.notes.warn(&warning);
-    }
     let ram_mib = value_of("-m").map_or(Ok(128), |m| parse_mib(&m))?;
     let ram = guest_ram_memfd(ram_mib << 20).map_err(|e| {
         TargetError::Io(std::io::Error::other(format!(
@@ -149,6 +146,8 @@ fn launch_and_sample(
     }
     let ram = std::path::PathBuf::from(format!("/proc/self/fd/{ram_raw}"));
     let address = socket.to_string_lossy().into_owned();
+    let qemu_cpu_before = process_cpu_ns(child.id());
+    let sampling_started = Instant::now();
     let result = sample_guest(
         sink,
         &address,
@@ -157,6 +156,17 @@ fn launch_and_sample(
         stop_signals,
         Some(&mut child),
     );
+    let qemu_cpu = process_cpu_ns(child.id())
+        .zip(qemu_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let result = result.map(|(sink, outcome)| {
+        let stopped_ns = sink.summary(None).stopped_total_ns;
+        let running_ns = (sampling_started.elapsed().as_nanos() as u64).saturating_sub(stopped_ns);
+        if let Some(warning) = qemu_cpu.and_then(|cpu| oversubscribed_warning(cpu, running_ns)) {
+            sink.notes.warn(&warning);
+        }
+        (sink, outcome)
+    });
     let exited = child.try_wait().ok().flatten();
     let fate = match exited {
         Some(status) => ended_by_itself(status),
@@ -182,38 +192,39 @@ fn launch_and_sample(
     ))
 }
 
-/// Said before an AArch64 VM with several vCPUs runs under multi-threaded TCG (QEMU's
-/// default there): sampled that way, the profile drifts from the guest's own measure
-/// of its time as the rate rises — the demo guest's 60/30/10 came out 60/29/11 at
-/// 97 Hz but 50/36/14 at 499 Hz, while with `thread=single` it matched within a point
-/// at 997 Hz (QEMU lets a vCPU thread run on for a while after the VM's clock stopped,
-/// as far as the measurements tell; x86 guests did not show it).
-fn multi_threaded_tcg_warning(
-    command: &[String],
-    value_of: &dyn Fn(&str) -> Option<String>,
-) -> Option<String> {
-    let program = command.first()?;
-    if !program.contains("aarch64") {
-        return None;
-    }
-    let vcpus: u32 = value_of("-smp")
-        .and_then(|smp| {
-            let first = smp
-                .split(',')
-                .next()?
-                .trim_start_matches("cpus=")
-                .to_string();
-            first.parse().ok()
+/// CPU time (ns) a process has used, from /proc/PID/stat (utime + stime).
+fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no memory arguments.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000_000 / hz)
+}
+
+/// Said at the end when QEMU's threads kept every host CPU available to it busy while
+/// the VM ran: QEMU's main loop, which stops the VM at glass's request, then waits for a
+/// CPU (up to a scheduler tick, 4 ms here) while the guest runs on, and it waits when the
+/// vCPUs are busy but not when they idle, so samples drift from the code that follows an
+/// idle period to later code. Measured: an AArch64 guest whose busy time splits 60/30/10
+/// by its own clock came out 42/44/14 at 997 Hz with two busy vCPUs under multi-threaded
+/// TCG on two host CPUs; 60/30/10 with one vCPU, or with `-accel tcg,thread=single`.
+fn oversubscribed_warning(qemu_cpu_ns: u64, running_ns: u64) -> Option<String> {
+    let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map(|set| {
+            (0..nix::sched::CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .count()
         })
-        .unwrap_or(1);
-    let accel = value_of("-accel").unwrap_or_else(|| "tcg".into());
-    let tcg = accel.starts_with("tcg");
-    if vcpus < 2 || !tcg || accel.contains("thread=single") {
-        return None;
-    }
-    Some(format!(
-        "{program} -smp {vcpus} runs multi-threaded TCG: above ~100 Hz its samples drift toward the code that follows the sampled code (QEMU lets vCPUs run on after the stop); give -accel tcg,thread=single for an exact profile (docs/guests.md)"
-    ))
+        .unwrap_or(1)
+        .max(1);
+    let used = qemu_cpu_ns as f64 / running_ns.max(1) as f64;
+    (used >= 0.85 * cpus as f64).then(|| {
+        format!(
+            "QEMU kept all {cpus} host CPUs busy while the VM ran ({used:.1} CPUs): with every CPU taken it stops the VM late (up to a scheduler tick), later while its vCPUs are busy than while they idle, so code that follows an idle period is under-sampled; give the VM fewer busy vCPUs than host CPUs, or -accel tcg,thread=single (docs/guests.md)"
+        )
+    })
 }
 
 /// Whether a unix socket listens at `path`. QEMU binds its stub's socket (the file
