@@ -1,45 +1,71 @@
-//! The one poll loop every backend runs under: the sampling clock, the backend's own
-//! descriptors, SIGINT/SIGTERM/SIGHUP, the duration, and periodic housekeeping. A
-//! backend is a [`Sampler`]: it says which descriptors mean work for it, takes a sample
-//! when the clock ticks, and reports what happened as events to the
-//! [`Recorder`](crate::recorder::Recorder). The loop alone decides when the recording
-//! ends, so every backend ends the same ways.
+//! The one poll loop every recording runs under — the sampling backends of `glass
+//! record` (ptrace, perf, VM guests) and the ring drains of `glass trace` (launch and
+//! `--pid`): the sampling clock, the backend's own descriptors, SIGINT/SIGTERM/SIGHUP, the
+//! duration, and periodic housekeeping. A backend is a [`Sampler`] of some context (the
+//! [`Recorder`](crate::recorder::Recorder) for `glass record`, the trace's output file for
+//! `glass trace`): it says which descriptors mean work for it, hands over what it
+//! gathered, and takes a sample when the clock ticks. The loop alone decides when a
+//! recording ends, so every backend ends the same ways.
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use nix::sys::signalfd::SignalFd;
 
-use crate::recorder::Recorder;
-use crate::{poll_readable, take_stop_signal, Outcome, Ticker};
+use crate::{take_stop_signal, Outcome, Ticker};
 
 /// How often `housekeeping` runs (flushing, thread names).
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(500);
 
-/// One backend's side of the loop.
-pub trait Sampler {
+/// What a turn's gathering found.
+#[derive(Default)]
+pub struct Gathered {
+    /// The target has ended (or the backend lost it): the recording ends so.
+    pub ended: Option<Outcome>,
+    /// More is waiting already (a ring that was still filling): the loop does not wait
+    /// before the next turn.
+    pub more: bool,
+}
+
+impl Gathered {
+    pub fn ended_if(ended: bool) -> Self {
+        Gathered {
+            ended: ended.then_some(Outcome::TargetExited),
+            more: false,
+        }
+    }
+}
+
+/// One backend's side of the loop, over its context `C`.
+pub trait Sampler<C: ?Sized> {
     /// Descriptors whose readiness means work for [`Sampler::serve`].
-    fn fds(&self) -> Vec<i32>;
+    fn fds(&self) -> Vec<i32> {
+        Vec::new()
+    }
 
     /// Runs at the top of every turn: hand over what the backend gathered (events,
-    /// kernel-made samples) and say whether the target has ended.
-    fn gather(&mut self, recorder: &mut Recorder) -> std::io::Result<Option<Outcome>>;
+    /// kernel-made samples, ring contents) and say whether the target has ended.
+    fn gather(&mut self, context: &mut C) -> std::io::Result<Gathered>;
 
     /// Some of [`Sampler::fds`] are readable (`ready`, in their order).
-    fn serve(&mut self, _recorder: &mut Recorder, _ready: &[bool]) -> std::io::Result<()> {
+    fn serve(&mut self, _context: &mut C, _ready: &[bool]) -> std::io::Result<()> {
         Ok(())
     }
 
-    /// The clock ticked: take a sample of the target. Returns how long the target was
-    /// held stopped, or how the recording ends (the target went away mid-sample).
+    /// The clock ticked (`missed`: deadlines that passed unserved before it): take a
+    /// sample of the target. Returns how long the target was held stopped, or how the
+    /// recording ends (the target went away mid-sample).
     fn tick(
         &mut self,
-        recorder: &mut Recorder,
-    ) -> std::io::Result<std::result::Result<u64, Outcome>>;
+        _context: &mut C,
+        _missed: u64,
+    ) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        Ok(Ok(0))
+    }
 
     /// Every half second or so.
-    fn housekeeping(&mut self, recorder: &mut Recorder) -> std::io::Result<()> {
-        recorder.flush()
+    fn housekeeping(&mut self, _context: &mut C) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -50,37 +76,36 @@ pub enum Clock {
     /// glass takes them at this rate, spaced in the target's running time: a VM guest's
     /// clocks stand still while it is stopped (see [`Ticker::postpone`]).
     Running(u32),
-    /// The kernel takes them: no clock here; the loop wakes at least this often.
-    None { wake_ms: i32 },
+    /// Something else takes them (the kernel for perf, the target's own probes for
+    /// `glass trace`): no clock here; the loop wakes at least this often.
+    None(Duration),
 }
 
-/// Runs `sampler` until the target ends, the duration elapses, a stop signal arrives,
-/// or writing fails.
-pub fn drive(
-    sampler: &mut dyn Sampler,
-    recorder: &mut Recorder,
-    stop_signals: &SignalFd,
+/// Runs `sampler` until the target ends, `duration` elapses (counted from now: after
+/// the set-up), a stop signal arrives (when `stop_signals` is given), or writing fails.
+pub fn drive<C: ?Sized>(
+    sampler: &mut dyn Sampler<C>,
+    context: &mut C,
+    stop_signals: Option<&SignalFd>,
     clock: Clock,
+    duration: Option<f64>,
 ) -> std::io::Result<Outcome> {
-    let (mut ticker, postpone, idle_wake_ms) = match clock {
-        Clock::Wall(hz) => (Some(Ticker::new(hz)?), false, 500),
-        Clock::Running(hz) => (Some(Ticker::new(hz)?), true, 500),
-        Clock::None { wake_ms } => (None, false, wake_ms),
+    let (mut ticker, postpone, idle_wake) = match clock {
+        Clock::Wall(hz) => (Some(Ticker::new(hz)?), false, Duration::from_millis(500)),
+        Clock::Running(hz) => (Some(Ticker::new(hz)?), true, Duration::from_millis(500)),
+        Clock::None(wake) => (None, false, wake),
     };
-    // `-d` counts sampling time: from now, after the set-up (reading a large image's
-    // unwind tables can take a while).
-    let deadline = recorder
-        .args
-        .duration
-        .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let deadline = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING_PERIOD;
-    // Polled: the ticker (if any), the backend's descriptors, the stop signals.
+    // Polled: the ticker (if any), the backend's descriptors, the stop signals (if any).
     let mut fds: Vec<i32> = ticker.iter().map(|t| t.fd()).collect();
     let first_backend_fd = fds.len();
     fds.extend(sampler.fds());
-    fds.push(stop_signals.as_raw_fd());
+    let backend_fds = first_backend_fd..fds.len();
+    fds.extend(stop_signals.map(|s| s.as_raw_fd()));
     loop {
-        if let Some(outcome) = sampler.gather(recorder)? {
+        let gathered = sampler.gather(context)?;
+        if let Some(outcome) = gathered.ended {
             return Ok(outcome);
         }
         let now = Instant::now();
@@ -89,20 +114,26 @@ pub fn drive(
         }
         if now >= next_housekeeping {
             next_housekeeping = now + HOUSEKEEPING_PERIOD;
-            sampler.housekeeping(recorder)?;
+            sampler.housekeeping(context)?;
         }
-        let wait_ms = deadline.map_or(idle_wake_ms, |d| {
-            (d.saturating_duration_since(now).as_millis() as i32).min(idle_wake_ms) + 1
-        });
-        let ready = poll_readable(&fds, wait_ms);
-        if ready[ready.len() - 1] {
-            if let Some(signal) = take_stop_signal(stop_signals) {
-                return Ok(Outcome::Signalled(signal));
+        let wait = if gathered.more {
+            Duration::ZERO
+        } else {
+            deadline.map_or(idle_wake, |d| {
+                (d.saturating_duration_since(now) + Duration::from_millis(1)).min(idle_wake)
+            })
+        };
+        let ready = poll_readable(&fds, wait);
+        if let Some(signals) = stop_signals {
+            if ready[ready.len() - 1] {
+                if let Some(signal) = take_stop_signal(signals) {
+                    return Ok(Outcome::Signalled(signal));
+                }
             }
         }
-        let backend_ready = &ready[first_backend_fd..ready.len() - 1];
+        let backend_ready = &ready[backend_fds.clone()];
         if backend_ready.iter().any(|&r| r) {
-            sampler.serve(recorder, backend_ready)?;
+            sampler.serve(context, backend_ready)?;
         }
         let Some(ticker) = ticker.as_mut() else {
             continue;
@@ -113,11 +144,40 @@ pub fn drive(
         let Some(missed) = ticker.fired() else {
             continue;
         };
-        recorder.missed_deadlines += missed;
-        match sampler.tick(recorder)? {
+        match sampler.tick(context, missed)? {
             Ok(stopped_ns) if postpone => ticker.postpone(stopped_ns),
             Ok(_) => {}
             Err(outcome) => return Ok(outcome),
         }
     }
+}
+
+/// Waits until one of `fds` is readable or `timeout` passes (to the microsecond: the
+/// trace drains wake every half millisecond); returns which were.
+fn poll_readable(fds: &[i32], timeout: Duration) -> Vec<bool> {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let spec = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid pollfds and timespec; no signal mask change.
+    let ready = unsafe {
+        libc::ppoll(
+            polls.as_mut_ptr(),
+            polls.len() as libc::nfds_t,
+            &spec,
+            std::ptr::null(),
+        )
+    };
+    if ready <= 0 {
+        return vec![false; fds.len()];
+    }
+    polls.iter().map(|p| p.revents != 0).collect()
 }

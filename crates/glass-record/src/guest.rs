@@ -27,7 +27,7 @@ use glass_target::guest::{paging_of, GuestBackend, GuestError, VcpuRegs};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Sampler};
+use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
 use super::recorder::Recorder as Sink;
@@ -316,8 +316,9 @@ fn run(
     let outcome = drive(
         &mut sampler,
         sink,
-        stop_signals,
+        Some(stop_signals),
         Clock::Running(args.frequency),
+        args.duration,
     );
     let mut outside = std::mem::take(&mut sampler.outside);
     let times = &mut source.registers_ns;
@@ -394,20 +395,25 @@ struct GuestSampler<'s, 'b> {
     no_idle: bool,
 }
 
-impl Sampler for GuestSampler<'_, '_> {
-    fn fds(&self) -> Vec<i32> {
-        Vec::new()
-    }
-
-    fn gather(&mut self, _sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
+    fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
         let exited = self
             .vm
             .as_deref_mut()
             .is_some_and(|vm| matches!(vm.try_wait(), Ok(Some(_))));
-        Ok(exited.then_some(Outcome::TargetExited))
+        Ok(Gathered::ended_if(exited))
     }
 
-    fn tick(&mut self, sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
+    fn housekeeping(&mut self, sink: &mut Sink<'a>) -> std::io::Result<()> {
+        sink.flush()
+    }
+
+    fn tick(
+        &mut self,
+        sink: &mut Sink<'a>,
+        missed: u64,
+    ) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        sink.missed_deadlines += missed;
         let (vcpus, source, image) = (&mut *self.vcpus, &mut *self.source, &mut *self.image);
         // The stopped window: registers and stack copies only.
         let stopped_at = Instant::now();

@@ -13,7 +13,7 @@
 //! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
 //! and writes the file after the target has its CPU back.
 
-mod driver;
+pub mod driver;
 mod error;
 pub mod event;
 pub mod guardian;
@@ -268,24 +268,6 @@ fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     let mut set = nix::sched::CpuSet::new();
     set.set(cpu).map_err(std::io::Error::from)?;
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
-}
-
-/// Waits until one of `fds` is readable or `timeout_ms` passes; returns which were.
-fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
-    let mut polls: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: valid pollfds.
-    let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout_ms) };
-    if ready <= 0 {
-        return vec![false; fds.len()];
-    }
-    polls.iter().map(|p| p.revents != 0).collect()
 }
 
 /// A SIGINT/SIGTERM/SIGHUP waiting on the descriptor, if any.

@@ -12,7 +12,7 @@ use glass_target::TargetError;
 use glass_unwind::UnwindRegs;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Sampler};
+use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
@@ -213,7 +213,14 @@ impl PerfBackend {
                 })?;
             }
         }
-        drive(self, sink, stop_signals, Clock::None { wake_ms: 100 })
+        let duration = args.duration;
+        drive(
+            self,
+            sink,
+            Some(stop_signals),
+            Clock::None(std::time::Duration::from_millis(100)),
+            duration,
+        )
     }
 
     /// Takes every record out of the rings.
@@ -229,22 +236,21 @@ impl PerfBackend {
     }
 }
 
-impl Sampler for PerfBackend {
+impl<'a> Sampler<Sink<'a>> for PerfBackend {
     fn fds(&self) -> Vec<i32> {
         let mut fds = self.sampler.fds();
         fds.push(self.watch.fd(&self.sigchld));
         fds
     }
 
-    fn gather(&mut self, sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+    fn gather(&mut self, sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
         self.drain(sink)?;
         self.watch.poll(&self.sigchld);
-        Ok(self.watch.ended().then_some(Outcome::TargetExited))
+        Ok(Gathered::ended_if(self.watch.ended()))
     }
 
-    fn tick(&mut self, _sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
-        // Never called: the kernel samples (Clock::None).
-        Ok(Ok(0))
+    fn housekeeping(&mut self, sink: &mut Sink<'a>) -> std::io::Result<()> {
+        sink.flush()
     }
 }
 

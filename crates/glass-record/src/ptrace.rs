@@ -12,7 +12,7 @@ use glass_target::ptrace::{Capture, ProcessTarget, TargetEvent, Tick};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Sampler};
+use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
@@ -92,8 +92,9 @@ fn run(
     drive(
         &mut sampler,
         sink,
-        stop_signals,
+        Some(stop_signals),
         Clock::Wall(args.frequency),
+        args.duration,
     )
 }
 
@@ -104,22 +105,27 @@ struct PtraceSampler<'t> {
     capture: Capture,
 }
 
-impl Sampler for PtraceSampler<'_> {
+impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
     fn fds(&self) -> Vec<i32> {
         vec![self.target.report_fd()]
     }
 
-    fn gather(&mut self, sink: &mut Sink) -> std::io::Result<Option<Outcome>> {
+    fn gather(&mut self, sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
         write_events(sink, self.target)?;
-        Ok(self.target.leader_status().map(|_| Outcome::TargetExited))
+        Ok(Gathered::ended_if(self.target.leader_status().is_some()))
     }
 
-    fn serve(&mut self, _sink: &mut Sink, _ready: &[bool]) -> std::io::Result<()> {
+    fn serve(&mut self, _sink: &mut Sink<'a>, _ready: &[bool]) -> std::io::Result<()> {
         self.target.handle_reports();
         Ok(())
     }
 
-    fn tick(&mut self, sink: &mut Sink) -> std::io::Result<std::result::Result<u64, Outcome>> {
+    fn tick(
+        &mut self,
+        sink: &mut Sink<'a>,
+        missed: u64,
+    ) -> std::io::Result<std::result::Result<u64, Outcome>> {
+        sink.missed_deadlines += missed;
         let tick = &mut self.tick;
         self.target.sample(tick, sink.origin, self.capture);
         sink.lost += tick.lost as u64;
@@ -132,7 +138,7 @@ impl Sampler for PtraceSampler<'_> {
         Ok(Ok(self.tick.stopped_ns))
     }
 
-    fn housekeeping(&mut self, sink: &mut Sink) -> std::io::Result<()> {
+    fn housekeeping(&mut self, sink: &mut Sink<'a>) -> std::io::Result<()> {
         sink.refresh_thread_names(&self.target.threads())?;
         sink.flush()
     }

@@ -44,7 +44,8 @@ use super::ledger::{self, Ledger};
 use super::{install, select, CounterChoice};
 use crate::error::{Failure, Result};
 use crate::TraceArgs;
-use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, take_stop_signal};
+use glass_record::driver::{drive, Clock, Gathered, Sampler};
+use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, Outcome};
 
 /// Longest an injected call (dlopen) may take before glass gives up.
 const CALL_LIMIT: Duration = Duration::from_secs(10);
@@ -675,31 +676,28 @@ pub fn run(
     );
 
     // -- Trace -------------------------------------------------------------------------
-    let deadline = args
-        .duration
-        .map(|seconds| Instant::now() + Duration::from_secs_f64(seconds.max(0.0)));
-    let mut words = Vec::with_capacity(1 << 16);
-    let mut why = "the duration ran out";
-    loop {
-        if process_gone(pid) {
-            why = "the process exited";
-            break;
-        }
-        if let Some(signal) = take_stop_signal(&stop_signals) {
-            why = match signal {
-                libc::SIGINT => "SIGINT",
-                libc::SIGTERM => "SIGTERM",
-                _ => "SIGHUP",
-            };
-            break;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        if super::drain_once(&session, false, &mut words, &mut out) < 4096 {
-            std::thread::sleep(Duration::from_micros(500));
-        }
-    }
+    let mut drain = AttachDrain {
+        session: &session,
+        pid,
+        words: Vec::with_capacity(1 << 16),
+    };
+    // Draining never fails (the file's errors are counted in `out`).
+    let outcome = drive(
+        &mut drain,
+        &mut out,
+        Some(&stop_signals),
+        Clock::None(super::DRAIN_WAKE),
+        args.duration,
+    )
+    .unwrap_or(Outcome::DurationElapsed);
+    let mut words = drain.words;
+    let why = match outcome {
+        Outcome::TargetExited => "the process exited",
+        Outcome::Signalled(libc::SIGINT) => "SIGINT",
+        Outcome::Signalled(libc::SIGTERM) => "SIGTERM",
+        Outcome::Signalled(_) => "SIGHUP",
+        _ => "the duration ran out",
+    };
 
     // -- Detach ------------------------------------------------------------------------
     let mut summary = TraceSummary {
@@ -1063,6 +1061,27 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
         in_flight,
         moved,
     })
+}
+
+/// An attached process's rings, drained until it exits, the duration runs out or a stop
+/// signal arrives (the shared loop of glass-record decides which).
+struct AttachDrain<'s> {
+    session: &'s SessionMemory,
+    pid: i32,
+    words: Vec<u64>,
+}
+
+impl Sampler<super::Output> for AttachDrain<'_> {
+    fn gather(&mut self, out: &mut super::Output) -> std::io::Result<Gathered> {
+        if process_gone(self.pid) {
+            return Ok(Gathered::ended_if(true));
+        }
+        let drained = super::drain_once(self.session, false, &mut self.words, out);
+        Ok(Gathered {
+            ended: None,
+            more: drained >= super::DRAIN_BUSY,
+        })
+    }
 }
 
 #[cfg(test)]

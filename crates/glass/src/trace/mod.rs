@@ -24,6 +24,7 @@ use glass_trace::session::SessionMemory;
 
 use crate::error::{Failure, Result};
 use crate::TraceArgs;
+use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, error_text, monotonic_now_ns};
 
 fn split_list(list: &Option<String>) -> Vec<String> {
@@ -477,20 +478,47 @@ fn set_up(
 }
 
 /// Drains every thread's ring until the target has exited; returns its exit status.
+/// Under the shared loop of glass-record (`driver`): the probes take the samples, so
+/// there is no clock; a turn that drained a lot goes on at once, an idle one waits half
+/// a millisecond.
 fn drain_until_exit(session: &SessionMemory, pid: i32, out: &mut Output) -> i32 {
-    let mut words = Vec::with_capacity(1 << 16);
-    let mut status = 0;
-    loop {
+    let mut drain = LaunchDrain {
+        session,
+        pid,
+        words: Vec::with_capacity(1 << 16),
+        status: 0,
+    };
+    // Draining never fails (the file's errors are counted in `out`), and the loop ends
+    // only when the target has.
+    let _ = drive(&mut drain, out, None, Clock::None(DRAIN_WAKE), None);
+    shell_status(drain.status)
+}
+
+/// How long a drain loop waits when the rings were nearly empty.
+pub(crate) const DRAIN_WAKE: Duration = Duration::from_micros(500);
+/// Records drained in one turn above which the next turn starts at once.
+pub(crate) const DRAIN_BUSY: usize = 4096;
+
+/// The launched target's rings, drained until it exits.
+struct LaunchDrain<'s> {
+    session: &'s SessionMemory,
+    pid: i32,
+    words: Vec<u64>,
+    status: i32,
+}
+
+impl Sampler<Output> for LaunchDrain<'_> {
+    fn gather(&mut self, out: &mut Output) -> std::io::Result<Gathered> {
         // SAFETY: reaping our own child without blocking.
-        let ended = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG | libc::__WALL) } == pid
-            && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status));
-        let drained = drain_once(session, ended, &mut words, out);
-        if ended {
-            return shell_status(status);
-        }
-        if drained < 4096 {
-            std::thread::sleep(Duration::from_micros(500));
-        }
+        let ended =
+            unsafe { libc::waitpid(self.pid, &mut self.status, libc::WNOHANG | libc::__WALL) }
+                == self.pid
+                && (libc::WIFEXITED(self.status) || libc::WIFSIGNALED(self.status));
+        let drained = drain_once(self.session, ended, &mut self.words, out);
+        Ok(Gathered {
+            ended: ended.then_some(glass_record::Outcome::TargetExited),
+            more: drained >= DRAIN_BUSY,
+        })
     }
 }
 
