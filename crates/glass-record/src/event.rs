@@ -60,3 +60,32 @@ pub enum Event<'s> {
         stack: &'s [u8],
     },
 }
+
+impl Event<'_> {
+    /// A thread, named from /proc.
+    pub fn thread(pid: i32, tid: i32) -> Self {
+        Event::Thread {
+            pid,
+            tid,
+            name: None,
+        }
+    }
+
+    /// A process, named from /proc; `read_maps`: its mappings read from /proc now.
+    pub fn process(
+        pid: i32,
+        parent: i32,
+        kind: ProcessKind,
+        time_ns: u64,
+        read_maps: bool,
+    ) -> Self {
+        Event::Process {
+            pid,
+            parent,
+            kind,
+            time_ns,
+            name: None,
+            read_maps,
+        }
+    }
+}

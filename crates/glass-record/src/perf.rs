@@ -196,21 +196,16 @@ impl PerfBackend {
         let attached = args.pid.is_some();
         // A launched command has not exec'd its program yet when the recording starts:
         // its mappings arrive as MMAP2 records after the exec.
-        sink.handle(Event::Process {
-            pid: self.leader,
-            parent: 0,
-            kind: ProcessKind::Attached,
-            time_ns: 0,
-            name: None,
-            read_maps: attached,
-        })?;
+        sink.handle(Event::process(
+            self.leader,
+            0,
+            ProcessKind::Attached,
+            0,
+            attached,
+        ))?;
         if attached {
             for tid in procfs::thread_ids(self.leader).unwrap_or_default() {
-                sink.handle(Event::Thread {
-                    pid: self.leader,
-                    tid,
-                    name: None,
-                })?;
+                sink.handle(Event::thread(self.leader, tid))?;
             }
         }
         let duration = args.duration;
@@ -267,11 +262,7 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             let (pid, tid) = (pid as i32, tid as i32);
             if !sink.knows_thread(tid) {
-                sink.handle(Event::Thread {
-                    pid,
-                    tid,
-                    name: None,
-                })?;
+                sink.handle(Event::thread(pid, tid))?;
             }
             sink.handle(Event::Stack {
                 pid,
@@ -321,14 +312,13 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             if exec {
                 let time_ns = time_ns.saturating_sub(origin_mono_ns);
-                sink.handle(Event::Process {
-                    pid: pid as i32,
-                    parent: 0,
-                    kind: ProcessKind::Exec,
+                sink.handle(Event::process(
+                    pid as i32,
+                    0,
+                    ProcessKind::Exec,
                     time_ns,
-                    name: None,
-                    read_maps: false,
-                })?;
+                    false,
+                ))?;
             }
             sink.handle(Event::Thread {
                 pid: pid as i32,
@@ -344,20 +334,15 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
         } => {
             if pid != parent_pid {
                 let time_ns = time_ns.saturating_sub(origin_mono_ns);
-                sink.handle(Event::Process {
-                    pid: pid as i32,
-                    parent: parent_pid as i32,
-                    kind: ProcessKind::Forked,
+                sink.handle(Event::process(
+                    pid as i32,
+                    parent_pid as i32,
+                    ProcessKind::Forked,
                     time_ns,
-                    name: None,
-                    read_maps: false,
-                })?;
+                    false,
+                ))?;
             }
-            sink.handle(Event::Thread {
-                pid: pid as i32,
-                tid: tid as i32,
-                name: None,
-            })?;
+            sink.handle(Event::thread(pid as i32, tid as i32))?;
         }
         PerfRecord::Exit { time_ns, pid, tid } => {
             sink.handle(Event::ThreadExit {

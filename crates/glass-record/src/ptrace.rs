@@ -69,20 +69,15 @@ fn run(
         unwind_name(args.unwind),
         target.leader,
     )?;
-    sink.handle(Event::Process {
-        pid: target.leader,
-        parent: 0,
-        kind: ProcessKind::Attached,
-        time_ns: 0,
-        name: None,
-        read_maps: true,
-    })?;
+    sink.handle(Event::process(
+        target.leader,
+        0,
+        ProcessKind::Attached,
+        0,
+        true,
+    ))?;
     for (pid, tid) in target.threads() {
-        sink.handle(Event::Thread {
-            pid,
-            tid,
-            name: None,
-        })?;
+        sink.handle(Event::thread(pid, tid))?;
     }
     let mut sampler = PtraceSampler {
         target,
@@ -148,11 +143,7 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
 fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::io::Result<()> {
     for sample in &tick.samples {
         if !sink.knows_thread(sample.tid) {
-            sink.handle(Event::Thread {
-                pid: sample.pid,
-                tid: sample.tid,
-                name: None,
-            })?;
+            sink.handle(Event::thread(sample.pid, sample.tid))?;
         }
         match sample.stack_len {
             0 if sample.count > 0 => {
@@ -205,39 +196,23 @@ fn write_events(sink: &mut Sink, target: &mut ProcessTarget) -> std::io::Result<
         let time_ns = sink.ns_since_origin(seen);
         match event {
             TargetEvent::ThreadStarted { pid, tid } => {
-                sink.handle(Event::Thread {
-                    pid,
-                    tid,
-                    name: None,
-                })?;
+                sink.handle(Event::thread(pid, tid))?;
             }
             TargetEvent::ThreadExited { pid, tid } => {
                 sink.handle(Event::ThreadExit { pid, tid, time_ns })?;
             }
             TargetEvent::ProcessForked { parent, child } => {
-                sink.handle(Event::Process {
-                    pid: child,
+                sink.handle(Event::process(
+                    child,
                     parent,
-                    kind: ProcessKind::Forked,
+                    ProcessKind::Forked,
                     time_ns,
-                    name: None,
-                    read_maps: false,
-                })?;
-                sink.handle(Event::Thread {
-                    pid: child,
-                    tid: child,
-                    name: None,
-                })?;
+                    false,
+                ))?;
+                sink.handle(Event::thread(child, child))?;
             }
             TargetEvent::ProcessExec { pid } => {
-                sink.handle(Event::Process {
-                    pid,
-                    parent: 0,
-                    kind: ProcessKind::Exec,
-                    time_ns,
-                    name: None,
-                    read_maps: true,
-                })?;
+                sink.handle(Event::process(pid, 0, ProcessKind::Exec, time_ns, true))?;
                 sink.refresh_thread_names(&target.threads())?;
             }
             TargetEvent::ProcessExited { pid, .. } => {

@@ -54,39 +54,6 @@ fn record_vm(
     glass(&args)
 }
 
-/// The guest's own last `split alpha=A% beta=B% gamma=G% halted=H%` line.
-fn guest_split(serial: &Path) -> [f64; 4] {
-    let text = std::fs::read_to_string(serial).unwrap();
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("split "))
-        .unwrap_or_else(|| panic!("no split line on the serial port: {text}"));
-    let value = |key: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|field| field.strip_prefix(key))
-            .and_then(|v| v.trim_end_matches('%').parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in {line}"))
-    };
-    [
-        value("alpha="),
-        value("beta="),
-        value("gamma="),
-        value("halted="),
-    ]
-}
-
-fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64 {
-    stacks
-        .iter()
-        .filter(|(frames, _)| {
-            frames.get(1).is_some_and(|t| t.starts_with(thread))
-                && frames.iter().any(|f| f == function)
-        })
-        .map(|(_, n)| n)
-        .sum()
-}
-
 #[test]
 fn a_unikernel_without_frame_pointers_is_profiled_whole_with_its_vcpu_states_named() {
     let _alone = exclusive();

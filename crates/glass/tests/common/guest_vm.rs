@@ -41,39 +41,47 @@ impl Vm {
     }
 
     pub fn start_with(dir: &Path, image: &str, name: &str, vcpus: u32) -> Vm {
-        let socket = dir.join(format!("{name}.sock"));
         let ram = PathBuf::from(format!("/dev/shm/glass-test-{name}-{}", std::process::id()));
+        let mut qemu = Command::new("qemu-system-x86_64");
+        qemu.args([
+            "-accel",
+            "tcg",
+            "-smp",
+            &vcpus.to_string(),
+            "-display",
+            "none",
+            "-nodefaults",
+            "-m",
+            "64",
+        ])
+        .arg("-kernel")
+        .arg(dir.join(image))
+        .arg("-object")
+        .arg(format!(
+            "memory-backend-file,id=mem,size=64M,mem-path={},share=on",
+            ram.display()
+        ))
+        .args(["-machine", "memory-backend=mem"]);
+        Self::spawn(qemu, dir, name, ram)
+    }
+
+    /// Starts `qemu` (a QEMU command without `-serial` and `-gdb`) with its serial port
+    /// in `DIR/NAME.serial` and a GDB stub on `DIR/NAME.sock`; `ram` is its RAM file, if
+    /// any (removed when the VM is dropped).
+    pub fn spawn(mut qemu: Command, dir: &Path, name: &str, ram: PathBuf) -> Vm {
+        let socket = dir.join(format!("{name}.sock"));
         let serial = dir.join(format!("{name}.serial"));
         let _ = std::fs::remove_file(&socket);
-        let child = Command::new("qemu-system-x86_64")
-            .args([
-                "-accel",
-                "tcg",
-                "-smp",
-                &vcpus.to_string(),
-                "-display",
-                "none",
-                "-nodefaults",
-                "-m",
-                "64",
-            ])
-            .arg("-kernel")
-            .arg(dir.join(image))
+        let child = qemu
             .arg("-serial")
             .arg(format!("file:{}", serial.display()))
-            .arg("-object")
-            .arg(format!(
-                "memory-backend-file,id=mem,size=64M,mem-path={},share=on",
-                ram.display()
-            ))
-            .args(["-machine", "memory-backend=mem"])
             .arg("-gdb")
             .arg(format!("unix:{},server=on,wait=off", socket.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("qemu-system-x86_64 is installed (./x test installs it)");
+            .expect("QEMU is installed (./x test installs it)");
         let deadline = Instant::now() + Duration::from_secs(20);
         while !socket.exists() || !serial.exists() {
             assert!(Instant::now() < deadline, "QEMU did not start");
@@ -127,4 +135,40 @@ pub fn qemu_command<'a>(vcpus: &'a str, extra: &[&'a str], image: &'a str) -> Ve
     command.extend_from_slice(extra);
     command.extend_from_slice(&["-kernel", image]);
     command
+}
+
+/// The guest's own last `split alpha=A% beta=B% gamma=G% halted=H%` line (guests/unikernel
+/// and guests/aarch64 print it): the truth a profile is checked against.
+pub fn guest_split(serial: &Path) -> [f64; 4] {
+    let text = std::fs::read_to_string(serial).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("split "))
+        .unwrap_or_else(|| panic!("no split line on the serial port: {text}"));
+    let value = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(key))
+            .and_then(|v| v.trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    [
+        value("alpha="),
+        value("beta="),
+        value("gamma="),
+        value("halted="),
+    ]
+}
+
+/// Samples of `thread` (folded with `--threads`: its `vcpuN/` frame) whose stack holds
+/// `function`.
+pub fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames.get(1).is_some_and(|t| t.starts_with(thread))
+                && frames.iter().any(|f| f == function)
+        })
+        .map(|(_, n)| n)
+        .sum()
 }
