@@ -93,6 +93,8 @@ pub enum Backend {
     Ptrace,
     /// A VM guest through its VMM's GDB stub.
     GdbStub,
+    /// A Xen guest through the hypervisor (from dom0).
+    Xen,
     /// `glass trace`: instrumented functions, not samples.
     Trace,
     Other(String),
@@ -104,6 +106,7 @@ impl Backend {
             Backend::Perf => "perf",
             Backend::Ptrace => "ptrace",
             Backend::GdbStub => "gdbstub",
+            Backend::Xen => "xen",
             Backend::Trace => "trace",
             Backend::Other(name) => name,
         }
@@ -114,6 +117,7 @@ impl Backend {
             "perf" => Backend::Perf,
             "ptrace" => Backend::Ptrace,
             "gdbstub" => Backend::GdbStub,
+            "xen" => Backend::Xen,
             "trace" => Backend::Trace,
             other => Backend::Other(other.to_string()),
         }

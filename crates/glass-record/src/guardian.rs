@@ -24,6 +24,10 @@
 //! and a kill of glass's process group do not reach it) and ignores SIGINT, SIGTERM and
 //! SIGHUP. It waits in one blocking read: nothing on the sample path involves it.
 //!
+//! For a Xen domain (`--xen`) there is no connection to break: glass marks in a page
+//! shared with the guardian (a memfd it inherits) when it holds the domain paused, and
+//! a guardian that reads EOF while the mark is set unpauses the domain.
+//!
 //! The pipe carries lines: `vm PID` (written by QEMU's process itself, between fork and
 //! exec, so a glass killed at any moment after QEMU exists has told the guardian which
 //! process to end) and `done`.
@@ -35,6 +39,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use glass_target::gdbstub::client::Client;
+use glass_target::xen::{Hypervisor, PauseMark};
 use glass_target::TargetError;
 
 /// How long the guardian keeps trying to reach the stub after glass died.
@@ -46,8 +51,14 @@ pub(crate) const QEMU_GRACE: Duration = Duration::from_secs(3);
 #[derive(clap::Args, Debug, Clone)]
 pub struct GuardianArgs {
     /// The GDB stub to detach through if glass dies
+    #[arg(long, required_unless_present = "xen")]
+    stub: Option<String>,
+    /// A Xen domain to unpause if glass dies holding it paused (`--xen`)
+    #[arg(long, requires = "pause_mark")]
+    xen: Option<u32>,
+    /// With --xen: the inherited descriptor of glass's pause mark
     #[arg(long)]
-    stub: String,
+    pause_mark: Option<i32>,
     /// glass launches the VM (`--vm`): QEMU's process writes `vm PID` into the pipe
     #[arg(long)]
     launched: bool,
@@ -66,27 +77,44 @@ impl Guardian {
     /// Starts the guardian for the stub at `stub`. `launched`: glass is about to launch
     /// the VM (QEMU's process reports itself through [`Guardian::pipe_fd`]).
     pub fn start(stub: &str, launched: bool, keep_vm: bool) -> Result<Guardian, TargetError> {
-        Self::spawn(stub, launched, keep_vm).map_err(|e| {
+        let mut args = vec!["--stub".to_string(), stub.to_string()];
+        if launched {
+            args.push("--launched".into());
+        }
+        if keep_vm {
+            args.push("--keep-vm".into());
+        }
+        Self::start_with(&args)
+    }
+
+    /// Starts the guardian for Xen domain `domid`: if glass dies while `mark` says it
+    /// holds the domain paused, the guardian unpauses it.
+    pub fn start_xen(domid: u32, mark: &PauseMark) -> Result<Guardian, TargetError> {
+        Self::start_with(&[
+            "--xen".to_string(),
+            domid.to_string(),
+            "--pause-mark".to_string(),
+            mark.raw_fd().to_string(),
+        ])
+    }
+
+    fn start_with(args: &[String]) -> Result<Guardian, TargetError> {
+        Self::spawn(args).map_err(|e| {
             TargetError::Io(std::io::Error::other(format!(
                 "cannot start the guardian that lets the VM run if glass dies: {e}"
             )))
         })
     }
 
-    fn spawn(stub: &str, launched: bool, keep_vm: bool) -> std::io::Result<Guardian> {
+    fn spawn(args: &[String]) -> std::io::Result<Guardian> {
         let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0("glass")
-            .args(["__guardian", "--stub", stub])
+            .arg("__guardian")
+            .args(args)
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::null());
-        if launched {
-            command.arg("--launched");
-        }
-        if keep_vm {
-            command.arg("--keep-vm");
-        }
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             command.pre_exec(|| {
@@ -165,6 +193,13 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
         // SAFETY: setting a disposition.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
     }
+    // Mapped now, while glass certainly holds its end.
+    let xen_mark = match args.pause_mark {
+        Some(fd) => Some(PauseMark::inherit(fd).map_err(|e| {
+            crate::Failure::runtime(format!("guardian: cannot map glass's pause mark: {e}"))
+        })?),
+        None => None,
+    };
     let mut vm: Option<(i32, Option<OwnedFd>)> = None;
     let mut pending = Vec::new();
     let mut buf = [0u8; 256];
@@ -193,6 +228,10 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     }
     // EOF without `done`: glass died.
     let died = Instant::now();
+    if let (Some(domid), Some(mark)) = (args.xen, xen_mark) {
+        return Ok(unpause_xen(domid, &mark, died));
+    }
+    let stub = args.stub.clone().unwrap_or_default();
     if args.launched {
         let Some((pid, pidfd)) = vm else {
             // glass died before launching QEMU: there is no VM.
@@ -202,18 +241,18 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             // The VM is to end with the recording: SIGTERM ends QEMU whether the VM is
             // running or stopped, so no detach first.
             let how = end_qemu(pidfd.as_ref());
-            let _ = std::fs::remove_file(&args.stub);
+            let _ = std::fs::remove_file(&stub);
             eprintln!(
                 "glass: glass ended without finishing the recording; its guardian {how} (QEMU pid {pid}, {:.0} ms later)",
                 died.elapsed().as_secs_f64() * 1e3
             );
             return Ok(0);
         }
-        match let_run(&args.stub, pidfd.as_ref()) {
+        match let_run(&stub, pidfd.as_ref()) {
             Ok(()) => eprintln!(
                 "glass: glass ended without finishing the recording; its guardian let the VM run in {:.1} ms (left running, --keep-vm: QEMU pid {pid}, GDB stub at {})",
                 died.elapsed().as_secs_f64() * 1e3,
-                args.stub
+                stub
             ),
             Err(error) => eprintln!(
                 "glass: glass ended without finishing the recording; its guardian could not let the VM run (QEMU pid {pid}): {error}"
@@ -221,7 +260,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
         }
         return Ok(0);
     }
-    match let_run(&args.stub, None) {
+    match let_run(&stub, None) {
         Ok(()) => eprintln!(
             "glass: glass ended without finishing the recording; its guardian let the VM run in {:.1} ms",
             died.elapsed().as_secs_f64() * 1e3
@@ -231,6 +270,36 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
         ),
     }
     Ok(0)
+}
+
+/// glass died: unpauses Xen domain `domid` if glass held it paused. Returns the exit code.
+fn unpause_xen(domid: u32, mark: &PauseMark, died: Instant) -> i32 {
+    if !mark.held() {
+        // Between samples: the domain runs.
+        return 0;
+    }
+    let unpaused = Hypervisor::open()
+        .map_err(|e| e.to_string())
+        .and_then(|mut hv| {
+            hv.unpause(domid)
+                .map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string())
+        });
+    match unpaused {
+        Ok(()) => {
+            mark.set(false);
+            eprintln!(
+                "glass: glass ended without finishing the recording; its guardian unpaused Xen domain {domid} in {:.1} ms",
+                died.elapsed().as_secs_f64() * 1e3
+            );
+            0
+        }
+        Err(error) => {
+            eprintln!(
+                "glass: glass ended without finishing the recording; its guardian could not unpause Xen domain {domid}: {error} (run: xl unpause {domid})"
+            );
+            1
+        }
+    }
 }
 
 /// Connects to the stub and detaches (the VM runs), retrying for a bounded time: QEMU

@@ -233,7 +233,7 @@ struct StackSource {
     last_registers_ns: u64,
 }
 
-fn run(
+pub(super) fn run(
     sink: &mut Sink,
     backend: &mut dyn GuestBackend,
     image: &mut GuestImage,
@@ -252,7 +252,12 @@ fn run(
         image.cfi
     ));
     let arch = backend.arch();
-    sink.write_meta(Backend::GdbStub, arch, unwind_name(args.unwind), 0)?;
+    sink.write_meta(
+        backend.recording_backend(),
+        arch,
+        unwind_name(args.unwind),
+        0,
+    )?;
     // Guest addresses are not host processes: never consult /proc for them.
     sink.without_proc();
     let name = symbols
@@ -321,6 +326,7 @@ fn run(
         args.duration,
     );
     let mut outside = std::mem::take(&mut sampler.outside);
+    let backend_figures = sampler.backend.figures();
     let times = &mut source.registers_ns;
     times.sort_unstable();
     sink.notes.figure(&format!(
@@ -330,6 +336,9 @@ fn run(
         percentile(times, 0.99)
     ));
     print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
+    for figure in backend_figures {
+        sink.notes.figure(&figure);
+    }
     if has_ram {
         let cache = &source.cache;
         sink.notes.figure(&format!(
@@ -426,6 +435,11 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
                 std::thread::sleep(Duration::from_millis(100));
                 matches!(vm.try_wait(), Ok(Some(_)))
             });
+            if self.backend.gone() {
+                sink.notes
+                    .warn(&format!("{error}; the recording ends there"));
+                return Ok(Err(Outcome::TargetExited));
+            }
             if !powered_off {
                 sink.notes.warn(&format!("{error}; ending the recording"));
                 return Ok(Err(Outcome::StubLost));
@@ -453,7 +467,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
                 continue;
             }
             self.outside.note(image.contains(r.ip()));
-            let halted = image.halted_at(r.ip());
+            let halted = self
+                .backend
+                .halted(index)
+                .unwrap_or_else(|| image.halted_at(r.ip()));
             if halted {
                 vcpu.halted += 1;
                 if self.no_idle {
@@ -499,7 +516,10 @@ fn take_sample(
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
         vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
         vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
-        vcpu.copied = if vcpu.in_firmware || (no_idle && image.halted_at(r.ip())) {
+        let halted = backend
+            .halted(index)
+            .unwrap_or_else(|| image.halted_at(r.ip()));
+        vcpu.copied = if vcpu.in_firmware || (no_idle && halted) {
             // Nothing of its stack is recorded.
             0
         } else {

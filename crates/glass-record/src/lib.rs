@@ -9,6 +9,8 @@
 //!   stub for `--gdb`); [`qemu`] launches QEMU for `--vm` and samples it with the same
 //!   loop; [`guardian`] outlives glass and lets the VM run (or ends the QEMU `--vm`
 //!   launched) if glass is killed.
+//! - [`xen`]: a Xen guest from dom0 through the hypervisor
+//!   (`glass_target::xen::XenBackend`), sampled by the same loop as `guest`.
 //!
 //! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
 //! and writes the file after the target has its CPU back.
@@ -23,6 +25,7 @@ mod perf;
 mod ptrace;
 mod qemu;
 pub mod recorder;
+mod xen;
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -46,6 +49,8 @@ pub struct RecordOptions {
     pub max_depth: u32,
     pub pid: Option<i32>,
     pub gdb: Option<String>,
+    /// A Xen domain (id or name) to sample from dom0.
+    pub xen: Option<String>,
     pub symbols: Option<PathBuf>,
     pub guest_memory: Option<PathBuf>,
     pub vm: bool,
@@ -154,6 +159,9 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     }
     if args.gdb.is_some() {
         return guest::record(sink, &stop_signals).map_err(start_failed)?;
+    }
+    if args.xen.is_some() {
+        return xen::record(sink, &stop_signals).map_err(start_failed)?;
     }
     match backend {
         BackendChoice::Perf => perf::record(sink, &stop_signals).map_err(start_failed)?,

@@ -1,10 +1,11 @@
 //! The guest-backend seam: what the guest sampling loop needs from whatever holds a VM
-//! (a VMM's GDB stub today; Xen's hypercall interface is the next implementation). A
+//! (a VMM's GDB stub, `gdbstub::backend`; Xen's hypercall interface, `xen`). A
 //! backend lists vCPUs, stops them all and reads their registers, resumes, detaches,
 //! and gives access to guest memory: the guest's physical RAM where it can map it (the
 //! loop then walks the guest's page tables itself, see glass-mem), or its own
 //! virtual-memory reads otherwise.
 
+use glass_format::Backend;
 use glass_mem::{GuestPaging, PhysicalMemory};
 
 pub use crate::arch::{Arch, VcpuRegs};
@@ -44,6 +45,25 @@ pub trait GuestBackend {
 
     /// The bytes one [`GuestBackend::read_virtual`] call costs one round trip for.
     fn read_unit(&self) -> usize;
+
+    /// What the recording names this backend.
+    fn recording_backend(&self) -> Backend;
+
+    /// Whether vCPU `vcpu` was idle (halted, blocked) at the last stop, where the
+    /// backend knows; None leaves it to the loop (an instruction after `hlt`/`wfi`).
+    fn halted(&self, _vcpu: usize) -> Option<bool> {
+        None
+    }
+
+    /// The guest no longer exists (after an error: it ended, it was destroyed).
+    fn gone(&self) -> bool {
+        false
+    }
+
+    /// The backend's own figures for the summary.
+    fn figures(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// How vCPU registers say their page tables are to be walked.

@@ -53,7 +53,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             meta.hostname,
             meta.glass_version
         );
-        if meta.backend == glass_format::Backend::GdbStub {
+        if matches!(
+            meta.backend,
+            glass_format::Backend::GdbStub | glass_format::Backend::Xen
+        ) {
             let name = recording.processes.first().map_or("", |p| p.name.as_str());
             let vcpus = recording
                 .threads
@@ -62,6 +65,9 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 .collect::<HashSet<_>>()
                 .len();
             match meta.command.is_empty() {
+                true if meta.backend == glass_format::Backend::Xen => {
+                    println!("target:      Xen guest {name} through the hypervisor, {vcpus} vCPUs")
+                }
                 true => {
                     println!("target:      VM guest {name} through its GDB stub, {vcpus} vCPUs")
                 }

@@ -102,7 +102,11 @@ pub struct RecordArgs {
     /// Sample a VM guest through its VMM's GDB stub (host:port, or a unix socket path)
     #[arg(long, conflicts_with_all = ["command", "pid"], requires = "symbols")]
     pub gdb: Option<String>,
-    /// The guest's ELF image, for symbols and unwind tables (with --gdb or --vm)
+    /// Sample a Xen guest from dom0 through the hypervisor (its domain id or name, as
+    /// `xl list` shows them); the domain runs on when the recording ends
+    #[arg(long, value_name = "DOMID|NAME", conflicts_with_all = ["command", "pid", "gdb", "vm"], requires = "symbols")]
+    pub xen: Option<String>,
+    /// The guest's ELF image, for symbols and unwind tables (with --gdb, --vm or --xen)
     #[arg(long)]
     pub symbols: Option<PathBuf>,
     /// The file backing the guest's RAM (QEMU memory-backend-file or memfd with
@@ -140,14 +144,15 @@ pub struct RecordArgs {
     /// 262144); each thread's or vCPU's copy is sized from what its last walk needed
     #[arg(long, value_parser = parse_stack_size)]
     pub stack_size: Option<u32>,
-    /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`)
+    /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`;
+    /// Xen: blocked in SCHEDOP_block/poll)
     #[arg(long)]
     pub no_idle: bool,
     /// Do not print the cost summary at the end
     #[arg(short, long)]
     pub quiet: bool,
     /// The command to launch and sample
-    #[arg(last = true, required_unless_present_any = ["pid", "gdb"])]
+    #[arg(last = true, required_unless_present_any = ["pid", "gdb", "xen"])]
     pub command: Vec<String>,
 }
 

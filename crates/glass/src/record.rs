@@ -33,6 +33,7 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         max_depth: args.max_depth,
         pid: args.pid,
         gdb: args.gdb.clone(),
+        xen: args.xen.clone(),
         symbols: args.symbols.clone(),
         guest_memory: args.guest_memory.clone(),
         vm: args.vm,

@@ -214,10 +214,17 @@ fn create(path: &Option<std::path::PathBuf>) -> Result<Box<dyn Write>> {
 
 fn title(recording: &Recording) -> String {
     match &recording.meta {
-        Some(meta) if meta.backend == glass_format::Backend::GdbStub => format!(
-            "glass: guest {}",
-            recording.processes.first().map_or("", |p| p.name.as_str())
-        ),
+        Some(meta)
+            if matches!(
+                meta.backend,
+                glass_format::Backend::GdbStub | glass_format::Backend::Xen
+            ) =>
+        {
+            format!(
+                "glass: guest {}",
+                recording.processes.first().map_or("", |p| p.name.as_str())
+            )
+        }
         Some(meta) if !meta.command.is_empty() => format!("glass: {}", meta.command.join(" ")),
         Some(meta) => format!("glass: pid {}", meta.target_pid),
         None => "glass".to_string(),

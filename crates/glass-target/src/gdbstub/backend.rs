@@ -43,6 +43,10 @@ impl GuestBackend for GdbBackend {
         self.client.vcpus.len()
     }
 
+    fn recording_backend(&self) -> glass_format::Backend {
+        glass_format::Backend::GdbStub
+    }
+
     fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), GuestError> {
         self.selected = None;
         self.client.stop_with_registers(out)?;

@@ -1,0 +1,59 @@
+//! `glass record --xen DOMID|NAME`: a Xen guest sampled from dom0 through the hypervisor
+//! (`glass_target::xen::XenBackend`) by the same loop as every VM guest (`guest::run`).
+//!
+//! Order matters for the domain's safety: the domain is found and checked, then the
+//! guardian starts (with the pause mark it watches), and only then does the first
+//! pause happen; every way out of the loop unpauses before the guardian is told `done`.
+
+use glass_format::{Arch, Backend};
+use glass_target::xen::{Hypervisor, PauseMark, XenBackend};
+use glass_target::TargetError;
+use nix::sys::signalfd::SignalFd;
+
+use super::guest_image::GuestImage;
+use super::recorder::Recorder as Sink;
+use super::{finish, Outcome};
+use crate::{Recorded, Result};
+
+pub fn record(
+    mut sink: Sink,
+    stop_signals: &SignalFd,
+) -> std::result::Result<Result<Recorded>, TargetError> {
+    let args = sink.args;
+    let spec = args.xen.clone().unwrap_or_default();
+    let symbols = args.symbols.clone().unwrap_or_default();
+    let mut image = GuestImage::load(&symbols)?;
+    image.check_arch(&symbols, Arch::X86_64)?;
+    let mut hypervisor = Hypervisor::open()?;
+    let (info, name) = hypervisor.find(&spec)?;
+    let mark = PauseMark::create().map_err(TargetError::Io)?;
+    let guardian = super::guardian::Guardian::start_xen(info.domid, &mark)?;
+    let mut backend = XenBackend::new(hypervisor, info, Some(mark))?;
+    if let Some(cpu) = args.sampler_cpu {
+        super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
+    }
+    sink.notes.figure(&format!(
+        "Xen domain {name} (id {}): {} vCPUs ({} online), 64-bit PV",
+        info.domid,
+        info.max_vcpu_id + 1,
+        info.online_vcpus
+    ));
+    let outcome = match super::guest::run(
+        &mut sink,
+        &mut backend,
+        &mut image,
+        &symbols,
+        stop_signals,
+        None,
+    ) {
+        Ok(outcome) => outcome,
+        Err(error) => Outcome::WriteFailed(error),
+    };
+    // Whatever ended the recording, the domain runs on.
+    if let Err(error) = glass_target::guest::GuestBackend::detach(&mut backend) {
+        sink.notes.warn(&format!("{error}"));
+    }
+    drop(backend);
+    guardian.done();
+    Ok(finish(sink, outcome, None, Backend::Xen))
+}

@@ -1,0 +1,747 @@
+//! Xen guests sampled through the hypervisor, from dom0: the second [`GuestBackend`].
+//!
+//! Per sample: pause the domain and read every vCPU's context, in one multicall
+//! (`XEN_DOMCTL_pausedomain` and one `XEN_DOMCTL_getvcpucontext` per vCPU: a single trap
+//! into Xen, where libxenctrl's `xc_domain_pause` + `xc_vcpu_getcontext` take one each
+//! and bounce a fresh buffer every time); let the loop walk the guest's page tables
+//! through frames mapped with libxenforeignmemory ([`frames`], a bounded cache); unpause.
+//! The hypercall buffers are allocated once (libxencall's locked pages), so nothing is
+//! allocated while the domain is paused.
+//!
+//! Guests: 64-bit PV, the kind that runs everywhere, including nested under TCG. For PV,
+//! CR3 and the page tables hold machine frame numbers and privcmd maps PV frames by MFN,
+//! so glass-mem's x86-64 walk runs unchanged; a vCPU in guest-user mode is walked from
+//! its user page table (`ctrlreg[1]`). HVM/PVH guests are refused with a clear message
+//! for now: their registers would come from `XEN_DOMCTL_gethvmcontext_partial`
+//! (HVM_SAVE_CODE(CPU), CR3 a guest-physical address) and their frames map by GFN
+//! through the same [`frames`] code; these machines cannot run them (no VT-x/SVM under
+//! TCG) to test it.
+//!
+//! A PV vCPU that is inside a hypercall (an idle vCPU blocked in `SCHEDOP_block`) has
+//! its instruction pointer in the hypercall page, right after the `syscall` of Xen's
+//! stub, with the stub's two pushes on its stack: glass recognises the stub's bytes and
+//! samples the vCPU at the stub's caller (return address and stack pointer as after the
+//! stub's `ret`), flagged halted when the hypercall is `SCHEDOP_block`/`SCHEDOP_poll`.
+//! Without this, a frame-pointer walk from the stub skips the caller (the stub keeps no
+//! frame) and an idle vCPU would look busy.
+//!
+//! Safety of the domain: glass counts as holding the domain paused from just before the
+//! pause hypercall until the unpause returned, and says so in a [`PauseMark`] shared
+//! with its guardian process, which unpauses the domain if glass dies holding it.
+
+pub mod abi;
+pub mod frames;
+pub mod libs;
+
+use std::ffi::c_void;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use glass_format::Backend;
+use glass_mem::{PageWalk, PagingMode, PhysicalMemory, X86Paging};
+
+use crate::arch::x86_64::X86Regs;
+use crate::guest::{Arch, GuestBackend, GuestError, VcpuRegs};
+use crate::TargetError;
+use abi::*;
+use frames::ForeignFrames;
+use libs::XenLibs;
+
+/// Frames kept mapped (16 MiB): stacks and the page tables above them, with room.
+const FRAME_CACHE: usize = 4096;
+/// EFER.LMA and CR4.PAE: a 64-bit PV vCPU is always in long mode with 4-level paging.
+const EFER_LMA: u64 = 1 << 10;
+const CR4_PAE: u64 = 1 << 5;
+/// What `getvcpucontext` answers for a vCPU the guest never brought up.
+const ENODATA: i64 = 61;
+
+/// One of libxencall's hypercall-safe buffers (locked, never moved).
+struct HypercallBuffer {
+    libs: Arc<XenLibs>,
+    call: *mut c_void,
+    pointer: *mut u8,
+    len: usize,
+}
+
+impl HypercallBuffer {
+    fn new(libs: &Arc<XenLibs>, call: *mut c_void, len: usize) -> std::io::Result<Self> {
+        // SAFETY: a valid xencall handle.
+        let pointer = unsafe { (libs.xencall_alloc_buffer)(call, len) } as *mut u8;
+        if pointer.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `len` bytes were allocated.
+        unsafe { std::ptr::write_bytes(pointer, 0, len) };
+        Ok(HypercallBuffer {
+            libs: libs.clone(),
+            call,
+            pointer,
+            len,
+        })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `len` bytes owned by this buffer.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer, self.len) }
+    }
+
+    fn address(&self, offset: usize) -> u64 {
+        self.pointer as u64 + offset as u64
+    }
+}
+
+impl Drop for HypercallBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by xencall_alloc_buffer on this handle.
+        unsafe { (self.libs.xencall_free_buffer)(self.call, self.pointer.cast()) };
+    }
+}
+
+/// The hypervisor's control interface (libxencall on /dev/xen/privcmd).
+pub struct Hypervisor {
+    libs: Arc<XenLibs>,
+    call: *mut c_void,
+    /// One domctl for the calls outside the sample path.
+    single: Option<HypercallBuffer>,
+}
+
+/// What `XEN_DOMCTL_getdomaininfo` says of a domain.
+#[derive(Debug, Clone, Copy)]
+pub struct DomainInfo {
+    pub domid: u32,
+    pub flags: u32,
+    pub online_vcpus: u32,
+    pub max_vcpu_id: u32,
+}
+
+impl DomainInfo {
+    pub fn paused(&self) -> bool {
+        self.flags & DOMINF_PAUSED != 0
+    }
+}
+
+fn errno_text(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno).to_string()
+}
+
+impl Hypervisor {
+    /// Opens the control interface, with one line for each reason it cannot be: no
+    /// Xen, no libraries, not dom0, no privileges.
+    pub fn open() -> Result<Hypervisor, TargetError> {
+        let bad = |text: String| TargetError::BadInput(format!("--xen: {text}"));
+        let hypervisor = std::fs::read_to_string("/sys/hypervisor/type").unwrap_or_default();
+        if hypervisor.trim() != "xen" {
+            return Err(bad(
+                "this machine is not running on Xen (/sys/hypervisor/type does not say xen): run glass in dom0 of a Xen host".into(),
+            ));
+        }
+        let capabilities = std::fs::read_to_string("/proc/xen/capabilities");
+        match capabilities {
+            Ok(text) if !text.contains("control_d") => {
+                return Err(bad(
+                    "this is a Xen guest, not dom0 (/proc/xen/capabilities has no control_d): run glass record --xen in dom0".into(),
+                ))
+            }
+            Err(_) if !std::path::Path::new("/dev/xen/privcmd").exists() => {
+                return Err(bad(
+                    "neither /proc/xen (mount -t xenfs xenfs /proc/xen) nor /dev/xen/privcmd is there: is this dom0 with Xen's drivers loaded?".into(),
+                ))
+            }
+            _ => {}
+        }
+        let libs = XenLibs::load().map_err(|missing| {
+            bad(format!(
+                "cannot load {missing}: install Xen's tools in dom0 (Debian: xen-utils-4.17)"
+            ))
+        })?;
+        let libs = Arc::new(libs);
+        // SAFETY: no logger, no flags.
+        let call = unsafe { (libs.xencall_open)(std::ptr::null_mut(), 0) };
+        if call.is_null() {
+            let error = std::io::Error::last_os_error();
+            return Err(bad(format!(
+                "cannot open Xen's hypercall interface (/dev/xen/privcmd): {error}; run as root in dom0"
+            )));
+        }
+        let mut hv = Hypervisor {
+            libs,
+            call,
+            single: None,
+        };
+        hv.single =
+            Some(HypercallBuffer::new(&hv.libs, call, DOMCTL_SIZE).map_err(TargetError::Io)?);
+        Ok(hv)
+    }
+
+    /// One domctl through the single buffer; `fill` sets its payload. Returns the
+    /// buffer as Xen left it, or the errno.
+    fn domctl(&mut self, cmd: u32, domid: u32, fill: impl FnOnce(&mut [u8])) -> Result<&[u8], i32> {
+        let call = self.call;
+        let xencall1 = self.libs.xencall1;
+        let buffer = self.single.as_mut().expect("opened");
+        domctl(buffer.bytes(), cmd, domid);
+        fill(buffer.bytes());
+        // SAFETY: the domctl lies in a hypercall buffer of this handle.
+        let result = unsafe { xencall1(call, HYPERVISOR_DOMCTL, buffer.address(0)) };
+        if result < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        Ok(buffer.bytes())
+    }
+
+    pub fn domain_info(&mut self, domid: u32) -> Result<DomainInfo, i32> {
+        let reply = self.domctl(DOMCTL_GETDOMAININFO, domid, |_| {})?;
+        Ok(DomainInfo {
+            domid: read_u16(reply, INFO_DOMAIN) as u32,
+            flags: read_u32(reply, INFO_FLAGS),
+            online_vcpus: read_u32(reply, INFO_NR_ONLINE_VCPUS),
+            max_vcpu_id: read_u32(reply, INFO_MAX_VCPU_ID),
+        })
+    }
+
+    pub fn pause(&mut self, domid: u32) -> Result<(), i32> {
+        self.domctl(DOMCTL_PAUSEDOMAIN, domid, |_| {}).map(|_| ())
+    }
+
+    pub fn unpause(&mut self, domid: u32) -> Result<(), i32> {
+        self.domctl(DOMCTL_UNPAUSEDOMAIN, domid, |_| {}).map(|_| ())
+    }
+
+    /// The guest's address size in bits (64 for a 64-bit PV guest).
+    fn address_size(&mut self, domid: u32) -> Result<u32, i32> {
+        self.domctl(DOMCTL_GET_ADDRESS_SIZE, domid, |_| {})
+            .map(|reply| read_u32(reply, ADDRESS_SIZE_SIZE))
+    }
+
+    /// The domain `spec` names (a domid, or a name as `xl list` shows it), checked to
+    /// be one glass can sample.
+    pub fn find(&mut self, spec: &str) -> Result<(DomainInfo, String), TargetError> {
+        let bad = |text: String| TargetError::BadInput(format!("--xen {spec}: {text}"));
+        let (domid, name) = match spec.parse::<u32>() {
+            Ok(domid) => {
+                let name = self
+                    .libs
+                    .domain_names()
+                    .and_then(|names| names.into_iter().find(|(id, _)| *id == domid))
+                    .map_or_else(|| format!("domain {domid}"), |(_, name)| name);
+                (domid, name)
+            }
+            Err(_) => {
+                let names = self.libs.domain_names().ok_or_else(|| {
+                    bad("cannot reach xenstore to look the name up (is xenstored running?); give the domain's id (xl list)".into())
+                })?;
+                match names.iter().find(|(_, name)| name == spec) {
+                    Some((domid, name)) => (*domid, name.clone()),
+                    None => {
+                        let known: Vec<&str> = names.iter().map(|(_, n)| n.as_str()).collect();
+                        return Err(bad(format!(
+                            "no such domain (running: {})",
+                            known.join(", ")
+                        )));
+                    }
+                }
+            }
+        };
+        if domid == 0 {
+            return Err(bad(
+                "that is dom0, where glass runs: glass samples a guest domain from dom0 (xl list shows their ids)".into(),
+            ));
+        }
+        let info = match self.domain_info(domid) {
+            Ok(info) if info.domid == domid => info,
+            Ok(_) | Err(libc::ESRCH) => return Err(bad("no such domain (xl list shows the domains)".into())),
+            Err(libc::EACCES) => {
+                return Err(bad(format!(
+                    "the hypervisor refused domctl interface version {DOMCTL_INTERFACE_VERSION:#x}: glass speaks Xen 4.17's, this Xen is another version"
+                )))
+            }
+            Err(errno) => return Err(bad(format!("cannot query the domain: {}", errno_text(errno)))),
+        };
+        if info.flags & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0 {
+            return Err(bad("the domain is shutting down".into()));
+        }
+        if info.flags & DOMINF_HVM_GUEST != 0 {
+            return Err(bad(
+                "an HVM/PVH guest: glass record --xen samples PV guests so far".into(),
+            ));
+        }
+        match self.address_size(domid) {
+            Ok(64) => {}
+            Ok(bits) => {
+                return Err(bad(format!(
+                    "a {bits}-bit PV guest: glass record --xen samples 64-bit guests"
+                )))
+            }
+            Err(errno) => {
+                return Err(bad(format!(
+                    "cannot query the domain: {}",
+                    errno_text(errno)
+                )))
+            }
+        }
+        if info.max_vcpu_id == u32::MAX {
+            return Err(bad("the domain has no vCPUs".into()));
+        }
+        Ok((info, name))
+    }
+}
+
+impl Drop for Hypervisor {
+    fn drop(&mut self) {
+        self.single = None;
+        // SAFETY: the handle opened in `open`; its buffers are freed above or by their
+        // owners, which hold their own reference to the libraries.
+        unsafe { (self.libs.xencall_close)(self.call) };
+    }
+}
+
+/// "glass holds the domain paused", in a page shared with the guardian (a memfd the
+/// guardian maps after exec). Set just before the pause hypercall, cleared once the
+/// unpause returned: a glass killed at any moment in between leaves it set.
+pub struct PauseMark {
+    fd: OwnedFd,
+    word: *const AtomicU32,
+}
+
+impl PauseMark {
+    pub fn create() -> std::io::Result<PauseMark> {
+        // SAFETY: a name and flags; no close-on-exec: the guardian inherits it.
+        let fd = unsafe { libc::memfd_create(c"glass-xen-pause".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sizing our own memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Self::map(fd)
+    }
+
+    /// The guardian's side: the mark inherited as descriptor `fd`.
+    pub fn inherit(fd: RawFd) -> std::io::Result<PauseMark> {
+        // SAFETY: the caller passes the descriptor glass handed down.
+        Self::map(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn map(fd: OwnedFd) -> std::io::Result<PauseMark> {
+        // SAFETY: mapping one shared page of a memfd we hold.
+        let pointer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if pointer == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(PauseMark {
+            fd,
+            word: pointer as *const AtomicU32,
+        })
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn set(&self, held: bool) {
+        // SAFETY: the mapping lives as long as self.
+        unsafe { &*self.word }.store(u32::from(held), Ordering::SeqCst);
+    }
+
+    pub fn held(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { &*self.word }.load(Ordering::SeqCst) != 0
+    }
+}
+
+impl Drop for PauseMark {
+    fn drop(&mut self) {
+        // SAFETY: the page mapped in `map`.
+        unsafe { libc::munmap(self.word as *mut c_void, 4096) };
+    }
+}
+
+/// A PV domain as a [`GuestBackend`].
+pub struct XenBackend {
+    hv: Hypervisor,
+    domid: u32,
+    vcpus: usize,
+    /// Multicall entries: pause, then one getvcpucontext per vCPU.
+    entries: HypercallBuffer,
+    domctls: HypercallBuffer,
+    contexts: HypercallBuffer,
+    /// The hypervisor takes domctls in a multicall (probed at start); else one call each.
+    batched: bool,
+    frames: ForeignFrames,
+    halted: Vec<bool>,
+    /// Per vCPU at the last stop: it has a context (was brought up).
+    online: Vec<bool>,
+    /// vCPUs seen inside a hypercall stub and sampled at its caller.
+    pub in_hypercall: Vec<u64>,
+    mark: Option<PauseMark>,
+    /// Between the pause and the unpause.
+    paused: bool,
+    gone: bool,
+}
+
+impl XenBackend {
+    /// Opens domain `info` for sampling; `mark` is shared with the guardian.
+    pub fn new(
+        hv: Hypervisor,
+        info: DomainInfo,
+        mark: Option<PauseMark>,
+    ) -> Result<XenBackend, TargetError> {
+        let vcpus = info.max_vcpu_id as usize + 1;
+        let io = TargetError::Io;
+        let entries = HypercallBuffer::new(&hv.libs, hv.call, (1 + vcpus) * MULTICALL_ENTRY_SIZE)
+            .map_err(io)?;
+        let domctls =
+            HypercallBuffer::new(&hv.libs, hv.call, (1 + vcpus) * DOMCTL_SIZE).map_err(io)?;
+        let contexts = HypercallBuffer::new(&hv.libs, hv.call, vcpus * CONTEXT_SIZE).map_err(io)?;
+        let frames =
+            ForeignFrames::open(hv.libs.clone(), info.domid, FRAME_CACHE).map_err(|e| {
+                TargetError::BadInput(format!(
+                    "--xen: cannot open Xen's foreign-memory interface: {e}; run as root in dom0"
+                ))
+            })?;
+        let mut backend = XenBackend {
+            hv,
+            domid: info.domid,
+            vcpus,
+            entries,
+            domctls,
+            contexts,
+            batched: false,
+            frames,
+            halted: vec![false; vcpus],
+            online: vec![false; vcpus],
+            in_hypercall: vec![0; vcpus],
+            mark,
+            paused: false,
+            gone: false,
+        };
+        backend.batched = backend.probe_multicall();
+        Ok(backend)
+    }
+
+    /// Whether one multicall may carry the domctls: tried with a getdomaininfo.
+    fn probe_multicall(&mut self) -> bool {
+        let domid = self.domid;
+        let domctl_address = self.domctls.address(0);
+        domctl(self.domctls.bytes(), DOMCTL_GETDOMAININFO, domid);
+        let entry = self.entries.bytes();
+        entry[..MULTICALL_ENTRY_SIZE].fill(0);
+        write_u64(entry, 0, HYPERVISOR_DOMCTL as u64);
+        write_u64(entry, 16, domctl_address);
+        // SAFETY: one entry whose domctl lies in a hypercall buffer.
+        let result = unsafe {
+            (self.hv.libs.xencall2)(
+                self.hv.call,
+                HYPERVISOR_MULTICALL,
+                self.entries.address(0),
+                1,
+            )
+        };
+        let entry_result = read_u64(self.entries.bytes(), 8) as i64;
+        result == 0
+            && entry_result == 0
+            && read_u16(self.domctls.bytes(), INFO_DOMAIN) as u32 == domid
+    }
+
+    /// Whether the samples are taken with one multicall per stop.
+    pub fn batched(&self) -> bool {
+        self.batched
+    }
+
+    /// Pauses the domain and reads every vCPU's context into `contexts`; returns per vCPU
+    /// whether it has a context (a vCPU never brought up has none).
+    fn pause_and_read(&mut self, online: &mut [bool]) -> Result<(), GuestError> {
+        let domid = self.domid;
+        let vcpus = self.vcpus;
+        for vcpu in 0..=vcpus {
+            let address = self.contexts.address(vcpu.saturating_sub(1) * CONTEXT_SIZE);
+            let domctl_buf = &mut self.domctls.bytes()[vcpu * DOMCTL_SIZE..];
+            if vcpu == 0 {
+                domctl(domctl_buf, DOMCTL_PAUSEDOMAIN, domid);
+            } else {
+                domctl(domctl_buf, DOMCTL_GETVCPUCONTEXT, domid);
+                write_u32(domctl_buf, VCPUCONTEXT_VCPU, vcpu as u32 - 1);
+                write_u64(domctl_buf, VCPUCONTEXT_CTXT, address);
+            }
+        }
+        if let Some(mark) = &self.mark {
+            mark.set(true);
+        }
+        self.paused = true;
+        let call = self.hv.call;
+        let libs = self.hv.libs.clone();
+        if self.batched {
+            for vcpu in 0..=vcpus {
+                let domctl_address = self.domctls.address(vcpu * DOMCTL_SIZE);
+                let entry = &mut self.entries.bytes()[vcpu * MULTICALL_ENTRY_SIZE..];
+                entry[..MULTICALL_ENTRY_SIZE].fill(0);
+                write_u64(entry, 0, HYPERVISOR_DOMCTL as u64);
+                write_u64(entry, 16, domctl_address);
+            }
+            // SAFETY: 1 + vcpus entries, each pointing at a domctl in a hypercall buffer,
+            // each getvcpucontext at a context buffer of CONTEXT_SIZE bytes.
+            let result = unsafe {
+                (libs.xencall2)(
+                    call,
+                    HYPERVISOR_MULTICALL,
+                    self.entries.address(0),
+                    1 + vcpus as u64,
+                )
+            };
+            if result < 0 {
+                let error = std::io::Error::last_os_error();
+                return Err(self.failed("pause", error.raw_os_error().unwrap_or(0)));
+            }
+            let entries = self.entries.bytes();
+            let results: Vec<i64> = (0..=vcpus)
+                .map(|i| read_u64(entries, i * MULTICALL_ENTRY_SIZE + 8) as i64)
+                .collect();
+            if results[0] != 0 {
+                self.paused = false;
+                return Err(self.failed("pause", -results[0] as i32));
+            }
+            for (vcpu, result) in results[1..].iter().enumerate() {
+                online[vcpu] = *result == 0;
+                if *result != 0 && *result != -ENODATA {
+                    return Err(self.failed("read the vCPU context of", -*result as i32));
+                }
+            }
+        } else {
+            for vcpu in 0..=vcpus {
+                let address = self.domctls.address(vcpu * DOMCTL_SIZE);
+                // SAFETY: a domctl in a hypercall buffer (its context buffer as well).
+                let result = unsafe { (libs.xencall1)(call, HYPERVISOR_DOMCTL, address) };
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                if vcpu == 0 {
+                    if result < 0 {
+                        self.paused = false;
+                        return Err(self.failed("pause", errno));
+                    }
+                } else {
+                    online[vcpu - 1] = result >= 0;
+                    if result < 0 && errno != ENODATA as i32 {
+                        return Err(self.failed("read the vCPU context of", errno));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn failed(&mut self, what: &str, errno: i32) -> GuestError {
+        if errno == libc::ESRCH
+            || self
+                .hv
+                .domain_info(self.domid)
+                .is_ok_and(|i| i.domid != self.domid)
+        {
+            self.gone = true;
+            return GuestError(format!("domain {} is gone", self.domid));
+        }
+        GuestError(format!(
+            "cannot {what} domain {}: {}",
+            self.domid,
+            errno_text(errno)
+        ))
+    }
+
+    /// The registers of vCPU `vcpu` from its context, stepped out of a hypercall stub.
+    fn registers(&mut self, vcpu: usize) -> X86Regs {
+        let context = &self.contexts.bytes()[vcpu * CONTEXT_SIZE..(vcpu + 1) * CONTEXT_SIZE];
+        let flags = read_u64(context, CONTEXT_FLAGS);
+        let kernel_table = read_u64(context, CONTEXT_CTRLREG + 3 * 8);
+        let user_table = read_u64(context, CONTEXT_CTRLREG + 8);
+        let cr3 = if flags & VGCF_IN_KERNEL == 0 && user_table != 0 {
+            user_table
+        } else {
+            kernel_table
+        };
+        let mut regs = X86Regs {
+            ip: read_u64(context, CONTEXT_RIP),
+            sp: read_u64(context, CONTEXT_RSP),
+            fp: read_u64(context, CONTEXT_RBP),
+            cr3,
+            cr4: CR4_PAE,
+            efer: EFER_LMA,
+        };
+        let rdi = read_u64(context, CONTEXT_RDI);
+        self.halted[vcpu] = false;
+        if let Some(number) = self.hypercall_at(&regs) {
+            let paging = X86Paging {
+                cr3: regs.cr3,
+                mode: PagingMode::FourLevel,
+            };
+            let mut word = [0u8; 8];
+            if read_virtual(&self.frames, &paging, regs.sp + 16, &mut word) {
+                self.in_hypercall[vcpu] += 1;
+                self.halted[vcpu] =
+                    number == HYPERVISOR_SCHED_OP && matches!(rdi, SCHEDOP_BLOCK | SCHEDOP_POLL);
+                regs.ip = u64::from_le_bytes(word);
+                regs.sp += 24;
+            }
+        }
+        regs
+    }
+
+    /// The hypercall number when `regs.ip` sits right after the `syscall` of one of
+    /// Xen's hypercall stubs.
+    fn hypercall_at(&self, regs: &X86Regs) -> Option<u64> {
+        let start = regs.ip.checked_sub(HYPERCALL_STUB_RETURN as u64)?;
+        if start % 32 != 0 {
+            return None;
+        }
+        let paging = X86Paging {
+            cr3: regs.cr3,
+            mode: PagingMode::FourLevel,
+        };
+        let mut bytes = [0u8; HYPERCALL_STUB.len()];
+        if !read_virtual(&self.frames, &paging, start, &mut bytes) {
+            return None;
+        }
+        let number = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+        let mut expected = HYPERCALL_STUB;
+        expected[4..8].copy_from_slice(&number.to_le_bytes());
+        (bytes == expected).then_some(number as u64)
+    }
+}
+
+/// Reads guest-virtual memory by walking the tables (no cache: a few reads of mapped
+/// frames), page by page.
+fn read_virtual(
+    memory: &dyn PhysicalMemory,
+    paging: &X86Paging,
+    address: u64,
+    buf: &mut [u8],
+) -> bool {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = address.wrapping_add(done as u64);
+        let Ok(translation) = paging.walk(memory, at) else {
+            return false;
+        };
+        let len = ((4096 - at % 4096) as usize).min(buf.len() - done);
+        if !memory.read_physical(translation.physical, &mut buf[done..done + len]) {
+            return false;
+        }
+        done += len;
+    }
+    true
+}
+
+impl GuestBackend for XenBackend {
+    fn arch(&self) -> Arch {
+        Arch::X86_64
+    }
+
+    fn recording_backend(&self) -> Backend {
+        Backend::Xen
+    }
+
+    fn vcpu_count(&self) -> usize {
+        self.vcpus
+    }
+
+    fn stop_with_registers(&mut self, out: &mut [VcpuRegs]) -> Result<(), GuestError> {
+        let mut online = std::mem::take(&mut self.online);
+        let read = self.pause_and_read(&mut online);
+        self.online = online;
+        read?;
+        for vcpu in 0..self.vcpus.min(out.len()) {
+            out[vcpu] = if self.online[vcpu] {
+                VcpuRegs::X86_64(self.registers(vcpu))
+            } else {
+                // Never brought up: no long mode, so the loop shows it as not started.
+                self.halted[vcpu] = false;
+                VcpuRegs::zeroed(Arch::X86_64)
+            };
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<(), GuestError> {
+        if !self.paused {
+            return Ok(());
+        }
+        match self.hv.unpause(self.domid) {
+            Ok(()) => {
+                self.paused = false;
+                if let Some(mark) = &self.mark {
+                    mark.set(false);
+                }
+                Ok(())
+            }
+            Err(errno) => Err(self.failed("unpause", errno)),
+        }
+    }
+
+    fn detach(&mut self) -> Result<(), GuestError> {
+        self.resume()
+    }
+
+    fn physical_memory(&self) -> Option<&dyn PhysicalMemory> {
+        Some(&self.frames)
+    }
+
+    fn read_virtual(
+        &mut self,
+        _vcpu: usize,
+        _address: u64,
+        _buf: &mut [u8],
+    ) -> Result<usize, GuestError> {
+        // Every read goes through `physical_memory`.
+        Ok(0)
+    }
+
+    fn read_unit(&self) -> usize {
+        4096
+    }
+
+    fn halted(&self, vcpu: usize) -> Option<bool> {
+        self.halted.get(vcpu).copied()
+    }
+
+    fn gone(&self) -> bool {
+        self.gone
+    }
+
+    fn figures(&self) -> Vec<String> {
+        let frames = self.frames.figures();
+        let stepped: u64 = self.in_hypercall.iter().sum();
+        vec![
+            format!(
+                "Xen: pause and {} vCPU contexts {}",
+                self.vcpus,
+                if self.batched {
+                    "in one multicall per sample"
+                } else {
+                    "in one hypercall each (this Xen refused domctls in a multicall)"
+                }
+            ),
+            format!(
+                "guest frames mapped: {} now (bounded at {FRAME_CACHE}), {} maps, {} unmapped to make room, {} failed",
+                frames.mapped_now, frames.maps, frames.unmaps, frames.failures
+            ),
+            format!("vCPUs sampled inside a hypercall (shown at its caller): {stepped}"),
+        ]
+    }
+}
+
+impl Drop for XenBackend {
+    fn drop(&mut self) {
+        // Whatever ends the backend, the domain runs.
+        let _ = self.resume();
+    }
+}
