@@ -53,8 +53,8 @@ pub struct FrameFigures {
 
 impl ForeignFrames {
     pub fn open(libs: Arc<XenLibs>, domid: u32, capacity: usize) -> std::io::Result<Self> {
-        // SAFETY: no logger, no flags.
-        let handle = unsafe { (libs.fmem_open)(std::ptr::null_mut(), 0) };
+        // SAFETY: a logger that lives for the program, no flags.
+        let handle = unsafe { (libs.fmem_open)(super::libs::quiet_logger(), 0) };
         if handle.is_null() {
             return Err(std::io::Error::last_os_error());
         }

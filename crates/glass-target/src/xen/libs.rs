@@ -29,6 +29,49 @@ type XsDirectory =
     unsafe extern "C" fn(*mut c_void, u32, *const c_char, *mut c_uint) -> *mut *mut c_char;
 type XsRead = unsafe extern "C" fn(*mut c_void, u32, *const c_char, *mut c_uint) -> *mut c_void;
 
+/// libxentoollog's logger (`struct xentoollog_logger`): three callbacks. Without one,
+/// libxencall and libxenforeignmemory print their own error lines on stderr, and glass
+/// says what went wrong in one line itself.
+#[repr(C)]
+pub struct Logger {
+    vmessage:
+        unsafe extern "C" fn(*mut Logger, c_int, c_int, *const c_char, *const c_char, *mut c_void),
+    progress: unsafe extern "C" fn(*mut Logger, *const c_char, *const c_char, c_int, u64, u64),
+    destroy: unsafe extern "C" fn(*mut Logger),
+}
+
+unsafe extern "C" fn quiet_message(
+    _: *mut Logger,
+    _: c_int,
+    _: c_int,
+    _: *const c_char,
+    _: *const c_char,
+    _: *mut c_void,
+) {
+}
+
+unsafe extern "C" fn quiet_progress(
+    _: *mut Logger,
+    _: *const c_char,
+    _: *const c_char,
+    _: c_int,
+    _: u64,
+    _: u64,
+) {
+}
+
+unsafe extern "C" fn quiet_destroy(_: *mut Logger) {}
+
+/// A logger that says nothing (the libraries only read it; it lives for the program).
+pub fn quiet_logger() -> *mut c_void {
+    static QUIET: Logger = Logger {
+        vmessage: quiet_message,
+        progress: quiet_progress,
+        destroy: quiet_destroy,
+    };
+    &QUIET as *const Logger as *mut c_void
+}
+
 /// The library files, by soname.
 pub const XENCALL: &str = "libxencall.so.1";
 pub const XENFOREIGNMEMORY: &str = "libxenforeignmemory.so.1";

@@ -17,13 +17,14 @@
 //! through the same [`frames`] code; these machines cannot run them (no VT-x/SVM under
 //! TCG) to test it.
 //!
-//! A PV vCPU that is inside a hypercall (an idle vCPU blocked in `SCHEDOP_block`) has
-//! its instruction pointer in the hypercall page, right after the `syscall` of Xen's
-//! stub, with the stub's two pushes on its stack: glass recognises the stub's bytes and
-//! samples the vCPU at the stub's caller (return address and stack pointer as after the
-//! stub's `ret`), flagged halted when the hypercall is `SCHEDOP_block`/`SCHEDOP_poll`.
-//! Without this, a frame-pointer walk from the stub skips the caller (the stub keeps no
-//! frame) and an idle vCPU would look busy.
+//! Idle vCPUs: the same multicall asks `XEN_DOMCTL_getvcpuinfo` of every vCPU, and a
+//! vCPU Xen reports blocked (waiting for an event: `SCHEDOP_block`/`poll`, the PV idle
+//! loop) is flagged halted. A PV vCPU inside a hypercall made through the hypercall
+//! page (as Linux and Mini-OS make them) has its instruction pointer right after the
+//! `syscall` of Xen's stub, with the stub's two pushes on its stack: glass recognises the
+//! stub's bytes and samples the vCPU at the stub's caller (return address and stack
+//! pointer as after the stub's `ret`). Without this, a frame-pointer walk from the stub
+//! skips the caller (the stub keeps no frame), and the page has no CFI.
 //!
 //! Safety of the domain: glass counts as holding the domain paused from just before the
 //! pause hypercall until the unpause returned, and says so in a [`PauseMark`] shared
@@ -156,8 +157,8 @@ impl Hypervisor {
             ))
         })?;
         let libs = Arc::new(libs);
-        // SAFETY: no logger, no flags.
-        let call = unsafe { (libs.xencall_open)(std::ptr::null_mut(), 0) };
+        // SAFETY: a logger that lives for the program, no flags.
+        let call = unsafe { (libs.xencall_open)(libs::quiet_logger(), 0) };
         if call.is_null() {
             let error = std::io::Error::last_os_error();
             return Err(bad(format!(
@@ -401,10 +402,10 @@ impl XenBackend {
     ) -> Result<XenBackend, TargetError> {
         let vcpus = info.max_vcpu_id as usize + 1;
         let io = TargetError::Io;
-        let entries = HypercallBuffer::new(&hv.libs, hv.call, (1 + vcpus) * MULTICALL_ENTRY_SIZE)
-            .map_err(io)?;
-        let domctls =
-            HypercallBuffer::new(&hv.libs, hv.call, (1 + vcpus) * DOMCTL_SIZE).map_err(io)?;
+        let calls = 2 + 2 * vcpus;
+        let entries =
+            HypercallBuffer::new(&hv.libs, hv.call, calls * MULTICALL_ENTRY_SIZE).map_err(io)?;
+        let domctls = HypercallBuffer::new(&hv.libs, hv.call, calls * DOMCTL_SIZE).map_err(io)?;
         let contexts = HypercallBuffer::new(&hv.libs, hv.call, vcpus * CONTEXT_SIZE).map_err(io)?;
         let frames =
             ForeignFrames::open(hv.libs.clone(), info.domid, FRAME_CACHE).map_err(|e| {
@@ -461,20 +462,30 @@ impl XenBackend {
         self.batched
     }
 
-    /// Pauses the domain and reads every vCPU's context into `contexts`; returns per vCPU
-    /// whether it has a context (a vCPU never brought up has none).
+    /// Pauses the domain and reads every vCPU's context into `contexts` and its state
+    /// (blocked or not) into `domctls`; sets per vCPU whether it has a context (a vCPU
+    /// never brought up has none). The domctls: 0 the pause, then per vCPU `v`
+    /// getvcpucontext at 1 + 2v and getvcpuinfo at 2 + 2v, and last getdomaininfo: a
+    /// domain being destroyed can still be paused and read, but glass must let go of
+    /// it (its mapped frames keep it from dying). Nothing is allocated here.
     fn pause_and_read(&mut self, online: &mut [bool]) -> Result<(), GuestError> {
         let domid = self.domid;
-        let vcpus = self.vcpus;
-        for vcpu in 0..=vcpus {
-            let address = self.contexts.address(vcpu.saturating_sub(1) * CONTEXT_SIZE);
-            let domctl_buf = &mut self.domctls.bytes()[vcpu * DOMCTL_SIZE..];
-            if vcpu == 0 {
-                domctl(domctl_buf, DOMCTL_PAUSEDOMAIN, domid);
+        let calls = 2 + 2 * self.vcpus;
+        for index in 0..calls {
+            let vcpu = index.saturating_sub(1) / 2;
+            let context = self.contexts.address(vcpu * CONTEXT_SIZE);
+            let buffer = &mut self.domctls.bytes()[index * DOMCTL_SIZE..];
+            if index == 0 {
+                domctl(buffer, DOMCTL_PAUSEDOMAIN, domid);
+            } else if index == calls - 1 {
+                domctl(buffer, DOMCTL_GETDOMAININFO, domid);
+            } else if index % 2 == 1 {
+                domctl(buffer, DOMCTL_GETVCPUCONTEXT, domid);
+                write_u32(buffer, VCPUCONTEXT_VCPU, vcpu as u32);
+                write_u64(buffer, VCPUCONTEXT_CTXT, context);
             } else {
-                domctl(domctl_buf, DOMCTL_GETVCPUCONTEXT, domid);
-                write_u32(domctl_buf, VCPUCONTEXT_VCPU, vcpu as u32 - 1);
-                write_u64(domctl_buf, VCPUCONTEXT_CTXT, address);
+                domctl(buffer, DOMCTL_GETVCPUINFO, domid);
+                write_u32(buffer, VCPUINFO_VCPU, vcpu as u32);
             }
         }
         if let Some(mark) = &self.mark {
@@ -482,61 +493,80 @@ impl XenBackend {
         }
         self.paused = true;
         let call = self.hv.call;
-        let libs = self.hv.libs.clone();
+        let (xencall1, xencall2) = (self.hv.libs.xencall1, self.hv.libs.xencall2);
         if self.batched {
-            for vcpu in 0..=vcpus {
-                let domctl_address = self.domctls.address(vcpu * DOMCTL_SIZE);
-                let entry = &mut self.entries.bytes()[vcpu * MULTICALL_ENTRY_SIZE..];
+            for index in 0..calls {
+                let address = self.domctls.address(index * DOMCTL_SIZE);
+                let entry = &mut self.entries.bytes()[index * MULTICALL_ENTRY_SIZE..];
                 entry[..MULTICALL_ENTRY_SIZE].fill(0);
                 write_u64(entry, 0, HYPERVISOR_DOMCTL as u64);
-                write_u64(entry, 16, domctl_address);
+                write_u64(entry, 16, address);
             }
-            // SAFETY: 1 + vcpus entries, each pointing at a domctl in a hypercall buffer,
+            // SAFETY: `calls` entries, each pointing at a domctl in a hypercall buffer,
             // each getvcpucontext at a context buffer of CONTEXT_SIZE bytes.
             let result = unsafe {
-                (libs.xencall2)(
+                xencall2(
                     call,
                     HYPERVISOR_MULTICALL,
                     self.entries.address(0),
-                    1 + vcpus as u64,
+                    calls as u64,
                 )
             };
             if result < 0 {
-                let error = std::io::Error::last_os_error();
-                return Err(self.failed("pause", error.raw_os_error().unwrap_or(0)));
-            }
-            let entries = self.entries.bytes();
-            let results: Vec<i64> = (0..=vcpus)
-                .map(|i| read_u64(entries, i * MULTICALL_ENTRY_SIZE + 8) as i64)
-                .collect();
-            if results[0] != 0 {
-                self.paused = false;
-                return Err(self.failed("pause", -results[0] as i32));
-            }
-            for (vcpu, result) in results[1..].iter().enumerate() {
-                online[vcpu] = *result == 0;
-                if *result != 0 && *result != -ENODATA {
-                    return Err(self.failed("read the vCPU context of", -*result as i32));
-                }
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                return Err(self.failed("pause", errno));
             }
         } else {
-            for vcpu in 0..=vcpus {
-                let address = self.domctls.address(vcpu * DOMCTL_SIZE);
+            for index in 0..calls {
+                let address = self.domctls.address(index * DOMCTL_SIZE);
                 // SAFETY: a domctl in a hypercall buffer (its context buffer as well).
-                let result = unsafe { (libs.xencall1)(call, HYPERVISOR_DOMCTL, address) };
+                let result = unsafe { xencall1(call, HYPERVISOR_DOMCTL, address) };
                 let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-                if vcpu == 0 {
+                // Kept where the multicall keeps it, to read both ways alike below.
+                let entry = &mut self.entries.bytes()[index * MULTICALL_ENTRY_SIZE..];
+                write_u64(
+                    entry,
+                    8,
                     if result < 0 {
-                        self.paused = false;
-                        return Err(self.failed("pause", errno));
-                    }
-                } else {
-                    online[vcpu - 1] = result >= 0;
-                    if result < 0 && errno != ENODATA as i32 {
-                        return Err(self.failed("read the vCPU context of", errno));
-                    }
+                        (-(errno as i64)) as u64
+                    } else {
+                        0
+                    },
+                );
+                if index == 0 && result < 0 {
+                    break;
                 }
             }
+        }
+        let result = |backend: &mut Self, index: usize| {
+            read_u64(backend.entries.bytes(), index * MULTICALL_ENTRY_SIZE + 8) as i64
+        };
+        let paused = result(self, 0);
+        if paused != 0 {
+            self.paused = false;
+            if let Some(mark) = &self.mark {
+                mark.set(false);
+            }
+            return Err(self.failed("pause", -paused as i32));
+        }
+        let info = &self.domctls.bytes()[(calls - 1) * DOMCTL_SIZE..];
+        let ending = read_u32(info, INFO_FLAGS) & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0;
+        let other = read_u16(info, INFO_DOMAIN) as u32 != domid;
+        if result(self, calls - 1) != 0 || other || ending {
+            self.gone = true;
+            return Err(GuestError(format!(
+                "domain {domid} is gone (shut down or destroyed)"
+            )));
+        }
+        for (vcpu, online) in online.iter_mut().enumerate() {
+            let (context, state) = (result(self, 1 + 2 * vcpu), result(self, 2 + 2 * vcpu));
+            *online = context == 0;
+            if context != 0 && context != -ENODATA {
+                return Err(self.failed("read the vCPU context of", -context as i32));
+            }
+            let blocked = state == 0
+                && self.domctls.bytes()[(2 + 2 * vcpu) * DOMCTL_SIZE + VCPUINFO_BLOCKED] != 0;
+            self.halted[vcpu] = blocked;
         }
         Ok(())
     }
@@ -578,7 +608,6 @@ impl XenBackend {
             efer: EFER_LMA,
         };
         let rdi = read_u64(context, CONTEXT_RDI);
-        self.halted[vcpu] = false;
         if let Some(number) = self.hypercall_at(&regs) {
             let paging = X86Paging {
                 cr3: regs.cr3,
@@ -587,7 +616,9 @@ impl XenBackend {
             let mut word = [0u8; 8];
             if read_virtual(&self.frames, &paging, regs.sp + 16, &mut word) {
                 self.in_hypercall[vcpu] += 1;
-                self.halted[vcpu] =
+                // Xen's own word (getvcpuinfo) says whether it is blocked; a vCPU still
+                // inside SCHEDOP_block/poll is on its way there or back.
+                self.halted[vcpu] |=
                     number == HYPERVISOR_SCHED_OP && matches!(rdi, SCHEDOP_BLOCK | SCHEDOP_POLL);
                 regs.ip = u64::from_le_bytes(word);
                 regs.sp += 24;
@@ -722,7 +753,7 @@ impl GuestBackend for XenBackend {
         let stepped: u64 = self.in_hypercall.iter().sum();
         vec![
             format!(
-                "Xen: pause and {} vCPU contexts {}",
+                "Xen: pause, {} vCPU contexts and states {}",
                 self.vcpus,
                 if self.batched {
                     "in one multicall per sample"

@@ -1,0 +1,337 @@
+//! `glass record --xen` on a real Xen: Xen 4.17 and a Debian dom0 boot under QEMU TCG
+//! (guests/xen: kit.sh builds the boot kit, run.sh boots it and runs a script in dom0),
+//! and `xen_dom0.sh` drives glass there against two PV guests: the demo unikernel's PV
+//! build (guests/xenpv, 2 vCPUs) and Debian's kernel as a PV domU running a known split
+//! (guests/xen/linux). The boot takes minutes, so it happens once for this file: the
+//! first test to need it boots, and every test checks its part of what the dom0 script
+//! left in the output directory.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The release build of glass, which `./x test` builds first: dom0 runs under TCG, where
+/// an unoptimized unwinder would take most of the guest's time itself.
+fn release_glass() -> Result<PathBuf, String> {
+    let release = repo().join("target/release/glass");
+    let fresh = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    match (fresh(&release), fresh(Path::new(GLASS))) {
+        (Some(release_time), Some(debug_time)) if release_time + std::time::Duration::from_secs(600) >= debug_time => {
+            Ok(release)
+        }
+        _ => Err(format!(
+            "{} is missing or older than the debug build: run ./x test (it builds it), or cargo build --release -p glass",
+            release.display()
+        )),
+    }
+}
+
+/// The dom0 script's output directory, or why there is none.
+fn xen_run() -> &'static Path {
+    static RUN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match RUN.get_or_init(boot_and_run) {
+        Ok(out) => out,
+        Err(error) => panic!("the nested Xen run failed: {error}"),
+    }
+}
+
+fn boot_and_run() -> Result<PathBuf, String> {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // The kit (Xen, Debian's kernel, initramfs images) is kept across runs.
+    let kit = tmp.join("xen-kit");
+    let built = Command::new(repo().join("guests/xen/kit.sh"))
+        .arg(&kit)
+        .status()
+        .map_err(|e| format!("guests/xen/kit.sh: {e}"))?;
+    if !built.success() {
+        return Err("guests/xen/kit.sh failed".into());
+    }
+    let glass = release_glass()?;
+    let out = scratch("xen-run");
+    let pv = out.join("pv");
+    let built = Command::new(repo().join("guests/xenpv/build.sh"))
+        .arg(&pv)
+        .arg("0")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("guests/xenpv/build.sh: {e}"))?;
+    if !built.success() {
+        return Err("guests/xenpv/build.sh failed".into());
+    }
+    std::fs::write(
+        out.join("env"),
+        format!(
+            "GLASS={}\nPV_ELF={}\n",
+            glass.display(),
+            pv.join("uk-pv.elf").display()
+        ),
+    )
+    .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/xen_dom0.sh");
+    let status = Command::new(repo().join("guests/xen/run.sh"))
+        .arg(&kit)
+        .arg(script)
+        .arg(&out)
+        .arg("900")
+        // dom0 on one vCPU, pinned (the script gives it pCPU 0).
+        .env("GLASS_XEN_DOM0_VCPUS", "1")
+        .env("GLASS_XEN_ARGS", "dom0_vcpus_pin")
+        .status()
+        .map_err(|e| format!("guests/xen/run.sh: {e}"))?;
+    let log = std::fs::read_to_string(out.join("script.log")).unwrap_or_default();
+    eprintln!("dom0 script log:\n{log}");
+    if !status.success() {
+        return Err(format!(
+            "guests/xen/run.sh exited with {status}; logs in {}",
+            out.display()
+        ));
+    }
+    Ok(out)
+}
+
+fn read(out: &Path, name: &str) -> String {
+    std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The guest's own split over the recorded window: from the cumulative cycles of its
+/// last `split ... cycles=A/B/G` lines before and after the recording where it prints
+/// them, else its last line's percentages.
+fn own_split(before: &str, after: &str) -> [f64; 3] {
+    let last = |console: &str| {
+        console
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("split "))
+            .map(str::to_string)
+    };
+    let line = last(after).unwrap_or_else(|| panic!("no split line: {after}"));
+    let field = |line: &str, key: &str| -> Option<String> {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(key))
+            .map(|v| v.trim_end_matches('%').to_string())
+    };
+    let cycles = |line: &str| -> Option<[f64; 3]> {
+        let text = field(line, "cycles=")?;
+        let v: Vec<f64> = text.split('/').filter_map(|n| n.parse().ok()).collect();
+        (v.len() == 3).then(|| [v[0], v[1], v[2]])
+    };
+    if let (Some(end), Some(start)) = (cycles(&line), last(before).as_deref().and_then(cycles)) {
+        let delta = [end[0] - start[0], end[1] - start[1], end[2] - start[2]];
+        let busy: f64 = delta.iter().sum();
+        assert!(busy > 0.0, "no work between {start:?} and {end:?}");
+        return delta.map(|d| d * 100.0 / busy);
+    }
+    ["alpha=", "beta=", "gamma="].map(|key| {
+        field(&line, key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    })
+}
+
+/// vCPU 0's alpha/beta/gamma shares of their samples against the guest's own split
+/// (each function's inclusive time, the three summing to 100), each within 3 points.
+fn assert_split(stacks: &[(Vec<String>, u64)], own: [f64; 3]) {
+    let samples = ["alpha", "beta", "gamma"].map(|function| under(stacks, "vcpu0/", function));
+    let busy: u64 = samples.iter().sum();
+    assert!(busy >= 400, "too few busy samples on vcpu0: {busy}");
+    let shares = samples.map(|n| n as f64 * 100.0 / busy as f64);
+    eprintln!("glass's split of {busy} busy samples: {shares:?}");
+    for ((function, share), own) in ["alpha", "beta", "gamma"].iter().zip(shares).zip(own) {
+        assert!(
+            (share - own).abs() <= 3.0,
+            "{function}: glass {share:.1}% vs the guest's own {own:.1}%"
+        );
+    }
+}
+
+#[test]
+fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
+    let out = xen_run();
+    assert_eq!(read(out, "pv.rc").trim(), "0", "{}", read(out, "pv.err"));
+    let err = read(out, "pv.err");
+    assert!(err.contains("in one multicall per sample"), "{err}");
+    assert!(err.contains("target stopped per sample"), "{err}");
+    let recording = out.join("pv.glass");
+    let stacks = folded(&recording, &["--threads"]);
+    let own = own_split(&read(out, "pv.console.before"), &read(out, "pv.console"));
+    eprintln!("the guest's own split over the recording: {own:?}");
+    assert_split(&stacks, own);
+    // vCPU 1 runs delta only, and none of vCPU 0's work shows there.
+    let vcpu1 = under(&stacks, "vcpu1/", "delta");
+    assert!(vcpu1 >= 100, "{stacks:?}");
+    assert_eq!(under(&stacks, "vcpu0/", "delta"), 0);
+    assert_eq!(under(&stacks, "vcpu1/", "alpha"), 0);
+    // Whole stacks from the ELF's symbols: busy samples rooted where the guest starts.
+    let busy = under(&stacks, "vcpu0/", "dispatch");
+    let rooted = under(&stacks, "vcpu0/", "run");
+    assert!(rooted * 100 >= busy * 97, "{rooted} of {busy}: {stacks:?}");
+    // beta's 80-deep recursion unwound whole.
+    let deep = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().filter(|f| *f == "descend").count() >= 80)
+        .map(|(_, n)| n)
+        .sum::<u64>();
+    let beta = under(&stacks, "vcpu0/", "beta");
+    assert!(
+        deep * 10 >= beta * 9,
+        "{deep} of {beta} beta samples 80 deep"
+    );
+    let info = Command::new(GLASS)
+        .arg("info")
+        .arg(&recording)
+        .output()
+        .unwrap();
+    let info = stdout(&info);
+    assert!(info.contains("Xen guest"), "{info}");
+}
+
+#[test]
+fn an_idle_pv_vcpu_is_shown_halted_in_its_idle_function() {
+    let out = xen_run();
+    let stacks = folded(&out.join("pv.glass"), &["--threads"]);
+    let halted = under(&stacks, "vcpu0/", "[halted]");
+    assert!(halted > 0, "no halted samples: {stacks:?}");
+    let in_idle = stacks
+        .iter()
+        .filter(|(frames, _)| frames.last().is_some_and(|f| f == "[halted]"))
+        .filter(|(frames, _)| frames.iter().any(|f| f == "idle_wait"))
+        .map(|(_, n)| n)
+        .sum::<u64>();
+    assert_eq!(
+        in_idle, halted,
+        "halted samples outside idle_wait: {stacks:?}"
+    );
+    // The unikernel blocks through the hypercall page: its blocked vCPU is sampled at
+    // the stub's caller, idle_wait.
+    let err = read(out, "pv.err");
+    let stepped: u64 = err
+        .lines()
+        .find_map(|l| l.split("inside a hypercall (shown at its caller): ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no hypercall figure: {err}"));
+    assert!(stepped > 0, "{err}");
+}
+
+#[test]
+fn the_linux_pv_domu_is_profiled_per_vcpu_with_its_own_split() {
+    let out = xen_run();
+    assert_eq!(
+        read(out, "linux.rc").trim(),
+        "0",
+        "{}",
+        read(out, "linux.err")
+    );
+    let stacks = folded(&out.join("linux.glass"), &["--threads"]);
+    let own = own_split(
+        &read(out, "linux.console.before"),
+        &read(out, "linux.console"),
+    );
+    eprintln!("the guest's own split over the recording: {own:?}");
+    assert_split(&stacks, own);
+    assert!(under(&stacks, "vcpu1/", "delta") >= 100, "{stacks:?}");
+    assert_eq!(under(&stacks, "vcpu1/", "alpha"), 0);
+    assert_eq!(under(&stacks, "vcpu0/", "delta"), 0);
+}
+
+#[test]
+fn the_domain_runs_after_every_ending_of_glass() {
+    let out = xen_run();
+    let endings = read(out, "endings.txt");
+    let lines: Vec<&str> = endings.lines().collect();
+    for signal in ["INT", "TERM"] {
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("{signal} ")))
+            .unwrap_or_else(|| panic!("no {signal} line: {endings}"));
+        assert!(line.contains("rc=0"), "{line}");
+        assert!(line.contains("progressed=yes"), "{line}");
+        assert!(
+            !line.contains("state=--p") && !line.contains("p---"),
+            "{line}"
+        );
+        let recording = out.join(format!("end.{signal}.glass"));
+        let stacks = folded(&recording, &[]);
+        assert!(total(&stacks) > 0, "{signal}: nothing recorded");
+    }
+    let kills: Vec<&&str> = lines.iter().filter(|l| l.starts_with("KILL")).collect();
+    assert_eq!(kills.len(), 8, "{endings}");
+    for line in kills {
+        let state = line.split("state=").nth(1).unwrap_or("");
+        assert!(!state.is_empty(), "domain gone: {line}");
+        assert!(!state.contains('p'), "paused after SIGKILL: {line}");
+    }
+    let after = lines.iter().find(|l| l.starts_with("after-kills")).unwrap();
+    assert!(after.contains("progressed=yes"), "{after}");
+    // At least one kill landed while glass held the domain paused, and its guardian
+    // unpaused it.
+    let unpaused = (1..=8)
+        .filter(|i| read(out, &format!("kill.{i}.err")).contains("guardian unpaused Xen domain"))
+        .count();
+    assert!(
+        unpaused >= 1,
+        "no kill landed inside a pause (the guardian never had to act)"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_line_and_exit_2() {
+    let out = xen_run();
+    for (name, needle) in [
+        ("no-such-name", "no such domain"),
+        ("no-such-id", "no such domain"),
+        ("dom0", "that is dom0"),
+        ("not-root", "run as root"),
+    ] {
+        let text = read(out, &format!("bad.{name}.txt"));
+        let (code, err) = text.split_once('\n').unwrap_or((&text, ""));
+        assert_eq!(code.trim(), "2", "{name}: {text}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn a_domain_destroyed_while_recorded_ends_the_recording_cleanly() {
+    let out = xen_run();
+    assert_eq!(read(out, "gone.txt").trim(), "rc=0");
+    let err = read(out, "gone.err");
+    assert!(err.contains("is gone"), "{err}");
+    let info = Command::new(GLASS)
+        .arg("info")
+        .arg(out.join("gone.glass"))
+        .output()
+        .unwrap();
+    assert!(info.status.success());
+    assert!(
+        stdout(&info).contains("state:       complete"),
+        "{}",
+        stdout(&info)
+    );
+    assert!(total(&folded(&out.join("gone.glass"), &[])) > 0);
+}
+
+#[test]
+fn outside_xen_glass_says_so_in_one_line() {
+    // This host is no Xen dom0 (the tests run on a plain Linux machine).
+    let dir = scratch("xen-outside");
+    let output = glass(&[
+        "record",
+        "--xen",
+        "1",
+        "--symbols",
+        "/bin/true",
+        "-o",
+        dir.join("x.glass").to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 2, "not running on Xen");
+    assert!(!dir.join("x.glass").exists());
+}

@@ -1,0 +1,130 @@
+#!/bin/bash
+# The dom0 half of crates/glass/tests/xen.rs, run inside the nested Xen of guests/xen
+# (run.sh boots Xen + dom0 under QEMU TCG and runs this script in dom0). It drives glass
+# against real PV guests and leaves everything the Rust tests check in $GLASS_OUT:
+#   pv.glass, pv.err, pv.console        the PV demo unikernel (guests/xenpv), 2 vCPUs
+#   endings.txt                         SIGINT/SIGTERM/SIGKILL of glass: the domain's state after each
+#   kill.N.err                          what each killed glass and its guardian said
+#   bad.NAME.txt                        bad input: exit code, then stderr
+#   linux.glass, linux.err, linux.console   Debian's kernel as a PV domU running a known split
+#   gone.txt, gone.glass, gone.err      a domain destroyed while glass records it
+# The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel).
+# Placement (Xen has 2 pCPUs here): dom0's one vCPU alone on pCPU 0 (the monitor on a
+# core of its own, as SplitX asks: a guest vCPU woken by the unpause would otherwise take
+# dom0's pCPU and glass would count its own wait as the guest's stopped time), both guest
+# vCPUs on pCPU 1.
+set -uo pipefail
+source "$GLASS_OUT/env"
+OUT="$GLASS_OUT"
+export PATH="/usr/lib/xen-4.17/bin:$PATH"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+XEN="$HERE/../../../guests/xen"
+
+xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
+xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
+
+console() { echo "/var/log/xen/console/guest-$1.log"; }
+lines() { tr -d '\r' <"$(console "$1")" 2>/dev/null | grep -c '^split ' || true; }
+state() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $5 }'; }
+
+# Waits up to $2 s until domain $1 printed $3 more split lines than it had.
+wait_lines() {
+    local name=$1 limit=$(($(date +%s) + $2)) want=$(($(lines "$1") + $3))
+    while [ "$(lines "$name")" -lt "$want" ]; do
+        [ "$(date +%s)" -lt "$limit" ] || return 1
+        sleep 0.2
+    done
+}
+
+pin_guest() {
+    xl vcpu-pin "$1" all 1 >/dev/null 2>&1
+}
+
+echo "== PV demo unikernel"
+cat >/run/uk.cfg <<EOF
+name = "uk"
+type = "pv"
+kernel = "$PV_ELF"
+memory = 32
+vcpus = 2
+cpus = ["1", "1"]
+on_poweroff = "destroy"
+on_crash = "preserve"
+EOF
+xl create -q /run/uk.cfg || { echo "xl create failed"; exit 1; }
+wait_lines uk 120 1 || { echo "the unikernel printed no split line"; cat "$(console uk)"; exit 1; }
+echo "uk is domain $(xl domid uk)"
+
+# The guest's split lines carry cumulative cycles: the window glass recorded is checked
+# against the difference of the last lines before and after it.
+tr -d '\r' <"$(console uk)" >"$OUT/pv.console.before"
+"$GLASS" record --xen uk -F 499 -d 20 --symbols "$PV_ELF" -o "$OUT/pv.glass" 2>"$OUT/pv.err"
+echo "$?" >"$OUT/pv.rc"
+tr -d '\r' <"$(console uk)" >"$OUT/pv.console"
+cat "$OUT/pv.err"
+
+echo "== endings"
+: >"$OUT/endings.txt"
+for signal in INT TERM; do
+    "$GLASS" record --xen uk -F 499 --symbols "$PV_ELF" -o "$OUT/end.$signal.glass" 2>"$OUT/end.$signal.err" &
+    pid=$!
+    sleep 3
+    kill -"$signal" "$pid"
+    wait "$pid"
+    rc=$?
+    before=$(lines uk)
+    wait_lines uk 30 1 && progressed=yes || progressed=no
+    echo "$signal rc=$rc state=$(state uk) progressed=$progressed" >>"$OUT/endings.txt"
+done
+# SIGKILL at moments spread over the start-up and the sampling (some before the first
+# pause, most while sampling at 997 Hz, when a pause is held a good share of the time).
+for i in 1 2 3 4 5 6 7 8; do
+    delay=$(awk -v i="$i" 'BEGIN { printf "%.2f", 0.2 + i * 0.37 }')
+    "$GLASS" record --xen uk -F 997 --symbols "$PV_ELF" -o "$OUT/kill.$i.glass" 2>"$OUT/kill.$i.err" &
+    pid=$!
+    sleep "$delay"
+    kill -KILL "$pid"
+    wait "$pid" 2>/dev/null
+    sleep 1
+    echo "KILL$i delay=$delay state=$(state uk)" >>"$OUT/endings.txt"
+done
+wait_lines uk 60 2 && progressed=yes || progressed=no
+echo "after-kills state=$(state uk) progressed=$progressed" >>"$OUT/endings.txt"
+cat "$OUT/endings.txt"
+
+echo "== bad input"
+bad() {
+    local name=$1
+    shift
+    "$@" >/dev/null 2>"$OUT/bad.$name.err"
+    echo "$?" >"$OUT/bad.$name.txt"
+    cat "$OUT/bad.$name.err" >>"$OUT/bad.$name.txt"
+}
+bad no-such-name "$GLASS" record --xen no-such-guest --symbols "$PV_ELF" -o "$OUT/bad.glass"
+bad no-such-id "$GLASS" record --xen 4242 --symbols "$PV_ELF" -o "$OUT/bad.glass"
+bad dom0 "$GLASS" record --xen 0 --symbols "$PV_ELF" -o "$OUT/bad.glass"
+bad not-root setpriv --reuid=65534 --regid=65534 --clear-groups "$GLASS" record --xen uk --symbols "$PV_ELF" -o /tmp/bad.glass
+for f in "$OUT"/bad.*.txt; do echo "$f: $(tr '\n' ' ' <"$f")"; done
+echo "bad input done; uk state=$(state uk)" >>"$OUT/endings.txt"
+xl destroy uk
+
+echo "== Linux PV domU"
+domid="$("$XEN/demo-domu.sh" -k "$GLASS_KIT" -n 1 -t 150 lin)" || { echo "the Linux domU did not start"; exit 1; }
+pin_guest lin
+wait_lines lin 60 1
+tr -d '\r' <"$(console lin)" >"$OUT/linux.console.before"
+"$GLASS" record --xen lin -F 499 -d 20 --symbols "$GLASS_KIT/split" -o "$OUT/linux.glass" 2>"$OUT/linux.err"
+echo "$?" >"$OUT/linux.rc"
+tr -d '\r' <"$(console lin)" >"$OUT/linux.console"
+cat "$OUT/linux.err"
+
+echo "== a domain destroyed while recorded"
+"$GLASS" record --xen lin -F 499 --symbols "$GLASS_KIT/split" -o "$OUT/gone.glass" 2>"$OUT/gone.err" &
+pid=$!
+sleep 4
+xl destroy "$domid"
+wait "$pid"
+echo "rc=$?" >"$OUT/gone.txt"
+cat "$OUT/gone.err"
+xl list
+exit 0
