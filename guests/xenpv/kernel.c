@@ -26,13 +26,14 @@
  *   vcpu1 up (delta)  or  vcpu1 failed: ...                       once, at boot
  *   stack depth=BYTES frames=80 (bottom of descend)               once, after round 1
  *   rate rounds=REPORT_ROUNDS cycles=TSC_CYCLES                   every REPORT_ROUNDS rounds
- *   split alpha=A% beta=B% gamma=G% halted=H% rounds=N cycles=CA/CB/CG
+ *   split alpha=A% beta=B% gamma=G% halted=H% rounds=N time=TA/TB/TG
  *                                                                 right after each rate line
- *                                                                 (CA/CB/CG: cumulative cycles)
+ *                                                                 (TA/TB/TG: cumulative ns)
  *   delta rounds=N                                                right after each split line
  *   done rounds=N                                                 at the end (ROUNDS > 0)
- * alpha/beta/gamma are shares of busy TSC cycles (each function's inclusive time, from
- * rdtsc around its call in dispatch), halted is the share of all TSC cycles since run
+ * alpha/beta/gamma are shares of busy time (each function's inclusive time around its
+ * call in dispatch, in ns of Xen system time the vCPU was not offline: see active_ns;
+ * TA/TB/TG are those ns), halted is the share of all TSC cycles since run
  * started spent in SCHEDOP_block; both cumulative. delta rounds counts vCPU1's loops.
  * After ROUNDS rounds (ROUNDS > 0) the domain powers off (SCHEDOP_shutdown); ROUNDS 0
  * runs forever.
@@ -241,17 +242,30 @@ __attribute__((noinline, noclone)) uint64_t gamma(uint64_t seed) {
     return r + 1;
 }
 
+/* vCPU0's runstate, kept by Xen (registered in kmain). */
+static struct vcpu_runstate_info runstate0;
+
+/* ns of Xen system time vCPU0 was not offline: the time it ran or could have run. A
+ * domain paused by its controller (a profiler in dom0 taking a sample) is offline, and
+ * the TSC and Xen's clock run on meanwhile; the split is kept in this time so that it
+ * is the guest's own account of where its time went, not of where a profiler held it
+ * (a sample of a deep stack holds it longer). Xen updates the area only while vCPU0 is
+ * switched out, so vCPU0 reads it consistently. */
+static uint64_t active_ns(void) {
+    return xen_now() - runstate0.time[RUNSTATE_offline];
+}
+
 __attribute__((noinline, noclone)) uint64_t dispatch(uint64_t round) {
-    uint64_t sum = 0, t0 = rdtsc(), t1, t2, t3;
+    uint64_t sum = 0, t0 = active_ns(), t1, t2, t3;
     sum += alpha(round);
     work_sink = sum;
-    t1 = rdtsc();
+    t1 = active_ns();
     sum += beta(round + 1);
     work_sink = sum;
-    t2 = rdtsc();
+    t2 = active_ns();
     sum += gamma(round + 2);
     work_sink = sum;
-    t3 = rdtsc();
+    t3 = active_ns();
     cycles_alpha += t1 - t0;
     cycles_beta += t2 - t1;
     cycles_gamma += t3 - t2;
@@ -286,9 +300,9 @@ static void print_split(uint64_t rounds, uint64_t wall) {
     cons_putpct(cycles_halted, wall);
     cons_puts(" rounds=");
     cons_putu(rounds);
-    /* The raw cumulative cycles, so that a profile of any window can be checked against
+    /* The raw cumulative times, so that a profile of any window can be checked against
      * the difference of two lines. */
-    cons_puts(" cycles=");
+    cons_puts(" time=");
     cons_putu(cycles_alpha);
     cons_puts("/");
     cons_putu(cycles_beta);
@@ -408,6 +422,9 @@ static long setup_events(void) {
     timer_port = bind.port;
     __atomic_fetch_and(&shared->evtchn_mask[timer_port / 64], ~(1UL << (timer_port % 64)), __ATOMIC_SEQ_CST);
     vcpu_op(VCPUOP_stop_periodic_timer, 0, 0);      /* only the one-shot timer wakes it */
+    uint64_t runstate_area = (uint64_t)&runstate0;
+    rc = vcpu_op(VCPUOP_register_runstate_memory_area, 0, &runstate_area);
+    if (rc) return rc;
     return 0;
 }
 

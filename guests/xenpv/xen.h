@@ -52,6 +52,8 @@
 #define VCPUOP_is_up                 3
 #define VCPUOP_stop_periodic_timer   7
 #define VCPUOP_set_singleshot_timer  8
+#define VCPUOP_register_runstate_memory_area 5
+#define RUNSTATE_offline             3
 
 /* event_channel.h */
 #define EVTCHNOP_bind_virq 1
@@ -59,6 +61,14 @@
 
 #ifndef __ASSEMBLER__
 #include <stdint.h>
+
+/* vcpu.h: a vCPU's time in each state (running, runnable, blocked, offline), in ns of
+ * Xen system time, which Xen writes at every state change. */
+struct vcpu_runstate_info {
+    int state;
+    uint64_t state_entry_time;
+    uint64_t time[4];
+};
 
 /* xen.h (x86-64: xen_pfn_t and xen_ulong_t are unsigned long). */
 struct vcpu_time_info {

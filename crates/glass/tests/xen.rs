@@ -101,8 +101,8 @@ fn read(out: &Path, name: &str) -> String {
     std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// The guest's own split over the recorded window: from the cumulative cycles of its
-/// last `split ... cycles=A/B/G` lines before and after the recording where it prints
+/// The guest's own split over the recorded window: from the cumulative times of its
+/// last `split ... time=A/B/G` lines before and after the recording where it prints
 /// them, else its last line's percentages.
 fn own_split(before: &str, after: &str) -> [f64; 3] {
     let last = |console: &str| {
@@ -119,7 +119,7 @@ fn own_split(before: &str, after: &str) -> [f64; 3] {
             .map(|v| v.trim_end_matches('%').to_string())
     };
     let cycles = |line: &str| -> Option<[f64; 3]> {
-        let text = field(line, "cycles=")?;
+        let text = field(line, "time=")?;
         let v: Vec<f64> = text.split('/').filter_map(|n| n.parse().ok()).collect();
         (v.len() == 3).then(|| [v[0], v[1], v[2]])
     };
@@ -191,6 +191,18 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
         .unwrap();
     let info = stdout(&info);
     assert!(info.contains("Xen guest"), "{info}");
+}
+
+#[test]
+fn without_the_multicall_each_domctl_is_its_own_hypercall_and_samples_alike() {
+    let out = xen_run();
+    let err = read(out, "single.err");
+    assert_eq!(read(out, "single.rc").trim(), "0", "{err}");
+    assert!(err.contains("in one hypercall each"), "{err}");
+    let stacks = folded(&out.join("single.glass"), &["--threads"]);
+    assert!(under(&stacks, "vcpu0/", "dispatch") > 0, "{stacks:?}");
+    assert!(under(&stacks, "vcpu1/", "delta") > 0, "{stacks:?}");
+    assert_eq!(under(&stacks, "vcpu1/", "alpha"), 0);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 # (run.sh boots Xen + dom0 under QEMU TCG and runs this script in dom0). It drives glass
 # against real PV guests and leaves everything the Rust tests check in $GLASS_OUT:
 #   pv.glass, pv.err, pv.console        the PV demo unikernel (guests/xenpv), 2 vCPUs
+#   single.glass, single.err            the same without the multicall (the fallback)
 #   endings.txt                         SIGINT/SIGTERM/SIGKILL of glass: the domain's state after each
 #   kill.N.err                          what each killed glass and its guardian said
 #   bad.NAME.txt                        bad input: exit code, then stderr
@@ -48,6 +49,7 @@ kernel = "$PV_ELF"
 memory = 32
 vcpus = 2
 cpus = ["1", "1"]
+tsc_mode = "native"
 on_poweroff = "destroy"
 on_crash = "preserve"
 EOF
@@ -62,6 +64,11 @@ tr -d '\r' <"$(console uk)" >"$OUT/pv.console.before"
 echo "$?" >"$OUT/pv.rc"
 tr -d '\r' <"$(console uk)" >"$OUT/pv.console"
 cat "$OUT/pv.err"
+
+echo "== without the multicall (one hypercall per domctl, the fallback)"
+GLASS_XEN_NO_MULTICALL=1 "$GLASS" record --xen uk -F 499 -d 5 --symbols "$PV_ELF" -o "$OUT/single.glass" 2>"$OUT/single.err"
+echo "$?" >"$OUT/single.rc"
+cat "$OUT/single.err"
 
 echo "== endings"
 : >"$OUT/endings.txt"

@@ -429,7 +429,10 @@ impl XenBackend {
             paused: false,
             gone: false,
         };
-        backend.batched = backend.probe_multicall();
+        // GLASS_XEN_NO_MULTICALL=1 takes the fallback on purpose, to measure what the
+        // multicall saves (bench/xen_bench.py) and to test the fallback itself.
+        backend.batched =
+            std::env::var_os("GLASS_XEN_NO_MULTICALL").is_none() && backend.probe_multicall();
         Ok(backend)
     }
 
@@ -758,7 +761,7 @@ impl GuestBackend for XenBackend {
                 if self.batched {
                     "in one multicall per sample"
                 } else {
-                    "in one hypercall each (this Xen refused domctls in a multicall)"
+                    "in one hypercall each (GLASS_XEN_NO_MULTICALL, or this Xen refused domctls in a multicall)"
                 }
             ),
             format!(
