@@ -18,6 +18,8 @@
 # the entry point, DWARF or .eh_frame/.eh_frame_hdr are not as expected.
 # Usage: guests/xenpv/build.sh OUT [ROUNDS]     (ROUNDS 0 = run forever)
 set -euo pipefail
+# (No `grep -q` at the end of a pipe: it stops reading at the first match, the writer
+# dies of SIGPIPE, and pipefail turns that into a failure now and then.)
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$1"; rounds="${2:-0}"
 mkdir -p "$out"
@@ -33,12 +35,12 @@ ld -nostdlib -z max-page-size=4096 --eh-frame-hdr --build-id -T "$here/link.ld" 
 # --- checks ---------------------------------------------------------------------------
 fail() { echo "guests/xenpv/build.sh: $*" >&2; exit 1; }
 elf="$out/uk-pv.elf"
-readelf -h "$elf" | grep -q 'Class: *ELF64' || fail "not ELF64"
-readelf -h "$elf" | grep -q 'Machine: *Advanced Micro Devices X86-64' || fail "not x86-64"
-readelf -l -W "$elf" | grep -q '^ *NOTE ' || fail "no PT_NOTE program header"
-readelf -l -W "$elf" | grep -q 'GNU_EH_FRAME' || fail "no PT_GNU_EH_FRAME program header"
+readelf -h "$elf" | grep 'Class: *ELF64' >/dev/null || fail "not ELF64"
+readelf -h "$elf" | grep 'Machine: *Advanced Micro Devices X86-64' >/dev/null || fail "not x86-64"
+readelf -l -W "$elf" | grep '^ *NOTE ' >/dev/null || fail "no PT_NOTE program header"
+readelf -l -W "$elf" | grep 'GNU_EH_FRAME' >/dev/null || fail "no PT_GNU_EH_FRAME program header"
 for s in .eh_frame .eh_frame_hdr .debug_info .debug_line .symtab; do
-    readelf -S -W "$elf" | grep -q " \\$s " || fail "no $s section"
+    readelf -S -W "$elf" | grep " \\$s " >/dev/null || fail "no $s section"
 done
 
 # The Xen notes: "type hex-bytes" for each note owned by Xen. readelf names a few Xen
@@ -73,7 +75,7 @@ entry="$(readelf -h "$elf" | awk '/Entry point address/ { print $NF }')"
 # Xen's own parser (xen-utils), where installed: the domain builder reads the same notes.
 readnotes=/usr/lib/xen-4.17/bin/readnotes
 if [ -x "$readnotes" ]; then
-    "$readnotes" "$elf" | grep -q 'GUEST_OS: glass-pv' || fail "Xen's readnotes does not parse the notes"
+    "$readnotes" "$elf" | grep 'GUEST_OS: glass-pv' >/dev/null || fail "Xen's readnotes does not parse the notes"
 fi
 
 # The functions: symbols, each covered by an FDE in .eh_frame.
@@ -96,10 +98,10 @@ done
 # (gcc schedules other instructions in between)
 for f in run dispatch alpha beta gamma descend idle_wait delta; do
     code="$(objdump -d --no-show-raw-insn --disassemble="$f" "$elf")"
-    grep -P '^\s*[0-9a-f]+:\t' <<< "$code" | awk '/call/ { exit } { print }' | tr -s ' \t' ' ' \
-        | tr '\n' ';' | grep -q 'push %rbp;.*mov %rsp,%rbp' || fail "$f does not set up a frame pointer"
+    grep -P '^\s*[0-9a-f]+:\t' <<< "$code" | awk '/call/ { done = 1 } !done { print }' | tr -s ' \t' ' ' \
+        | tr '\n' ';' | grep 'push %rbp;.*mov %rsp,%rbp' >/dev/null || fail "$f does not set up a frame pointer"
 done
 # idle_wait blocks through the hypercall page, as Linux and Mini-OS do
-objdump -d --no-show-raw-insn --disassemble=idle_wait "$elf" | grep -q 'call.*hypercall_page' \
+objdump -d --no-show-raw-insn --disassemble=idle_wait "$elf" | grep 'call.*hypercall_page' >/dev/null \
     || fail "idle_wait does not call into the hypercall page"
 echo "guests/xenpv/build.sh: $elf ok (entry $entry, hypercall page 0x$hpage)"
