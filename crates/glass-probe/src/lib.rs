@@ -513,13 +513,16 @@ static SHM_LEN: AtomicU64 = AtomicU64::new(0);
 static ATFORK_DONE: AtomicU64 = AtomicU64::new(0);
 
 /// Maps the session at `path` and publishes the probes' addresses in its header.
-/// Returns 0, or a negative errno.
+/// Returns 0, or a negative errno: EBUSY (a session is running), what `open`, `fstat`
+/// or `mmap` of the file failed with (glass explains it to the user), or EPROTO (the
+/// file is not a session of this runtime's layout).
 unsafe fn start_session(path: *const c_char) -> i64 {
     if !SHM.load(Ordering::Acquire).is_null() {
         return -(libc::EBUSY as i64);
     }
-    let Some(shm) = map_session(path) else {
-        return -(libc::EINVAL as i64);
+    let shm = match map_session(path) {
+        Ok(shm) => shm,
+        Err(errno) => return -(errno as i64),
     };
     // A program this one execs inherits the environment: only the first process to
     // load the runtime owns the session.
@@ -575,37 +578,44 @@ pub unsafe extern "C" fn glass_probe_detach() -> i64 {
     libc::munmap(shm as *mut c_void, SHM_LEN.load(Ordering::Relaxed) as usize) as i64
 }
 
-unsafe fn map_session(path: *const c_char) -> Option<*mut u8> {
+/// The session at `path`, mapped; or the errno of the step that failed.
+unsafe fn map_session(path: *const c_char) -> Result<*mut u8, c_int> {
+    let errno = || *libc::__errno_location();
     let fd = libc::open(path, libc::O_RDWR | libc::O_CLOEXEC);
     if fd < 0 {
-        return None;
+        return Err(errno());
     }
     let mut stat: libc::stat = core::mem::zeroed();
-    let mapped = if libc::fstat(fd, &mut stat) == 0 && stat.st_size as usize > header::SIZE {
-        libc::mmap(
+    let mapped = if libc::fstat(fd, &mut stat) != 0 {
+        Err(errno())
+    } else if (stat.st_size as usize) <= header::SIZE {
+        Err(libc::EPROTO)
+    } else {
+        let at = libc::mmap(
             core::ptr::null_mut(),
             stat.st_size as usize,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd,
             0,
-        )
-    } else {
-        libc::MAP_FAILED
+        );
+        if at == libc::MAP_FAILED {
+            Err(errno())
+        } else {
+            Ok(at)
+        }
     };
     libc::close(fd);
-    if mapped == libc::MAP_FAILED {
-        return None;
-    }
+    let mapped = mapped?;
     let shm = mapped as *mut u8;
     SHM_LEN.store(stat.st_size as u64, Ordering::Relaxed);
     if word(shm, header::MAGIC).load(Ordering::Acquire) != MAGIC
         || word(shm, header::VERSION).load(Ordering::Relaxed) != VERSION
     {
         libc::munmap(mapped, stat.st_size as usize);
-        return None;
+        return Err(libc::EPROTO);
     }
-    Some(shm)
+    Ok(shm)
 }
 
 unsafe fn word<'a>(base: *mut u8, offset: usize) -> &'a AtomicU64 {

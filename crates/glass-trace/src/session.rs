@@ -14,6 +14,15 @@ pub struct SessionMemory {
     capacity: usize,
 }
 
+/// The user and group the session file is given to: the traced process's own (its
+/// filesystem uid and gid), so that a process that dropped root's privileges, a server's
+/// worker running as `nobody`, can still open it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// A thread area's counters, as glass reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AreaStats {
@@ -29,8 +38,16 @@ impl SessionMemory {
     /// Creates the file (tmpfs where possible: the pages are the ring memory itself) with
     /// `area_count` thread areas of `capacity` record words each.
     /// `counters`: perf_event (type, config) of each hardware counter every record
-    /// carries (at most [`crate::MAX_COUNTERS`]).
-    pub fn create(area_count: usize, capacity: usize, counters: &[(u32, u64)]) -> io::Result<Self> {
+    /// carries (at most [`crate::MAX_COUNTERS`]). The file is mode 0600 whatever the
+    /// umask, and belongs to `owner` when given (glass's own user otherwise): only the
+    /// target's user and root may open it.
+    pub fn create(
+        area_count: usize,
+        capacity: usize,
+        counters: &[(u32, u64)],
+        owner: Option<Owner>,
+    ) -> io::Result<Self> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         assert!(capacity.is_power_of_two());
         assert!(counters.len() <= crate::MAX_COUNTERS);
         let stride = area::RECORDS + capacity * 8;
@@ -59,6 +76,7 @@ impl SessionMemory {
                 .read(true)
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&path)
             {
                 Ok(file) => break (path, file),
@@ -70,6 +88,15 @@ impl SessionMemory {
             let _ = std::fs::remove_file(&path);
             e
         };
+        // The owner first, then the mode: a umask may have taken bits off 0600, and no
+        // moment exists where anyone else could open the file.
+        // SAFETY: plain system calls without arguments.
+        let ours = unsafe { (libc::geteuid(), libc::getegid()) };
+        if let Some(owner) = owner.filter(|o| (o.uid, o.gid) != ours) {
+            std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid)).map_err(cleanup)?;
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(cleanup)?;
         file.set_len(size as u64).map_err(cleanup)?;
         // SAFETY: the file is ours; the target only ever writes the fields the layout
         // gives it, and glass reads them with atomics.

@@ -35,17 +35,22 @@ struct Daemon {
 
 impl Daemon {
     fn start(program: &Path, args: &[&str]) -> Daemon {
-        let mut child = Command::new(program)
-            .args(args)
+        let (daemon, line) = Daemon::spawn(Command::new(program).args(args));
+        assert_eq!(line, "ready\n");
+        daemon
+    }
+
+    /// Starts `command` with its output piped: it, and the first line of its stderr.
+    fn spawn(command: &mut Command) -> (Daemon, String) {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("nfd starts");
+            .expect("the daemon starts");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         stderr.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        Daemon { child, stderr }
+        (Daemon { child, stderr }, line)
     }
 
     fn pid(&self) -> i32 {
@@ -692,4 +697,297 @@ fn all_of_libc_patched_live_and_restored() {
     let (out, err, code) = daemon.finish();
     assert_eq!(out, reference, "{err}");
     assert_eq!(code, Some(0), "{err}");
+}
+
+/// Whether this test can start a server as root (the tests run as root; a server that
+/// drops privileges cannot be made otherwise).
+fn running_as_root() -> bool {
+    // SAFETY: a plain system call.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: needs root, to start a server that drops its privileges");
+    }
+    root
+}
+
+/// A running dropd (master and worker), its worker serving as nobody.
+struct Server {
+    daemon: Option<Daemon>,
+    worker: i32,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.daemon.is_some() {
+            // SAFETY: signalling our own child's child; its master is killed after.
+            unsafe { libc::kill(self.worker, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Server {
+    /// Runs `command` (dropd, or something that execs it) until the worker says it is
+    /// ready.
+    fn start(command: &mut Command) -> Server {
+        let (daemon, line) = Daemon::spawn(command);
+        let worker = line
+            .strip_prefix("worker ")
+            .and_then(|rest| rest.strip_suffix(" ready\n"))
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("dropd said {line:?}"));
+        // Who the worker is now, as the kernel sees it: real, effective, saved and
+        // filesystem ids all nobody's.
+        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+        for key in ["Uid:", "Gid:"] {
+            let ids = status.lines().find(|l| l.starts_with(key)).unwrap();
+            assert_eq!(
+                ids.split_whitespace().skip(1).collect::<Vec<_>>(),
+                ["65534"; 4],
+                "{ids}"
+            );
+        }
+        Server {
+            daemon: Some(daemon),
+            worker,
+        }
+    }
+
+    fn assert_alive(&mut self) {
+        self.daemon.as_mut().unwrap().assert_alive();
+        let state = std::fs::read_to_string(format!("/proc/{}/stat", self.worker))
+            .expect("the worker still runs");
+        let state = state.rsplit(") ").next().unwrap().chars().next().unwrap();
+        assert!(matches!(state, 'R' | 'S'), "the worker is in state {state}");
+    }
+
+    /// SIGTERM to the master, which passes it on: dropd's stdout, the exit code, and
+    /// asserts that it found no error.
+    fn finish(mut self, reference: &str) {
+        let (out, err, code) = self.daemon.take().unwrap().finish();
+        assert_eq!(out, reference, "dropd's stderr: {err}");
+        assert_eq!(code, Some(0), "{err}");
+        assert!(
+            err.lines()
+                .all(|l| l.starts_with("dropd: ") && l.ends_with(" rounds")),
+            "dropd reported errors: {err}"
+        );
+    }
+}
+
+/// The worker's mapping of a glass session: its path (as /proc/PID/maps shows it) and
+/// the mapped file's metadata (through /proc/PID/map_files, so the file glass unlinked
+/// once the worker had mapped it).
+fn session_mapping(pid: i32) -> Option<(String, std::fs::Metadata)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let line = maps.lines().find(|l| l.contains("/glass-trace-"))?;
+    let range = line.split_whitespace().next().unwrap();
+    let path = line.split_whitespace().nth(5).unwrap().to_string();
+    let meta = std::fs::metadata(format!("/proc/{pid}/map_files/{range}")).unwrap();
+    Some((path, meta))
+}
+
+/// `glass report --format calls`: calls per function.
+fn reported_calls(recording: &Path) -> BTreeMap<String, u64> {
+    let output = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            Some((fields.last()?.to_string(), fields.first()?.parse().ok()?))
+        })
+        .collect()
+}
+
+const DROPD_FUNCTIONS: &str = "handle_request,parse_request,route,respond";
+
+/// The issue: nginx's worker runs as nobody, and the session glass (root) created was
+/// root's, so the runtime in the worker could not open it. The session is now the
+/// target's user's, mode 0600.
+#[test]
+fn a_worker_that_dropped_root_maps_a_session_file_of_its_own_user() {
+    if !running_as_root() {
+        return;
+    }
+    let _alone = exclusive();
+    let dir = scratch("attach_dropped");
+    // A master that stays root and a worker that drops to nobody, as nginx's do.
+    let dropd = compile(&dir, "trace/dropd.c", "dropd", &[]);
+    let reference = String::from_utf8(
+        Command::new(&dropd)
+            .arg("300")
+            .output()
+            .expect("dropd runs")
+            .stdout,
+    )
+    .unwrap();
+    let mut server = Server::start(&mut Command::new(&dropd));
+    let worker = server.worker;
+    let before = code_of(worker, &dropd);
+    let recording = dir.join("worker.glass");
+    let (mut glass_child, mut glass_err, said) = spawn_attached(
+        worker,
+        &[
+            "-f",
+            DROPD_FUNCTIONS,
+            "-d",
+            "1.5",
+            "-o",
+            recording.to_str().unwrap(),
+        ],
+    );
+    // While it traces: the worker maps the session, a file of nobody's that nobody
+    // else may read.
+    let (path, meta) = session_mapping(worker).expect("the worker maps the session");
+    assert!(path.starts_with("/dev/shm/glass-trace-"), "{path}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{path}");
+    assert_eq!(meta.mode() & 0o7777, 0o600, "{path}");
+    let status = glass_child.wait().unwrap();
+    let mut rest = String::new();
+    glass_err.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{said}{rest}");
+    assert!(
+        rest.contains(&format!("detached from pid {worker}")),
+        "{rest}"
+    );
+    let calls = reported_calls(&recording);
+    for function in DROPD_FUNCTIONS.split(',') {
+        assert!(
+            calls.get(function).is_some_and(|&n| n > 1000),
+            "{function}: {calls:?}"
+        );
+    }
+    // Detached: the rings are unmapped, the code is as it was, and the worker serves on.
+    assert!(session_mapping(worker).is_none());
+    assert!(code_of(worker, &dropd) == before);
+    std::thread::sleep(Duration::from_millis(300));
+    server.assert_alive();
+    server.finish(&reference);
+
+    // Launch mode as before: the session is glass's user's (root, the master), mapped
+    // before the worker forks and drops, and its records arrive.
+    let launched = dir.join("launched.glass");
+    let output = glass(&[
+        "trace",
+        "-f",
+        DROPD_FUNCTIONS,
+        "-o",
+        launched.to_str().unwrap(),
+        "--",
+        dropd.to_str().unwrap(),
+        "500",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), reference);
+    let calls = reported_calls(&launched);
+    assert!(calls.get("route").is_some_and(|&n| n > 1000), "{calls:?}");
+}
+
+/// The session in /dev/shm and a worker that cannot reach it, made real with a mount
+/// namespace of the worker's own: there /dev/shm is a tmpfs of mode 0700 (nobody may
+/// pass), and from glass's namespace the file is not there at all. Either way one line
+/// says which file, which user, what the errno means and what to do, nothing is
+/// patched, and the worker runs on; once /dev/shm is 1777 again, attaching works.
+#[test]
+fn a_session_the_worker_cannot_reach_is_refused_with_the_reason() {
+    if !running_as_root() {
+        return;
+    }
+    let namespaces = Command::new("unshare")
+        .args(["--mount", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !namespaces {
+        eprintln!("skipped: cannot make a mount namespace (unshare --mount)");
+        return;
+    }
+    let _alone = exclusive();
+    let dir = scratch("attach_unreachable");
+    // A master that stays root and a worker that drops to nobody, as nginx's do.
+    let dropd = compile(&dir, "trace/dropd.c", "dropd", &[]);
+    let reference =
+        String::from_utf8(Command::new(&dropd).arg("300").output().unwrap().stdout).unwrap();
+    let mut server = Server::start(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o mode=0700 glass-test /dev/shm && exec {}",
+                dropd.display()
+            )),
+    );
+    let worker = server.worker;
+    let before = code_of(worker, &dropd);
+    let recording = dir.join("refused.glass");
+    let options = [
+        "trace",
+        "--pid",
+        &worker.to_string(),
+        "-f",
+        DROPD_FUNCTIONS,
+        "-d",
+        "1",
+        "-o",
+        recording.to_str().unwrap(),
+    ];
+    // The file named in the message is gone (`root`: how glass's namespace reaches it).
+    let session_removed = |err: &str, root: &str| {
+        let path = err
+            .split_whitespace()
+            .find(|w| w.starts_with("/dev/shm/glass-trace-"))
+            .unwrap_or_else(|| panic!("no session file named in: {err}"))
+            .trim_end_matches(':');
+        assert!(!Path::new(&format!("{root}{path}")).exists(), "{path}");
+    };
+    let in_its_namespace = |options: &[&str]| {
+        Command::new("nsenter")
+            .args(["--target", &worker.to_string(), "--mount", "--", GLASS])
+            .args(options)
+            .output()
+            .expect("nsenter runs")
+    };
+
+    // Glass in the worker's namespace: the file is nobody's, but /dev/shm is closed.
+    let output = in_its_namespace(&options);
+    let err = stderr(&output);
+    assert_clean_failure(&output, 1, &format!("pid {worker} (running as uid 65534"));
+    for needle in [
+        "could not map the session /dev/shm/glass-trace-",
+        "Permission denied (EACCES)",
+        "/dev/shm (mode 0700, owner uid 0, gid 0) does not let that user through",
+        "chmod o+x /dev/shm",
+        "(nothing was patched)",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+    session_removed(&err, &format!("/proc/{worker}/root"));
+
+    // Glass in its own namespace: the worker cannot see the file at all.
+    let output = glass(&options);
+    let err = stderr(&output);
+    assert_clean_failure(&output, 1, &format!("pid {worker} (running as uid 65534"));
+    for needle in [
+        "runs in another mount namespace than glass",
+        &format!("nsenter --target {worker} --mount"),
+        "(nothing was patched)",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+    session_removed(&err, "");
+    server.assert_alive();
+    assert!(code_of(worker, &dropd) == before);
+
+    // Doing what the first message said: attaching works (the runtime the refused
+    // attaches loaded is reused).
+    let shm = format!("/proc/{worker}/root/dev/shm");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let output = in_its_namespace(&options);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(reported_calls(&recording)
+        .get("handle_request")
+        .is_some_and(|&n| n > 1000));
+    assert!(code_of(worker, &dropd) == before);
+    server.assert_alive();
+    server.finish(&reference);
 }

@@ -41,6 +41,7 @@ use glass_trace::session::SessionMemory;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::ledger::{self, Ledger};
+use super::owner::{self, Credentials};
 use super::{install, select, CounterChoice};
 use crate::error::{Failure, Result};
 use crate::TraceArgs;
@@ -499,8 +500,17 @@ pub fn run(
     let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     let file = create_output(&args.output)?;
-    let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs)
-        .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
+    // The session file is the process's user's (mode 0600): a worker that dropped
+    // root must still be able to open it.
+    let user = Credentials::of_process(pid)
+        .map_err(|e| Failure::bad_input(format!("cannot read who pid {pid} runs as: {e}")))?;
+    let session = SessionMemory::create(
+        args.max_threads as usize,
+        args.ring_size,
+        &configs,
+        Some(user.owner()),
+    )
+    .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
     let stop_signals = stop_signal_fd()?;
     let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
 
@@ -545,9 +555,11 @@ pub fn run(
     }
     if joined != 0 {
         unmap_trap();
-        return Err(Failure::runtime(format!(
-            "the probe runtime in pid {pid} could not map the session: {}",
-            std::io::Error::from_raw_os_error(-joined as i32)
+        return Err(Failure::runtime(owner::refusal(
+            pid,
+            session.path(),
+            &user,
+            -joined as i32,
         )));
     }
     // The target has mapped the rings; nobody else needs the name.

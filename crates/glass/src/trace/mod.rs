@@ -6,12 +6,14 @@
 //! - `install`: writing trampolines and patches into the stopped process (and taking
 //!   them out);
 //! - `attach`: `--pid`, loading the runtime into a running process and leaving it as it
-//!   was;
+//!   was; `owner`: the session file given to the process's user, and why it could not
+//!   map it when it cannot;
 //! - this file: the session from launch to the summary, and the drain loop.
 
 mod attach;
 mod install;
 mod ledger;
+mod owner;
 mod select;
 
 use std::io::BufWriter;
@@ -90,7 +92,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     let runtime = probe_runtime()?;
     let file = create_output(&args.output)?;
-    let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs)
+    let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs, None)
         .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
     let mut preload = runtime.display().to_string();
     if let Ok(existing) = std::env::var("LD_PRELOAD") {
