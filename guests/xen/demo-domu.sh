@@ -4,7 +4,7 @@
 # `xl create`, waits until its console log (xenconsoled:
 # /var/log/xen/console/guest-NAME.log) shows LINES (default 1) `split alpha=` lines and
 # prints the domid on stdout (all else goes to stderr). KIT defaults to $GLASS_KIT, which
-# the dom0 stage2 exports. Env DOMU_MEMORY (MB) and DOMU_VCPUS override the template.
+# the dom0 stage2 exports. Env DOMU_MEMORY (MB), DOMU_VCPUS and DOMU_RAMDISK override the template.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 KIT="${GLASS_KIT:-}" LINES=1 TIMEOUT=120 EXTRA=""
@@ -29,6 +29,7 @@ CFG="/run/glass/$NAME.cfg"
 LOG="/var/log/xen/console/guest-$NAME.log"
 mkdir -p /run/glass
 sed -e "s|@NAME@|$NAME|g" -e "s|@KIT@|$KIT|g" -e "s|@EXTRA@|$EXTRA|g" "$TEMPLATE" >"$CFG"
+[ -z "${DOMU_RAMDISK:-}" ] || sed -i "s|^ramdisk *=.*|ramdisk = \"$DOMU_RAMDISK\"|" "$CFG"
 [ -z "${DOMU_MEMORY:-}" ] || sed -i "s|^memory *=.*|memory = $DOMU_MEMORY|" "$CFG"
 [ -z "${DOMU_VCPUS:-}" ] || sed -i "s|^vcpus *=.*|vcpus = $DOMU_VCPUS|" "$CFG"
 rm -f "$LOG"

@@ -105,6 +105,11 @@ fn version_2_files_keep_the_architecture_and_the_link_register() {
     assert_eq!(recording.meta, Some(meta));
     assert_eq!(recording.snapshots, vec![snapshot]);
     // A backend this reader does not know keeps its name.
-    assert_eq!(Backend::from_name("xen"), Backend::Other("xen".into()));
+    assert_eq!(
+        Backend::from_name("hyperv"),
+        Backend::Other("hyperv".into())
+    );
     assert_eq!(Backend::from_name("gdbstub"), Backend::GdbStub);
+    assert_eq!(Backend::from_name("xen"), Backend::Xen);
+    assert_eq!(Backend::Xen.name(), "xen");
 }

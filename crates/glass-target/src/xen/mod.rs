@@ -146,7 +146,7 @@ impl Hypervisor {
             }
             Err(_) if !std::path::Path::new("/dev/xen/privcmd").exists() => {
                 return Err(bad(
-                    "neither /proc/xen (mount -t xenfs xenfs /proc/xen) nor /dev/xen/privcmd is there: is this dom0 with Xen's drivers loaded?".into(),
+                    "no /proc/xen/capabilities and no /dev/xen/privcmd: this is not dom0 (a Xen guest, or a dom0 without Xen's drivers: modprobe xenfs xen-privcmd; mount -t xenfs xenfs /proc/xen)".into(),
                 ))
             }
             _ => {}
