@@ -25,14 +25,13 @@ pub fn compact(
     out: &mut Vec<u8>,
 ) {
     let words = stack.len() / 8;
-    let stack_end = sp + (words * 8) as u64;
     let word = |i: usize| u64::from_le_bytes(stack[i * 8..i * 8 + 8].try_into().unwrap());
+    // Into the copy: `sp + len` itself may pass 2^64 (a guest's stack pointer is any
+    // value), so the offset from `sp` is compared instead.
+    let into_stack = |value: u64| value.wrapping_sub(sp) < (words * 8) as u64;
     let kept_at = |i: usize| {
         let value = word(i);
-        value != 0
-            && ((value >= sp && value < stack_end)
-                || keep(value)
-                || read_words.binary_search(&i).is_ok())
+        value != 0 && (into_stack(value) || keep(value) || read_words.binary_search(&i).is_ok())
     };
     put_varint(out, words as u64);
     let mut i = 0;
@@ -126,6 +125,33 @@ mod tests {
     }
 
     #[test]
+    fn a_stack_at_the_top_of_the_address_space_compacts() {
+        // Found by fuzz/ (target snapshot): `sp + len` overflowed. Two words up to 2^64.
+        let words = [u64::MAX - 7, 0x40_1000];
+        let (back, _) = compact_and_expand(&words, u64::MAX - 15, &|_| false, &[]);
+        assert_eq!(back, vec![u64::MAX - 7, 0]);
+    }
+
+    /// The words `compact` keeps of `words`, expanded again, and the encoding's length.
+    fn compact_and_expand(
+        words: &[u64],
+        sp: u64,
+        keep: &dyn Fn(u64) -> bool,
+        read_words: &[usize],
+    ) -> (Vec<u64>, usize) {
+        let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut encoded = Vec::new();
+        compact(&stack, sp, keep, read_words, &mut encoded);
+        let mut expanded = Vec::new();
+        expand(&encoded, &mut expanded).unwrap();
+        let back = expanded
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (back, encoded.len())
+    }
+
+    #[test]
     fn keeps_code_and_stack_pointers_and_zeroes_the_rest() {
         let sp = 0x7000_0000u64;
         let words = [
@@ -139,17 +165,9 @@ mod tests {
             7,
             7,
         ];
-        let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let keep = |v: u64| (0x40_0000..0x50_0000).contains(&v);
-        let mut encoded = Vec::new();
-        compact(&stack, sp, &keep, &[6], &mut encoded);
-        assert!(encoded.len() < stack.len());
-        let mut expanded = Vec::new();
-        expand(&encoded, &mut expanded).unwrap();
-        let back: Vec<u64> = expanded
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let (back, encoded_len) = compact_and_expand(&words, sp, &keep, &[6]);
+        assert!(encoded_len < words.len() * 8);
         assert_eq!(back, vec![0, 0x40_1000, sp + 64, 0, 0, 0x40_2000, 7, 0, 0]);
     }
 

@@ -136,27 +136,9 @@ impl Client {
             .and_then(|hex| usize::from_str_radix(hex, 16).ok())
             .unwrap_or(0);
         self.request(b"?")?;
-        let mut registers = self.target_registers()?;
+        let registers = self.target_registers()?;
         let g_len = hex_bytes(&self.request(b"g")?).map_or(0, |g| g.len());
-        let layout = Layout::new(registers.clone());
-        if g_len + 24 == layout.g_len {
-            // QEMU 7.x describes ss_base, ds_base and es_base but neither sends them in
-            // `g` nor counts them in its register numbers: without them the description
-            // matches what the stub does.
-            let quirk = ["ss_base", "ds_base", "es_base"];
-            if let Some(first) = registers
-                .iter()
-                .filter(|r| quirk.contains(&r.name.as_str()))
-                .map(|r| r.regnum)
-                .min()
-            {
-                registers.retain(|r| !quirk.contains(&r.name.as_str()));
-                for register in registers.iter_mut().filter(|r| r.regnum > first) {
-                    register.regnum -= 3;
-                }
-            }
-        }
-        self.layout = Layout::new(registers);
+        self.layout = Layout::for_g_reply(registers, g_len);
         self.arch = if self.layout.find("rip").is_some() {
             Arch::X86_64
         } else if self.layout.find("pc").is_some() && self.layout.find("x29").is_some() {

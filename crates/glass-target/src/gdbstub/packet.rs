@@ -101,9 +101,7 @@ impl Decoder {
                     return Ok(None);
                 }
                 self.state = State::Idle;
-                let expected = std::str::from_utf8(&self.checksum)
-                    .ok()
-                    .and_then(|s| u8::from_str_radix(s, 16).ok());
+                let expected = hex_pair(&self.checksum);
                 let sum = self.raw.iter().fold(0u8, |a, &b| a.wrapping_add(b));
                 if expected != Some(sum) {
                     return Ok(Some(Event::BadChecksum));
@@ -155,12 +153,21 @@ pub fn hex_bytes(text: &[u8]) -> Option<Vec<u8>> {
     text.chunks(2)
         .map(|pair| {
             if pair == b"xx" {
-                return Some(0);
+                Some(0)
+            } else {
+                hex_pair(pair)
             }
-            let s = std::str::from_utf8(pair).ok()?;
-            u8::from_str_radix(s, 16).ok()
         })
         .collect()
+}
+
+/// Two hex digits as a byte. Not `u8::from_str_radix`, which takes "+f" as well.
+fn hex_pair(pair: &[u8]) -> Option<u8> {
+    let digit = |byte: u8| (byte as char).to_digit(16);
+    match *pair {
+        [high, low] => Some((digit(high)? << 4 | digit(low)?) as u8),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -210,5 +217,17 @@ mod tests {
         assert_eq!(decode_payload(b"a}"), Err(DecodeError::BadEscape));
         assert_eq!(hex_bytes(b"0a1Bxx"), Some(vec![10, 27, 0]));
         assert_eq!(hex_bytes(b"0g"), None);
+    }
+
+    #[test]
+    fn hex_is_digits_only() {
+        // Found by fuzz/ (target rsp): a sign passed for a digit.
+        assert_eq!(hex_bytes(b"+f0f"), None);
+        assert_eq!(hex_bytes(b"0F"), Some(vec![15]));
+        assert_eq!(decode_all(b"$\x0f#+f"), vec![Ok(Some(Event::BadChecksum))]);
+        assert_eq!(
+            decode_all(b"$\x0f#0f"),
+            vec![Ok(Some(Event::Packet(vec![15])))]
+        );
     }
 }

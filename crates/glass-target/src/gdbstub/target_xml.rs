@@ -108,6 +108,32 @@ impl Layout {
         }
     }
 
+    /// The layout of a stub whose `g` reply is `g_len` bytes long.
+    pub fn for_g_reply(mut registers: Vec<Register>, g_len: usize) -> Self {
+        let layout = Layout::new(registers.clone());
+        if g_len.checked_add(24) == Some(layout.g_len) {
+            // QEMU 7.x describes ss_base, ds_base and es_base but neither sends them in
+            // `g` nor counts them in its register numbers: without them the description
+            // matches what the stub does. Each register after them moves down by as many
+            // as come before it (the numbers are the stub's: a crafted description may
+            // put them anywhere, and once made this underflow).
+            let quirk = ["ss_base", "ds_base", "es_base"];
+            let mut removed: Vec<u32> = registers
+                .iter()
+                .filter(|r| quirk.contains(&r.name.as_str()))
+                .map(|r| r.regnum)
+                .collect();
+            removed.sort_unstable();
+            removed.dedup();
+            registers.retain(|r| !quirk.contains(&r.name.as_str()));
+            for register in &mut registers {
+                // Distinct numbers below it: at most the register's own number.
+                register.regnum -= removed.partition_point(|&n| n < register.regnum) as u32;
+            }
+        }
+        Layout::new(registers)
+    }
+
     /// Every register as (name, offset, size), in `g` order.
     pub fn slots(&self) -> &[(String, usize, usize)] {
         &self.slots
@@ -182,6 +208,29 @@ mod tests {
         g[16..24].copy_from_slice(&0xffff_8000_0010_2030u64.to_le_bytes());
         assert_eq!(layout.value(&g, "rip"), Some(0xffff_8000_0010_2030));
         assert_eq!(layout.value(&g, "r15"), None);
+    }
+
+    #[test]
+    fn qemu_base_registers_are_dropped_when_the_g_reply_lacks_them() {
+        let core = r#"<reg name="rip" bitsize="64"/><reg name="ss_base" bitsize="64"/>
+            <reg name="ds_base" bitsize="64"/><reg name="es_base" bitsize="64"/>
+            <reg name="fs_base" bitsize="64"/><reg name="cr3" bitsize="64"/>"#;
+        let registers = parse(core, &mut 0).registers;
+        let whole = Layout::for_g_reply(registers.clone(), 48);
+        assert_eq!(whole.regnum("cr3"), Some(5));
+        let layout = Layout::for_g_reply(registers, 24);
+        assert_eq!(layout.g_len, 24);
+        assert_eq!(layout.find("ss_base"), None);
+        assert_eq!(layout.regnum("fs_base"), Some(1));
+        assert_eq!(layout.find("cr3"), Some((16, 8)));
+        assert_eq!(layout.regnum("cr3"), Some(2));
+        // Found by fuzz/ (target target_xml): a base register numbered below 3 with a
+        // register after it underflowed the renumbering.
+        let crafted = r#"<reg name="es_base" bitsize="640"><reg name=" bitsize="0">"#;
+        let registers = parse(crafted, &mut 0).registers;
+        let layout = Layout::for_g_reply(registers, 56);
+        assert_eq!(layout.g_len, 0);
+        assert_eq!(layout.regnum(" bitsize="), Some(0));
     }
 
     #[test]
