@@ -1,0 +1,134 @@
+#!/bin/bash
+# The dom0 half of bench/xen_bench.py, run inside the nested Xen of guests/xen (run.sh
+# boots Xen + dom0 under QEMU TCG and runs this script in dom0). It only measures and
+# stamps; the host parses everything it leaves in $GLASS_OUT:
+#   events.log        "EPOCHREALTIME what ..." lines: idle windows, floor runs, xenctx runs
+#   console.stamped   the guest's console log, each line with its arrival time in dom0
+#   glass.HZ.R.err    glass record's stderr, each line with its arrival time
+#   floor.MODE.HZ.R   bench/xen_floor's result line
+#   xenctx.vV.txt     the last xenctx output per vCPU
+#   tsc.txt           Xen's "Detected N MHz processor" line (the guest's TSC rate)
+# The host writes $GLASS_OUT/env first: GLASS, PV_ELF, FLOOR, SYMS, ROUNDS, IDLE (seconds
+# per window without any tool), GLASS_SECONDS, XENCTX (runs per vCPU per round),
+# FLOOR_SECONDS (per floor run, at most FLOOR_N samples).
+# A round (odd rounds take the rates and the blocks the other way round):
+#   floor bare 101 and 997 Hz, xenctx loop, [idle], floor ctx 101, glass 101, [idle],
+#   floor ctx 997, glass 997, [idle]
+# Placement as crates/glass/tests/xen_dom0.sh: dom0's one vCPU pinned to pCPU 0 with
+# weight 4096; guest vCPU 0 alone on pCPU 1, guest vCPU 1 on pCPU 0.
+set -uo pipefail
+source "$GLASS_OUT/env"
+OUT="$GLASS_OUT"
+export PATH="/usr/lib/xen-4.17/bin:$PATH"
+LOG=/var/log/xen/console/guest-uk.log
+
+xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
+xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
+
+event() { echo "$EPOCHREALTIME $*" >>"$OUT/events.log"; }
+# Stamps each line of stdin with its arrival time.
+stamp() {
+    local line
+    while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "${line%$'\r'}"; done
+}
+rates() { tr -d '\r' <"$LOG" 2>/dev/null | grep -c '^rate ' || true; }
+
+: >"$OUT/events.log"
+xl dmesg | grep -m1 'Detected .* MHz processor' >"$OUT/tsc.txt"
+
+cat >/run/uk.cfg <<EOF
+name = "uk"
+type = "pv"
+kernel = "$PV_ELF"
+memory = 32
+vcpus = 2
+cpus = ["1", "0"]
+on_poweroff = "destroy"
+on_crash = "preserve"
+EOF
+event create
+xl create -q /run/uk.cfg || { echo "xl create failed"; exit 1; }
+DOMID="$(xl domid uk)"
+event created "$DOMID"
+limit=$(($(date +%s) + 120))
+while [ "$(rates)" -lt 2 ]; do
+    [ "$(date +%s)" -lt "$limit" ] || { echo "the unikernel printed no rate lines"; cat "$LOG"; exit 1; }
+    sleep 0.2
+done
+echo "uk is domain $DOMID; $(rates) rate lines"
+# From here every console line is stamped as dom0 sees it arrive (tail -F polls at 50 ms
+# where inotify is missing).
+tail -s 0.05 -n +1 -F "$LOG" 2>/dev/null | stamp >"$OUT/console.stamped" 2>/dev/null &
+stamper=$!
+sleep 1
+
+idle() {
+    event idle-start "$1"
+    sleep "$IDLE"
+    event idle-end "$1"
+}
+
+floor() { # MODE HZ ROUND
+    event floor-start "$1" "$2" "$3"
+    "$FLOOR" "$DOMID" "$1" "$FLOOR_N" "$2" "$FLOOR_SECONDS" >"$OUT/floor.$1.$2.$3" 2>&1
+    event floor-end "$1" "$2" "$3" "rc=$?"
+    cat "$OUT/floor.$1.$2.$3"
+}
+
+# xenctx, the naive tool: one process per stack trace (it pauses the domain itself).
+xenctx_loop() { # ROUND
+    local v i t0 rc
+    event xenctx-start "$1"
+    for v in 0 1; do
+        for i in $(seq 1 "$XENCTX"); do
+            t0=$EPOCHREALTIME
+            xenctx -f -s "$SYMS" "$DOMID" "$v" >"$OUT/xenctx.v$v.txt" 2>&1
+            rc=$?
+            event xenctx "$v" "$i" "$t0" "rc=$rc"
+        done
+    done
+    event xenctx-end "$1"
+    echo "xenctx: $((2 * XENCTX)) runs; the last on vcpu0:"
+    cat "$OUT/xenctx.v0.txt"
+}
+
+glass() { # HZ ROUND
+    event glass-start "$1" "$2"
+    "$GLASS" record --xen uk -F "$1" -d "$GLASS_SECONDS" --symbols "$PV_ELF" -o "/tmp/bench.$1.glass" 2>&1 \
+        >/dev/null | stamp >"$OUT/glass.$1.$2.err"
+    event glass-end "$1" "$2" "rc=${PIPESTATUS[0]}"
+    cut -d' ' -f2- "$OUT/glass.$1.$2.err"
+}
+
+for round in $(seq 0 $((ROUNDS - 1))); do
+    echo "== round $round"
+    if [ $((round % 2)) = 0 ]; then
+        floor bare 101 "$round"
+        floor bare 997 "$round"
+        xenctx_loop "$round"
+        idle "$round.a"
+        floor ctx 101 "$round"
+        glass 101 "$round"
+        idle "$round.b"
+        floor ctx 997 "$round"
+        glass 997 "$round"
+        idle "$round.c"
+    else
+        xenctx_loop "$round"
+        floor bare 997 "$round"
+        floor bare 101 "$round"
+        idle "$round.a"
+        floor ctx 997 "$round"
+        glass 997 "$round"
+        idle "$round.b"
+        floor ctx 101 "$round"
+        glass 101 "$round"
+        idle "$round.c"
+    fi
+done
+event done
+sleep 0.5
+kill "$stamper" 2>/dev/null
+echo "rate lines: $(rates); guest state: $(xl list uk | awk 'NR == 2 { print $5 }')"
+xl destroy uk
+exit 0
