@@ -516,10 +516,13 @@ fn take_sample(
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
         vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
         vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
-        let halted = backend
-            .halted(index)
-            .unwrap_or_else(|| image.halted_at(r.ip()));
-        vcpu.copied = if vcpu.in_firmware || (no_idle && halted) {
+        // Decided here only for --no-idle (the image's decode is work that can wait
+        // until the VM runs again); the sample's flag is decided in `tick`.
+        let left_out = no_idle
+            && backend
+                .halted(index)
+                .unwrap_or_else(|| image.halted_at(r.ip()));
+        vcpu.copied = if vcpu.in_firmware || left_out {
             // Nothing of its stack is recorded.
             0
         } else {

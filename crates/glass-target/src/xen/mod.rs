@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use glass_format::Backend;
-use glass_mem::{PageWalk, PagingMode, PhysicalMemory, X86Paging};
+use glass_mem::{PagingMode, PhysicalMemory, TranslationCache, X86Paging};
 
 use crate::arch::x86_64::X86Regs;
 use crate::guest::{Arch, GuestBackend, GuestError, VcpuRegs};
@@ -382,14 +382,19 @@ pub struct XenBackend {
     /// The hypervisor takes domctls in a multicall (probed at start); else one call each.
     batched: bool,
     frames: ForeignFrames,
+    /// For the backend's own reads (hypercall stubs); the loop keeps its own for stacks.
+    translations: TranslationCache,
     halted: Vec<bool>,
     /// Per vCPU at the last stop: it has a context (was brought up).
     online: Vec<bool>,
     /// vCPUs seen inside a hypercall stub and sampled at its caller.
-    pub in_hypercall: Vec<u64>,
+    in_hypercall: Vec<u64>,
     mark: Option<PauseMark>,
     /// Between the pause and the unpause.
     paused: bool,
+    /// GLASS_XEN_STOP_WHILE_PAUSED (tests only): glass stops itself (SIGSTOP) once while
+    /// it holds the domain paused, so that a test can kill it there by construction.
+    stop_while_paused: bool,
     gone: bool,
 }
 
@@ -422,11 +427,13 @@ impl XenBackend {
             contexts,
             batched: false,
             frames,
+            translations: TranslationCache::new(),
             halted: vec![false; vcpus],
             online: vec![false; vcpus],
             in_hypercall: vec![0; vcpus],
             mark,
             paused: false,
+            stop_while_paused: std::env::var_os("GLASS_XEN_STOP_WHILE_PAUSED").is_some(),
             gone: false,
         };
         // GLASS_XEN_NO_MULTICALL=1 takes the fallback on purpose, to measure what the
@@ -458,11 +465,6 @@ impl XenBackend {
         result == 0
             && entry_result == 0
             && read_u16(self.domctls.bytes(), INFO_DOMAIN) as u32 == domid
-    }
-
-    /// Whether the samples are taken with one multicall per stop.
-    pub fn batched(&self) -> bool {
-        self.batched
     }
 
     /// Pauses the domain and reads every vCPU's context into `contexts` and its state
@@ -612,12 +614,8 @@ impl XenBackend {
         };
         let rdi = read_u64(context, CONTEXT_RDI);
         if let Some(number) = self.hypercall_at(&regs) {
-            let paging = X86Paging {
-                cr3: regs.cr3,
-                mode: PagingMode::FourLevel,
-            };
             let mut word = [0u8; 8];
-            if read_virtual(&self.frames, &paging, regs.sp + 16, &mut word) {
+            if self.read_virtual_exact(regs.cr3, regs.sp + 16, &mut word) {
                 self.in_hypercall[vcpu] += 1;
                 // Xen's own word (getvcpuinfo) says whether it is blocked; a vCPU still
                 // inside SCHEDOP_block/poll is on its way there or back.
@@ -630,19 +628,27 @@ impl XenBackend {
         regs
     }
 
+    /// Reads guest-virtual memory under `cr3` through the backend's own translation
+    /// cache (the stub's code and the word above it, before the loop's stack copy).
+    fn read_virtual_exact(&mut self, cr3: u64, address: u64, buf: &mut [u8]) -> bool {
+        let paging = X86Paging {
+            cr3,
+            mode: PagingMode::FourLevel,
+        };
+        self.translations
+            .read_with(&self.frames, &paging, address, buf)
+            == buf.len()
+    }
+
     /// The hypercall number when `regs.ip` sits right after the `syscall` of one of
     /// Xen's hypercall stubs.
-    fn hypercall_at(&self, regs: &X86Regs) -> Option<u64> {
+    fn hypercall_at(&mut self, regs: &X86Regs) -> Option<u64> {
         let start = regs.ip.checked_sub(HYPERCALL_STUB_RETURN as u64)?;
         if start % 32 != 0 {
             return None;
         }
-        let paging = X86Paging {
-            cr3: regs.cr3,
-            mode: PagingMode::FourLevel,
-        };
         let mut bytes = [0u8; HYPERCALL_STUB.len()];
-        if !read_virtual(&self.frames, &paging, start, &mut bytes) {
+        if !self.read_virtual_exact(regs.cr3, start, &mut bytes) {
             return None;
         }
         let number = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
@@ -650,29 +656,6 @@ impl XenBackend {
         expected[4..8].copy_from_slice(&number.to_le_bytes());
         (bytes == expected).then_some(number as u64)
     }
-}
-
-/// Reads guest-virtual memory by walking the tables (no cache: a few reads of mapped
-/// frames), page by page.
-fn read_virtual(
-    memory: &dyn PhysicalMemory,
-    paging: &X86Paging,
-    address: u64,
-    buf: &mut [u8],
-) -> bool {
-    let mut done = 0;
-    while done < buf.len() {
-        let at = address.wrapping_add(done as u64);
-        let Ok(translation) = paging.walk(memory, at) else {
-            return false;
-        };
-        let len = ((4096 - at % 4096) as usize).min(buf.len() - done);
-        if !memory.read_physical(translation.physical, &mut buf[done..done + len]) {
-            return false;
-        }
-        done += len;
-    }
-    true
 }
 
 impl GuestBackend for XenBackend {
@@ -693,6 +676,10 @@ impl GuestBackend for XenBackend {
         let read = self.pause_and_read(&mut online);
         self.online = online;
         read?;
+        if std::mem::take(&mut self.stop_while_paused) {
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
         for vcpu in 0..self.vcpus.min(out.len()) {
             out[vcpu] = if self.online[vcpu] {
                 VcpuRegs::X86_64(self.registers(vcpu))
