@@ -1,4 +1,5 @@
-//! Recording, as a library: the CLI's `glass record` (and a live view later) hand it
+//! Recording, as a library: the CLI's `glass record` and `glass top` (a live view, which
+//! takes the records through [`recorder::Output`] with [`record_to`]) hand it
 //! [`RecordOptions`] and a [`Notes`] to tell the user things, and get back a
 //! [`Recorded`]. Set-up shared by the backends, then one module per backend:
 //!
@@ -114,26 +115,9 @@ pub enum Outcome {
     WriteFailed(std::io::Error),
 }
 
-/// Records as `args` says; notes go to `notes`.
+/// Records as `args` says, into the file `args.output` names; notes go to `notes`.
 pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
-    if let Some(cpu) = args.sampler_cpu {
-        // Check the CPU before starting anything; pin only after launching, so the
-        // target does not inherit the sampler's core.
-        check_cpu(cpu)?;
-    }
-    let backend = match args.backend {
-        BackendChoice::Ptrace => BackendChoice::Ptrace,
-        BackendChoice::Perf => {
-            if !glass_target::perf::available() {
-                return Err(Failure::runtime(
-                    "--backend perf: perf_event_open is not permitted here (see /proc/sys/kernel/perf_event_paranoid); use --backend ptrace",
-                ));
-            }
-            BackendChoice::Perf
-        }
-        BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
-        BackendChoice::Auto => BackendChoice::Ptrace,
-    };
+    let backend = prepare(args)?;
     let file = create_output(&args.output)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
@@ -145,9 +129,66 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     writer
         .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
-    let sink = Sink::new(args, Box::new(writer), notes);
+    start(
+        args,
+        backend,
+        Box::new(writer),
+        Some(&args.output),
+        notes,
+        &stop_signals,
+    )
+}
+
+/// [`record`], with the records going to `output` instead (a live view, which may
+/// write a file of its own: `file`, removed if the target cannot be started). The
+/// caller blocks SIGINT/SIGTERM/SIGHUP in every thread it starts (the recording ends
+/// on the first that arrives) and sends one of them to end the recording.
+pub fn record_to<'a>(
+    args: &'a RecordOptions,
+    output: Box<dyn recorder::Output + 'a>,
+    file: Option<&Path>,
+    notes: &'a mut dyn Notes,
+) -> Result<Recorded> {
+    let backend = prepare(args)?;
+    let stop_signals = stop_signal_fd()?;
+    start(args, backend, output, file, notes, &stop_signals)
+}
+
+/// Checks what can be checked before anything starts; the backend to use.
+fn prepare(args: &RecordOptions) -> Result<BackendChoice> {
+    if let Some(cpu) = args.sampler_cpu {
+        // Check the CPU before starting anything; pin only after launching, so the
+        // target does not inherit the sampler's core.
+        check_cpu(cpu)?;
+    }
+    Ok(match args.backend {
+        BackendChoice::Ptrace => BackendChoice::Ptrace,
+        BackendChoice::Perf => {
+            if !glass_target::perf::available() {
+                return Err(Failure::runtime(
+                    "--backend perf: perf_event_open is not permitted here (see /proc/sys/kernel/perf_event_paranoid); use --backend ptrace",
+                ));
+            }
+            BackendChoice::Perf
+        }
+        BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
+        BackendChoice::Auto => BackendChoice::Ptrace,
+    })
+}
+
+fn start<'a>(
+    args: &'a RecordOptions,
+    backend: BackendChoice,
+    output: Box<dyn recorder::Output + 'a>,
+    file: Option<&Path>,
+    notes: &'a mut dyn Notes,
+    stop_signals: &SignalFd,
+) -> Result<Recorded> {
+    let sink = Sink::new(args, output, notes);
     let start_failed = |error: TargetError| {
-        let _ = std::fs::remove_file(&args.output);
+        if let Some(file) = file {
+            let _ = std::fs::remove_file(file);
+        }
         if error.is_bad_input() {
             Failure::bad_input(error.to_string())
         } else {
@@ -155,17 +196,17 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
         }
     };
     if args.vm {
-        return qemu::record(sink, &stop_signals).map_err(start_failed)?;
+        return qemu::record(sink, stop_signals).map_err(start_failed)?;
     }
     if args.gdb.is_some() {
-        return guest::record(sink, &stop_signals).map_err(start_failed)?;
+        return guest::record(sink, stop_signals).map_err(start_failed)?;
     }
     if args.xen.is_some() {
-        return xen::record(sink, &stop_signals).map_err(start_failed)?;
+        return xen::record(sink, stop_signals).map_err(start_failed)?;
     }
     match backend {
-        BackendChoice::Perf => perf::record(sink, &stop_signals).map_err(start_failed)?,
-        _ => ptrace::record(sink, &stop_signals).map_err(start_failed)?,
+        BackendChoice::Perf => perf::record(sink, stop_signals).map_err(start_failed)?,
+        _ => ptrace::record(sink, stop_signals).map_err(start_failed)?,
     }
 }
 
@@ -242,7 +283,7 @@ pub fn error_text(error: &std::io::Error) -> String {
     text.split(" (os error").next().unwrap_or(&text).to_string()
 }
 
-fn write_failure(path: &Path, error: &std::io::Error) -> Failure {
+pub fn write_failure(path: &Path, error: &std::io::Error) -> Failure {
     Failure::runtime(format!(
         "writing {} failed: {}",
         path.display(),

@@ -110,6 +110,20 @@ pub trait Output {
     fn jit_map(&mut self, map: &JitMap) -> io::Result<()>;
     fn end(&mut self) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
+    /// The running counts, after every tick and flush: a live view shows the cost as
+    /// it goes (the file has it once, in the summary).
+    fn progress(&mut self, _progress: &Progress) {}
+}
+
+/// The recording's counts so far, for [`Output::progress`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    pub time_ns: u64,
+    /// How long the target was held stopped at this tick; None for a flush.
+    pub tick_stopped_ns: Option<u64>,
+    pub ticks: u64,
+    pub lost: u64,
+    pub missed_deadlines: u64,
 }
 
 impl<W: io::Write> Output for Writer<W> {
@@ -477,6 +491,18 @@ impl<'a> Recorder<'a> {
     pub fn tick(&mut self, stopped_ns: u64) {
         self.ticks += 1;
         self.stopped_per_tick.push(stopped_ns);
+        self.progress(Some(stopped_ns));
+    }
+
+    fn progress(&mut self, tick_stopped_ns: Option<u64>) {
+        let progress = Progress {
+            time_ns: self.now_ns(),
+            tick_stopped_ns,
+            ticks: self.ticks,
+            lost: self.lost,
+            missed_deadlines: self.missed_deadlines,
+        };
+        self.writer.progress(&progress);
     }
 
     /// A sample already unwound (the frame-pointer walk in the stopped window).
@@ -636,6 +662,7 @@ impl<'a> Recorder<'a> {
 
     pub fn flush(&mut self) -> io::Result<()> {
         self.last_flush = Instant::now();
+        self.progress(None);
         self.writer.flush()
     }
 

@@ -5,6 +5,7 @@ mod error;
 mod info;
 mod record;
 mod report;
+mod top;
 mod trace;
 
 use std::path::PathBuf;
@@ -35,6 +36,10 @@ enum Command {
     /// Time every call of chosen functions of a program glass launches, or of a running
     /// process (--pid), which is left as it was when glass detaches
     Trace(TraceArgs),
+    /// A live view of where a process or VM guest spends its time (sampled as `glass
+    /// record` samples), refreshed every second; --batch prints it as text
+    #[command(mut_arg("output", top::optional_output))]
+    Top(top::TopArgs),
     /// Internal: started by `glass record --gdb/--vm`; lets the VM run if glass dies
     #[command(name = "__guardian", hide = true)]
     Guardian(glass_record::guardian::GuardianArgs),
@@ -223,6 +228,7 @@ fn main() -> ExitCode {
             info::run(&args).map(|()| 0)
         }
         Command::Trace(args) => trace::run(&args),
+        Command::Top(args) => top::run(&args),
         Command::Guardian(args) => glass_record::guardian::run(&args),
     };
     match result {

@@ -1,16 +1,18 @@
 //! `glass record`: its arguments turned into [`RecordOptions`], the recording itself
 //! done by the `glass-record` library, and what the user reads printed here.
 
+use std::path::Path;
+
 use glass_format::Backend;
-use glass_record::{CaptureMode, Notes, Outcome, RecordOptions};
+use glass_record::{CaptureMode, Notes, Outcome, RecordOptions, Recorded};
 use nix::sys::signal::Signal;
 
 use crate::error::Result;
 use crate::RecordArgs;
 
 /// Warnings always; figures unless `--quiet`.
-struct Stderr {
-    quiet: bool,
+pub struct Stderr {
+    pub quiet: bool,
 }
 
 impl Notes for Stderr {
@@ -26,7 +28,18 @@ impl Notes for Stderr {
 }
 
 pub fn run(args: &RecordArgs) -> Result<i32> {
-    let options = RecordOptions {
+    let options = options(args);
+    let mut notes = Stderr { quiet: args.quiet };
+    let recorded = glass_record::record(&options, &mut notes)?;
+    if !args.quiet {
+        print_summary(args, Some(&args.output), &recorded);
+    }
+    Ok(recorded.exit_status)
+}
+
+/// The library's options from the command line's (`glass top` takes the same).
+pub fn options(args: &RecordArgs) -> RecordOptions {
+    RecordOptions {
         output: args.output.clone(),
         frequency: args.frequency,
         duration: args.duration,
@@ -46,32 +59,14 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         stack_size: args.stack_size,
         no_idle: args.no_idle,
         command: args.command.clone(),
-    };
-    let mut notes = Stderr { quiet: args.quiet };
-    let recorded = glass_record::record(&options, &mut notes)?;
-    if !args.quiet {
-        print_summary(
-            args,
-            &recorded.summary,
-            &recorded.outcome,
-            &recorded.backend,
-            recorded.vm_fate.as_deref(),
-        );
     }
-    Ok(recorded.exit_status)
 }
 
-fn print_summary(
-    args: &RecordArgs,
-    s: &glass_format::Summary,
-    outcome: &Outcome,
-    backend: &Backend,
-    vm_fate: Option<&str>,
-) {
+/// What the recording cost and how it ended, on stderr; `output`: the file written.
+pub fn print_summary(args: &RecordArgs, output: Option<&Path>, recorded: &Recorded) {
+    let (s, outcome, backend) = (&recorded.summary, &recorded.outcome, &recorded.backend);
+    let vm_fate = recorded.vm_fate.as_deref();
     let us = |ns: u64| ns as f64 / 1000.0;
-    let size = std::fs::metadata(&args.output)
-        .map(|m| m.len())
-        .unwrap_or(0);
     let signal_name = |signal: i32| {
         Signal::try_from(signal)
             .map(|s| s.as_str())
@@ -99,15 +94,17 @@ fn print_summary(
         CaptureMode::Frames => "",
         CaptureMode::Raw => ", raw stacks",
     };
+    let written = output.map_or(String::new(), |path| {
+        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        format!(" -> {} ({} KiB)", path.display(), size.div_ceil(1024))
+    });
     eprintln!(
-        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}) -> {} ({} KiB)",
+        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}){written}",
         s.samples,
         s.threads,
         s.processes,
         s.duration_ns as f64 / 1e9,
         args.frequency,
-        args.output.display(),
-        size.div_ceil(1024)
     );
     if *backend == Backend::Perf {
         eprintln!(

@@ -1,0 +1,251 @@
+//! `glass top`: a live view of where a process or VM guest spends its time, like
+//! `perf top` or `py-spy top`. It samples as `glass record` does (the same options and
+//! backends, the same `glass-record` library and loop) but takes the records through
+//! [`live::LiveOutput`] instead of writing a file (or as well, with `-o`).
+//!
+//! Two threads: the recording runs on the main thread exactly as in `glass record` (its
+//! loop, ptrace requests and pinning belong there); the view thread ([`view`]) names the
+//! addresses, keeps the sliding window and draws. The sampling thread only copies each
+//! record into a channel after the target has its CPU back, so nothing the view does
+//! (symbol files, the terminal) can hold up a sample.
+//!
+//! Quitting ends the recording as Ctrl-C ends `glass record` (SIGINT to glass): a
+//! `--pid` target is detached and runs on, a `--vm` guest's QEMU is ended (kept with
+//! `--keep-vm`), a `--gdb`/`--xen` guest runs on (the guardian as in record). A command
+//! glass launched is then ended too, as the terminal's Ctrl-C would have: SIGINT, and
+//! SIGKILL if it is still there 2 s later.
+
+mod live;
+mod view;
+
+use std::io::{BufWriter, IsTerminal};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::builder::TypedValueParser;
+use clap::Args;
+use glass_format::Writer;
+use glass_record::recorder::Output;
+use glass_record::{CaptureMode, Failure, Outcome};
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::error::Result;
+use crate::RecordArgs;
+use live::{LiveNotes, LiveOutput, Message};
+use view::{Settings, Shared};
+
+#[derive(Args, Debug, Clone)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub record: RecordArgs,
+    /// Seconds of samples the table covers (a sliding window)
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    pub window: f64,
+    /// Seconds between refreshes of the table
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
+    pub interval: f64,
+    /// Print the table as text every interval (and once more at the end) instead of
+    /// drawing the interactive view: for a pipe or a log
+    #[arg(long)]
+    pub batch: bool,
+    /// Rows per table with --batch
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Start with one row per thread and function (key t cycles the thread views)
+    #[arg(long)]
+    pub threads: bool,
+}
+
+/// `glass top`'s `-o`: no file unless given (record's default is prof.glass). An empty
+/// path stands for none, so the flattened `RecordArgs` keeps its plain `PathBuf`.
+pub fn optional_output(arg: clap::Arg) -> clap::Arg {
+    arg.default_value("")
+        .hide_default_value(true)
+        .value_parser(clap::builder::OsStringValueParser::new().map(PathBuf::from))
+        .help("Also write the recording to this file (default: none)")
+}
+
+fn parse_seconds(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && (0.1..=3600.0).contains(&seconds) => Ok(seconds),
+        _ => Err("must be a number of seconds between 0.1 and 3600".to_string()),
+    }
+}
+
+pub fn run(args: &TopArgs) -> Result<i32> {
+    let record = &args.record;
+    if record.capture == CaptureMode::Raw {
+        return Err(Failure::bad_input(
+            "glass top shows unwound stacks: --capture raw is for glass record",
+        ));
+    }
+    if !args.batch && !std::io::stdout().is_terminal() {
+        return Err(Failure::bad_input(
+            "standard output is not a terminal (glass top draws its view there): use --batch for a text table every interval",
+        ));
+    }
+    let options = crate::record::options(record);
+    let file_path = (!record.output.as_os_str().is_empty()).then(|| record.output.clone());
+    // Before any thread exists: every thread inherits the block, so these signals reach
+    // only the recording loop's descriptor (the view raises SIGINT to end it).
+    let mut stop = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        stop.add(signal);
+    }
+    stop.thread_block()
+        .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))?;
+
+    let file: Option<Box<dyn Output>> = match &file_path {
+        Some(path) => {
+            let file = glass_record::create_output(path)?;
+            // The header goes out at once, as in `glass record`.
+            let mut writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
+                .map_err(|e| glass_record::write_failure(path, &e))?;
+            writer
+                .flush()
+                .map_err(|e| glass_record::write_failure(path, &e))?;
+            Some(Box::new(writer))
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared::default());
+    let settings = Settings {
+        target: target_name(record),
+        window: Duration::from_secs_f64(args.window),
+        interval: Duration::from_secs_f64(args.interval),
+        frequency: record.frequency,
+        limit: args.limit,
+        threads: args.threads,
+        batch: args.batch,
+    };
+    let (to_view, messages) = mpsc::channel();
+    // The view thread starts with every signal blocked: the backends wait for theirs
+    // (SIGCHLD for ptrace reports and a launched command's end) on descriptors of the
+    // main thread, and a process-directed signal delivered to another thread that does
+    // not block it would never reach them (each ptrace stop would then wait for a
+    // timeout instead of its report).
+    let mask = SigSet::all()
+        .thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_BLOCK)
+        .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))?;
+    let view = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("glass-top-view".into())
+            .spawn(move || view::run(messages, &settings, &shared))
+    };
+    mask.thread_set_mask()
+        .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))?;
+    let view = view.map_err(|e| Failure::runtime(format!("cannot start the view: {e}")))?;
+    let output = LiveOutput {
+        to_view: to_view.clone(),
+        file,
+        target_pid: shared.target_pid.clone(),
+    };
+    let mut notes = LiveNotes {
+        to_view: to_view.clone(),
+        quiet: record.quiet,
+    };
+    let result =
+        glass_record::record_to(&options, Box::new(output), file_path.as_deref(), &mut notes);
+    let (text, linger) = match &result {
+        Ok(recorded) => match &recorded.outcome {
+            Outcome::TargetExited => (
+                format!("target exited (status {})", recorded.summary.exit_status),
+                true,
+            ),
+            Outcome::DurationElapsed => ("duration elapsed".to_string(), true),
+            Outcome::StubLost => ("GDB stub connection lost".to_string(), true),
+            Outcome::Signalled(_) | Outcome::WriteFailed(_) => (String::new(), false),
+        },
+        Err(failure) => (failure.message.clone(), false),
+    };
+    let _ = to_view.send(Message::Ended { text, linger });
+    drop(to_view);
+    let quit = shared.quit.load(Ordering::SeqCst);
+    let launched = record.pid.is_none()
+        && record.gdb.is_none()
+        && record.xen.is_none()
+        && !record.vm
+        && !record.command.is_empty();
+    if quit && launched && result.is_ok() {
+        end_command(shared.target_pid.load(Ordering::SeqCst) as i32);
+    }
+    let (messages, notes) = view.join().unwrap_or_else(|_| (mpsc::channel().1, Vec::new()));
+    for line in notes {
+        eprintln!("{line}");
+    }
+    // Notes sent after the view closed (the user quit while QEMU was being ended).
+    for message in messages.try_iter() {
+        if let Message::Note { warning, text } = message {
+            match warning {
+                true => eprintln!("glass: warning: {text}"),
+                false => eprintln!("glass: {text}"),
+            }
+        }
+    }
+    let recorded = result?;
+    if !record.quiet {
+        crate::record::print_summary(record, file_path.as_deref(), &recorded);
+    }
+    Ok(if quit { 0 } else { recorded.exit_status })
+}
+
+/// The target as the header names it.
+fn target_name(record: &RecordArgs) -> String {
+    if let Some(pid) = record.pid {
+        let name = glass_target::procfs::thread_name(pid, pid);
+        return format!("pid {pid} ({name})");
+    }
+    if let Some(address) = &record.gdb {
+        return format!("VM guest at {address}");
+    }
+    if let Some(domain) = &record.xen {
+        return format!("Xen domain {domain}");
+    }
+    let program = record
+        .command
+        .first()
+        .map(|c| c.rsplit('/').next().unwrap_or(c))
+        .unwrap_or("");
+    let shown: Vec<&str> = std::iter::once(program)
+        .chain(record.command.iter().skip(1).map(String::as_str))
+        .collect();
+    match record.vm {
+        true => format!("VM: {}", shown.join(" ")),
+        false => shown.join(" "),
+    }
+}
+
+/// Ends the command glass launched (our child): SIGINT, as the terminal's Ctrl-C would
+/// have sent it, then SIGKILL if it has not ended within 2 s; reaped either way.
+fn end_command(pid: i32) {
+    if pid <= 0 {
+        return;
+    }
+    let reaped = || {
+        let mut status = 0;
+        // SAFETY: writes the status word; our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        // Not ours any more (already reaped), or gone now.
+        r != 0
+    };
+    if reaped() {
+        return;
+    }
+    // SAFETY: signals our own child, not yet reaped (its pid cannot have been reused).
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if reaped() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // SAFETY: blocks until our child is gone.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+}
