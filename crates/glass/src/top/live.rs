@@ -35,10 +35,16 @@ pub enum Message {
     Thread(Thread),
     Sample(Sample),
     Progress(Progress),
-    Note { warning: bool, text: String },
+    Note {
+        warning: bool,
+        text: String,
+    },
     /// The recording is over: why, and whether the view stays up until the user quits
     /// (the target ended or the duration elapsed) or closes at once (a failure, a signal).
-    Ended { text: String, linger: bool },
+    Ended {
+        text: String,
+        linger: bool,
+    },
 }
 
 pub struct Sample {
@@ -506,7 +512,14 @@ impl Live {
     }
 
     /// The window the table shows: samples, ticks, its end, the counts.
-    fn shown(&self) -> (&VecDeque<WindowSample>, &VecDeque<(u64, u64)>, u64, Progress) {
+    fn shown(
+        &self,
+    ) -> (
+        &VecDeque<WindowSample>,
+        &VecDeque<(u64, u64)>,
+        u64,
+        Progress,
+    ) {
         let now_ns = self.now_ns();
         match &self.frozen {
             Some(f) => (&f.samples, &f.ticks, f.now_ns, f.progress),
@@ -532,7 +545,9 @@ impl Live {
     }
 
     pub fn is_perf(&self) -> bool {
-        self.meta.as_ref().is_some_and(|m| m.backend == Backend::Perf)
+        self.meta
+            .as_ref()
+            .is_some_and(|m| m.backend == Backend::Perf)
     }
 
     /// The window's table, `view` and `sort` as the user chose.

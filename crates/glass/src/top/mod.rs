@@ -88,6 +88,11 @@ pub fn run(args: &TopArgs) -> Result<i32> {
         ));
     }
     let options = crate::record::options(record);
+    let launched = record.pid.is_none()
+        && record.gdb.is_none()
+        && record.xen.is_none()
+        && !record.vm
+        && !record.command.is_empty();
     let file_path = (!record.output.as_os_str().is_empty()).then(|| record.output.clone());
     // Before any thread exists: every thread inherits the block, so these signals reach
     // only the recording loop's descriptor (the view raises SIGINT to end it).
@@ -114,6 +119,7 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     let shared = Arc::new(Shared::default());
     let settings = Settings {
         target: target_name(record),
+        show_pid: launched,
         window: Duration::from_secs_f64(args.window),
         interval: Duration::from_secs_f64(args.interval),
         frequency: record.frequency,
@@ -165,15 +171,12 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     let _ = to_view.send(Message::Ended { text, linger });
     drop(to_view);
     let quit = shared.quit.load(Ordering::SeqCst);
-    let launched = record.pid.is_none()
-        && record.gdb.is_none()
-        && record.xen.is_none()
-        && !record.vm
-        && !record.command.is_empty();
     if quit && launched && result.is_ok() {
         end_command(shared.target_pid.load(Ordering::SeqCst) as i32);
     }
-    let (messages, notes) = view.join().unwrap_or_else(|_| (mpsc::channel().1, Vec::new()));
+    let (messages, notes) = view
+        .join()
+        .unwrap_or_else(|_| (mpsc::channel().1, Vec::new()));
     for line in notes {
         eprintln!("{line}");
     }

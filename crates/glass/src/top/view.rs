@@ -22,6 +22,8 @@ use super::live::{Live, Message, SortKey, Table, ThreadView};
 pub struct Settings {
     /// The target as the header names it.
     pub target: String,
+    /// The header adds the target's pid (a command glass launched).
+    pub show_pid: bool,
     pub window: Duration,
     pub interval: Duration,
     pub frequency: u32,
@@ -120,7 +122,9 @@ impl State {
         let threads = self.live.threads();
         self.view = match self.view {
             ThreadView::All => ThreadView::Split,
-            ThreadView::Split => threads.first().map_or(ThreadView::All, |&t| ThreadView::One(t)),
+            ThreadView::Split => threads
+                .first()
+                .map_or(ThreadView::All, |&t| ThreadView::One(t)),
             ThreadView::One(current) => threads
                 .iter()
                 .find(|&&t| t > current)
@@ -280,11 +284,9 @@ fn draw(frame: &mut ratatui::Frame, settings: &Settings, state: &State, table: &
         (None, None) => String::new(),
     };
     header.push(Line::from(status).style(Style::default().add_modifier(Modifier::BOLD)));
-    let [top, rest] = Layout::vertical([
-        Constraint::Length(header.len() as u16),
-        Constraint::Min(0),
-    ])
-    .areas(frame.area());
+    let [top, rest] =
+        Layout::vertical([Constraint::Length(header.len() as u16), Constraint::Min(0)])
+            .areas(frame.area());
     frame.render_widget(Paragraph::new(header), top);
     let split = state.view == ThreadView::Split;
     let names = column_names(split);
@@ -314,7 +316,10 @@ fn draw(frame: &mut ratatui::Frame, settings: &Settings, state: &State, table: &
                     .map(|(i, text)| cell(i, text)),
             )
         });
-    let titles = names.iter().enumerate().map(|(i, n)| cell(i, n.to_string()));
+    let titles = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| cell(i, n.to_string()));
     let widget = TableWidget::new(rows, widths)
         .header(TableRow::new(titles).style(Style::default().add_modifier(Modifier::REVERSED)))
         .column_spacing(1);
@@ -361,11 +366,16 @@ fn header_lines(settings: &Settings, state: &State, table: &Table) -> Vec<String
         .as_ref()
         .map_or("-".to_string(), |m| m.backend.name().to_string());
     let seconds = settings.window.as_secs_f64();
+    let pid = match &state.live.meta {
+        Some(meta) if settings.show_pid && meta.target_pid > 0 => {
+            format!(" (pid {})", meta.target_pid)
+        }
+        _ => String::new(),
+    };
     let first = format!(
-        "glass top: {} | {backend} backend, {} Hz | last {:.0} s: {} samples{}",
+        "glass top: {}{pid} | {backend} backend, {} Hz | last {seconds} s: {} samples{}",
         settings.target,
         settings.frequency,
-        seconds,
         table.window_samples,
         if state.paused { " | PAUSED" } else { "" },
     );
