@@ -84,6 +84,17 @@ impl Tmux {
         assert!(ok, "tmux send-keys failed");
     }
 
+    /// Sends one key by its tmux name (`C-c`).
+    fn key(&self, name: &str) {
+        let ok = self
+            .command()
+            .args(["send-keys", "-t", "top", name])
+            .status()
+            .expect("tmux runs")
+            .success();
+        assert!(ok, "tmux send-keys failed");
+    }
+
     /// Polls the pane until `ready` accepts it; the screen it accepted.
     fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + PATIENCE;
@@ -422,7 +433,11 @@ fn pid_target_runs_on_after_quit() {
                 "{screen}"
             ),
         }
-        tmux.keys("q");
+        // Ctrl-C quits as q does (the view reads it as a key: raw mode).
+        match backend {
+            "ptrace" => tmux.keys("q"),
+            _ => tmux.key("C-c"),
+        }
         assert_eq!(tmux.wait_exit(), 0, "{}", tmux.screen());
         // Detached, not stopped, and still working.
         let state = process_state(pid).expect("the target is still there");
@@ -538,6 +553,26 @@ fn thread_views_split_and_filter() {
 }
 
 #[test]
+fn the_view_stays_when_the_command_ends_and_glass_exits_with_its_status() {
+    let dir = scratch("top_ends");
+    let tmux = Tmux::start(
+        &dir,
+        "ends",
+        &["top", "--", "sh", "-c", "sleep 0.2; exit 3"],
+    );
+    let screen = tmux.wait_for("the end of the recording", |s| {
+        s.contains("recording ended: target exited (status 3); press q to quit")
+    });
+    assert!(screen.contains("glass top: sh -c sleep 0.2; exit 3 (pid "), "{screen}");
+    // Still there until the user quits.
+    assert_eq!(tmux.exit_status(), None);
+    tmux.keys("q");
+    assert_eq!(tmux.wait_exit(), 3, "{}", tmux.screen());
+    let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(stderr.contains("(target exited)"), "{stderr}");
+}
+
+#[test]
 fn batch_mode_prints_tables_and_writes_the_recording() {
     let _exclusive = exclusive();
     let dir = scratch("top_batch");
@@ -613,4 +648,85 @@ fn bad_input_is_one_line_and_exit_2() {
     // Raw capture has no frames to show.
     let output = glass(&["top", "--batch", "--capture", "raw", "--", "true"]);
     assert_clean_failure(&output, 2, "--capture raw");
+}
+
+/// The pid of the process whose command line holds `needle` (a path unique to a test).
+fn pid_with_argument(needle: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        (text.contains(needle) && text.starts_with("qemu-system")).then_some(pid)
+    })
+}
+
+#[test]
+fn vm_guest_per_vcpu_and_quit_ends_qemu() {
+    let _exclusive = exclusive();
+    let dir = build_guest(&scratch("top_vm"));
+    let serial = dir.join("top-vm.serial");
+    let serial_arg = format!("file:{}", serial.display());
+    let elf = dir.join("guest-fp.elf");
+    let image = dir.join("guest-fp.img");
+    let tmux = Tmux::start(
+        &dir,
+        "vm",
+        &[
+            "top",
+            "--vm",
+            "-F",
+            "199",
+            "--interval",
+            "0.5",
+            "--window",
+            "10",
+            "--symbols",
+            elf.to_str().unwrap(),
+            "--",
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg",
+            "-smp",
+            "2",
+            "-m",
+            "64",
+            "-display",
+            "none",
+            "-nodefaults",
+            "-serial",
+            &serial_arg,
+            "-kernel",
+            image.to_str().unwrap(),
+        ],
+    );
+    // Both vCPUs' work: the split on vCPU 0, checksum_blocks on vCPU 1.
+    let screen = tmux.wait_for("both vCPUs' work", |s| {
+        view_samples(s) >= 300
+            && rows(s).iter().any(|r| r.function == "alpha")
+            && rows(s).iter().any(|r| r.function == "checksum_blocks")
+    });
+    assert!(screen.contains("gdbstub backend, 199 Hz"), "{screen}");
+    assert!(
+        screen.contains("target stopped per sample: mean ") && screen.contains("overhead "),
+        "{screen}"
+    );
+    let qemu = pid_with_argument(serial.to_str().unwrap()).expect("QEMU runs");
+    // t, t: vCPU 0 alone (vcpu0 is tid 1, the first), where the split is.
+    tmux.keys("t");
+    tmux.wait_for("the split view", |s| s.contains("view: split by thread"));
+    tmux.keys("t");
+    let screen = tmux.wait_for("vCPU 0 alone with its split", |s| {
+        s.contains("view: thread vcpu0/") && split_ready(s)
+    });
+    assert_split(&screen);
+    assert!(
+        rows(&screen).iter().all(|r| r.function != "checksum_blocks"),
+        "{screen}"
+    );
+    // q ends the VM glass launched, as glass record ends it.
+    tmux.keys("q");
+    assert_eq!(tmux.wait_exit(), 0, "{}", tmux.screen());
+    poll("QEMU to end", || gone(qemu));
+    let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(stderr.contains("VM shut down"), "{stderr}");
 }

@@ -196,30 +196,41 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     Ok(if quit { 0 } else { recorded.exit_status })
 }
 
-/// The target as the header names it.
+/// The target as the header names it (short: the header holds more).
 fn target_name(record: &RecordArgs) -> String {
+    let base = |path: &str| path.rsplit('/').next().unwrap_or(path).to_string();
+    let symbols = record
+        .symbols
+        .as_ref()
+        .map(|p| base(&p.to_string_lossy()))
+        .or_else(|| {
+            // --vm's symbols default to its -kernel.
+            let at = record.command.iter().position(|a| a == "-kernel")?;
+            record.command.get(at + 1).map(|k| base(k))
+        })
+        .unwrap_or_default();
     if let Some(pid) = record.pid {
         let name = glass_target::procfs::thread_name(pid, pid);
         return format!("pid {pid} ({name})");
     }
     if let Some(address) = &record.gdb {
-        return format!("VM guest at {address}");
+        return format!("VM guest at {address} ({symbols})");
     }
     if let Some(domain) = &record.xen {
-        return format!("Xen domain {domain}");
+        return format!("Xen domain {domain} ({symbols})");
     }
-    let program = record
-        .command
-        .first()
-        .map(|c| c.rsplit('/').next().unwrap_or(c))
-        .unwrap_or("");
-    let shown: Vec<&str> = std::iter::once(program)
-        .chain(record.command.iter().skip(1).map(String::as_str))
-        .collect();
-    match record.vm {
-        true => format!("VM: {}", shown.join(" ")),
-        false => shown.join(" "),
+    let program = record.command.first().map_or(String::new(), |c| base(c));
+    if record.vm {
+        return format!("VM: {program} ({symbols})");
     }
+    let mut shown = std::iter::once(program)
+        .chain(record.command.iter().skip(1).cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if shown.chars().count() > 48 {
+        shown = shown.chars().take(47).collect::<String>() + "…";
+    }
+    shown
 }
 
 /// Ends the command glass launched (our child): SIGINT, as the terminal's Ctrl-C would
