@@ -206,6 +206,20 @@ fn view_samples(screen: &str) -> u64 {
     number_after(line, "(").unwrap_or(0)
 }
 
+/// The pid of the process running `program` whose command line holds `needle` (a path
+/// unique to a test).
+fn pid_with_argument(program: &str, needle: &str) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (text.contains(needle) && text.starts_with(program)).then_some(pid)
+        })
+}
+
 fn process_state(pid: i32) -> Option<char> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("State:"))?;
@@ -319,7 +333,9 @@ fn launched_command_shares_keys_pause_and_quit() {
     sorted.sort();
     assert_eq!(names, sorted, "{screen}");
 
-    // s: back to self.
+    // Arrow keys (escape sequences) change nothing; s: back to self.
+    tmux.key("Up");
+    tmux.key("Down");
     tmux.keys("s");
     let screen = tmux.wait_for("the self sort", |s| s.contains("sort: self"));
     assert_eq!(rows(&screen)[0].function, "alpha", "{screen}");
@@ -563,13 +579,52 @@ fn the_view_stays_when_the_command_ends_and_glass_exits_with_its_status() {
     let screen = tmux.wait_for("the end of the recording", |s| {
         s.contains("recording ended: target exited (status 3); press q to quit")
     });
-    assert!(screen.contains("glass top: sh -c sleep 0.2; exit 3 (pid "), "{screen}");
+    assert!(
+        screen.contains("glass top: sh -c sleep 0.2; exit 3 (pid "),
+        "{screen}"
+    );
     // Still there until the user quits.
     assert_eq!(tmux.exit_status(), None);
     tmux.keys("q");
     assert_eq!(tmux.wait_exit(), 3, "{}", tmux.screen());
     let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
     assert!(stderr.contains("(target exited)"), "{stderr}");
+}
+
+/// Closing the terminal (tmux's server killed: SIGHUP) ends glass, while it records
+/// and while it shows a finished recording, and what it launched ends with it.
+#[test]
+fn closing_the_terminal_ends_glass() {
+    let _exclusive = exclusive();
+    let dir = scratch("top_hangup");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let marker = dir.join("marker");
+    let marker = marker.to_str().unwrap();
+    for (name, command) in [
+        ("running", vec![split.to_str().unwrap(), FOREVER]),
+        ("ended", vec!["sh", "-c", "exit 0", marker]),
+    ] {
+        let mut args = vec!["top", "--interval", "0.5", "--window", "10", "--"];
+        args.extend_from_slice(&command);
+        let tmux = Tmux::start(&dir, &format!("hangup-{name}"), &args);
+        let target = match name {
+            "running" => {
+                let screen = tmux.wait_for("the split table", split_ready);
+                Some(number_after(&screen, "(pid ").unwrap() as i32)
+            }
+            _ => {
+                tmux.wait_for("the end", |s| s.contains("recording ended: "));
+                None
+            }
+        };
+        let needle = if name == "running" { FOREVER } else { marker };
+        let glass_pid = pid_with_argument(GLASS, needle).expect("glass runs");
+        drop(tmux);
+        poll("glass to end with its terminal", || gone(glass_pid));
+        if let Some(target) = target {
+            poll("the launched command to end", || gone(target));
+        }
+    }
 }
 
 #[test]
@@ -650,16 +705,6 @@ fn bad_input_is_one_line_and_exit_2() {
     assert_clean_failure(&output, 2, "--capture raw");
 }
 
-/// The pid of the process whose command line holds `needle` (a path unique to a test).
-fn pid_with_argument(needle: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        (text.contains(needle) && text.starts_with("qemu-system")).then_some(pid)
-    })
-}
-
 #[test]
 fn vm_guest_per_vcpu_and_quit_ends_qemu() {
     let _exclusive = exclusive();
@@ -710,7 +755,7 @@ fn vm_guest_per_vcpu_and_quit_ends_qemu() {
         screen.contains("target stopped per sample: mean ") && screen.contains("overhead "),
         "{screen}"
     );
-    let qemu = pid_with_argument(serial.to_str().unwrap()).expect("QEMU runs");
+    let qemu = pid_with_argument("qemu-system", serial.to_str().unwrap()).expect("QEMU runs");
     // t, t: vCPU 0 alone (vcpu0 is tid 1, the first), where the split is.
     tmux.keys("t");
     tmux.wait_for("the split view", |s| s.contains("view: split by thread"));
@@ -720,7 +765,9 @@ fn vm_guest_per_vcpu_and_quit_ends_qemu() {
     });
     assert_split(&screen);
     assert!(
-        rows(&screen).iter().all(|r| r.function != "checksum_blocks"),
+        rows(&screen)
+            .iter()
+            .all(|r| r.function != "checksum_blocks"),
         "{screen}"
     );
     // q ends the VM glass launched, as glass record ends it.

@@ -1,15 +1,16 @@
 //! The view thread of `glass top`: it takes the recorder's records off the channel,
 //! keeps the [`Live`] model, and every interval shows the window's table, either drawn
-//! with ratatui (crossterm backend) on the alternate screen with keys to change it, or
+//! with ratatui (crossterm backend) on the alternate screen with keys to change it (read
+//! by [`Keyboard`]), or
 //! printed as text (`--batch`).
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use nix::sys::signal::{SigSet, Signal};
 use ratatui::layout::{Alignment, Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
@@ -203,9 +204,10 @@ fn interactive(
     shared: &Shared,
     state: &mut State,
 ) -> io::Result<()> {
+    let keyboard = Keyboard::open()?;
     let mut next_refresh = Instant::now() + settings.interval;
     let mut redraw = true;
-    let mut connected = true;
+    let mut size = terminal.size()?;
     loop {
         // Take what arrived (bounded, so that keys are still read under a flood).
         for _ in 0..MESSAGES_PER_TURN {
@@ -218,21 +220,22 @@ fn interactive(
                     }
                     redraw |= state.ended.is_some();
                 }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    if connected {
-                        connected = false;
-                        redraw = true;
-                    }
-                    break;
-                }
+                Err(_) => break,
             }
+        }
+        if state.ended.is_some() && stop_signal_taken() {
+            return Ok(());
         }
         let now = Instant::now();
         if now >= next_refresh {
             next_refresh = now + settings.interval;
             redraw = true;
         }
+        // A resized terminal is drawn anew at once (no SIGWINCH handler: it would run
+        // on the sampling thread).
+        let new_size = terminal.size()?;
+        redraw |= new_size != size;
+        size = new_size;
         if redraw {
             let table = state.live.table(state.view, state.sort);
             terminal.draw(|frame| draw(frame, settings, state, &table))?;
@@ -241,36 +244,139 @@ fn interactive(
         let wait = next_refresh
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(50));
-        if !event::poll(wait)? {
-            continue;
-        }
-        match event::read()? {
-            Event::Key(key) if key.kind != KeyEventKind::Release => {
-                let control = key.modifiers.contains(KeyModifiers::CONTROL);
-                match key.code {
-                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
-                    KeyCode::Char('c') if control => return Ok(()),
-                    KeyCode::Char('l') if control => terminal.clear()?,
-                    KeyCode::Char('s') | KeyCode::Char('1') => state.sort = SortKey::SelfShare,
-                    KeyCode::Char('T') | KeyCode::Char('2') => state.sort = SortKey::Total,
-                    KeyCode::Char('n') | KeyCode::Char('3') => state.sort = SortKey::Name,
-                    KeyCode::Char('t') => state.next_thread_view(),
-                    KeyCode::Char(' ') => {
-                        state.paused = !state.paused;
-                        match state.paused {
-                            true => state.live.freeze(),
-                            false => state.live.thaw(),
-                        }
+        let Some(keys) = keyboard.read(wait) else {
+            // The terminal went away.
+            return Ok(());
+        };
+        for key in keys {
+            match key {
+                b'q' | ESCAPE | CONTROL_C => return Ok(()),
+                CONTROL_L => terminal.clear()?,
+                b's' | b'1' => state.sort = SortKey::SelfShare,
+                b'T' | b'2' => state.sort = SortKey::Total,
+                b'n' | b'3' => state.sort = SortKey::Name,
+                b't' => state.next_thread_view(),
+                b' ' => {
+                    state.paused = !state.paused;
+                    match state.paused {
+                        true => state.live.freeze(),
+                        false => state.live.thaw(),
                     }
-                    _ => continue,
                 }
-                // A key shows its effect at once.
-                redraw = true;
+                _ => continue,
             }
-            Event::Resize(..) => redraw = true,
-            _ => {}
+            // A key shows its effect at once.
+            redraw = true;
         }
     }
+}
+
+const ESCAPE: u8 = 0x1b;
+const CONTROL_C: u8 = 0x03;
+const CONTROL_L: u8 = 0x0c;
+
+/// The keys, read from the terminal in raw mode as bytes. Not crossterm's event reader:
+/// once the terminal is gone (its window closed, tmux killed) that reader re-reads the
+/// dead descriptor forever and never returns, even with a timeout (crossterm issue
+/// #793, in 0.28 and 0.29), which would leave glass spinning and the target sampled;
+/// and its SIGWINCH handler would interrupt the sampling thread. The view needs only
+/// single-byte keys.
+struct Keyboard {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Keyboard {
+    /// The terminal crossterm put in raw mode: standard input if it is one, else
+    /// /dev/tty (as crossterm chooses).
+    fn open() -> io::Result<Keyboard> {
+        use std::os::fd::AsFd;
+        let fd = match io::stdin().is_terminal() {
+            true => io::stdin().as_fd().try_clone_to_owned()?,
+            false => std::fs::File::open("/dev/tty")?.into(),
+        };
+        Ok(Keyboard { fd })
+    }
+
+    /// The keys pressed within `timeout` (escape sequences, such as arrow keys, left
+    /// out); None once the terminal has hung up.
+    fn read(&self, timeout: Duration) -> Option<Vec<u8>> {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout.as_millis() as libc::c_int) };
+        if ready <= 0 {
+            return Some(Vec::new());
+        }
+        if poll.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            return None;
+        }
+        let mut buffer = [0u8; 64];
+        // SAFETY: reads into our buffer.
+        let n = unsafe { libc::read(poll.fd, buffer.as_mut_ptr().cast(), buffer.len()) };
+        if n == 0 {
+            return None;
+        }
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            return match error.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => Some(Vec::new()),
+                _ => None,
+            };
+        }
+        Some(keys_of(&buffer[..n as usize]))
+    }
+}
+
+/// The single-byte keys in what the terminal sent, without its escape sequences (arrow
+/// and function keys: `ESC [ ... final`, `ESC O x`; Alt with a key: `ESC x`). An escape
+/// that ends the read is the Esc key itself.
+fn keys_of(bytes: &[u8]) -> Vec<u8> {
+    let mut keys = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] != ESCAPE {
+            keys.push(bytes[at]);
+            at += 1;
+            continue;
+        }
+        match bytes.get(at + 1) {
+            None => {
+                keys.push(ESCAPE);
+                at += 1;
+            }
+            Some(b'[') => {
+                // Parameters and intermediates, then one final byte.
+                at += 2;
+                while at < bytes.len() && !(0x40..=0x7e).contains(&bytes[at]) {
+                    at += 1;
+                }
+                at += 1;
+            }
+            Some(b'O') => at += 3,
+            Some(_) => at += 2,
+        }
+    }
+    keys
+}
+
+/// Once the recording has ended nothing reads the stop signals (every thread blocks
+/// them): the lingering view takes them itself. SIGHUP is how it learns that its
+/// terminal went away; SIGINT and SIGTERM still end glass.
+fn stop_signal_taken() -> bool {
+    let mut set = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(signal);
+    }
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid set and timeout; no siginfo wanted.
+    unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &zero) > 0 }
 }
 
 fn draw(frame: &mut ratatui::Frame, settings: &Settings, state: &State, table: &Table) {
@@ -491,4 +597,21 @@ fn print_table(settings: &Settings, state: &mut State) -> io::Result<()> {
     }
     writeln!(out)?;
     out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_leave_out_escape_sequences() {
+        assert_eq!(keys_of(b"q"), b"q");
+        assert_eq!(keys_of(b"\x1b"), [ESCAPE]);
+        assert_eq!(keys_of(b"\x1b[A\x1b[Bq"), b"q");
+        assert_eq!(keys_of(b"s\x1b[1;5Cn\x1bOPt \x1bx"), b"snt ");
+        assert_eq!(keys_of(b"\x1b[15~T"), b"T");
+        // A sequence cut by the end of the read is dropped, never taken as keys.
+        assert_eq!(keys_of(b"\x1b[1;"), b"");
+        assert_eq!(keys_of(b"\x03"), [CONTROL_C]);
+    }
 }
