@@ -111,6 +111,9 @@ pub struct Stream<R: Read = File> {
     ended: bool,
     pool: Receiver<Vec<u8>>,
     home: Sender<Vec<u8>>,
+    /// Pool blocks allocated, and how many may be (then the stream waits for one back).
+    blocks: usize,
+    max_blocks: usize,
 }
 
 impl Stream<File> {
@@ -140,6 +143,8 @@ impl<R: Read> Stream<R> {
             ended: false,
             pool,
             home,
+            blocks: 1,
+            max_blocks: usize::MAX,
         };
         stream.fill(HEADER_LEN)?;
         let bytes = &stream.block.data[..stream.filled];
@@ -158,6 +163,14 @@ impl<R: Read> Stream<R> {
         stream.version = version;
         stream.pos = HEADER_LEN;
         Ok(stream)
+    }
+
+    /// Waits for a block to come back rather than allocate more than `blocks` (of
+    /// [`BLOCK_LEN`]; a record larger than that still gets its own). Only for a reader
+    /// whose chunks are dropped by other threads that do not wait on it: a caller that
+    /// keeps every chunk would wait forever.
+    pub fn limit_blocks(&mut self, blocks: usize) {
+        self.max_blocks = blocks.max(2);
     }
 
     /// The file's format version.
@@ -184,9 +197,20 @@ impl<R: Read> Stream<R> {
                 block.data.copy_within(self.pos..self.filled, 0);
             }
             _ => {
-                let mut data = match self.pool.try_recv() {
-                    Ok(data) if data.len() >= capacity => data,
-                    _ => vec![0; capacity],
+                let returned = match self.pool.try_recv() {
+                    Ok(data) => Some(data),
+                    // Threads hold every block: wait for one rather than grow.
+                    Err(_) if self.blocks >= self.max_blocks && capacity == BLOCK_LEN => {
+                        self.pool.recv().ok()
+                    }
+                    Err(_) => None,
+                };
+                let mut data = match returned {
+                    Some(data) if data.len() >= capacity => data,
+                    _ => {
+                        self.blocks += (capacity == BLOCK_LEN) as usize;
+                        vec![0; capacity]
+                    }
                 };
                 data[..kept].copy_from_slice(&self.block.data[self.pos..self.filled]);
                 // Only blocks of the usual size go back to the pool.

@@ -100,6 +100,11 @@ fn pass(
     stop: Option<FormatError>,
 ) -> Result<Pass, FormatError> {
     let mut stream = Stream::open(path)?;
+    if workers > 1 {
+        // The workers give the blocks back as they go; a few blocks per worker keep
+        // them busy (first-touching more memory costs more than it saves).
+        stream.limit_blocks(2 + 2 * workers);
+    }
     let mut scan = Scan {
         recording: Recording {
             file_len: std::fs::metadata(path).map_or(0, |m| m.len() as usize),
