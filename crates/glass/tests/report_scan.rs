@@ -241,3 +241,140 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
     assert_eq!(one, calls_in_memory(&thinned));
     assert_eq!(one, report_calls(&thinned, "3").0);
 }
+
+/// A trace written record by record: `threads` of (tid, words), in chunks of `split`
+/// words, interleaved; `early`: the summary (with its counters) before the chunks too,
+/// as glass writes it.
+fn synthetic(
+    path: &Path,
+    counters: &[&str],
+    tsc_start: u64,
+    threads: &[(u32, Vec<u64>)],
+    split: usize,
+    early: bool,
+) {
+    use glass_format::{Record, TraceChunk, TraceFunction, TraceSummary};
+    let summary = TraceSummary {
+        tsc_hz: 2_000_000_000,
+        tsc_start,
+        counters: counters.iter().map(|c| c.to_string()).collect(),
+        ..TraceSummary::default()
+    };
+    let mut writer = glass_format::Writer::new(Vec::new()).unwrap();
+    writer
+        .write(&Record::Meta(glass_format::Meta {
+            backend: glass_format::Backend::Trace,
+            command: vec!["synthetic".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+    for (id, name) in ["outer", "inner", "leaf"].iter().enumerate() {
+        writer
+            .write(&Record::TraceFunction(TraceFunction {
+                id: id as u32,
+                module: "/bin/synthetic".into(),
+                address: 0x1000 + id as u64 * 16,
+                size: 16,
+                name: name.to_string(),
+            }))
+            .unwrap();
+    }
+    if early {
+        writer
+            .write(&Record::TraceSummary(summary.clone()))
+            .unwrap();
+    }
+    let longest = threads.iter().map(|t| t.1.len()).max().unwrap_or(0);
+    for start in (0..longest).step_by(split) {
+        for (tid, words) in threads {
+            if start < words.len() {
+                let end = (start + split).min(words.len());
+                writer
+                    .write(&Record::TraceChunk(TraceChunk {
+                        pid: 7,
+                        tid: *tid,
+                        words: words[start..end].to_vec(),
+                    }))
+                    .unwrap();
+            }
+        }
+    }
+    writer.write(&Record::TraceSummary(summary)).unwrap();
+    writer.write(&Record::End).unwrap();
+    std::fs::write(path, writer.into_inner()).unwrap();
+}
+
+/// Calls nested three deep with lost exits, recursion and unwinding, `counters` words
+/// after each record, starting just below a wrap of the records' 44 bits of time.
+fn nested_words(seed: u64, counters: usize, base: u64) -> Vec<u64> {
+    use glass_trace::{encode, EventKind::*};
+    let mut words = Vec::new();
+    let mut time = base;
+    let mut value = 1000 * seed;
+    let mut push = |words: &mut Vec<u64>, step: u64, function: u32, kind| {
+        time += step;
+        words.push(encode(time, function, kind));
+        for c in 0..counters {
+            value += 3 + c as u64;
+            words.push(value * (c as u64 + 1));
+        }
+    };
+    for i in 0..2000u64 {
+        let step = 1 + (i * 7 + seed) % 50;
+        push(&mut words, step, 0, Entry);
+        push(&mut words, step, 1, Entry);
+        push(&mut words, step, 1, Entry); // recursion
+        push(&mut words, step * 90, 2, Entry);
+        if i % 5 != 0 {
+            push(&mut words, step, 2, Exit); // else lost: closed by inner's exit
+        }
+        push(&mut words, step, 1, Exit);
+        if i % 7 == 0 {
+            push(&mut words, step, 1, Unwound);
+        } else {
+            push(&mut words, step, 1, Exit);
+        }
+        if i % 11 != 0 {
+            push(&mut words, step * 3, 0, Exit);
+        }
+        if i % 13 == 0 {
+            push(&mut words, step, 2, Exit); // its entry was lost
+        }
+    }
+    push(&mut words, 1, 0, Entry); // still open at the end
+    words
+}
+
+#[test]
+fn counters_time_wraps_and_summaries_written_only_at_the_end() {
+    let dir = scratch("report_scan_synthetic");
+    let base = (5u64 << 44) - 30_000;
+    for (name, counters, split, early) in [
+        ("plain", &[][..], 1000, true),
+        ("counters", &["cycles", "instructions"][..], 999, true),
+        // No summary before the chunks: the first pass takes 1 word a record, the
+        // summary at the end says 3, and the file is read again.
+        ("late-summary", &["cycles", "instructions"][..], 1001, false),
+        ("single-words", &["cycles"][..], 1, true),
+    ] {
+        let path = dir.join(format!("{name}.glass"));
+        let threads: Vec<(u32, Vec<u64>)> = (0..3)
+            .map(|t| (100 + t, nested_words(t as u64, counters.len(), base)))
+            .collect();
+        synthetic(&path, counters, base - 10, &threads, split, early);
+        let (one, _) = report_calls(&path, "1");
+        assert_eq!(one, calls_in_memory(&path), "{name}");
+        assert_eq!(one, report_calls(&path, "2").0, "{name}");
+        assert_eq!(one, report_calls(&path, "5").0, "{name}");
+        assert_eq!(calls_of(&one, "outer"), 3 * 2001, "{name}: {one}");
+        for counter in counters.iter() {
+            assert!(one.contains(&format!("{counter}/call")), "{name}: {one}");
+        }
+    }
+    // A trace without any call record.
+    let empty = dir.join("empty.glass");
+    synthetic(&empty, &[], base, &[], 1, true);
+    let (one, _) = report_calls(&empty, "2");
+    assert_eq!(one, calls_in_memory(&empty));
+    assert!(one.contains(": 0 calls, 0 threads"), "{one}");
+}

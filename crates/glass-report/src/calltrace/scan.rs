@@ -125,6 +125,11 @@ fn pass(
         }
         let Some(item) = stream.next() else { break };
         match item {
+            // (The stream may have skipped records of unknown kinds up to it.)
+            Ok(Item::Trace(chunk)) if chunk.offset >= stop_at => {
+                scan.recording.add(Err(stop.clone().unwrap()));
+                break;
+            }
             Ok(Item::Trace(chunk)) => {
                 let next = scan.threads.len();
                 let thread = *thread_index.entry((chunk.pid, chunk.tid)).or_insert(next);
