@@ -1,10 +1,9 @@
 //! `glass report`: read a recording, symbolize it, and write one output format.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 
-use glass_format::stream::Item;
 use glass_format::{FormatError, Record, Recording};
 use glass_report::calltrace;
 use glass_report::model::Unit;
@@ -51,12 +50,16 @@ fn warn_damage(path: &Path, recording: &Recording, has_calls: bool) {
 /// Whether the file's first record says it is a `glass trace` recording (false when it
 /// cannot be read: the full path says why).
 fn is_trace_file(path: &Path) -> bool {
-    glass_format::stream::Stream::open(path)
-        .ok()
-        .and_then(|mut stream| stream.next())
-        .is_some_and(|item| {
-            matches!(item, Ok(Item::Record(Record::Meta(meta))) if meta.backend == glass_format::Backend::Trace)
-        })
+    // The meta record comes first and is small: the file's first 64 KiB hold it.
+    let mut head = Vec::new();
+    let read = File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
+    read.is_ok()
+        && glass_format::Reader::new(&head)
+            .ok()
+            .and_then(|mut reader| reader.next())
+            .is_some_and(|record| {
+                matches!(record, Ok(Record::Meta(meta)) if meta.backend == glass_format::Backend::Trace)
+            })
 }
 
 /// `--format calls` of a trace, summed while the file streams by (see
