@@ -11,6 +11,7 @@
 
 mod packed;
 mod reader;
+pub mod stream;
 mod varint;
 mod writer;
 

@@ -40,6 +40,22 @@ pub fn unpack(bytes: &[u8], count: u64) -> Result<Vec<u64>, &'static str> {
         return Err("packed record count out of range");
     }
     let mut words = Vec::with_capacity(count as usize);
+    unpack_each(bytes, count, |word| words.push(word))?;
+    Ok(words)
+}
+
+/// Decodes `count` packed records, passing each word to `each` as it is decoded (no
+/// buffer: a report folds a chunk straight into its tables). On an error the words
+/// before it have been passed.
+#[inline]
+pub fn unpack_each(
+    bytes: &[u8],
+    count: u64,
+    mut each: impl FnMut(u64),
+) -> Result<(), &'static str> {
+    if count > bytes.len() as u64 {
+        return Err("packed record count out of range");
+    }
     let (mut time, mut last, mut before) = (0u64, u64::MAX, u64::MAX);
     let mut pos = 0;
     for _ in 0..count {
@@ -62,12 +78,12 @@ pub fn unpack(bytes: &[u8], count: u64) -> Result<Vec<u64>, &'static str> {
         if last >> (64 - TRACE_TIME_BITS) != 0 {
             return Err("packed record without its upper bits");
         }
-        words.push(time | last << TRACE_TIME_BITS);
+        each(time | last << TRACE_TIME_BITS);
     }
     if pos != bytes.len() {
         return Err("trailing bytes in packed chunk");
     }
-    Ok(words)
+    Ok(())
 }
 
 #[cfg(test)]

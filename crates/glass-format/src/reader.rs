@@ -1,5 +1,6 @@
 use std::path::Path;
 
+use crate::stream::{Item, Stream};
 use crate::varint::{get_i64, get_u64};
 use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
@@ -8,7 +9,7 @@ use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
 
 /// Records larger than this are taken as corruption rather than allocated.
-const MAX_RECORD_LEN: usize = 64 << 20;
+pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum FormatError {
@@ -160,9 +161,42 @@ pub struct Recording {
 /// Reads a whole recording. Errors only when nothing can be read at all (not a .glass
 /// file, unsupported version, unreadable file); a damaged or truncated tail is reported
 /// in [`Recording::damage`] with everything before it kept.
+///
+/// The file is streamed in blocks (see [`crate::stream`]), not read whole: only the
+/// decoded records take memory.
 pub fn read_file(path: &Path) -> Result<Recording, FormatError> {
-    let bytes = std::fs::read(path).map_err(|e| FormatError::Io(e.to_string()))?;
-    read_bytes(&bytes)
+    let file = std::fs::File::open(path).map_err(|e| FormatError::Io(e.to_string()))?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| FormatError::Io(e.to_string()))?
+        .len() as usize;
+    let mut recording = Recording {
+        file_len,
+        ..Recording::default()
+    };
+    let mut stream = Stream::new(file)?;
+    for item in &mut stream {
+        let record = match item {
+            Ok(Item::Record(record)) => Ok(record),
+            Ok(Item::Trace(chunk)) => match chunk.words() {
+                Ok(words) => Ok(Record::TraceChunk(TraceChunk {
+                    pid: chunk.pid,
+                    tid: chunk.tid,
+                    words,
+                })),
+                // The whole-file reader stops at a bad chunk: so does this one.
+                Err(what) => Err(chunk.damage(what)),
+            },
+            Err(error) => Err(error),
+        };
+        let stop = record.is_err();
+        recording.add(record);
+        if stop {
+            break;
+        }
+    }
+    recording.finish(stream.offset());
+    Ok(recording)
 }
 
 pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
@@ -172,30 +206,61 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
     };
     let mut reader = Reader::new(bytes)?;
     for record in &mut reader {
+        recording.add(record);
+    }
+    recording.finish(reader.offset());
+    Ok(recording)
+}
+
+impl Recording {
+    /// Files one record (or the error that ended the reading) under its kind.
+    pub fn add(&mut self, record: Result<Record, FormatError>) {
         match record {
-            Ok(Record::Meta(meta)) => recording.meta = Some(meta),
-            Ok(Record::Process(process)) => recording.processes.push(process),
-            Ok(Record::Module(module)) => recording.modules.push(module),
-            Ok(Record::Thread(thread)) => recording.threads.push(thread),
-            Ok(Record::ThreadExit(exit)) => recording.thread_exits.push(exit),
-            Ok(Record::Sample(sample)) => recording.samples.push(sample),
-            Ok(Record::Snapshot(snapshot)) => recording.snapshots.push(snapshot),
-            Ok(Record::Summary(summary)) => recording.summary = Some(summary),
-            Ok(Record::TraceFunction(f)) => recording.trace_functions.push(f),
-            Ok(Record::TraceSkipped(s)) => recording.trace_skipped.push(s),
-            Ok(Record::TraceChunk(chunk)) => recording.trace_chunks.push(chunk),
-            Ok(Record::TraceSummary(summary)) => recording.trace_summary = Some(summary),
-            Ok(Record::JitMap(map)) => recording.jit_maps.push(map),
-            Ok(Record::End) => recording.complete = true,
-            Err(error) => recording.damage = Some(error),
+            Ok(Record::Meta(meta)) => self.meta = Some(meta),
+            Ok(Record::Process(process)) => self.processes.push(process),
+            Ok(Record::Module(module)) => self.modules.push(module),
+            Ok(Record::Thread(thread)) => self.threads.push(thread),
+            Ok(Record::ThreadExit(exit)) => self.thread_exits.push(exit),
+            Ok(Record::Sample(sample)) => self.samples.push(sample),
+            Ok(Record::Snapshot(snapshot)) => self.snapshots.push(snapshot),
+            Ok(Record::Summary(summary)) => self.summary = Some(summary),
+            Ok(Record::TraceFunction(f)) => self.trace_functions.push(f),
+            Ok(Record::TraceSkipped(s)) => self.trace_skipped.push(s),
+            Ok(Record::TraceChunk(chunk)) => self.trace_chunks.push(chunk),
+            Ok(Record::TraceSummary(summary)) => self.trace_summary = Some(summary),
+            Ok(Record::JitMap(map)) => self.jit_maps.push(map),
+            Ok(Record::End) => self.complete = true,
+            Err(error) => self.damage = Some(error),
         }
     }
-    if !recording.complete && recording.damage.is_none() {
-        recording.damage = Some(FormatError::Truncated {
-            offset: reader.offset(),
-        });
+
+    /// After the last record: a file that stopped without damage and without its End
+    /// record was cut off at `offset`.
+    pub fn finish(&mut self, offset: usize) {
+        if !self.complete && self.damage.is_none() {
+            self.damage = Some(FormatError::Truncated { offset });
+        }
     }
-    Ok(recording)
+}
+
+/// A trace chunk's pid, tid and word count, and where its words start in the payload;
+/// checks what can be checked without decoding them.
+pub(crate) fn trace_head(
+    record_tag: u8,
+    bytes: &[u8],
+) -> Result<(u32, u32, u64, usize), &'static str> {
+    let mut p = Payload { bytes, pos: 0 };
+    let (pid, tid, count) = (p.u32()?, p.u32()?, p.u64()?);
+    let rest = (bytes.len() - p.pos) as u64;
+    if record_tag == tag::TRACE_CHUNK {
+        if count.checked_mul(8) != Some(rest) {
+            return Err("trace chunk length does not match its count");
+        }
+    } else if count > rest {
+        // Each packed record takes at least one byte.
+        return Err("packed record count out of range");
+    }
+    Ok((pid, tid, count, p.pos))
 }
 
 /// A cursor over one record's payload; every getter fails instead of panicking.
@@ -241,7 +306,7 @@ impl<'a> Payload<'a> {
     }
 }
 
-fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
+pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
     let mut p = Payload { bytes, pos: 0 };
     let record = match tag {
         tag::META => {
@@ -380,26 +445,16 @@ fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
             name: p.string()?,
             reason: p.string()?,
         }),
-        tag::TRACE_CHUNK => {
-            let pid = p.u32()?;
-            let tid = p.u32()?;
-            let count = p.u64()?;
-            let rest = &bytes[p.pos..];
-            if count.checked_mul(8) != Some(rest.len() as u64) {
-                return Err("trace chunk length does not match its count");
-            }
-            let words = rest
-                .chunks_exact(8)
-                .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
-                .collect();
-            p.pos = bytes.len();
-            Record::TraceChunk(TraceChunk { pid, tid, words })
-        }
-        tag::TRACE_PACKED => {
-            let pid = p.u32()?;
-            let tid = p.u32()?;
-            let count = p.u64()?;
-            let words = crate::packed::unpack(&bytes[p.pos..], count)?;
+        tag::TRACE_CHUNK | tag::TRACE_PACKED => {
+            let (pid, tid, count, start) = trace_head(tag, bytes)?;
+            let rest = &bytes[start..];
+            let words = if tag == tag::TRACE_CHUNK {
+                rest.chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                    .collect()
+            } else {
+                crate::packed::unpack(rest, count)?
+            };
             p.pos = bytes.len();
             Record::TraceChunk(TraceChunk { pid, tid, words })
         }

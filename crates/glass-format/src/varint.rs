@@ -16,7 +16,25 @@ pub fn put_i64(out: &mut Vec<u8>, value: i64) {
 
 /// Decodes one LEB128 value at `*pos`, advancing it; `None` if the bytes run out or the
 /// value does not fit in 64 bits.
+#[inline]
 pub fn get_u64(bytes: &[u8], pos: &mut usize) -> Option<u64> {
+    // One- and two-byte values (most of a trace's) without the loop.
+    match bytes.get(*pos..*pos + 2) {
+        Some(&[a, _]) if a < 0x80 => {
+            *pos += 1;
+            return Some(a as u64);
+        }
+        Some(&[a, b]) if b < 0x80 => {
+            *pos += 2;
+            return Some((a & 0x7f) as u64 | (b as u64) << 7);
+        }
+        _ => {}
+    }
+    get_u64_slow(bytes, pos)
+}
+
+#[inline(never)]
+fn get_u64_slow(bytes: &[u8], pos: &mut usize) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *bytes.get(*pos)?;

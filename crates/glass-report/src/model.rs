@@ -10,6 +10,10 @@
 
 use std::collections::HashMap;
 
+// Interning hashes a few small keys per frame of every sample: FxHash, not SipHash (the
+// keys are the recording's own, not an attacker's).
+use rustc_hash::FxHashMap;
+
 use glass_format::{Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED};
 use glass_symbols::{ModuleRef, Symbolizer};
 
@@ -26,7 +30,7 @@ pub type StackIndex = u32;
 #[derive(Debug, Default, Clone)]
 pub struct StringTable {
     strings: Vec<String>,
-    index: HashMap<String, StringIndex>,
+    index: FxHashMap<String, StringIndex>,
 }
 
 impl StringTable {
@@ -200,9 +204,9 @@ pub struct Model {
     pub warnings: Vec<String>,
     /// The calls, for the trace-only formats.
     pub calls: Option<CallTrace>,
-    module_index: HashMap<(StringIndex, Vec<u8>, u64, u64, u64), ModuleIndex>,
-    frame_index: HashMap<FrameRow, FrameIndex>,
-    stack_index: HashMap<StackRow, StackIndex>,
+    module_index: FxHashMap<(StringIndex, Vec<u8>, u64, u64, u64), ModuleIndex>,
+    frame_index: FxHashMap<FrameRow, FrameIndex>,
+    stack_index: FxHashMap<StackRow, StackIndex>,
 }
 
 /// The name a process or thread had last (threads often name themselves after start).
@@ -249,9 +253,9 @@ impl Model {
             function_modules: HashMap::new(),
             warnings: Vec::new(),
             calls: None,
-            module_index: HashMap::new(),
-            frame_index: HashMap::new(),
-            stack_index: HashMap::new(),
+            module_index: FxHashMap::default(),
+            frame_index: FxHashMap::default(),
+            stack_index: FxHashMap::default(),
         }
     }
 
@@ -366,8 +370,11 @@ impl Model {
                 .or_default()
                 .push((process.time_ns, process.name.clone()));
         }
-        let mut thread_rows: HashMap<(u32, u32, StringIndex), usize> = HashMap::new();
-        let mut module_rows: HashMap<*const glass_format::Module, ModuleIndex> = HashMap::new();
+        let mut thread_rows: FxHashMap<(u32, u32, StringIndex), usize> = FxHashMap::default();
+        let mut module_rows: FxHashMap<*const glass_format::Module, ModuleIndex> =
+            FxHashMap::default();
+        let mut resolved: FxHashMap<(*const glass_format::Module, u64, bool), Vec<FrameIndex>> =
+            FxHashMap::default();
         let code_category = |path: &str, address: u64| {
             if guest {
                 Category::Guest
@@ -431,6 +438,13 @@ impl Model {
                 let is_return = index > 0;
                 match timeline.find(sample.pid, sample.time_ns, address) {
                     Some(module) => {
+                        // An address of a module is symbolized and interned once.
+                        let key = (module as *const glass_format::Module, address, is_return);
+                        if let Some(cached) = resolved.get(&key) {
+                            frames.extend_from_slice(cached);
+                            continue;
+                        }
+                        let first = frames.len();
                         let module_ref = ModuleRef {
                             path: &module.path,
                             build_id: &module.build_id,
@@ -470,6 +484,7 @@ impl Model {
                                 category,
                             }));
                         }
+                        resolved.insert(key, frames[first..].to_vec());
                     }
                     None => {
                         let function = model.strings.intern(UNKNOWN_FRAME);

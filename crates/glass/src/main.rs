@@ -200,6 +200,10 @@ pub struct ReportArgs {
     /// differential flame graph of AFTER (red: grew, blue: shrank)
     #[arg(long, value_name = "BEFORE")]
     pub diff: Option<PathBuf>,
+    /// Threads decoding a trace's call records for --format calls (default: one per
+    /// CPU); each traced thread's records are decoded by one of them
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
 }
 
 #[derive(Args, Debug, Clone)]

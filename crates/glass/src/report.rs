@@ -1,10 +1,10 @@
 //! `glass report`: read a recording, symbolize it, and write one output format.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 
-use glass_format::{FormatError, Recording};
+use glass_format::{FormatError, Record, Recording};
 use glass_report::calltrace;
 use glass_report::model::Unit;
 use glass_report::{Exporter, Format, Model, ModelOptions, ReportError, Source};
@@ -15,26 +15,95 @@ use crate::ReportArgs;
 /// Reads a recording for a command: a file glass cannot read at all is bad input; a
 /// damaged or truncated one is reported with a warning and used as far as it goes.
 pub fn open_recording(path: &Path) -> Result<Recording> {
-    let recording = glass_format::read_file(path).map_err(|error| match error {
+    let recording = glass_format::read_file(path).map_err(|error| unreadable(path, error))?;
+    warn_damage(path, &recording, !recording.trace_chunks.is_empty());
+    Ok(recording)
+}
+
+/// A file glass cannot read at all: bad input.
+fn unreadable(path: &Path, error: FormatError) -> Failure {
+    match error {
         FormatError::Io(message) => Failure::bad_input(format!(
             "cannot read {}: {}",
             path.display(),
             strip_os_error(&message)
         )),
         other => Failure::bad_input(format!("{}: {other}", path.display())),
-    })?;
+    }
+}
+
+/// A damaged or truncated recording is used as far as it goes, with a warning.
+fn warn_damage(path: &Path, recording: &Recording, has_calls: bool) {
     if let Some(damage) = &recording.damage {
-        let kept = if recording.trace_chunks.is_empty() {
-            format!("the {} samples", recording.samples.len())
-        } else {
+        let kept = if has_calls {
             "the call records".to_string()
+        } else {
+            format!("the {} samples", recording.samples.len())
         };
         eprintln!(
             "glass: warning: {}: {damage}; using {kept} before it",
             path.display()
         );
     }
-    Ok(recording)
+}
+
+/// Whether the file's first record says it is a `glass trace` recording (false when it
+/// cannot be read: the full path says why).
+fn is_trace_file(path: &Path) -> bool {
+    // The meta record comes first and is small: the file's first 64 KiB hold it.
+    let mut head = Vec::new();
+    let read = File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
+    read.is_ok()
+        && glass_format::Reader::new(&head)
+            .ok()
+            .and_then(|mut reader| reader.next())
+            .is_some_and(|record| {
+                matches!(record, Ok(Record::Meta(meta)) if meta.backend == glass_format::Backend::Trace)
+            })
+}
+
+/// `--format calls` of a trace, summed while the file streams by (see
+/// `glass_report::calltrace::scan`): the calls themselves are never built.
+fn calls_report(args: &ReportArgs) -> Result<()> {
+    let jobs = args.jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |jobs| jobs as usize,
+    );
+    let scan = calltrace::scan::scan_file(&args.input, jobs)
+        .map_err(|error| unreadable(&args.input, error))?;
+    let recording = &scan.recording;
+    warn_damage(&args.input, recording, scan.chunks > 0);
+    let summary = recording.trace_summary.clone().unwrap_or_default();
+    let mut out = create(&args.output)?;
+    if summary.tsc_hz == 0 {
+        eprintln!("glass: warning: the recording has no cycle rate: times are in cycles");
+    }
+    let header = calltrace::header_of(
+        recording,
+        scan.calls,
+        scan.threads.len(),
+        scan.span(),
+        summary.tsc_hz,
+    );
+    let names = recording
+        .trace_functions
+        .iter()
+        .map(|f| (f.id, f.name.clone()))
+        .collect();
+    let context = calltrace::calls::TableContext {
+        names: &names,
+        tsc_hz: summary.tsc_hz,
+        counter_names: &summary.counters,
+    };
+    let limit = args.limit.unwrap_or(usize::MAX);
+    let written = calltrace::calls::write_table(&scan.stats, &context, &header, limit, &mut out)
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => Ok(()),
+        // `glass report | head` is not a failure.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
+    }
 }
 
 fn strip_os_error(message: &str) -> &str {
@@ -58,6 +127,12 @@ fn is_trace(recording: &Recording) -> bool {
 }
 
 pub fn run(args: &ReportArgs) -> Result<()> {
+    if args.diff.is_none()
+        && matches!(args.format, None | Some(Format::Calls))
+        && is_trace_file(&args.input)
+    {
+        return calls_report(args);
+    }
     let recording = open_recording(&args.input)?;
     let before = args.diff.as_deref().map(open_recording).transpose()?;
     let is_trace = is_trace(&recording);

@@ -5,6 +5,7 @@ pub mod calls;
 pub mod chrome;
 pub mod invocations;
 pub mod model;
+pub mod scan;
 pub mod tree;
 
 use std::io::{self, Write};
@@ -15,22 +16,36 @@ pub use model::{Call, CallTrace};
 
 /// One line saying what the recording holds and what it is missing.
 pub fn header(recording: &Recording, trace: &CallTrace) -> String {
+    header_of(
+        recording,
+        trace.calls.len() as u64,
+        trace.threads.len(),
+        trace.last.saturating_sub(trace.first),
+        trace.tsc_hz,
+    )
+}
+
+/// [`header`] from the figures alone: calls, threads, the span of the records (cycles).
+pub fn header_of(
+    recording: &Recording,
+    calls: u64,
+    threads: usize,
+    span: u64,
+    tsc_hz: u64,
+) -> String {
     let command = recording
         .meta
         .as_ref()
         .map(|m| m.command.join(" "))
         .unwrap_or_default();
-    let span = trace.last.saturating_sub(trace.first);
-    let rate = if trace.tsc_hz == 0 {
+    let rate = if tsc_hz == 0 {
         "cycle rate unknown: times in cycles".to_string()
     } else {
-        format!("{:.3} GHz cycle counter", trace.tsc_hz as f64 / 1e9)
+        format!("{:.3} GHz cycle counter", tsc_hz as f64 / 1e9)
     };
     format!(
-        "glass trace: {command}: {} calls, {} threads, {}; {}; {rate}",
-        trace.calls.len(),
-        trace.threads.len(),
-        trace.duration(span),
+        "glass trace: {command}: {calls} calls, {threads} threads, {}; {}; {rate}",
+        model::duration(tsc_hz, span),
         losses(recording)
     )
 }

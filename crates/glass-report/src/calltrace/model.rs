@@ -171,19 +171,12 @@ impl CallTrace {
 
     /// Nanoseconds for a number of cycles (0 when the cycle rate is unknown).
     pub fn ns(&self, cycles: u64) -> f64 {
-        if self.tsc_hz == 0 {
-            0.0
-        } else {
-            cycles as f64 * 1e9 / self.tsc_hz as f64
-        }
+        ns(self.tsc_hz, cycles)
     }
 
     /// A duration for people: ns, µs, ms or s, or cycles when the rate is unknown.
     pub fn duration(&self, cycles: u64) -> String {
-        if self.tsc_hz == 0 {
-            return format!("{cycles} cyc");
-        }
-        human_ns(self.ns(cycles))
+        duration(self.tsc_hz, cycles)
     }
 
     /// Whether an ancestor of `index` is a call of the same function (recursion): its
@@ -210,6 +203,23 @@ impl CallTrace {
         }
         children
     }
+}
+
+/// Nanoseconds for a number of cycles at `tsc_hz` (0 when the rate is unknown).
+pub fn ns(tsc_hz: u64, cycles: u64) -> f64 {
+    if tsc_hz == 0 {
+        0.0
+    } else {
+        cycles as f64 * 1e9 / tsc_hz as f64
+    }
+}
+
+/// A duration for people: ns, µs, ms or s, or cycles when the rate is unknown.
+pub fn duration(tsc_hz: u64, cycles: u64) -> String {
+    if tsc_hz == 0 {
+        return format!("{cycles} cyc");
+    }
+    human_ns(ns(tsc_hz, cycles))
 }
 
 pub fn human_ns(ns: f64) -> String {

@@ -1,0 +1,201 @@
+"""Report speed (called by bench/run; `bench/run report` runs only this one). Results
+replace the text between the glass-report markers of docs/benchmarks.md.
+
+1. Trace reports: `glass report --format calls` on `glass trace` recordings of about 10 M,
+   50 M and 100 M call records (bench/report_calls.c: two threads serving requests
+   through 42 small functions at depths 1-8). Wall time, CPU time, minor page faults
+   and peak memory, with 1 decoding worker and with one per CPU (the default); the calls
+   the report finds are checked against the calls the program counted.
+2. Sample reports against `perf report --stdio` on the same workload recorded for the
+   same time at 999 Hz: frame-pointer stacks (glass record, perf record -g), DWARF stacks
+   unwound while recording (glass record on a build without frame pointers) and at
+   report time (glass record --capture raw), against perf record --call-graph dwarf,
+   which perf report always unwinds at report time. Workloads: tests/fixtures/split.c
+   (C, with and without frame pointers) and a Python script (python3, libc, libm).
+"""
+
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GLASS = ROOT / "target" / "release" / "glass"
+BEGIN = "<!-- glass-report:begin -->"
+END = "<!-- glass-report:end -->"
+# Requests per thread for about 10 M, 50 M and 100 M records (34.25 records a request).
+SIZES = [("10 M", 146_000), ("50 M", 730_000), ("100 M", 1_460_000)]
+FUNCTIONS = "handle,stage*,helper*,walk"
+SECONDS = float(os.environ.get("GLASS_BENCH_REPORT_SECONDS", "4"))
+
+PYTHON_WORK = """
+import json, re, sys, time
+end = time.time() + float(sys.argv[1])
+n = 0
+while time.time() < end:
+    d = {str(i): [i, i * 2, {"k": str(i)}] for i in range(300)}
+    s = json.dumps(d)
+    json.loads(s)
+    re.findall(r"\\d+", s)
+    sorted(d.items(), key=lambda kv: kv[1][1])
+    n += 1
+print(n)
+"""
+
+
+def reps():
+    return int(os.environ.get("GLASS_BENCH_REPS", "3"))
+
+
+def measured(command):
+    """Runs `command` (output discarded): wall seconds, CPU seconds (user + system),
+    minor page faults, peak resident KiB."""
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - start
+    if status != 0:
+        raise RuntimeError(f"{command} failed ({status})")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_minflt, usage.ru_maxrss
+
+
+def median_run(command):
+    runs = [measured(command) for _ in range(reps())]
+    return tuple(statistics.median(r[i] for r in runs) for i in range(4))
+
+
+def trace_reports(work):
+    program = work / "report_calls"
+    subprocess.run(["gcc", "-O2", "-g", "-pthread", str(ROOT / "bench" / "report_calls.c"), "-o", str(program)],
+                   check=True)
+    rows = []
+    for label, requests in SIZES:
+        recording = work / f"calls-{requests}.glass"
+        traced = subprocess.run([str(GLASS), "trace", "-q", "--ring-size", str(4 << 20), "-o", str(recording),
+                                 "-f", FUNCTIONS, "--", str(program), str(requests), "2"],
+                                capture_output=True, text=True, check=True)
+        made = int(traced.stdout.split("calls=")[1].split()[0])
+        report = subprocess.run([str(GLASS), "report", str(recording), "--format", "calls"],
+                                capture_output=True, text=True, check=True).stdout
+        header = report.splitlines()[0]
+        found = int(re.search(r": (\d+) calls,", header).group(1))
+        lost = "no records lost" not in header
+        records = 2 * found
+        one = median_run([str(GLASS), "report", str(recording), "--format", "calls", "--jobs", "1"])
+        default = median_run([str(GLASS), "report", str(recording), "--format", "calls"])
+        rows.append({"label": label, "records": records, "bytes": recording.stat().st_size, "made": made,
+                     "found": found, "lost": lost, "one": one, "default": default})
+        print(f"bench: report {label}: {rows[-1]}", file=sys.stderr)
+        recording.unlink()
+    return rows
+
+
+def sample_reports(work):
+    split = work / "split"
+    split_nofp = work / "split_nofp"
+    source = ROOT / "tests" / "fixtures" / "split.c"
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", str(source), "-o", str(split)], check=True)
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", str(source), "-o", str(split_nofp)], check=True)
+    script = work / "work.py"
+    script.write_text(PYTHON_WORK)
+    # split runs ~0.44 ms a round: rounds for the same time as the Python script.
+    rounds = str(int(SECONDS * 2250))
+    cases = [
+        ("split.c, frame pointers", [str(split), rounds], [], ["-g"]),
+        ("split.c without frame pointers: DWARF while recording", [str(split_nofp), rounds], [],
+         ["--call-graph", "dwarf"]),
+        ("split.c without frame pointers: --capture raw", [str(split_nofp), rounds], ["--capture", "raw"],
+         ["--call-graph", "dwarf"]),
+        ("python3 script", ["python3", str(script), str(SECONDS)], [], ["-g"]),
+        ("python3 script: --capture raw", ["python3", str(script), str(SECONDS)], ["--capture", "raw"],
+         ["--call-graph", "dwarf"]),
+    ]
+    rows = []
+    for name, target, glass_options, perf_options in cases:
+        glass_file, perf_file = work / "s.glass", work / "s.data"
+        subprocess.run([str(GLASS), "record", "-q", "-F", "999", *glass_options, "-o", str(glass_file), "--", *target],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", *perf_options, "-o", str(perf_file),
+                        "--", *target], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        info = subprocess.run([str(GLASS), "info", str(glass_file)], capture_output=True, text=True).stdout
+        found = re.search(r"(\d+) samples \(.*?\), (\d+) raw stack snapshots", info)
+        samples = str(int(found.group(1)) + int(found.group(2))) if found else "?"
+        glass = median_run([str(GLASS), "report", str(glass_file)])
+        perf = median_run(["perf", "report", "-i", str(perf_file), "--stdio"])
+        rows.append({"name": name, "perf_options": " ".join(perf_options), "glass_options": " ".join(glass_options),
+                     "samples": samples, "glass_bytes": glass_file.stat().st_size,
+                     "perf_bytes": perf_file.stat().st_size, "glass": glass, "perf": perf})
+        print(f"bench: sample report {name}: {rows[-1]}", file=sys.stderr)
+    return rows
+
+
+def markdown(trace_rows, sample_rows):
+    lines = [BEGIN, "## Report speed: traces at disk speed, sample reports against perf report", ""]
+    lines.append(f"Measured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; `./x bench report` "
+                 f"(`bench/report_bench.py`), median of {reps()} runs, 2 cores, files in the page cache. "
+                 "Wall time is what a user waits; CPU time is user + system of all threads.")
+    lines += ["", "### `glass report --format calls` on traces",
+              "",
+              "`glass trace -f '" + FUNCTIONS + "'` of `bench/report_calls.c` (two threads serving requests through "
+              "42 small functions, depths 1 to 8). The report streams the file in 2 MiB blocks and sums each "
+              "traced thread's calls on one of its decoding workers (`--jobs`, default one per CPU); "
+              "`calls found` is the report's count against the calls the program counted.", "",
+              "| records | file | calls found / made | workers | wall | records/s | CPU | minor faults | peak RSS |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in trace_rows:
+        check = f"{row['found']:,} / {row['made']:,}" + (" (records lost)" if row["lost"] else "")
+        for workers, figures in (("1", row["one"]), ("2 (default)", row["default"])):
+            wall, cpu, faults, rss = figures
+            lines.append(f"| {row['records'] / 1e6:.1f} M | {row['bytes'] / 2**20:.0f} MiB | {check} | {workers} | "
+                         f"{wall:.2f} s | {row['records'] / wall / 1e6:.0f} M/s | {cpu:.2f} s | {faults:,.0f} | "
+                         f"{rss / 1024:.0f} MiB |")
+    lines += ["",
+              "Before (the whole recording read into memory, every call built, then the model every format "
+              "shares): 100 M records of this workload took 49 s wall, 16 s of it in the kernel, 2.2 M minor "
+              "page faults and 7.4 GB; the 4 s nginx trace of the issue (56 M records, 208 MB) 10.9 s.", "",
+              "### Sample reports against `perf report --stdio`", "",
+              f"The same workload recorded by each tool for about {SECONDS:.0f} s at 999 Hz, then each tool's "
+              "default report of its own file (glass: the top table; perf: its `--stdio` report with "
+              "call chains). `perf/glass` is perf's time over glass's.", "",
+              "| workload | glass record | perf record | samples (glass) | file glass / perf | glass wall (CPU) | "
+              "perf wall (CPU) | perf/glass wall | perf/glass CPU |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in sample_rows:
+        g, p = row["glass"], row["perf"]
+        lines.append(f"| {row['name']} | {row['glass_options'] or 'default'} | {row['perf_options']} | "
+                     f"{row['samples']} | {row['glass_bytes'] / 1024:.0f} / {row['perf_bytes'] / 1024:.0f} KiB | "
+                     f"{g[0] * 1e3:.0f} ms ({g[1] * 1e3:.0f}) | {p[0] * 1e3:.0f} ms ({p[1] * 1e3:.0f}) | "
+                     f"{p[0] / g[0]:.1f}x | {p[1] / g[1]:.1f}x |")
+    lines += ["",
+              "What each report has to do: perf report with `--call-graph dwarf` data unwinds every sample's "
+              "copied stack at report time (libunwind/libdw over each module's CFI); glass's default recording "
+              "was unwound while recording, so its report only symbolizes. With `--capture raw` glass unwinds "
+              "at report time too (its own DWARF unwinder, see docs/architecture.md). Both symbolize only "
+              "distinct addresses; glass reads DWARF for inline frames (for libc that means inflating the "
+              "compressed sections of its separate debug file), perf report names frames from symbol tables. "
+              "On these small recordings that fixed cost is most of glass's time: the ratio grows with the "
+              "samples (perf's per-sample work, above all its DWARF unwinding, is what glass avoids).",
+              "", END]
+    return "\n".join(lines)
+
+
+def write_section(text):
+    path = ROOT / "docs" / "benchmarks.md"
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in current and END in current:
+        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
+    else:
+        current = current.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(current)
+
+
+def run(work):
+    work = Path(work)
+    trace_rows = trace_reports(work)
+    sample_rows = sample_reports(work)
+    write_section(markdown(trace_rows, sample_rows))

@@ -1,0 +1,468 @@
+//! `--format calls` straight from the file: the per-function figures summed while the
+//! file streams by, without building the calls. [`super::CallTrace`] keeps every call
+//! (and the model every other format needs keeps more per call): for 10^8 records that
+//! is gigabytes of fresh memory, whose first touch alone (page faults) took most of a
+//! report's time. Here memory is per thread (its open calls) and per function (its
+//! figures and its [`Durations`](super::calls::Durations)), whatever the file's size.
+//!
+//! The file is read in blocks on the calling thread ([`glass_format::stream`]); each
+//! traced thread's chunks go, in file order, to one worker (threads are dealt out to
+//! the workers as they first appear), which decodes them straight into its tables; the
+//! workers' tables are added up at the end. A traced thread's records are one stream,
+//! decoded by one worker, so the result is the same for any number of workers.
+//!
+//! Times are kept relative to each thread's first record: the base the 44 bits of a
+//! record are extended from (the session's full counter at its start) is in the trace
+//! summary, written again at the end of the file, and only the header's span needs it.
+//! The replay is that of [`super::CallTrace::build`], which the tests hold it to.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
+
+use glass_format::stream::{Item, Stream, TraceBytes};
+use glass_format::{FormatError, Recording};
+use glass_trace::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
+
+use super::calls::FunctionStats;
+
+const TSC_MASK: u64 = (1 << TSC_BITS) - 1;
+/// Chunks queued per worker: a few blocks' worth, so the reader runs ahead of the
+/// workers without holding more of the file.
+const QUEUE: usize = 64;
+
+/// The figures of `--format calls` for a whole recording.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Everything in the file but the call records.
+    pub recording: Recording,
+    /// Per function id, its figures (functions that were called).
+    pub stats: HashMap<u32, FunctionStats>,
+    /// Calls seen (each entry record is one).
+    pub calls: u64,
+    /// Traced threads (pid, tid) with records, in order of appearance.
+    pub threads: Vec<(u32, u32)>,
+    /// The earliest and latest record time (full counter values).
+    pub first: u64,
+    pub last: u64,
+    /// Call records decoded (words / stride).
+    pub records: u64,
+    /// Trace chunks read.
+    pub chunks: u64,
+}
+
+impl Scan {
+    pub fn span(&self) -> u64 {
+        self.last.saturating_sub(self.first)
+    }
+}
+
+/// Reads a `glass trace` recording and sums its calls per function, with `workers`
+/// threads decoding (1: on the calling thread). Errors only when nothing can be read at
+/// all, as [`glass_format::read_file`]; damage is in `recording.damage`.
+pub fn scan_file(path: &Path, workers: usize) -> Result<Scan, FormatError> {
+    let (mut stride, mut stop) = (None, None);
+    // A second pass is needed only when the first one learns, too late, that a chunk's
+    // body was bad (everything from it on is dropped, as the whole-file reader does) or
+    // that the records carry a different number of counter words than the summary
+    // before them said; a third only for both.
+    for _ in 0..3 {
+        let pass = pass(path, workers.max(1), stride, stop.clone())?;
+        let wanted = 1 + pass
+            .scan
+            .recording
+            .trace_summary
+            .as_ref()
+            .map_or(0, |s| s.counters.len());
+        match pass.bad_chunk {
+            Some(damage) if stop.is_none() => stop = Some(damage),
+            _ if pass.stride != wanted => stride = Some(wanted),
+            _ => return Ok(pass.scan),
+        }
+    }
+    Err(FormatError::Io(
+        "the recording's call records could not be framed consistently".into(),
+    ))
+}
+
+struct Pass {
+    scan: Scan,
+    stride: usize,
+    /// The first chunk whose body did not decode, as damage at its offset.
+    bad_chunk: Option<FormatError>,
+}
+
+fn pass(
+    path: &Path,
+    workers: usize,
+    stride: Option<usize>,
+    stop: Option<FormatError>,
+) -> Result<Pass, FormatError> {
+    let mut stream = Stream::open(path)?;
+    if workers > 1 {
+        // The workers give the blocks back as they go; a few blocks per worker keep
+        // them busy (first-touching more memory costs more than it saves).
+        stream.limit_blocks(2 + 2 * workers);
+    }
+    let mut scan = Scan {
+        recording: Recording {
+            file_len: std::fs::metadata(path).map_or(0, |m| m.len() as usize),
+            ..Recording::default()
+        },
+        ..Scan::default()
+    };
+    let stop_at = match &stop {
+        Some(FormatError::Corrupt { offset, .. }) => *offset,
+        _ => usize::MAX,
+    };
+    let mut thread_index: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut engine: Option<Engine> = None;
+    loop {
+        if stream.offset() >= stop_at {
+            scan.recording.add(Err(stop.clone().unwrap()));
+            break;
+        }
+        let Some(item) = stream.next() else { break };
+        match item {
+            // (The stream may have skipped records of unknown kinds up to it.)
+            Ok(Item::Trace(chunk)) if chunk.offset >= stop_at => {
+                scan.recording.add(Err(stop.clone().unwrap()));
+                break;
+            }
+            Ok(Item::Trace(chunk)) => {
+                let next = scan.threads.len();
+                let thread = *thread_index.entry((chunk.pid, chunk.tid)).or_insert(next);
+                if thread == next {
+                    scan.threads.push((chunk.pid, chunk.tid));
+                }
+                // The counters each record carries are named by the summary written
+                // before the first chunk (and again at the end).
+                let recording = &scan.recording;
+                let engine = engine.get_or_insert_with(|| {
+                    let counters = recording
+                        .trace_summary
+                        .as_ref()
+                        .map_or(0, |s| s.counters.len());
+                    Engine::start(workers, stride.unwrap_or(1 + counters))
+                });
+                scan.chunks += 1;
+                engine.chunk(thread, chunk);
+            }
+            Ok(Item::Record(record)) => scan.recording.add(Ok(record)),
+            Err(error) => {
+                scan.recording.add(Err(error));
+                break;
+            }
+        }
+    }
+    scan.recording.finish(stream.offset());
+    drop(stream);
+    let stride = engine.as_ref().map_or(0, |e| e.stride);
+    let workers = engine.map_or(Vec::new(), Engine::finish);
+    let tsc_start = scan
+        .recording
+        .trace_summary
+        .as_ref()
+        .map_or(0, |s| s.tsc_start);
+    let mut bad_chunk: Option<(usize, &'static str)> = None;
+    let mut first = u64::MAX;
+    let mut last = 0;
+    for worker in workers {
+        if let Some((offset, what)) = worker.error {
+            if bad_chunk.is_none_or(|(o, _)| offset < o) {
+                bad_chunk = Some((offset, what));
+            }
+        }
+        scan.records += worker.words / worker.stride as u64;
+        for (_, thread) in worker.threads {
+            match thread.first_low {
+                Some(low) => {
+                    // The first value at or after the session's start with these bits.
+                    let start = tsc_start.wrapping_add(low.wrapping_sub(tsc_start) & TSC_MASK);
+                    first = first.min(start);
+                    last = last.max(start.wrapping_add(thread.now));
+                }
+                None => last = last.max(tsc_start),
+            }
+        }
+        for (function, stats) in worker.functions.into_iter().enumerate() {
+            if stats.calls == 0 {
+                continue;
+            }
+            scan.calls += stats.calls;
+            scan.stats.entry(function as u32).or_default().merge(stats);
+        }
+    }
+    for stats in scan.stats.values_mut() {
+        stats.durations.finish();
+    }
+    scan.first = if first == u64::MAX { 0 } else { first };
+    scan.last = last;
+    Ok(Pass {
+        scan,
+        stride: stride.max(1),
+        bad_chunk: bad_chunk.map(|(offset, what)| FormatError::Corrupt { offset, what }),
+    })
+}
+
+/// The workers: on this thread (one), or threads fed by queues.
+struct Engine {
+    stride: usize,
+    workers: Workers,
+}
+
+enum Workers {
+    Inline(Box<Worker>),
+    Threads {
+        queues: Vec<SyncSender<(usize, TraceBytes)>>,
+        handles: Vec<JoinHandle<Worker>>,
+    },
+}
+
+impl Engine {
+    fn start(workers: usize, stride: usize) -> Engine {
+        if workers == 1 {
+            return Engine {
+                stride,
+                workers: Workers::Inline(Box::new(Worker::new(stride))),
+            };
+        }
+        let (mut queues, mut handles) = (Vec::new(), Vec::new());
+        for _ in 0..workers {
+            let (queue, chunks) = sync_channel::<(usize, TraceBytes)>(QUEUE);
+            queues.push(queue);
+            handles.push(std::thread::spawn(move || {
+                let mut worker = Worker::new(stride);
+                for (thread, chunk) in chunks {
+                    worker.chunk(thread, &chunk);
+                }
+                worker.finish();
+                worker
+            }));
+        }
+        Engine {
+            stride,
+            workers: Workers::Threads { queues, handles },
+        }
+    }
+
+    fn chunk(&mut self, thread: usize, chunk: TraceBytes) {
+        match &mut self.workers {
+            Workers::Inline(worker) => worker.chunk(thread, &chunk),
+            Workers::Threads { queues, .. } => {
+                let worker = thread % queues.len();
+                // A worker only stops early by panicking, which finish() passes on.
+                let _ = queues[worker].send((thread, chunk));
+            }
+        }
+    }
+
+    fn finish(self) -> Vec<Worker> {
+        match self.workers {
+            Workers::Inline(mut worker) => {
+                worker.finish();
+                vec![*worker]
+            }
+            Workers::Threads { queues, handles } => {
+                drop(queues);
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// One worker's threads and its per-function figures.
+struct Worker {
+    /// Words per record: the record and one per hardware counter.
+    stride: usize,
+    threads: HashMap<usize, ThreadState>,
+    /// By function id.
+    functions: Vec<FunctionStats>,
+    words: u64,
+    /// The first chunk whose body did not decode; later chunks are left alone.
+    error: Option<(usize, &'static str)>,
+}
+
+impl Worker {
+    fn new(stride: usize) -> Worker {
+        Worker {
+            stride,
+            threads: HashMap::new(),
+            functions: Vec::new(),
+            words: 0,
+            error: None,
+        }
+    }
+
+    fn chunk(&mut self, thread: usize, chunk: &TraceBytes) {
+        if self.error.is_some() {
+            return;
+        }
+        let stride = self.stride;
+        let state = self
+            .threads
+            .entry(thread)
+            .or_insert_with(|| ThreadState::new(stride));
+        let functions = &mut self.functions;
+        let result = if stride == 1 {
+            chunk.for_each_word(|word| state.record(word, &[], functions))
+        } else {
+            chunk.for_each_word(|word| state.word(word, functions))
+        };
+        self.words += chunk.count;
+        if let Err(what) = result {
+            self.error = Some((chunk.offset, what));
+        }
+    }
+
+    /// Closes the calls still open at each thread's last record.
+    fn finish(&mut self) {
+        for state in self.threads.values_mut() {
+            while let Some(open) = state.stack.pop() {
+                let now = state.now;
+                state.close(open, now, None, false, &mut self.functions);
+            }
+        }
+    }
+}
+
+/// A call entered and not yet left.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    function: u32,
+    /// A call of the same function is open below it (recursion: its time is inside
+    /// that call's already).
+    nested: bool,
+    start: u64,
+    /// Inclusive time of its callees.
+    children: u64,
+}
+
+/// One traced thread's replay.
+struct ThreadState {
+    stride: usize,
+    /// The low bits of the first record, and the time since it.
+    first_low: Option<u64>,
+    last_low: u64,
+    now: u64,
+    stack: Vec<Open>,
+    /// Per function id, its calls on the stack.
+    open: Vec<u32>,
+    /// The counters at each open call's entry (`stride - 1` values per call).
+    at_entry: Vec<u64>,
+    /// The words of a record split across chunks.
+    partial: Vec<u64>,
+}
+
+impl ThreadState {
+    fn new(stride: usize) -> ThreadState {
+        ThreadState {
+            stride,
+            first_low: None,
+            last_low: 0,
+            now: 0,
+            stack: Vec::new(),
+            open: Vec::new(),
+            at_entry: Vec::new(),
+            partial: Vec::with_capacity(stride),
+        }
+    }
+
+    /// A word of a record that carries counters.
+    fn word(&mut self, word: u64, functions: &mut Vec<FunctionStats>) {
+        self.partial.push(word);
+        if self.partial.len() == self.stride {
+            let record = std::mem::take(&mut self.partial);
+            self.record(record[0], &record[1..], functions);
+            self.partial = record;
+            self.partial.clear();
+        }
+    }
+
+    #[inline]
+    fn record(&mut self, word: u64, values: &[u64], functions: &mut Vec<FunctionStats>) {
+        let low = word & TSC_MASK;
+        match self.first_low {
+            Some(_) => self.now += low.wrapping_sub(self.last_low) & TSC_MASK,
+            None => self.first_low = Some(low),
+        }
+        self.last_low = low;
+        let now = self.now;
+        let function = (word >> FUNCTION_SHIFT) as u32;
+        let index = function as usize;
+        if word & (1 << EXIT_BIT) == 0 {
+            if index >= self.open.len() {
+                self.open.resize(index + 1, 0);
+            }
+            let nested = self.open[index] > 0;
+            self.open[index] += 1;
+            self.stack.push(Open {
+                function,
+                nested,
+                start: now,
+                children: 0,
+            });
+            self.at_entry.extend_from_slice(values);
+            return;
+        }
+        if self.open.get(index).is_none_or(|&n| n == 0) {
+            return; // its entry was lost
+        }
+        let unwound = word & (1 << UNWOUND_BIT) != 0;
+        let position = self
+            .stack
+            .iter()
+            .rposition(|o| o.function == function)
+            .expect("an open call of the function");
+        // Calls above it whose exits were lost end with it.
+        while self.stack.len() > position {
+            let open = self.stack.pop().unwrap();
+            let matched = self.stack.len() == position;
+            self.close(open, now, Some(values), matched && unwound, functions);
+        }
+    }
+
+    #[inline]
+    fn close(
+        &mut self,
+        open: Open,
+        end: u64,
+        values: Option<&[u64]>,
+        unwound: bool,
+        functions: &mut Vec<FunctionStats>,
+    ) {
+        let cycles = end - open.start;
+        if let Some(parent) = self.stack.last_mut() {
+            parent.children += cycles;
+        }
+        self.open[open.function as usize] -= 1;
+        let index = open.function as usize;
+        if index >= functions.len() {
+            functions.resize_with(index + 1, FunctionStats::default);
+        }
+        let stats = &mut functions[index];
+        stats.calls += 1;
+        stats.self_time += cycles.saturating_sub(open.children);
+        stats.durations.add(cycles);
+        stats.unwound += unwound as u64;
+        let counters = self.stride - 1;
+        let entry = self.at_entry.len() - counters;
+        if !open.nested {
+            stats.total += cycles;
+            if counters > 0 {
+                stats.counters.resize(counters, 0);
+                // A call closed at the end of the records has no counter values.
+                if let Some(values) = values {
+                    for (i, sum) in stats.counters.iter_mut().enumerate() {
+                        *sum = sum.wrapping_add(values[i].wrapping_sub(self.at_entry[entry + i]));
+                    }
+                }
+            }
+        }
+        self.at_entry.truncate(entry);
+    }
+}
