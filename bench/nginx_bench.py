@@ -18,6 +18,7 @@ docs/benchmarks.md.
 
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -141,21 +142,45 @@ def cpu_ns(pid):
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-def wrk(url, worker):
-    """wrk's requests/s, and the worker's CPU time per request over the run: the cost a
-    tool adds in the worker itself, which other work on the machine does not change as
-    it changes requests/s."""
-    before = cpu_ns(worker)
-    run = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS:g}s", url],
-                         capture_output=True, text=True, check=True)
-    spent = cpu_ns(worker) - before
-    rps = re.search(r"Requests/sec:\s+([0-9.]+)", run.stdout)
-    requests = re.search(r"(\d+) requests in", run.stdout)
+def busy_seconds():
+    """CPU time the whole machine has spent busy (all CPUs, /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait.
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_seconds(pid):
+    """CPU time of every thread of `pid` (user and system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url, worker, tool=None):
+    """wrk's requests/s; the worker's CPU time per request over the run, the cost a tool
+    adds in the worker itself, which other work on the machine changes less than the
+    rate; and the CPUs the rest of the machine kept busy meanwhile (neither nginx, nor
+    wrk, nor the tool), which says how disturbed the run was."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = (cpu_ns(worker), busy_seconds(), process_seconds(tool) if tool else 0, time.monotonic())
+    client = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS:g}s", url],
+                            capture_output=True, text=True)
+    after = (cpu_ns(worker), busy_seconds(), process_seconds(tool) if tool else 0, time.monotonic())
+    # The only child reaped meanwhile is wrk (taskset execs it).
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_seconds = (reaped.ru_utime + reaped.ru_stime) - (children.ru_utime + children.ru_stime)
+    out, err = client.stdout, client.stderr
+    if client.returncode != 0:
+        raise RuntimeError(f"wrk failed: {out}{err}")
+    rps = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    requests = re.search(r"(\d+) requests in", out)
     if not rps or not requests:
-        raise RuntimeError(f"wrk said: {run.stdout}{run.stderr}")
-    if re.search(r"Non-2xx or 3xx responses|Socket errors", run.stdout):
-        raise RuntimeError(f"wrk saw errors: {run.stdout}")
-    return {"rps": float(rps.group(1)), "us_per_request": spent / 1e3 / int(requests.group(1))}
+        raise RuntimeError(f"wrk said: {out}{err}")
+    if re.search(r"Non-2xx or 3xx responses|Socket errors", out):
+        raise RuntimeError(f"wrk saw errors: {out}")
+    worker_s = (after[0] - before[0]) / 1e9
+    ours = worker_s + wrk_seconds + (after[2] - before[2])
+    return {"rps": float(rps.group(1)), "us_per_request": worker_s * 1e6 / int(requests.group(1)),
+            "others": max(0.0, (after[1] - before[1] - ours) / (after[3] - before[3]))}
 
 
 def has_perf_event(pid):
@@ -215,7 +240,7 @@ def measure(work, name, command_of, ready, parse):
             return wrk(nginx.url(), nginx.worker)
         tool, err_path = run_tool(command_of(nginx.worker, out), ready(nginx.worker), out)
         try:
-            served = wrk(nginx.url(), nginx.worker)
+            served = wrk(nginx.url(), nginx.worker, tool.pid)
         except BaseException:
             tool.kill()
             raise
@@ -283,12 +308,18 @@ def run(work):
     load = [os.getloadavg()[0]]
     configs = configurations()
     rows = {name: [] for name, *_ in configs}
-    # In turn, so that drift on a shared machine reaches every configuration alike.
+    # Every tool run follows a run of nginx alone, and its overhead is against that one:
+    # on a shared machine the rate drifts with the others' work, and a pair close in time
+    # sees the same drift. The configurations in turn, REPS rounds.
     for rep in range(reps()):
-        for name, command_of, ready, parse in configs:
+        for name, command_of, ready, parse in configs[1:]:
+            alone = measure(work, "alone", None, None, None)
+            rows["nginx alone"].append(alone)
             row = measure(work, name, command_of, ready, parse)
+            row["overhead"] = 1 - row["rps"] / alone["rps"]
+            row["cpu_overhead"] = row["us_per_request"] / alone["us_per_request"] - 1
             rows[name].append(row)
-            print(f"bench: nginx {name} #{rep + 1}: {row}", file=sys.stderr)
+            print(f"bench: nginx {name} #{rep + 1}: alone {alone}, with {row}", file=sys.stderr)
     load.append(os.getloadavg()[0])
     version = subprocess.run([nginx_binary(), "-v"], capture_output=True, text=True).stderr.strip()
     write(markdown(rows, version, load, time.monotonic() - started))
@@ -300,8 +331,9 @@ def median(rows, key):
 
 
 def markdown(rows, version, load, elapsed):
-    alone = median(rows["nginx alone"], "rps")
     wide = rows["glass trace --pid -f '*' --libcalls '*'"]
+    others = sorted(r["others"] for rs in rows.values() for r in rs)
+    others_median, others_max = statistics.median(others), others[-1]
     lines = [
         BEGIN,
         "## nginx under wrk",
@@ -313,17 +345,31 @@ def markdown(rows, version, load, elapsed):
         f"core 0; `wrk -t1 -c{CONNECTIONS} -d{SECONDS:g}s` on core 1 fetches a {len((FIXTURE / 'index.html').read_bytes())}-byte "
         "page over loopback (keep-alive). Each tool is attached to the worker before wrk starts and stopped "
         "with SIGINT after it ends (the tools themselves are not pinned: they take their CPU from nginx or wrk, "
-        f"which is their cost); every run on a fresh nginx, median of {reps()} runs, configurations in turn.",
+        "which is their cost). Every run is on a fresh nginx, and every tool run follows a run of nginx alone: "
+        "overhead = 1 - requests/s with the tool / requests/s of that run alone, the median (and range) of "
+        f"{reps()} such pairs, configurations in turn. The worker's CPU time per request (its schedstat over the "
+        "run) shows the cost in the worker itself (probes; the kernel's sampling, copying stacks), which other "
+        "work on the machine changes less than the rate.",
         "",
-        "| configuration | requests/s | overhead | worker CPU per request | samples (records) | lost | tool CPU |",
+        f"Other work on these {os.cpu_count()} CPUs during the wrk runs (CPU time neither nginx's worker, nor wrk, nor "
+        f"the tool used): {others_median:.2f} CPUs on average (median of the runs), {others_max:.2f} at the most; "
+        "the rate of nginx alone varied from "
+        f"{min(r['rps'] for r in rows['nginx alone']) / 1e3:.1f} k to {max(r['rps'] for r in rows['nginx alone']) / 1e3:.1f} k "
+        "requests/s across the runs.",
+        "",
+        "| configuration | requests/s | overhead (range) | worker CPU per request (vs alone) | samples (records) | lost | tool CPU |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, rs in rows.items():
         rps = median(rs, "rps")
-        overhead = "–" if name == "nginx alone" else f"{100 * (1 - rps / alone):.1f}%"
+        per_request = f"{median(rs, 'us_per_request'):.2f} µs"
         if name == "nginx alone":
-            taken, lost, cpu = "–", "–", "–"
+            overhead, taken, lost, cpu = "–", "–", "–", "–"
         else:
+            spread = sorted(r["overhead"] for r in rs)
+            overhead = (f"{100 * median(rs, 'overhead'):.1f}% ({100 * spread[0]:.1f} to "
+                        f"{100 * spread[-1]:.1f})")
+            per_request += f" ({100 * median(rs, 'cpu_overhead'):+.0f}%)"
             cpu = f"{median(rs, 'cpu'):.2f} s"
             lost = f"{median(rs, 'lost'):.0f}"
             if "records" in rs[0]:
@@ -333,8 +379,7 @@ def markdown(rows, version, load, elapsed):
                 taken = f"{median(rs, 'samples'):.0f} ({median(rs, 'user'):.0f} in user mode)"
             else:
                 taken = f"{median(rs, 'samples'):.0f}"
-        lines.append(f"| {name} | {rps / 1e3:.1f} k | {overhead} | {median(rs, 'us_per_request'):.2f} µs | "
-                     f"{taken} | {lost} | {cpu} |")
+        lines.append(f"| {name} | {rps / 1e3:.1f} k | {overhead} | {per_request} | {taken} | {lost} | {cpu} |")
     lines += [
         "",
         f"`-f '*'` on Debian's stripped nginx: {median(wide, 'functions'):.0f} functions instrumented, "

@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -330,26 +330,112 @@ impl Load {
     }
 }
 
-/// glass, killed if the test fails while it runs (the worker then keeps idle probes,
-/// which the next attach would take out; nginx is stopped anyway).
-struct Glass(Child);
+/// `glass trace --pid WORKER` of the per-request functions and libc calls, without a
+/// duration (it ends on SIGTERM or when the worker exits), once it says it is attached;
+/// killed if the test fails while it runs (the worker then keeps idle probes, which the
+/// next attach would take out; nginx is stopped anyway).
+struct Attached {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+    said: String,
+}
 
-impl Drop for Glass {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+impl Attached {
+    fn start(worker: i32, recording: &Path) -> Attached {
+        let mut child = Command::new(GLASS)
+            .args(["trace", "--pid", &worker.to_string(), "-f"])
+            .arg(PER_REQUEST.join(","))
+            .args(["--libcalls", LIBCALLS, "--max-threads", "4", "-o"])
+            .arg(recording)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut said = String::new();
+        while !said.contains(&format!("attached to pid {worker}")) {
+            let mut line = String::new();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "glass ended before attaching: {said}"
+            );
+            said.push_str(&line);
+        }
+        Attached {
+            child,
+            stderr,
+            said,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for glass to end (`signal` sent first, if any), asserting it succeeded and
+    /// lost no record: all it said.
+    fn finish(mut self, signal: Option<i32>) -> String {
+        if let Some(signal) = signal {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.pid() as i32, signal) };
+        }
+        let status = self.child.wait().unwrap();
+        let mut said = std::mem::take(&mut self.said);
+        self.stderr.read_to_string(&mut said).unwrap();
+        assert!(status.success(), "{said}");
+        assert!(said.contains(" 0 lost,"), "{said}");
+        said
     }
 }
 
-/// Session files in /dev/shm that the glass with this pid created.
-fn sessions_of(glass_pid: u32) -> Vec<String> {
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `clients` x `each` requests, each client one at a time, and waits for all the
+/// responses.
+fn send(port: u16, clients: usize, each: usize) {
+    let clients: Vec<_> = (0..clients)
+        .map(|_| std::thread::spawn(move || (0..each).try_for_each(|_| get(port))))
+        .collect();
+    for client in clients {
+        client.join().unwrap().expect("every request served");
+    }
+}
+
+/// Asserts `recording` counts every one of `requests` once in each per-request function
+/// and libc call.
+fn assert_each_request_once(recording: &Path, requests: u64) {
+    let calls = reported_calls(recording);
+    for function in PER_REQUEST
+        .iter()
+        .map(|f| f.to_string())
+        .chain(LIBCALLS.split(',').map(|f| format!("{f}@plt")))
+    {
+        assert_eq!(
+            calls.get(&function),
+            Some(&requests),
+            "{function}: {calls:?}"
+        );
+    }
+}
+
+/// Asserts the session of the glass with this pid is gone: no file of it in /dev/shm,
+/// and no mapping of a session in the worker.
+fn assert_session_gone(glass_pid: u32, worker: i32) {
     let prefix = format!("glass-trace-{glass_pid}-");
-    std::fs::read_dir("/dev/shm")
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.starts_with(&prefix))
-        .collect()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    if let Ok(maps) = std::fs::read_to_string(format!("/proc/{worker}/maps")) {
+        assert!(!maps.contains("/glass-trace-"), "{maps}");
+    }
 }
 
 /// The failure, on the real server: the worker (nobody) maps the session glass
@@ -367,26 +453,8 @@ fn every_request_to_a_nobody_worker_is_counted_once_between_attach_and_sigterm()
     let worker = nginx.worker;
     let code = nginx.code();
     let recording = dir.join("exact.glass");
-    let mut child = Command::new(GLASS)
-        .args(["trace", "--pid", &worker.to_string(), "-f"])
-        .arg(PER_REQUEST.join(","))
-        .args(["--libcalls", LIBCALLS, "--max-threads", "4", "-o"])
-        .arg(&recording)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let glass_pid = child.id();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let glass_child = Glass(child);
-    let mut said = String::new();
-    while !said.contains(&format!("attached to pid {worker}")) {
-        let mut line = String::new();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "glass ended before attaching: {said}"
-        );
-        said.push_str(&line);
-    }
+    let glass = Attached::start(worker, &recording);
+    let glass_pid = glass.pid();
     // While attached: the worker maps the session, a file of nobody's only.
     let (path, meta) = session_mapping(worker).expect("the worker maps the session");
     assert!(
@@ -396,48 +464,17 @@ fn every_request_to_a_nobody_worker_is_counted_once_between_attach_and_sigterm()
     assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{path}");
     assert_eq!(meta.mode() & 0o7777, 0o600, "{path}");
 
-    const CLIENTS: usize = 3;
-    const EACH: usize = 100;
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let port = nginx.port;
-            std::thread::spawn(move || (0..EACH).try_for_each(|_| get(port)))
-        })
-        .collect();
-    for client in clients {
-        client.join().unwrap().expect("every request served");
-    }
+    send(nginx.port, 3, 100);
     // Every response ended with nginx closing its connection; once the worker waits for
     // events again, no call of those requests is in flight.
     nginx.wait_idle();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(glass_pid as i32, libc::SIGTERM) };
-    let mut glass_child = glass_child;
-    let status = glass_child.0.wait().unwrap();
-    let mut rest = String::new();
-    err.read_to_string(&mut rest).unwrap();
-    assert!(status.success(), "{said}{rest}");
+    let said = glass.finish(Some(libc::SIGTERM));
     assert!(
-        rest.contains(&format!("detached from pid {worker}")),
-        "{rest}"
+        said.contains(&format!("detached from pid {worker}")),
+        "{said}"
     );
-    assert!(rest.contains(" 0 lost,"), "{rest}");
-
-    let calls = reported_calls(&recording);
-    let sent = (CLIENTS * EACH) as u64;
-    for function in PER_REQUEST
-        .iter()
-        .map(|f| f.to_string())
-        .chain(LIBCALLS.split(',').map(|f| format!("{f}@plt")))
-    {
-        assert_eq!(calls.get(&function), Some(&sent), "{function}: {calls:?}");
-    }
-    assert!(
-        sessions_of(glass_pid).is_empty(),
-        "{:?}",
-        sessions_of(glass_pid)
-    );
-    assert!(session_mapping(worker).is_none());
+    assert_each_request_once(&recording, 300);
+    assert_session_gone(glass_pid, worker);
     nginx.assert_serving_as_before(&code);
 }
 
@@ -473,7 +510,7 @@ fn a_nobody_worker_traced_whole_for_two_seconds_under_load_serves_on_unchanged()
     let glass_pid = child.id();
     let output = child.wait_with_output().unwrap();
     let sent = load.sent() - before;
-    let served = load.finish();
+    load.finish();
     let err = stderr(&output);
     assert!(output.status.success(), "{err}");
     assert!(
@@ -519,12 +556,7 @@ fn a_nobody_worker_traced_whole_for_two_seconds_under_load_serves_on_unchanged()
             "{other}: {n}, ngx_http_process_request: {processed}"
         );
     }
-    assert!(served >= processed.saturating_sub(CLIENTS), "{served}");
-    assert!(
-        sessions_of(glass_pid).is_empty(),
-        "{:?}",
-        sessions_of(glass_pid)
-    );
+    assert_session_gone(glass_pid, worker);
     nginx.assert_serving_as_before(&code);
 }
 
@@ -572,5 +604,47 @@ fn a_nobody_worker_is_sampled_under_load() {
         samples_in(&stacks, "ngx_process_events_and_timers") > 0,
         "{stacks:?}"
     );
+    nginx.assert_serving_as_before(&code);
+}
+
+/// An nginx reload while its worker is traced: the master starts a new worker and the
+/// traced one finishes and exits. glass ends with every request the old worker served
+/// (it says the process exited) and its session gone; the new worker, forked from the
+/// master that was never traced, serves with the code as it was.
+#[test]
+fn a_reload_retires_the_traced_worker_and_glass_ends_with_its_requests() {
+    let Some(binary) = nginx_binary() else {
+        return;
+    };
+    let _alone = exclusive();
+    let dir = scratch("nginx_reload");
+    let mut nginx = Nginx::start(&binary, "reload");
+    let old = nginx.worker;
+    let code = nginx.code();
+    let recording = dir.join("reload.glass");
+    let glass = Attached::start(old, &recording);
+    let glass_pid = glass.pid();
+    send(nginx.port, 2, 25);
+    let master = nginx.master.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(master, libc::SIGHUP) };
+    let said = glass.finish(None);
+    assert!(
+        said.contains(&format!("pid {old} exited while traced")),
+        "{said}"
+    );
+    assert_each_request_once(&recording, 50);
+    assert_session_gone(glass_pid, old);
+    // The new worker: the master's only child now.
+    let deadline = Instant::now() + PATIENCE;
+    nginx.worker = loop {
+        match children(master)[..] {
+            [worker] if worker != old => break worker,
+            _ => assert!(Instant::now() < deadline, "no new worker after the reload"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_runs_as_nobody(nginx.worker);
+    assert!(session_mapping(nginx.worker).is_none());
     nginx.assert_serving_as_before(&code);
 }
