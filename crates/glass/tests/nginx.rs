@@ -225,6 +225,20 @@ impl Nginx {
         }
     }
 
+    /// After a reload: waits until the master's only child is a worker other than `old`,
+    /// and makes it the one the test works with.
+    fn wait_new_worker(&mut self, old: i32) {
+        let deadline = Instant::now() + PATIENCE;
+        self.worker = loop {
+            match children(self.master.id() as i32)[..] {
+                [worker] if worker != old => break worker,
+                _ => assert!(Instant::now() < deadline, "no new worker after the reload"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_runs_as_nobody(self.worker);
+    }
+
     /// After glass: the worker not stopped, its code as it was, and serving.
     fn assert_serving_as_before(&self, code: &[(u64, Vec<u8>)]) {
         let now = state(self.worker);
@@ -342,9 +356,13 @@ struct Attached {
 
 impl Attached {
     fn start(worker: i32, recording: &Path) -> Attached {
+        Attached::start_with(worker, &PER_REQUEST.join(","), recording)
+    }
+
+    /// With `functions` (`-f`) for the per-request ones.
+    fn start_with(worker: i32, functions: &str, recording: &Path) -> Attached {
         let mut child = Command::new(GLASS)
-            .args(["trace", "--pid", &worker.to_string(), "-f"])
-            .arg(PER_REQUEST.join(","))
+            .args(["trace", "--pid", &worker.to_string(), "-f", functions])
             .args(["--libcalls", LIBCALLS, "--max-threads", "4", "-o"])
             .arg(recording)
             .stderr(Stdio::piped())
@@ -635,16 +653,56 @@ fn a_reload_retires_the_traced_worker_and_glass_ends_with_its_requests() {
     );
     assert_each_request_once(&recording, 50);
     assert_session_gone(glass_pid, old);
-    // The new worker: the master's only child now.
-    let deadline = Instant::now() + PATIENCE;
-    nginx.worker = loop {
-        match children(master)[..] {
-            [worker] if worker != old => break worker,
-            _ => assert!(Instant::now() < deadline, "no new worker after the reload"),
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_runs_as_nobody(nginx.worker);
+    nginx.wait_new_worker(old);
     assert!(session_mapping(nginx.worker).is_none());
+    nginx.assert_serving_as_before(&code);
+}
+
+/// The limit the README states, on nginx: a worker forked by a traced master (a reload)
+/// inherits its probes, and serves with them after glass has left the master; the next
+/// `glass trace --pid` of that worker finds the probes of a glass that is gone, takes
+/// them out, and traces it exactly, leaving its code as nginx's own.
+#[test]
+fn a_worker_forked_by_a_traced_master_has_its_inherited_probes_taken_out() {
+    let Some(binary) = nginx_binary() else {
+        return;
+    };
+    let _alone = exclusive();
+    let dir = scratch("nginx_fork");
+    let mut nginx = Nginx::start(&binary, "fork");
+    let old = nginx.worker;
+    let code = nginx.code();
+    let master = nginx.master.id() as i32;
+    let on_master = Attached::start_with(master, "ngx_*", &dir.join("master.glass"));
+    let first = on_master.pid();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(master, libc::SIGHUP) };
+    nginx.wait_new_worker(old);
+    let said = on_master.finish(Some(libc::SIGTERM));
+    assert!(
+        said.contains(&format!("detached from pid {master}")),
+        "{said}"
+    );
+    // The master is as it was; its new worker still has the probes and serves.
+    assert!(code_of(master, &binary) == code);
+    assert!(nginx.code() != code, "the forked worker has no probes");
+    get(nginx.port).expect("the worker with inherited probes serves");
+
+    let recording = dir.join("forked.glass");
+    let glass = Attached::start(nginx.worker, &recording);
+    assert!(
+        glass
+            .said
+            .contains(&format!("still had the probes of glass pid {first}")),
+        "{}",
+        glass.said
+    );
+    send(nginx.port, 2, 25);
+    nginx.wait_idle();
+    let second = glass.pid();
+    glass.finish(Some(libc::SIGTERM));
+    assert_each_request_once(&recording, 50);
+    assert_session_gone(first, nginx.worker);
+    assert_session_gone(second, nginx.worker);
     nginx.assert_serving_as_before(&code);
 }
