@@ -355,7 +355,11 @@ def markdown(rows, version, load, elapsed):
         f"the tool used): {others_median:.2f} CPUs on average (median of the runs), {others_max:.2f} at the most; "
         "the rate of nginx alone varied from "
         f"{min(r['rps'] for r in rows['nginx alone']) / 1e3:.1f} k to {max(r['rps'] for r in rows['nginx alone']) / 1e3:.1f} k "
-        "requests/s across the runs.",
+        "requests/s across the runs." + (
+            " This run shared a saturated machine: its rates measure the share of the CPUs nginx and wrk got as "
+            "much as any tool's cost (the kernel divides CPU time between sessions, autogroups, so a tool's own "
+            "threads can win this run's processes more of it, and a rate with a tool can exceed the one alone); "
+            "the worker's CPU per request is the figure to compare." if others_median > 0.3 else ""),
         "",
         "| configuration | requests/s | overhead (range) | worker CPU per request (vs alone) | samples (records) | lost | tool CPU |",
         "|---|---|---|---|---|---|---|",
