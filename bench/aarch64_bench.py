@@ -32,6 +32,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import section
+
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
 STUB_FLOOR = ROOT / "target" / "release" / "examples" / "stub_floor"
@@ -209,14 +211,7 @@ def markdown(results):
 
 
 def write(lines):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    text = "\n".join(lines)
-    if BEGIN in current and END in current:
-        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
+    section.replace(BEGIN, END, "\n".join(lines))
 
 
 def run(work):

@@ -28,6 +28,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import section
+
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
 BEGIN = "<!-- glass-attach:begin -->"
@@ -266,10 +268,4 @@ def markdown(rows):
 
 
 def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
+    section.replace(BEGIN, END, text)

@@ -22,6 +22,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import section
+
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
 CALLLOOP = ROOT / "tests" / "fixtures" / "trace" / "callloop.c"
@@ -281,15 +283,7 @@ def markdown(calls, cover, drain):
 
 
 def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        before = current[:current.index(BEGIN)]
-        after = current[current.index(END) + len(END):]
-        current = before + text + after
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
+    section.replace(BEGIN, END, text)
 
 
 def run(work):

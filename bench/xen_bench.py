@@ -34,6 +34,8 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
+import section
+
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
 KIT = ROOT / "target" / "tmp" / "xen-kit"
@@ -409,14 +411,7 @@ def markdown(r, meta):
 
 
 def write(lines):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    text = "\n".join(lines)
-    if BEGIN in current and END in current:
-        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
+    section.replace(BEGIN, END, "\n".join(lines))
 
 
 def run(work):

@@ -96,32 +96,6 @@ fn reference_output(program: &Path) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
-/// The bytes of every executable mapping of `file` in `pid`.
-fn code_of(pid: i32, file: &Path) -> Vec<(u64, Vec<u8>)> {
-    let file = std::fs::canonicalize(file).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut code = Vec::new();
-    for line in maps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 || !fields[1].contains('x') || Path::new(fields[5]) != file {
-            continue;
-        }
-        let (start, end) = fields[0].split_once('-').unwrap();
-        let start = u64::from_str_radix(start, 16).unwrap();
-        let end = u64::from_str_radix(end, 16).unwrap();
-        let mut bytes = vec![0; (end - start) as usize];
-        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut bytes, start).unwrap();
-        code.push((start, bytes));
-    }
-    assert!(
-        !code.is_empty(),
-        "no code of {} in pid {pid}",
-        file.display()
-    );
-    code
-}
-
 /// Entries and ends (exits, unwound) per function, from the raw records.
 fn calls(recording: &Path) -> (BTreeMap<String, (u64, u64)>, glass_format::TraceSummary) {
     let recording = glass_format::read_file(recording).expect("a readable recording");
@@ -735,17 +709,7 @@ impl Server {
             .and_then(|rest| rest.strip_suffix(" ready\n"))
             .and_then(|pid| pid.parse().ok())
             .unwrap_or_else(|| panic!("dropd said {line:?}"));
-        // Who the worker is now, as the kernel sees it: real, effective, saved and
-        // filesystem ids all nobody's.
-        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
-        for key in ["Uid:", "Gid:"] {
-            let ids = status.lines().find(|l| l.starts_with(key)).unwrap();
-            assert_eq!(
-                ids.split_whitespace().skip(1).collect::<Vec<_>>(),
-                ["65534"; 4],
-                "{ids}"
-            );
-        }
+        assert_runs_as_nobody(worker);
         Server {
             daemon: Some(daemon),
             worker,
@@ -772,31 +736,6 @@ impl Server {
             "dropd reported errors: {err}"
         );
     }
-}
-
-/// The worker's mapping of a glass session: its path (as /proc/PID/maps shows it) and
-/// the mapped file's metadata (through /proc/PID/map_files, so the file glass unlinked
-/// once the worker had mapped it).
-fn session_mapping(pid: i32) -> Option<(String, std::fs::Metadata)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let line = maps.lines().find(|l| l.contains("/glass-trace-"))?;
-    let range = line.split_whitespace().next().unwrap();
-    let path = line.split_whitespace().nth(5).unwrap().to_string();
-    let meta = std::fs::metadata(format!("/proc/{pid}/map_files/{range}")).unwrap();
-    Some((path, meta))
-}
-
-/// `glass report --format calls`: calls per function.
-fn reported_calls(recording: &Path) -> BTreeMap<String, u64> {
-    let output = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    stdout(&output)
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            Some((fields.last()?.to_string(), fields.first()?.parse().ok()?))
-        })
-        .collect()
 }
 
 const DROPD_FUNCTIONS: &str = "handle_request,parse_request,route,respond";

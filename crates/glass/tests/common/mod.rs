@@ -146,6 +146,10 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+mod attached;
+#[allow(unused_imports)]
+pub use attached::*;
+
 mod guest_vm;
 #[allow(unused_imports)]
 pub use guest_vm::*;
