@@ -6,6 +6,7 @@ use crate::{
 };
 use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{KernelSymbol, KernelSymbols, ThreadLost};
 
 /// Records larger than this are taken as corruption rather than allocated.
 const MAX_RECORD_LEN: usize = 64 << 20;
@@ -150,6 +151,10 @@ pub struct Recording {
     pub trace_summary: Option<TraceSummary>,
     /// Copies of the processes' JIT description files, kept when the recording ended.
     pub jit_maps: Vec<JitMap>,
+    /// Samples the kernel dropped, per thread (perf backend).
+    pub thread_lost: Vec<ThreadLost>,
+    /// Names of the kernel frames (perf backend with kernel stacks).
+    pub kernel_symbols: KernelSymbols,
     /// The file ended with an End record.
     pub complete: bool,
     /// What stopped the reader early, if anything: the records before it are kept.
@@ -186,6 +191,12 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
             Ok(Record::TraceChunk(chunk)) => recording.trace_chunks.push(chunk),
             Ok(Record::TraceSummary(summary)) => recording.trace_summary = Some(summary),
             Ok(Record::JitMap(map)) => recording.jit_maps.push(map),
+            Ok(Record::ThreadLost(lost)) => recording.thread_lost.push(lost),
+            Ok(Record::KernelSymbols(symbols)) => {
+                recording.kernel_symbols.symbols.extend(symbols.symbols);
+                recording.kernel_symbols.symbols.sort_by_key(|s| s.start);
+                recording.kernel_symbols.symbols.dedup_by_key(|s| s.start);
+            }
             Ok(Record::End) => recording.complete = true,
             Err(error) => recording.damage = Some(error),
         }
@@ -352,6 +363,30 @@ fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
             name: p.string()?,
             text: p.string()?,
         }),
+        tag::THREAD_LOST => Record::ThreadLost(ThreadLost {
+            pid: p.u32()?,
+            tid: p.u32()?,
+            count: p.u64()?,
+        }),
+        tag::KERNEL_SYMBOLS => {
+            let count = p.u64()?;
+            // Each symbol takes at least four bytes, which bounds the allocation.
+            if count > bytes.len() as u64 {
+                return Err("symbol count out of range");
+            }
+            let mut symbols = Vec::with_capacity(count as usize);
+            let mut start = 0u64;
+            for _ in 0..count {
+                start = start.wrapping_add(p.i64()? as u64);
+                symbols.push(KernelSymbol {
+                    start,
+                    len: p.u64()?,
+                    name: p.string()?,
+                    module: p.string()?,
+                });
+            }
+            Record::KernelSymbols(KernelSymbols { symbols })
+        }
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,
             samples: p.u64()?,

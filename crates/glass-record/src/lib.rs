@@ -61,6 +61,9 @@ pub struct RecordOptions {
     pub unwind: UnwindMode,
     pub capture: CaptureMode,
     pub stack_size: Option<u32>,
+    /// perf backend: ring data KiB per CPU (a power of two); default sized from the rate
+    /// and the stack size.
+    pub ring_kib: Option<u32>,
     pub no_idle: bool,
     pub command: Vec<String>,
 }
@@ -102,6 +105,8 @@ pub struct Recorded {
     pub vm_fate: Option<String>,
     /// The exit status `glass record` ends with (the launched command's, else 0).
     pub exit_status: i32,
+    /// Samples the kernel dropped, per thread, most first: (pid, tid, name, count).
+    pub lost_by_thread: Vec<(i32, i32, String, u64)>,
 }
 
 /// Why the recording ended.
@@ -224,6 +229,7 @@ fn finish_with(
         backend,
         vm_fate,
         exit_status,
+        lost_by_thread: sink.lost_by_thread(),
     })
 }
 

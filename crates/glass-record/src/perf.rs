@@ -1,12 +1,24 @@
 //! The perf_event backend's loop: drain the kernel's rings whenever they have records,
 //! and hand each sample's registers and stack copy to the sink for unwinding. glass
 //! never stops the target here, so there is no tick and no stopped time to measure.
+//!
+//! The rings are emptied by a thread of their own ([`Drain`]) that only copies bytes out
+//! and gives the space back; the recorder parses and unwinds the copies on the main
+//! thread. Unwinding is cheap per sample but not per module: a `node` starting up maps
+//! a 90 MB libnode whose unwind tables take the recorder a few hundred milliseconds to
+//! load, and rings drained by that same thread overflowed meanwhile (7% of a 499 Hz
+//! run lost). A sample waits in glass's memory instead, bounded by [`MAX_QUEUED`].
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::launch::spawn_paused;
-use glass_target::perf::{PerfRecord, PerfSampler};
+use glass_target::perf::{self as kernel, PerfConfig, PerfRecord, PerfSampler};
 use glass_target::procfs::{self, Mapping};
 use glass_target::TargetError;
 use glass_unwind::UnwindRegs;
@@ -99,6 +111,10 @@ pub fn record(
             "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
         )));
     }
+    let config = |enable_on_exec| PerfConfig {
+        ring_bytes: args.ring_kib.map(|kib| kib as usize * 1024),
+        ..PerfConfig::new(args.frequency, stack_size, enable_on_exec)
+    };
     let (sampler, watch, leader) = match args.pid {
         Some(pid) => {
             if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -114,7 +130,7 @@ pub fn record(
                 return Err(TargetError::Attach(pid, code));
             }
             let tids = procfs::thread_ids(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
-            let sampler = PerfSampler::open(&tids, args.frequency, stack_size, false)?;
+            let sampler = PerfSampler::open_with(&tids, &config(false))?;
             // SAFETY: pidfd_open has no memory arguments.
             let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
             if fd < 0 {
@@ -136,7 +152,7 @@ pub fn record(
         None => {
             let child = spawn_paused(&args.command)?;
             let pid = child.pid;
-            let sampler = match PerfSampler::open(&[pid], args.frequency, stack_size, true) {
+            let sampler = match PerfSampler::open_with(&[pid], &config(true)) {
                 Ok(sampler) => sampler,
                 Err(error) => {
                     child.abandon();
@@ -153,30 +169,197 @@ pub fn record(
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
+    let rings = sampler.ring_info.clone();
+    let mut sink = sink;
+    if let Some(limit) = &rings.limited_by {
+        sink.notes.warn(&format!(
+            "perf rings limited to {} KiB per CPU ({} KiB wanted for {} Hz with {} byte stacks) by {limit}: samples may be lost",
+            rings.bytes / 1024,
+            rings.wanted / 1024,
+            args.frequency,
+            stack_size
+        ));
+    }
+    let drain = Drain::start(sampler).map_err(TargetError::Io)?;
+    sink.notes.figure(&format!(
+        "perf rings: {} x {} KiB, wake-up every {} KiB{}",
+        rings.rings,
+        rings.bytes / 1024,
+        rings.watermark.div_ceil(1024),
+        if drain.realtime {
+            ", drained by a SCHED_FIFO thread"
+        } else {
+            ""
+        }
+    ));
     let mut backend = PerfBackend {
-        sampler,
+        drain,
         watch,
         sigchld,
         leader,
         origin_mono_ns: super::monotonic_now_ns().saturating_sub(sink.now_ns()),
     };
-    let mut sink = sink;
     let outcome = match backend.run(&mut sink, stop_signals) {
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
     };
-    backend.sampler.disable();
-    let _ = backend.drain(&mut sink);
+    let sampler = backend.drain.stop();
+    let _ = backend.gather_records(&mut sink);
     let exit_status = backend.watch.exit_status();
     // The sampler's descriptors close here: the target is no longer sampled.
+    drop(sampler);
     drop(backend);
     Ok(finish(sink, outcome, exit_status, Backend::Perf))
+}
+
+/// Copied records waiting for the recorder, at most: beyond it the drain thread leaves
+/// the rings alone and the kernel drops (and counts) what does not fit.
+const MAX_QUEUED: usize = 512 << 20;
+
+/// The thread that empties the rings: it waits for a ring's watermark (or a stop), copies
+/// everything waiting into a buffer, hands the buffer to the main thread and wakes it.
+/// It runs at SCHED_FIFO where glass may (root): a loaded machine then cannot keep it
+/// from the rings longer than they hold.
+struct Drain {
+    thread: Option<JoinHandle<PerfSampler>>,
+    full: mpsc::Receiver<Vec<u8>>,
+    empty: mpsc::Sender<Vec<u8>>,
+    /// Written by the drain thread when it handed over a buffer.
+    ready: OwnedFd,
+    /// Written by the main thread to end the drain.
+    stop: OwnedFd,
+    queued: Arc<AtomicUsize>,
+    /// Whether the thread got its real-time priority.
+    pub realtime: bool,
+}
+
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: creates a descriptor we own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn signal(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes to our eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn clear(fd: &OwnedFd) {
+    let mut count = 0u64;
+    // SAFETY: reads 8 bytes from our eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+}
+
+impl Drain {
+    fn start(mut sampler: PerfSampler) -> std::io::Result<Drain> {
+        let (full_tx, full) = mpsc::channel::<Vec<u8>>();
+        let (empty, empty_rx) = mpsc::channel::<Vec<u8>>();
+        let ready = eventfd()?;
+        let stop = eventfd()?;
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (ready_fd, stop_fd) = (ready.as_raw_fd(), stop.as_raw_fd());
+        let thread_queued = queued.clone();
+        // A test hook: a drain made slow on purpose shows what the rings' size buys.
+        let pause = std::env::var("GLASS_PERF_DRAIN_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        let (realtime_tx, realtime_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("glass-drain".into())
+            .spawn(move || {
+                let param = libc::sched_param { sched_priority: 1 };
+                // SAFETY: sets this thread's own policy.
+                let realtime =
+                    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+                let _ = realtime_tx.send(realtime);
+                let mut fds: Vec<libc::pollfd> = sampler
+                    .fds()
+                    .into_iter()
+                    .chain([stop_fd])
+                    .map(|fd| libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect();
+                let ready = ready_fd;
+                let hand_over = |sampler: &mut PerfSampler| {
+                    if thread_queued.load(Ordering::Relaxed) >= MAX_QUEUED {
+                        return;
+                    }
+                    let mut buffer = empty_rx.try_recv().unwrap_or_default();
+                    buffer.clear();
+                    let n = sampler.drain_raw(&mut buffer);
+                    if n > 0 {
+                        thread_queued.fetch_add(n, Ordering::Relaxed);
+                        if full_tx.send(buffer).is_ok() {
+                            let one = 1u64;
+                            // SAFETY: writes 8 bytes to the main thread's eventfd.
+                            unsafe { libc::write(ready, (&one as *const u64).cast(), 8) };
+                        }
+                    }
+                };
+                loop {
+                    for fd in &mut fds {
+                        fd.revents = 0;
+                    }
+                    // The timeout also catches records below the watermark at the end of
+                    // a quiet stretch.
+                    // SAFETY: valid pollfds.
+                    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+                    if fds.last().is_some_and(|fd| fd.revents != 0) {
+                        break;
+                    }
+                    hand_over(&mut sampler);
+                    if let Some(pause) = pause {
+                        std::thread::sleep(pause);
+                    }
+                }
+                sampler.disable();
+                hand_over(&mut sampler);
+                sampler
+            })?;
+        Ok(Drain {
+            thread: Some(thread),
+            full,
+            empty,
+            ready,
+            stop,
+            queued,
+            realtime: realtime_rx.recv().unwrap_or(false),
+        })
+    }
+
+    /// Hands each copied buffer to `each`, then back to the drain thread for reuse.
+    fn take(&mut self, each: &mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()> {
+        clear(&self.ready);
+        while let Ok(buffer) = self.full.try_recv() {
+            self.queued.fetch_sub(buffer.len(), Ordering::Relaxed);
+            let result = each(&buffer);
+            let _ = self.empty.send(buffer);
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Ends the drain (the events are disabled and the rings emptied a last time) and
+    /// returns the sampler, whose descriptors close when it is dropped.
+    fn stop(&mut self) -> Option<PerfSampler> {
+        signal(&self.stop);
+        self.thread.take().and_then(|t| t.join().ok())
+    }
 }
 
 /// The perf backend under the shared loop: no clock of glass's (the kernel samples);
 /// each turn drains the rings.
 struct PerfBackend {
-    sampler: PerfSampler,
+    drain: Drain,
     watch: Watch,
     sigchld: SignalFd,
     leader: i32,
@@ -218,28 +401,28 @@ impl PerfBackend {
         )
     }
 
-    /// Takes every record out of the rings.
-    fn drain(&mut self, sink: &mut Sink) -> std::io::Result<()> {
-        let mut result = Ok(());
+    /// Handles every record the drain thread copied out so far.
+    fn gather_records(&mut self, sink: &mut Sink) -> std::io::Result<()> {
         let origin = self.origin_mono_ns;
-        self.sampler.drain(&mut |record| {
-            if result.is_ok() {
-                result = handle(sink, origin, record);
-            }
-        });
-        result
+        self.drain.take(&mut |bytes| {
+            let mut result = Ok(());
+            kernel::records(bytes, &mut |record| {
+                if result.is_ok() {
+                    result = handle(sink, origin, record);
+                }
+            });
+            result
+        })
     }
 }
 
 impl<'a> Sampler<Sink<'a>> for PerfBackend {
     fn fds(&self) -> Vec<i32> {
-        let mut fds = self.sampler.fds();
-        fds.push(self.watch.fd(&self.sigchld));
-        fds
+        vec![self.drain.ready.as_raw_fd(), self.watch.fd(&self.sigchld)]
     }
 
     fn gather(&mut self, sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
-        self.drain(sink)?;
+        self.gather_records(sink)?;
         self.watch.poll(&self.sigchld);
         Ok(Gathered::ended_if(self.watch.ended()))
     }
@@ -354,7 +537,9 @@ fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::
                 sink.handle(Event::ProcessExit { pid: pid as i32 })?;
             }
         }
-        PerfRecord::Lost { count } => sink.lost += count,
+        PerfRecord::Lost {
+            pid, tid, count, ..
+        } => sink.lost_by(pid as i32, tid as i32, count),
     }
     Ok(())
 }

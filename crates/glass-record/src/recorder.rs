@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, JitMap, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread,
-    ThreadExit, Writer,
+    Arch, Backend, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot, Summary,
+    Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -110,6 +110,14 @@ pub trait Output {
     fn jit_map(&mut self, map: &JitMap) -> io::Result<()>;
     fn end(&mut self) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
+    /// Samples the kernel dropped for a thread (written at the end).
+    fn thread_lost(&mut self, _lost: &ThreadLost) -> io::Result<()> {
+        Ok(())
+    }
+    /// The names of the kernel functions the samples' kernel frames fall in.
+    fn kernel_symbols(&mut self, _symbols: &KernelSymbols) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<W: io::Write> Output for Writer<W> {
@@ -154,6 +162,12 @@ impl<W: io::Write> Output for Writer<W> {
     fn flush(&mut self) -> io::Result<()> {
         Writer::flush(self)
     }
+    fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
+        Writer::thread_lost(self, lost)
+    }
+    fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
+        Writer::kernel_symbols(self, symbols)
+    }
 }
 
 pub struct Recorder<'a> {
@@ -170,6 +184,8 @@ pub struct Recorder<'a> {
     pub ticks: u64,
     pub samples: u64,
     pub lost: u64,
+    /// Per (pid, tid): samples the kernel dropped (perf backend).
+    lost_by_thread: HashMap<(i32, i32), u64>,
     pub missed_deadlines: u64,
     stopped_per_tick: Vec<u64>,
     frames: Vec<u64>,
@@ -205,6 +221,7 @@ impl<'a> Recorder<'a> {
             ticks: 0,
             samples: 0,
             lost: 0,
+            lost_by_thread: HashMap::new(),
             missed_deadlines: 0,
             stopped_per_tick: Vec::new(),
             frames: Vec::with_capacity(args.max_depth as usize + 1),
@@ -474,6 +491,26 @@ impl<'a> Recorder<'a> {
         })
     }
 
+    /// The kernel dropped `count` samples, said with `tid`'s next record.
+    pub fn lost_by(&mut self, pid: i32, tid: i32, count: u64) {
+        self.lost += count;
+        *self.lost_by_thread.entry((pid, tid)).or_insert(0) += count;
+    }
+
+    /// Samples lost per thread, most first: (pid, tid, thread name, count).
+    pub fn lost_by_thread(&self) -> Vec<(i32, i32, String, u64)> {
+        let mut lost: Vec<_> = self
+            .lost_by_thread
+            .iter()
+            .map(|(&(pid, tid), &count)| {
+                let name = self.thread_names.get(&tid).cloned().unwrap_or_default();
+                (pid, tid, name, count)
+            })
+            .collect();
+        lost.sort_by(|a, b| b.3.cmp(&a.3).then(a.1.cmp(&b.1)));
+        lost
+    }
+
     pub fn tick(&mut self, stopped_ns: u64) {
         self.ticks += 1;
         self.stopped_per_tick.push(stopped_ns);
@@ -681,6 +718,13 @@ impl<'a> Recorder<'a> {
     /// Writes the copies of the JIT files, the summary and the end marker.
     pub fn finish(&mut self, summary: &Summary) -> io::Result<()> {
         self.keep_jit_files()?;
+        for (pid, tid, _, count) in self.lost_by_thread() {
+            self.writer.thread_lost(&ThreadLost {
+                pid: pid as u32,
+                tid: tid as u32,
+                count,
+            })?;
+        }
         self.writer.summary(summary)?;
         self.writer.end()
     }

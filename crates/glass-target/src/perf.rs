@@ -34,8 +34,74 @@ mod regs {
 /// Registers sampled, in the order the kernel writes them (ascending bit number).
 const REGS_MASK: u64 = (1 << regs::BP) | (1 << regs::SP) | (1 << regs::IP);
 
-/// Ring buffer data pages per event (a power of two).
-const RING_PAGES: usize = 256;
+/// How long the rings hold samples at the sampling rate. glass drains them from a thread
+/// of its own that does nothing else, woken at a watermark well below this; the rest is
+/// headroom for a drain thread that a loaded machine schedules late.
+const RING_HOLD_MS: u64 = 500;
+/// The wake-up comes after at most this much of the rate's samples (or a quarter ring).
+const WAKE_MS: u64 = 100;
+/// Bounds of one ring's data area.
+const RING_MIN_BYTES: usize = 16 << 10;
+const RING_MAX_BYTES: usize = 64 << 20;
+/// A sample's bytes besides the stack copy: header, tid, time, abi, three registers,
+/// stack size and dyn size.
+const SAMPLE_FIXED_BYTES: usize = 8 + 8 + 8 + 8 + 3 * 8 + 8 + 8;
+
+/// What to sample and how big the rings are.
+#[derive(Debug, Clone)]
+pub struct PerfConfig {
+    pub frequency_hz: u32,
+    pub stack_size: u32,
+    /// Counting starts when the (paused) launched process execs.
+    pub enable_on_exec: bool,
+    /// Ring data bytes per CPU (a power of two); `None`: sized from the rate and the
+    /// stack size (see [`wanted_ring_bytes`]).
+    pub ring_bytes: Option<usize>,
+}
+
+impl PerfConfig {
+    pub fn new(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> Self {
+        PerfConfig {
+            frequency_hz,
+            stack_size,
+            enable_on_exec,
+            ring_bytes: None,
+        }
+    }
+
+    /// The largest record a sample makes.
+    pub fn sample_bytes(&self) -> usize {
+        SAMPLE_FIXED_BYTES + self.stack_size as usize
+    }
+}
+
+/// The ring size that holds [`RING_HOLD_MS`] of samples from one CPU (a CPU runs one
+/// thread at a time, so it makes at most `frequency_hz` samples a second whatever the
+/// number of threads): perf sizes its rings from `perf_event_mlock_kb` alone, which is
+/// enough for it because it only copies records to a file, but glass's records carry a
+/// 16 KiB stack where perf's carry 8, and glass does more per record.
+pub fn wanted_ring_bytes(config: &PerfConfig) -> usize {
+    let per_second = config.frequency_hz as u64 * config.sample_bytes() as u64;
+    let bytes = (per_second * RING_HOLD_MS / 1000) as usize;
+    bytes
+        .max(4 * config.sample_bytes())
+        .next_power_of_two()
+        .clamp(RING_MIN_BYTES, RING_MAX_BYTES)
+}
+
+/// The rings as they were mapped.
+#[derive(Debug, Clone, Default)]
+pub struct RingInfo {
+    /// Data bytes per ring (one ring per CPU).
+    pub bytes: usize,
+    /// What the sizing asked for.
+    pub wanted: usize,
+    pub rings: usize,
+    /// Bytes of records that wake glass.
+    pub watermark: usize,
+    /// Why `bytes` is below `wanted` (the locked-memory limits), if it is.
+    pub limited_by: Option<String>,
+}
 
 /// One record read from a ring. Slices borrow the sampler's scratch buffer.
 #[derive(Debug)]
@@ -77,13 +143,18 @@ pub enum PerfRecord<'a> {
         pid: u32,
         tid: u32,
     },
+    /// Records the kernel dropped because the ring was full, said before the next
+    /// record that fit: `pid`/`tid` are that record's (the kernel keeps no finer count;
+    /// on a CPU's ring it is most often the thread whose samples were dropped).
     Lost {
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
         count: u64,
     },
 }
 
 struct Ring {
-    fd: OwnedFd,
     base: *mut u8,
     mapped_len: usize,
     data_len: usize,
@@ -99,16 +170,22 @@ impl Drop for Ring {
 // SAFETY: the mapping belongs to this Ring alone.
 unsafe impl Send for Ring {}
 
-/// The kernel's sampling of one target.
+/// The kernel's sampling of one target: the events (one per CPU, or per thread and CPU
+/// for `--pid`) and one ring per CPU, into which every event of that CPU writes
+/// (`PERF_EVENT_IOC_SET_OUTPUT`, as perf does): memory grows with CPUs, not threads.
 pub struct PerfSampler {
+    /// Per ring, the descriptor it is mapped from (polled for wake-ups).
+    ring_fds: Vec<OwnedFd>,
     rings: Vec<Ring>,
-    scratch: Vec<u8>,
+    /// The other events, writing into their CPU's ring.
+    others: Vec<OwnedFd>,
     pub stack_size: u32,
+    pub ring_info: RingInfo,
 }
 
 /// Whether perf_event_open with user stack capture is allowed here.
 pub fn available() -> bool {
-    let mut attr = attributes(99, 512, false);
+    let mut attr = attributes(&PerfConfig::new(99, 512, false), 4096);
     // SAFETY: a valid attr; the fd is closed at once.
     let fd = unsafe { sys::perf_event_open(&mut attr, 0, -1, -1, b::PERF_FLAG_FD_CLOEXEC as _) };
     if fd >= 0 {
@@ -119,7 +196,7 @@ pub fn available() -> bool {
     }
 }
 
-fn attributes(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> b::perf_event_attr {
+fn attributes(config: &PerfConfig, watermark: usize) -> b::perf_event_attr {
     let mut attr = b::perf_event_attr {
         type_: b::PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<b::perf_event_attr>() as u32,
@@ -129,16 +206,17 @@ fn attributes(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> b::pe
             | b::PERF_SAMPLE_REGS_USER
             | b::PERF_SAMPLE_STACK_USER) as u64,
         sample_regs_user: REGS_MASK,
-        sample_stack_user: stack_size,
+        sample_stack_user: config.stack_size,
         clockid: libc::CLOCK_MONOTONIC,
         ..Default::default()
     };
     // cpu-clock counts nanoseconds: a fixed period of 1e9/HZ samples at exactly HZ per
     // second of CPU time. (Frequency mode would start with a tiny period and adjust it,
     // a burst of samples at the start that skews short recordings.)
-    attr.__bindgen_anon_1.sample_period = 1_000_000_000 / frequency_hz.max(1) as u64;
-    attr.set_disabled(if enable_on_exec { 1 } else { 0 });
-    attr.set_enable_on_exec(if enable_on_exec { 1 } else { 0 });
+    attr.__bindgen_anon_1.sample_period = 1_000_000_000 / config.frequency_hz.max(1) as u64;
+    let on_exec = config.enable_on_exec as u64;
+    attr.set_disabled(1);
+    attr.set_enable_on_exec(on_exec);
     attr.set_inherit(1);
     attr.set_exclude_kernel(1);
     attr.set_exclude_hv(1);
@@ -149,134 +227,278 @@ fn attributes(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> b::pe
     attr.set_task(1);
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
-    // Wake glass when a quarter of the ring is full, not at every sample: each wake-up
-    // is paid for in the target's context (measured: 3.1% slowdown at 999 Hz waking per
-    // sample). glass also polls with a timeout, so nothing waits long.
+    // Wake glass at a watermark, not at every sample: each wake-up is paid for in the
+    // target's context (measured: 3.1% slowdown at 999 Hz waking per sample).
     attr.set_watermark(1);
-    attr.__bindgen_anon_2.wakeup_watermark = (RING_PAGES * 4096 / 4) as u32;
+    attr.__bindgen_anon_2.wakeup_watermark = watermark as u32;
     attr
 }
 
 impl PerfSampler {
-    /// Opens one event per CPU for each of `tids`. With `enable_on_exec`, counting
-    /// starts when the (paused) launched process execs.
+    /// Opens one event per CPU for each of `tids`, with rings sized from the rate and
+    /// the stack size.
     pub fn open(
         tids: &[i32],
         frequency_hz: u32,
         stack_size: u32,
         enable_on_exec: bool,
     ) -> Result<Self, TargetError> {
+        Self::open_with(
+            tids,
+            &PerfConfig::new(frequency_hz, stack_size, enable_on_exec),
+        )
+    }
+
+    /// Opens the events of `config` on each of `tids` and every online CPU, disabled
+    /// unless `enable_on_exec` (then the exec enables them); [`PerfSampler::enable`]
+    /// starts them otherwise.
+    pub fn open_with(tids: &[i32], config: &PerfConfig) -> Result<Self, TargetError> {
         let cpus = online_cpus();
         let page = page_size();
-        let mut rings = Vec::new();
-        for &tid in tids {
-            for &cpu in &cpus {
-                let mut attr = attributes(frequency_hz, stack_size, enable_on_exec);
-                // SAFETY: a valid attr for this call.
-                let fd = unsafe {
-                    sys::perf_event_open(&mut attr, tid, cpu, -1, b::PERF_FLAG_FD_CLOEXEC as _)
-                };
-                if fd < 0 {
-                    let error = io::Error::last_os_error();
-                    return Err(match error.raw_os_error() {
-                        Some(libc::ESRCH) => TargetError::NoSuchProcess(tid),
-                        Some(code @ (libc::EPERM | libc::EACCES)) => TargetError::Attach(tid, code),
-                        _ => TargetError::Io(io::Error::other(format!("perf_event_open: {error}"))),
-                    });
-                }
-                // SAFETY: a fresh descriptor we own.
-                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                let mapped_len = page * (RING_PAGES + 1);
-                // SAFETY: mapping the event's ring as documented in perf_event_open(2).
-                let base = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        mapped_len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        fd.as_raw_fd(),
-                        0,
-                    )
-                };
-                if base == libc::MAP_FAILED {
-                    return Err(TargetError::Io(io::Error::other(format!(
-                        "mapping the perf ring: {}",
-                        io::Error::last_os_error()
-                    ))));
-                }
-                rings.push(Ring {
-                    fd,
-                    base: base.cast(),
-                    mapped_len,
-                    data_len: page * RING_PAGES,
-                });
+        let wanted = config
+            .ring_bytes
+            .unwrap_or_else(|| wanted_ring_bytes(config))
+            .max(page)
+            .next_power_of_two();
+        // The size is mapped first (the locked-memory limits decide it), then the events
+        // are opened with a watermark that fits it.
+        let mut events: Vec<(i32, OwnedFd)> = Vec::new();
+        let probe_watermark = wanted / 4;
+        for &cpu in &cpus {
+            for &tid in tids {
+                events.push((cpu, open_event(config, probe_watermark, tid, cpu)?));
             }
         }
+        let (rings, bytes, limited_by) = map_rings(&events, tids.len(), wanted, page)?;
+        let watermark = watermark_for(config, bytes);
+        // The watermark is a property of the event that owns the ring: reopening is the
+        // only way to change it, so when the mapped size differs from the one the
+        // events were opened for, they are opened again.
+        let (events, rings) = if watermark != probe_watermark {
+            drop(rings);
+            let mut reopened = Vec::new();
+            for &cpu in &cpus {
+                for &tid in tids {
+                    reopened.push((cpu, open_event(config, watermark, tid, cpu)?));
+                }
+            }
+            let (rings, _, _) = map_rings(&reopened, tids.len(), bytes, page)?;
+            (reopened, rings)
+        } else {
+            (events, rings)
+        };
+        let per_cpu = tids.len();
+        let mut ring_fds = Vec::new();
+        let mut others = Vec::new();
+        for (index, (_, fd)) in events.into_iter().enumerate() {
+            if index % per_cpu == 0 {
+                ring_fds.push(fd);
+            } else {
+                others.push(fd);
+            }
+        }
+        for (index, fd) in others.iter().enumerate() {
+            let leader = &ring_fds[index / (per_cpu - 1).max(1)];
+            // SAFETY: an ioctl on our perf descriptors; both are on the same CPU.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), b::SET_OUTPUT as _, leader.as_raw_fd()) } < 0 {
+                return Err(TargetError::Io(io::Error::other(format!(
+                    "redirecting a perf event into its CPU's ring: {}",
+                    io::Error::last_os_error()
+                ))));
+            }
+        }
+        let ring_info = RingInfo {
+            bytes,
+            wanted,
+            rings: rings.len(),
+            watermark,
+            limited_by,
+        };
         Ok(PerfSampler {
+            ring_fds,
             rings,
-            scratch: Vec::with_capacity(stack_size as usize + 4096),
-            stack_size,
+            others,
+            stack_size: config.stack_size,
+            ring_info,
         })
     }
 
     /// Descriptors that become readable when records are waiting.
     pub fn fds(&self) -> Vec<i32> {
-        self.rings.iter().map(|r| r.fd.as_raw_fd()).collect()
+        self.ring_fds.iter().map(|fd| fd.as_raw_fd()).collect()
+    }
+
+    fn all_fds(&self) -> impl Iterator<Item = &OwnedFd> {
+        self.ring_fds.iter().chain(&self.others)
     }
 
     /// Turns the events on (for `--pid`, where there is no exec to do it).
     pub fn enable(&self) {
-        for ring in &self.rings {
+        for fd in self.all_fds() {
             // SAFETY: an ioctl on our perf descriptor.
-            unsafe { libc::ioctl(ring.fd.as_raw_fd(), sys::bindings::ENABLE as _, 0) };
+            unsafe { libc::ioctl(fd.as_raw_fd(), b::ENABLE as _, 0) };
         }
     }
 
     pub fn disable(&self) {
-        for ring in &self.rings {
+        for fd in self.all_fds() {
             // SAFETY: an ioctl on our perf descriptor.
-            unsafe { libc::ioctl(ring.fd.as_raw_fd(), sys::bindings::DISABLE as _, 0) };
+            unsafe { libc::ioctl(fd.as_raw_fd(), b::DISABLE as _, 0) };
         }
     }
 
     /// Hands every waiting record, oldest first per ring, to `handle`.
     pub fn drain(&mut self, handle: &mut dyn FnMut(PerfRecord<'_>)) {
-        for index in 0..self.rings.len() {
-            self.drain_ring(index, handle);
-        }
+        let mut bytes = Vec::new();
+        self.drain_raw(&mut bytes);
+        records(&bytes, handle);
     }
 
-    fn drain_ring(&mut self, index: usize, handle: &mut dyn FnMut(PerfRecord<'_>)) {
-        let ring = &self.rings[index];
+    /// Appends every waiting record (header included), oldest first per ring, to `out`
+    /// and gives the space back to the kernel at once: two copies per ring, nothing
+    /// parsed. [`records`] reads them back.
+    pub fn drain_raw(&mut self, out: &mut Vec<u8>) -> usize {
         let page = page_size();
-        // SAFETY: the first page is the kernel's perf_event_mmap_page.
-        let meta = ring.base as *mut b::perf_event_mmap_page;
-        let head = unsafe { std::ptr::read_volatile(&(*meta).data_head) };
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        let mut tail = unsafe { std::ptr::read_volatile(&(*meta).data_tail) };
-        let data = unsafe { ring.base.add(page) };
-        let data_len = ring.data_len as u64;
-        while tail < head {
-            // Copy the record out (it may wrap around the end of the ring).
-            let header_at = (tail % data_len) as usize;
-            let mut header = [0u8; 8];
-            copy_wrapped(data, ring.data_len, header_at, &mut header);
-            let kind = u32::from_ne_bytes(header[0..4].try_into().unwrap());
-            let misc = u16::from_ne_bytes(header[4..6].try_into().unwrap());
-            let size = u16::from_ne_bytes(header[6..8].try_into().unwrap()) as usize;
-            if size < 8 {
+        let before = out.len();
+        for ring in &self.rings {
+            // SAFETY: the first page is the kernel's perf_event_mmap_page.
+            let meta = ring.base as *mut b::perf_event_mmap_page;
+            let head = unsafe { std::ptr::read_volatile(&(*meta).data_head) };
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let tail = unsafe { std::ptr::read_volatile(&(*meta).data_tail) };
+            let available = head.saturating_sub(tail).min(ring.data_len as u64) as usize;
+            if available > 0 {
+                // SAFETY: the data area follows the first page.
+                let data = unsafe { ring.base.add(page) };
+                let at = out.len();
+                out.resize(at + available, 0);
+                copy_wrapped(
+                    data,
+                    ring.data_len,
+                    (tail % ring.data_len as u64) as usize,
+                    &mut out[at..],
+                );
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            // SAFETY: handing the consumed space back to the kernel.
+            unsafe { std::ptr::write_volatile(&mut (*meta).data_tail, tail + available as u64) };
+        }
+        out.len() - before
+    }
+}
+
+/// Opens one event of `config` on `tid` and `cpu`.
+fn open_event(
+    config: &PerfConfig,
+    watermark: usize,
+    tid: i32,
+    cpu: i32,
+) -> Result<OwnedFd, TargetError> {
+    let mut attr = attributes(config, watermark);
+    // SAFETY: a valid attr for this call.
+    let fd = unsafe { sys::perf_event_open(&mut attr, tid, cpu, -1, b::PERF_FLAG_FD_CLOEXEC as _) };
+    if fd < 0 {
+        let error = io::Error::last_os_error();
+        return Err(match error.raw_os_error() {
+            Some(libc::ESRCH) => TargetError::NoSuchProcess(tid),
+            Some(code @ (libc::EPERM | libc::EACCES)) => TargetError::Attach(tid, code),
+            _ => TargetError::Io(io::Error::other(format!("perf_event_open: {error}"))),
+        });
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The wake-up: a quarter ring, or [`WAKE_MS`] of samples if that is less.
+fn watermark_for(config: &PerfConfig, ring_bytes: usize) -> usize {
+    let per_wake =
+        (config.frequency_hz as u64 * config.sample_bytes() as u64 * WAKE_MS / 1000) as usize;
+    (ring_bytes / 4)
+        .min(per_wake.max(config.sample_bytes()))
+        .max(8)
+}
+
+/// Maps one ring per CPU (the first of each CPU's `per_cpu` events) of `wanted` data
+/// bytes, or the largest power of two below it that the locked-memory limits allow: an
+/// unprivileged user may lock `perf_event_mlock_kb` per CPU plus RLIMIT_MEMLOCK for all
+/// rings together (root, with CAP_IPC_LOCK, is not limited).
+fn map_rings(
+    events: &[(i32, OwnedFd)],
+    per_cpu: usize,
+    wanted: usize,
+    page: usize,
+) -> Result<(Vec<Ring>, usize, Option<String>), TargetError> {
+    let mut bytes = wanted;
+    loop {
+        let mut rings = Vec::new();
+        let mut failure = None;
+        for (_, fd) in events.iter().step_by(per_cpu.max(1)) {
+            let mapped_len = page + bytes;
+            // SAFETY: mapping the event's ring as documented in perf_event_open(2).
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    mapped_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                failure = Some(io::Error::last_os_error());
                 break;
             }
-            self.scratch.resize(size, 0);
-            copy_wrapped(data, ring.data_len, header_at, &mut self.scratch[..size]);
-            if let Some(record) = parse(kind, misc, &self.scratch[8..size]) {
-                handle(record);
-            }
-            tail += size as u64;
+            rings.push(Ring {
+                base: base.cast(),
+                mapped_len,
+                data_len: bytes,
+            });
         }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        // SAFETY: handing the consumed space back to the kernel.
-        unsafe { std::ptr::write_volatile(&mut (*meta).data_tail, tail) };
+        let Some(error) = failure else {
+            let limited_by = (bytes < wanted).then(|| {
+                let mlock_kb = std::fs::read_to_string("/proc/sys/kernel/perf_event_mlock_kb")
+                    .map(|t| t.trim().to_string())
+                    .unwrap_or_else(|_| "?".into());
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                // SAFETY: writes the rlimit.
+                unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+                format!(
+                    "perf_event_mlock_kb {mlock_kb} per CPU, RLIMIT_MEMLOCK {} KiB",
+                    limit.rlim_cur / 1024
+                )
+            });
+            return Ok((rings, bytes, limited_by));
+        };
+        drop(rings);
+        let limited = matches!(error.raw_os_error(), Some(libc::EPERM | libc::ENOMEM));
+        if !limited || bytes <= page {
+            return Err(TargetError::Io(io::Error::other(format!(
+                "mapping the perf ring ({} KiB): {error}",
+                bytes / 1024
+            ))));
+        }
+        bytes /= 2;
+    }
+}
+
+/// Reads back what [`PerfSampler::drain_raw`] copied: whole records, one after another.
+pub fn records(bytes: &[u8], handle: &mut dyn FnMut(PerfRecord<'_>)) {
+    let mut at = 0;
+    while let Some(header) = bytes.get(at..at + 8) {
+        let kind = u32::from_ne_bytes(header[0..4].try_into().unwrap());
+        let misc = u16::from_ne_bytes(header[4..6].try_into().unwrap());
+        let size = u16::from_ne_bytes(header[6..8].try_into().unwrap()) as usize;
+        let Some(record) = bytes.get(at..at + size).filter(|_| size >= 8) else {
+            break;
+        };
+        if let Some(record) = parse(kind, misc, &record[8..]) {
+            handle(record);
+        }
+        at += size;
     }
 }
 
@@ -323,6 +545,17 @@ impl<'a> Cursor<'a> {
 fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
     let mut c = Cursor { bytes: body, at: 0 };
     // With sample_id_all, every other record ends with the sample's TID and TIME.
+    let (trailer_pid, trailer_tid) = body
+        .len()
+        .checked_sub(16)
+        .and_then(|at| body.get(at..at + 8))
+        .map(|b| {
+            (
+                u32::from_ne_bytes(b[0..4].try_into().unwrap()),
+                u32::from_ne_bytes(b[4..8].try_into().unwrap()),
+            )
+        })
+        .unwrap_or((0, 0));
     let time_ns = body
         .len()
         .checked_sub(8)
@@ -403,8 +636,20 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
         }
         b::PERF_RECORD_LOST => {
             let _id = c.u64()?;
-            Some(PerfRecord::Lost { count: c.u64()? })
+            Some(PerfRecord::Lost {
+                time_ns,
+                pid: trailer_pid,
+                tid: trailer_tid,
+                count: c.u64()?,
+            })
         }
+        // Samples the kernel took but could not write (hardware buffers, filters).
+        b::PERF_RECORD_LOST_SAMPLES => Some(PerfRecord::Lost {
+            time_ns,
+            pid: trailer_pid,
+            tid: trailer_tid,
+            count: c.u64()?,
+        }),
         _ => None,
     }
 }

@@ -144,6 +144,10 @@ pub struct RecordArgs {
     /// 262144); each thread's or vCPU's copy is sized from what its last walk needed
     #[arg(long, value_parser = parse_stack_size)]
     pub stack_size: Option<u32>,
+    /// perf backend: ring buffer KiB per CPU (a power of two). Default: enough for half a
+    /// second of samples at the rate and stack size (perf's -m)
+    #[arg(long, value_name = "KIB", value_parser = parse_ring_kib)]
+    pub ring_kib: Option<u32>,
     /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`;
     /// Xen: blocked in SCHEDOP_block/poll)
     #[arg(long)]
@@ -154,6 +158,15 @@ pub struct RecordArgs {
     /// The command to launch and sample
     #[arg(last = true, required_unless_present_any = ["pid", "gdb", "xen"])]
     pub command: Vec<String>,
+}
+
+/// A power of two from 4 KiB (a page) to 1 GiB.
+fn parse_ring_kib(text: &str) -> Result<u32, String> {
+    let kib: u32 = text.parse().map_err(|_| format!("not a number: {text}"))?;
+    if !(4..=1 << 20).contains(&kib) || !kib.is_power_of_two() {
+        return Err("must be a power of two between 4 and 1048576".to_string());
+    }
+    Ok(kib)
 }
 
 /// A multiple of 8 (the kernel's requirement for perf; words for the others), at most

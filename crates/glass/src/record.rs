@@ -44,6 +44,7 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         unwind: args.unwind,
         capture: args.capture,
         stack_size: args.stack_size,
+        ring_kib: args.ring_kib,
         no_idle: args.no_idle,
         command: args.command.clone(),
     };
@@ -57,8 +58,30 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
             &recorded.backend,
             recorded.vm_fate.as_deref(),
         );
+        print_lost(&recorded.lost_by_thread);
     }
     Ok(recorded.exit_status)
+}
+
+/// Which threads the kernel dropped samples of (the ten that lost most).
+fn print_lost(lost: &[(i32, i32, String, u64)]) {
+    if lost.is_empty() {
+        return;
+    }
+    let shown: Vec<String> = lost
+        .iter()
+        .take(10)
+        .map(|(_, tid, name, count)| format!("{name}/{tid} {count}"))
+        .collect();
+    let more = if lost.len() > 10 {
+        format!(", {} more threads", lost.len() - 10)
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "glass: lost samples by thread (the ring was full; as the kernel counted): {}{more}",
+        shown.join(", ")
+    );
 }
 
 fn print_summary(
