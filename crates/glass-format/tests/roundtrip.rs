@@ -132,7 +132,10 @@ fn every_record_round_trips() {
     assert_eq!(recording.samples.len(), 1);
     assert_eq!(recording.thread_lost.len(), 1);
     let kernel = &recording.kernel_symbols;
-    assert_eq!(kernel.find(0xffff_ffff_8100_0010).unwrap().name, "do_syscall_64");
+    assert_eq!(
+        kernel.find(0xffff_ffff_8100_0010).unwrap().name,
+        "do_syscall_64"
+    );
     assert_eq!(kernel.find(0xffff_ffff_c000_10ff).unwrap().module, "ext4");
     assert!(kernel.find(0xffff_ffff_8100_0040).is_none());
     assert!(kernel.find(0x1000).is_none());

@@ -64,6 +64,10 @@ pub struct RecordOptions {
     /// perf backend: ring data KiB per CPU (a power of two); default sized from the rate
     /// and the stack size.
     pub ring_kib: Option<u32>,
+    /// perf backend: kernel frames (`None`: where permitted).
+    pub kernel: Option<bool>,
+    /// perf backend: time blocked, from context switches.
+    pub off_cpu: bool,
     pub no_idle: bool,
     pub command: Vec<String>,
 }
@@ -107,6 +111,14 @@ pub struct Recorded {
     pub exit_status: i32,
     /// Samples the kernel dropped, per thread, most first: (pid, tid, name, count).
     pub lost_by_thread: Vec<(i32, i32, String, u64)>,
+    /// perf backend: kernel stacks recorded (with how many samples held kernel
+    /// frames), or why not.
+    pub kernel_stacks: Option<std::result::Result<u64, String>>,
+    /// Off-CPU samples (`--off-cpu`) and the time they stand for.
+    pub off_cpu_samples: u64,
+    pub off_cpu_ns: u64,
+    /// The sampling rate.
+    pub frequency: u32,
 }
 
 /// Why the recording ended.
@@ -230,6 +242,13 @@ fn finish_with(
         vm_fate,
         exit_status,
         lost_by_thread: sink.lost_by_thread(),
+        kernel_stacks: sink
+            .kernel_stacks
+            .clone()
+            .map(|r| r.map(|()| sink.kernel_samples())),
+        off_cpu_samples: sink.off_cpu_samples,
+        off_cpu_ns: sink.off_cpu_ns,
+        frequency: sink.args.frequency,
     })
 }
 

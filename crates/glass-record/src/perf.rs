@@ -9,6 +9,7 @@
 //! load, and rings drained by that same thread overflowed meanwhile (7% of a 499 Hz
 //! run lost). A sample waits in glass's memory instead, bounded by [`MAX_QUEUED`].
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -28,7 +29,7 @@ use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
-use crate::{Recorded, Result};
+use crate::{CaptureMode, Recorded, Result};
 
 /// How the end of the target is noticed: our own child is reaped with waitpid; a
 /// process we did not start is watched through a pidfd.
@@ -111,9 +112,41 @@ pub fn record(
             "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
         )));
     }
-    let config = |enable_on_exec| PerfConfig {
+    // Kernel stacks where they are permitted and can be named, unless --no-kernel.
+    let mut kernel_off = match args.kernel {
+        Some(false) => Some("--no-kernel".to_string()),
+        _ if args.capture == CaptureMode::Raw => {
+            Some("--capture raw keeps no kernel frames".to_string())
+        }
+        // kallsyms hides addresses from users who may not sample the kernel either:
+        // the refusal is what they need to know.
+        _ => glass_target::perf::kallsyms_hidden().map(|hidden| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 && paranoid() > 1 {
+                kernel_refusal()
+            } else {
+                hidden
+            }
+        }),
+    };
+    let config = |enable_on_exec, kernel: bool| PerfConfig {
         ring_bytes: args.ring_kib.map(|kib| kib as usize * 1024),
+        kernel,
+        off_cpu: kernel && args.off_cpu,
         ..PerfConfig::new(args.frequency, stack_size, enable_on_exec)
+    };
+    // Kernel sampling is refused to users perf_event_paranoid holds back: the recording
+    // goes on with user stacks, and says why.
+    let mut open = |tids: &[i32], enable_on_exec| {
+        if kernel_off.is_none() {
+            match PerfSampler::open_with(tids, &config(enable_on_exec, true)) {
+                Err(TargetError::Attach(_, libc::EACCES | libc::EPERM)) => {
+                    kernel_off = Some(kernel_refusal());
+                }
+                other => return other,
+            }
+        }
+        PerfSampler::open_with(tids, &config(enable_on_exec, false))
     };
     let (sampler, watch, leader) = match args.pid {
         Some(pid) => {
@@ -130,7 +163,7 @@ pub fn record(
                 return Err(TargetError::Attach(pid, code));
             }
             let tids = procfs::thread_ids(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
-            let sampler = PerfSampler::open_with(&tids, &config(false))?;
+            let sampler = open(&tids, false)?;
             // SAFETY: pidfd_open has no memory arguments.
             let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
             if fd < 0 {
@@ -152,7 +185,7 @@ pub fn record(
         None => {
             let child = spawn_paused(&args.command)?;
             let pid = child.pid;
-            let sampler = match PerfSampler::open_with(&[pid], &config(true)) {
+            let sampler = match open(&[pid], true) {
                 Ok(sampler) => sampler,
                 Err(error) => {
                     child.abandon();
@@ -171,6 +204,22 @@ pub fn record(
     }
     let rings = sampler.ring_info.clone();
     let mut sink = sink;
+    sink.kernel_stacks = Some(match &kernel_off {
+        None => Ok(()),
+        Some(why) => Err(why.clone()),
+    });
+    if let Some(why) = &kernel_off {
+        if args.kernel == Some(true) || args.off_cpu {
+            let what = if args.off_cpu {
+                "kernel stacks and off-CPU time are"
+            } else {
+                "kernel stacks are"
+            };
+            sink.notes.warn(&format!("{what} not recorded: {why}"));
+        }
+    }
+    let layout = sampler.layout;
+    let switch_ids = sampler.switch_ids.clone();
     if let Some(limit) = &rings.limited_by {
         sink.notes.warn(&format!(
             "perf rings limited to {} KiB per CPU ({} KiB wanted for {} Hz with {} byte stacks) by {limit}: samples may be lost",
@@ -194,6 +243,13 @@ pub fn record(
     ));
     let mut backend = PerfBackend {
         drain,
+        decoder: Decoder {
+            layout,
+            switch_ids,
+            kernel: Vec::with_capacity(128),
+            blocked: HashMap::new(),
+            switches: Vec::new(),
+        },
         watch,
         sigchld,
         leader,
@@ -205,6 +261,9 @@ pub fn record(
     };
     let sampler = backend.drain.stop();
     let _ = backend.gather_records(&mut sink);
+    // Threads still blocked when the recording ends were blocked until then.
+    let now = sink.now_ns();
+    let _ = backend.decoder.end_blocks(&mut sink, now);
     let exit_status = backend.watch.exit_status();
     // The sampler's descriptors close here: the target is no longer sampled.
     drop(sampler);
@@ -360,6 +419,7 @@ impl Drain {
 /// each turn drains the rings.
 struct PerfBackend {
     drain: Drain,
+    decoder: Decoder,
     watch: Watch,
     sigchld: SignalFd,
     leader: i32,
@@ -404,14 +464,16 @@ impl PerfBackend {
     /// Handles every record the drain thread copied out so far.
     fn gather_records(&mut self, sink: &mut Sink) -> std::io::Result<()> {
         let origin = self.origin_mono_ns;
+        let decoder = &mut self.decoder;
         self.drain.take(&mut |bytes| {
             let mut result = Ok(());
-            kernel::records(bytes, &mut |record| {
+            kernel::records(bytes, decoder.layout, &mut |record| {
                 if result.is_ok() {
-                    result = handle(sink, origin, record);
+                    result = decoder.handle(sink, origin, record);
                 }
             });
-            result
+            result?;
+            decoder.match_switches(sink)
         })
     }
 }
@@ -432,32 +494,217 @@ impl<'a> Sampler<Sink<'a>> for PerfBackend {
     }
 }
 
-fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::io::Result<()> {
-    match record {
-        PerfRecord::Sample {
+fn paranoid() -> i32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(2)
+}
+
+/// Why the kernel refused kernel sampling, in the user's terms.
+fn kernel_refusal() -> String {
+    let paranoid = paranoid();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    format!(
+        "perf_event_paranoid is {paranoid} and glass runs as {} (kernel sampling needs paranoid 1 or lower, CAP_PERFMON or root)",
+        if root { "root without CAP_PERFMON" } else { "a user" }
+    )
+}
+
+/// What turns the rings' records into the recorder's events: the layout they were
+/// opened with, the kernel frames of the sample at hand, and (`--off-cpu`) the threads
+/// blocked now with the stacks they blocked in.
+struct Decoder {
+    layout: kernel::Layout,
+    switch_ids: Vec<u64>,
+    kernel: Vec<u64>,
+    blocked: HashMap<i32, Blocked>,
+    /// This buffer's switch-related events, matched in time order once it is read
+    /// (a thread leaves one CPU and comes back on another: another ring).
+    switches: Vec<Switch>,
+}
+
+/// A thread blocked since `since`, where (the frames) and whether the switch was a
+/// preemption (a runnable thread waiting for a CPU is not blocked).
+struct Blocked {
+    pid: i32,
+    since: u64,
+    flags: u8,
+    frames: Vec<u64>,
+    preempted: bool,
+}
+
+enum SwitchKind {
+    /// The switch event's sample: the stack the thread leaves the CPU with.
+    Sample {
+        flags: u8,
+        frames: Vec<u64>,
+    },
+    Out {
+        preempted: bool,
+    },
+    In,
+}
+
+struct Switch {
+    time_ns: u64,
+    pid: i32,
+    tid: i32,
+    kind: SwitchKind,
+}
+
+impl Decoder {
+    fn handle(
+        &mut self,
+        sink: &mut Sink,
+        origin_mono_ns: u64,
+        record: PerfRecord<'_>,
+    ) -> std::io::Result<()> {
+        if let PerfRecord::Sample {
+            id,
             pid,
             tid,
             time_ns,
+            callchain,
             ip,
             sp,
             fp,
             stack,
-        } => {
+        } = record
+        {
             let (pid, tid) = (pid as i32, tid as i32);
             if !sink.knows_thread(tid) {
                 sink.handle(Event::thread(pid, tid))?;
             }
-            sink.handle(Event::Stack {
-                pid,
-                tid,
-                time_ns: time_ns.saturating_sub(origin_mono_ns),
-                stopped_ns: 0,
-                flags: 0,
-                regs: UnwindRegs::new(ip, sp, fp),
-                stack,
-            })?;
+            self.kernel.clear();
+            self.kernel.extend(kernel::kernel_frames(callchain));
+            let time_ns = time_ns.saturating_sub(origin_mono_ns);
+            let regs = UnwindRegs::new(ip, sp, fp);
+            if self.switch_ids.contains(&id) {
+                let mut frames = Vec::new();
+                let flags = sink.unwind_blocked(pid, regs, stack, &self.kernel, &mut frames);
+                self.switches.push(Switch {
+                    time_ns,
+                    pid,
+                    tid,
+                    kind: SwitchKind::Sample { flags, frames },
+                });
+                return Ok(());
+            }
+            sink.stack_sample_with_kernel(pid, tid, time_ns, 0, 0, regs, stack, &self.kernel)?;
             sink.tick(0);
+            return Ok(());
         }
+        if let PerfRecord::Switch {
+            time_ns,
+            pid,
+            tid,
+            out,
+            preempted,
+        } = record
+        {
+            self.switches.push(Switch {
+                time_ns: time_ns.saturating_sub(origin_mono_ns),
+                pid: pid as i32,
+                tid: tid as i32,
+                kind: if out {
+                    SwitchKind::Out { preempted }
+                } else {
+                    SwitchKind::In
+                },
+            });
+            return Ok(());
+        }
+        handle(sink, origin_mono_ns, record)
+    }
+
+    /// Pairs each thread's switch out (its stack, and whether it was preempted) with
+    /// its switch back in: the time between is an off-CPU sample, if it blocked.
+    fn match_switches(&mut self, sink: &mut Sink) -> std::io::Result<()> {
+        let mut switches = std::mem::take(&mut self.switches);
+        switches.sort_by_key(|s| s.time_ns);
+        for switch in switches.drain(..) {
+            match switch.kind {
+                SwitchKind::Sample { flags, frames } => {
+                    let preempted = self
+                        .blocked
+                        .get(&switch.tid)
+                        .is_some_and(|b| b.frames.is_empty() && b.preempted);
+                    self.blocked.insert(
+                        switch.tid,
+                        Blocked {
+                            pid: switch.pid,
+                            since: switch.time_ns,
+                            flags,
+                            frames,
+                            preempted,
+                        },
+                    );
+                }
+                SwitchKind::Out { preempted } => match self.blocked.get_mut(&switch.tid) {
+                    // The sample and the record of one switch come in either order.
+                    Some(blocked) => blocked.preempted = preempted,
+                    None => {
+                        self.blocked.insert(
+                            switch.tid,
+                            Blocked {
+                                pid: switch.pid,
+                                since: switch.time_ns,
+                                flags: 0,
+                                frames: Vec::new(),
+                                preempted,
+                            },
+                        );
+                    }
+                },
+                SwitchKind::In => {
+                    if let Some(blocked) = self.blocked.remove(&switch.tid) {
+                        self.end_block(sink, switch.tid, blocked, switch.time_ns)?;
+                    }
+                }
+            }
+        }
+        self.switches = switches;
+        Ok(())
+    }
+
+    fn end_block(
+        &mut self,
+        sink: &mut Sink,
+        tid: i32,
+        blocked: Blocked,
+        until: u64,
+    ) -> std::io::Result<()> {
+        if blocked.preempted || blocked.frames.is_empty() {
+            return Ok(());
+        }
+        let ns = until.saturating_sub(blocked.since);
+        sink.off_cpu_sample(
+            blocked.pid,
+            tid,
+            blocked.since,
+            ns,
+            blocked.flags,
+            &blocked.frames,
+        )
+    }
+
+    /// Threads still blocked when the recording ends: blocked until `now`.
+    fn end_blocks(&mut self, sink: &mut Sink, now: u64) -> std::io::Result<()> {
+        let mut blocked: Vec<(i32, Blocked)> = self.blocked.drain().collect();
+        blocked.sort_by_key(|(tid, _)| *tid);
+        for (tid, block) in blocked {
+            self.end_block(sink, tid, block, now)?;
+        }
+        Ok(())
+    }
+}
+
+fn handle(sink: &mut Sink, origin_mono_ns: u64, record: PerfRecord<'_>) -> std::io::Result<()> {
+    match record {
+        // Taken apart by the decoder.
+        PerfRecord::Sample { .. } | PerfRecord::Switch { .. } => {}
         PerfRecord::Mmap {
             time_ns,
             pid,

@@ -5,8 +5,12 @@
 //!
 //! One event per CPU with `inherit`, attached to the target's threads (every existing
 //! thread for `--pid`; the launched process before exec otherwise), so threads and
-//! children created later are sampled too. `PERF_RECORD_MMAP2`, `COMM`, `FORK` and
-//! `EXIT` records keep the module map and the thread names current.
+//! children created later are sampled too; every event of a CPU writes into that CPU's
+//! one ring, sized from the rate and the stack size (see [`wanted_ring_bytes`]).
+//! `PERF_RECORD_MMAP2`, `COMM`, `FORK` and `EXIT` records keep the module map and the
+//! thread names current. Where permitted, samples also carry the kernel's callchain
+//! ([`PerfConfig::kernel`]), and a context-switch event samples where threads block
+//! ([`PerfConfig::off_cpu`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -57,7 +61,34 @@ pub struct PerfConfig {
     /// Ring data bytes per CPU (a power of two); `None`: sized from the rate and the
     /// stack size (see [`wanted_ring_bytes`]).
     pub ring_bytes: Option<usize>,
+    /// Sample in kernel mode too, with the kernel's callchain (kernel frames only: the
+    /// user stack is still unwound by glass from the copy).
+    pub kernel: bool,
+    /// Also sample every context switch out of a target thread (its stacks where it
+    /// blocks), with `PERF_RECORD_SWITCH` records to time each block. Needs `kernel`.
+    pub off_cpu: bool,
 }
+
+/// What a sample record holds besides the fixed fields, as the events were opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Layout {
+    /// `PERF_SAMPLE_IDENTIFIER`: the event's id first (tells switch samples apart).
+    pub identifier: bool,
+    /// `PERF_SAMPLE_CALLCHAIN`: the kernel's callchain after the time.
+    pub callchain: bool,
+}
+
+impl Layout {
+    pub fn of(config: &PerfConfig) -> Layout {
+        Layout {
+            identifier: config.off_cpu,
+            callchain: config.kernel || config.off_cpu,
+        }
+    }
+}
+
+/// The kernel's callchain depth limit (kernel.perf_event_max_stack's default).
+const MAX_KERNEL_FRAMES: usize = 127;
 
 impl PerfConfig {
     pub fn new(frequency_hz: u32, stack_size: u32, enable_on_exec: bool) -> Self {
@@ -66,12 +97,22 @@ impl PerfConfig {
             stack_size,
             enable_on_exec,
             ring_bytes: None,
+            kernel: false,
+            off_cpu: false,
         }
     }
 
     /// The largest record a sample makes.
     pub fn sample_bytes(&self) -> usize {
-        SAMPLE_FIXED_BYTES + self.stack_size as usize
+        let layout = Layout::of(self);
+        SAMPLE_FIXED_BYTES
+            + self.stack_size as usize
+            + if layout.identifier { 8 } else { 0 }
+            + if layout.callchain {
+                8 * (MAX_KERNEL_FRAMES + 2)
+            } else {
+                0
+            }
     }
 }
 
@@ -81,7 +122,10 @@ impl PerfConfig {
 /// enough for it because it only copies records to a file, but glass's records carry a
 /// 16 KiB stack where perf's carry 8, and glass does more per record.
 pub fn wanted_ring_bytes(config: &PerfConfig) -> usize {
-    let per_second = config.frequency_hz as u64 * config.sample_bytes() as u64;
+    // Off-CPU samples come at the rate threads block, which nothing bounds: room for as
+    // many again as the clock makes is a guess that holds for the servers tried.
+    let rate = config.frequency_hz as u64 * if config.off_cpu { 2 } else { 1 };
+    let per_second = rate * config.sample_bytes() as u64;
     let bytes = (per_second * RING_HOLD_MS / 1000) as usize;
     bytes
         .max(4 * config.sample_bytes())
@@ -107,9 +151,15 @@ pub struct RingInfo {
 #[derive(Debug)]
 pub enum PerfRecord<'a> {
     Sample {
+        /// The event's id (with [`Layout::identifier`]; else 0): see
+        /// [`PerfSampler::switch_ids`].
+        id: u64,
         pid: u32,
         tid: u32,
         time_ns: u64,
+        /// The kernel's callchain as it is in the record (with [`Layout::callchain`]):
+        /// read it with [`kernel_frames`].
+        callchain: &'a [u8],
         ip: u64,
         sp: u64,
         fp: u64,
@@ -142,6 +192,15 @@ pub enum PerfRecord<'a> {
         time_ns: u64,
         pid: u32,
         tid: u32,
+    },
+    /// A target thread left the CPU (`out`; `preempted`: it was still runnable) or came
+    /// back to it.
+    Switch {
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
+        out: bool,
+        preempted: bool,
     },
     /// Records the kernel dropped because the ring was full, said before the next
     /// record that fit: `pid`/`tid` are that record's (the kernel keeps no finer count;
@@ -181,6 +240,9 @@ pub struct PerfSampler {
     others: Vec<OwnedFd>,
     pub stack_size: u32,
     pub ring_info: RingInfo,
+    pub layout: Layout,
+    /// Ids of the context-switch events (`--off-cpu`): their samples are switches out.
+    pub switch_ids: Vec<u64>,
 }
 
 /// Whether perf_event_open with user stack capture is allowed here.
@@ -196,15 +258,37 @@ pub fn available() -> bool {
     }
 }
 
+/// The two kinds of event: the sampling clock, and (`--off-cpu`) context switches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Clock,
+    Switches,
+}
+
 fn attributes(config: &PerfConfig, watermark: usize) -> b::perf_event_attr {
+    event_attributes(config, watermark, Kind::Clock)
+}
+
+fn event_attributes(config: &PerfConfig, watermark: usize, kind: Kind) -> b::perf_event_attr {
+    let layout = Layout::of(config);
+    let mut sample_type = (b::PERF_SAMPLE_TID
+        | b::PERF_SAMPLE_TIME
+        | b::PERF_SAMPLE_REGS_USER
+        | b::PERF_SAMPLE_STACK_USER) as u64;
+    if layout.identifier {
+        sample_type |= b::PERF_SAMPLE_IDENTIFIER as u64;
+    }
+    if layout.callchain {
+        sample_type |= b::PERF_SAMPLE_CALLCHAIN as u64;
+    }
     let mut attr = b::perf_event_attr {
         type_: b::PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<b::perf_event_attr>() as u32,
-        config: b::PERF_COUNT_SW_CPU_CLOCK as u64,
-        sample_type: (b::PERF_SAMPLE_TID
-            | b::PERF_SAMPLE_TIME
-            | b::PERF_SAMPLE_REGS_USER
-            | b::PERF_SAMPLE_STACK_USER) as u64,
+        config: match kind {
+            Kind::Clock => b::PERF_COUNT_SW_CPU_CLOCK as u64,
+            Kind::Switches => b::PERF_COUNT_SW_CONTEXT_SWITCHES as u64,
+        },
+        sample_type,
         sample_regs_user: REGS_MASK,
         sample_stack_user: config.stack_size,
         clockid: libc::CLOCK_MONOTONIC,
@@ -213,18 +297,28 @@ fn attributes(config: &PerfConfig, watermark: usize) -> b::perf_event_attr {
     // cpu-clock counts nanoseconds: a fixed period of 1e9/HZ samples at exactly HZ per
     // second of CPU time. (Frequency mode would start with a tiny period and adjust it,
     // a burst of samples at the start that skews short recordings.)
-    attr.__bindgen_anon_1.sample_period = 1_000_000_000 / config.frequency_hz.max(1) as u64;
+    attr.__bindgen_anon_1.sample_period = match kind {
+        Kind::Clock => 1_000_000_000 / config.frequency_hz.max(1) as u64,
+        Kind::Switches => 1,
+    };
     let on_exec = config.enable_on_exec as u64;
     attr.set_disabled(1);
     attr.set_enable_on_exec(on_exec);
     attr.set_inherit(1);
-    attr.set_exclude_kernel(1);
+    // The switch event fires inside schedule(): in kernel mode by definition.
+    attr.set_exclude_kernel((!config.kernel && kind == Kind::Clock) as u64);
+    // The kernel's frames only: glass unwinds the user stack from the copy, with the
+    // CFI the kernel does not have.
+    attr.set_exclude_callchain_user(1);
     attr.set_exclude_hv(1);
-    attr.set_mmap(1);
-    attr.set_mmap2(1);
-    attr.set_comm(1);
-    attr.set_comm_exec(1);
-    attr.set_task(1);
+    // Side records (mappings, names, threads, switches) from the clock events only.
+    let side = (kind == Kind::Clock) as u64;
+    attr.set_mmap(side);
+    attr.set_mmap2(side);
+    attr.set_comm(side);
+    attr.set_comm_exec(side);
+    attr.set_task(side);
+    attr.set_context_switch(side & config.off_cpu as u64);
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
     // Wake glass at a watermark, not at every sample: each wake-up is paid for in the
@@ -262,50 +356,45 @@ impl PerfSampler {
             .next_power_of_two();
         // The size is mapped first (the locked-memory limits decide it), then the events
         // are opened with a watermark that fits it.
-        let mut events: Vec<(i32, OwnedFd)> = Vec::new();
-        let probe_watermark = wanted / 4;
-        for &cpu in &cpus {
-            for &tid in tids {
-                events.push((cpu, open_event(config, probe_watermark, tid, cpu)?));
-            }
-        }
-        let (rings, bytes, limited_by) = map_rings(&events, tids.len(), wanted, page)?;
+        let probe_watermark = watermark_for(config, wanted);
+        let mut events = open_events(config, probe_watermark, tids, &cpus)?;
+        let (rings, bytes, limited_by) = map_rings(&events, wanted, page)?;
         let watermark = watermark_for(config, bytes);
         // The watermark is a property of the event that owns the ring: reopening is the
-        // only way to change it, so when the mapped size differs from the one the
-        // events were opened for, they are opened again.
-        let (events, rings) = if watermark != probe_watermark {
+        // only way to change it, so when the limits made the ring too small for the
+        // watermark the events were opened with, they are opened again.
+        let rings = if watermark != probe_watermark {
             drop(rings);
-            let mut reopened = Vec::new();
-            for &cpu in &cpus {
-                for &tid in tids {
-                    reopened.push((cpu, open_event(config, watermark, tid, cpu)?));
-                }
-            }
-            let (rings, _, _) = map_rings(&reopened, tids.len(), bytes, page)?;
-            (reopened, rings)
+            events = open_events(config, watermark, tids, &cpus)?;
+            map_rings(&events, bytes, page)?.0
         } else {
-            (events, rings)
+            rings
         };
-        let per_cpu = tids.len();
         let mut ring_fds = Vec::new();
         let mut others = Vec::new();
-        for (index, (_, fd)) in events.into_iter().enumerate() {
-            if index % per_cpu == 0 {
-                ring_fds.push(fd);
-            } else {
-                others.push(fd);
+        let mut switch_ids = Vec::new();
+        for event in events {
+            if event.kind == Kind::Switches {
+                let mut id = 0u64;
+                // SAFETY: an ioctl on our perf descriptor, writing the u64.
+                unsafe { libc::ioctl(event.fd.as_raw_fd(), b::ID as _, &mut id) };
+                switch_ids.push(id);
             }
-        }
-        for (index, fd) in others.iter().enumerate() {
-            let leader = &ring_fds[index / (per_cpu - 1).max(1)];
+            if event.leader {
+                ring_fds.push(event.fd);
+                continue;
+            }
+            let leader = ring_fds.last().expect("a CPU's leader comes first");
             // SAFETY: an ioctl on our perf descriptors; both are on the same CPU.
-            if unsafe { libc::ioctl(fd.as_raw_fd(), b::SET_OUTPUT as _, leader.as_raw_fd()) } < 0 {
+            if unsafe { libc::ioctl(event.fd.as_raw_fd(), b::SET_OUTPUT as _, leader.as_raw_fd()) }
+                < 0
+            {
                 return Err(TargetError::Io(io::Error::other(format!(
                     "redirecting a perf event into its CPU's ring: {}",
                     io::Error::last_os_error()
                 ))));
             }
+            others.push(event.fd);
         }
         let ring_info = RingInfo {
             bytes,
@@ -320,6 +409,8 @@ impl PerfSampler {
             others,
             stack_size: config.stack_size,
             ring_info,
+            layout: Layout::of(config),
+            switch_ids,
         })
     }
 
@@ -351,7 +442,7 @@ impl PerfSampler {
     pub fn drain(&mut self, handle: &mut dyn FnMut(PerfRecord<'_>)) {
         let mut bytes = Vec::new();
         self.drain_raw(&mut bytes);
-        records(&bytes, handle);
+        records(&bytes, self.layout, handle);
     }
 
     /// Appends every waiting record (header included), oldest first per ring, to `out`
@@ -387,14 +478,50 @@ impl PerfSampler {
     }
 }
 
+struct Opened {
+    fd: OwnedFd,
+    kind: Kind,
+    /// The first event of its CPU: its ring is mapped, the others write into it.
+    leader: bool,
+}
+
+/// Every event of `config`, CPU by CPU, each CPU's leader first.
+fn open_events(
+    config: &PerfConfig,
+    watermark: usize,
+    tids: &[i32],
+    cpus: &[i32],
+) -> Result<Vec<Opened>, TargetError> {
+    let mut kinds = vec![Kind::Clock];
+    if config.off_cpu {
+        kinds.push(Kind::Switches);
+    }
+    let mut events = Vec::new();
+    for &cpu in cpus {
+        let mut leader = true;
+        for &kind in &kinds {
+            for &tid in tids {
+                events.push(Opened {
+                    fd: open_event(config, watermark, kind, tid, cpu)?,
+                    kind,
+                    leader,
+                });
+                leader = false;
+            }
+        }
+    }
+    Ok(events)
+}
+
 /// Opens one event of `config` on `tid` and `cpu`.
 fn open_event(
     config: &PerfConfig,
     watermark: usize,
+    kind: Kind,
     tid: i32,
     cpu: i32,
 ) -> Result<OwnedFd, TargetError> {
-    let mut attr = attributes(config, watermark);
+    let mut attr = event_attributes(config, watermark, kind);
     // SAFETY: a valid attr for this call.
     let fd = unsafe { sys::perf_event_open(&mut attr, tid, cpu, -1, b::PERF_FLAG_FD_CLOEXEC as _) };
     if fd < 0 {
@@ -423,8 +550,7 @@ fn watermark_for(config: &PerfConfig, ring_bytes: usize) -> usize {
 /// unprivileged user may lock `perf_event_mlock_kb` per CPU plus RLIMIT_MEMLOCK for all
 /// rings together (root, with CAP_IPC_LOCK, is not limited).
 fn map_rings(
-    events: &[(i32, OwnedFd)],
-    per_cpu: usize,
+    events: &[Opened],
     wanted: usize,
     page: usize,
 ) -> Result<(Vec<Ring>, usize, Option<String>), TargetError> {
@@ -432,7 +558,7 @@ fn map_rings(
     loop {
         let mut rings = Vec::new();
         let mut failure = None;
-        for (_, fd) in events.iter().step_by(per_cpu.max(1)) {
+        for fd in events.iter().filter(|e| e.leader).map(|e| &e.fd) {
             let mapped_len = page + bytes;
             // SAFETY: mapping the event's ring as documented in perf_event_open(2).
             let base = unsafe {
@@ -485,8 +611,19 @@ fn map_rings(
     }
 }
 
+/// The kernel frames of a sample's callchain, innermost first (the context markers the
+/// kernel puts between kinds of frames left out).
+// The bindings' integer type for the markers differs between architectures.
+#[allow(clippy::unnecessary_cast)]
+pub fn kernel_frames(callchain: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    callchain
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
+        .filter(|&ip| ip < b::PERF_CONTEXT_MAX as u64)
+}
+
 /// Reads back what [`PerfSampler::drain_raw`] copied: whole records, one after another.
-pub fn records(bytes: &[u8], handle: &mut dyn FnMut(PerfRecord<'_>)) {
+pub fn records(bytes: &[u8], layout: Layout, handle: &mut dyn FnMut(PerfRecord<'_>)) {
     let mut at = 0;
     while let Some(header) = bytes.get(at..at + 8) {
         let kind = u32::from_ne_bytes(header[0..4].try_into().unwrap());
@@ -495,7 +632,7 @@ pub fn records(bytes: &[u8], handle: &mut dyn FnMut(PerfRecord<'_>)) {
         let Some(record) = bytes.get(at..at + size).filter(|_| size >= 8) else {
             break;
         };
-        if let Some(record) = parse(kind, misc, &record[8..]) {
+        if let Some(record) = parse(kind, misc, &record[8..], layout) {
             handle(record);
         }
         at += size;
@@ -542,12 +679,14 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
+fn parse(kind: u32, misc: u16, body: &[u8], layout: Layout) -> Option<PerfRecord<'_>> {
     let mut c = Cursor { bytes: body, at: 0 };
     // With sample_id_all, every other record ends with the sample's TID and TIME.
+    // With PERF_SAMPLE_IDENTIFIER the trailer ends with the id, after the time.
+    let trailer = if layout.identifier { 24 } else { 16 };
     let (trailer_pid, trailer_tid) = body
         .len()
-        .checked_sub(16)
+        .checked_sub(trailer)
         .and_then(|at| body.get(at..at + 8))
         .map(|b| {
             (
@@ -558,16 +697,23 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
         .unwrap_or((0, 0));
     let time_ns = body
         .len()
-        .checked_sub(8)
-        .and_then(|at| body.get(at..))
+        .checked_sub(trailer - 8)
+        .and_then(|at| body.get(at..at + 8))
         .and_then(|b| b.try_into().ok())
         .map(u64::from_ne_bytes)
         .unwrap_or(0);
     match kind {
         b::PERF_RECORD_SAMPLE => {
+            let id = if layout.identifier { c.u64()? } else { 0 };
             let pid = c.u32()?;
             let tid = c.u32()?;
             let time_ns = c.u64()?;
+            let callchain = if layout.callchain {
+                let count = c.u64()? as usize;
+                c.take(count.checked_mul(8)?)?
+            } else {
+                &[]
+            };
             let abi = c.u64()?;
             let (fp, sp, ip) = if abi != 0 {
                 let (r0, r1, r2) = (c.u64()?, c.u64()?, c.u64()?);
@@ -580,9 +726,11 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             let stack = c.take(size)?;
             let dyn_size = if size > 0 { c.u64()? as usize } else { 0 };
             Some(PerfRecord::Sample {
+                id,
                 pid,
                 tid,
                 time_ns,
+                callchain,
                 ip,
                 sp,
                 fp,
@@ -627,6 +775,13 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
             pid: c.u32()?,
             parent_pid: c.u32()?,
             tid: c.u32()?,
+        }),
+        b::PERF_RECORD_SWITCH => Some(PerfRecord::Switch {
+            time_ns,
+            pid: trailer_pid,
+            tid: trailer_tid,
+            out: misc & b::PERF_RECORD_MISC_SWITCH_OUT as u16 != 0,
+            preempted: misc & b::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT as u16 != 0,
         }),
         b::PERF_RECORD_EXIT => {
             let pid = c.u32()?;
@@ -678,4 +833,76 @@ fn online_cpus() -> Vec<i32> {
         cpus.push(0);
     }
     cpus
+}
+
+/// Why kernel frames cannot be named here, if they cannot: `/proc/kallsyms` shows zeros
+/// instead of addresses to those `kptr_restrict` hides them from.
+pub fn kallsyms_hidden() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok();
+    let first = text
+        .as_deref()
+        .and_then(|t| t.lines().next())
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|a| u64::from_str_radix(a, 16).ok());
+    match first {
+        Some(address) if address != 0 => None,
+        _ => {
+            let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
+                .map(|t| t.trim().to_string())
+                .unwrap_or_else(|_| "?".into());
+            Some(format!(
+                "/proc/kallsyms hides kernel addresses from this user (kptr_restrict {restrict})"
+            ))
+        }
+    }
+}
+
+/// The kernel functions `addresses` fall in, named from `/proc/kallsyms` (text symbols
+/// of the kernel and its modules; each runs to the next symbol). Read once, when the
+/// recording ends: only the symbols hit are kept, a few KiB where the whole table is
+/// megabytes.
+pub fn kernel_symbols(addresses: &[u64]) -> glass_format::KernelSymbols {
+    let Ok(text) = std::fs::read_to_string("/proc/kallsyms") else {
+        return Default::default();
+    };
+    let mut table: Vec<(u64, &str, &str)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let address = u64::from_str_radix(words.next()?, 16).ok()?;
+            let kind = words.next()?;
+            let name = words.next()?;
+            let module = words
+                .next()
+                .map_or("", |m| m.trim_start_matches('[').trim_end_matches(']'));
+            matches!(kind, "t" | "T" | "w" | "W").then_some((address, name, module))
+        })
+        .filter(|(address, _, _)| *address != 0)
+        .collect();
+    table.sort_by_key(|(address, _, _)| *address);
+    let mut hit: Vec<usize> = addresses
+        .iter()
+        .filter_map(|&address| table.partition_point(|s| s.0 <= address).checked_sub(1))
+        .collect();
+    hit.sort_unstable();
+    hit.dedup();
+    let symbols = hit
+        .into_iter()
+        .map(|index| {
+            let (start, name, module) = table[index];
+            // The next symbol at a higher address ends this one (aliases share starts).
+            let end = table[index..]
+                .iter()
+                .map(|s| s.0)
+                .find(|&a| a > start)
+                .unwrap_or(start + 4096);
+            glass_format::KernelSymbol {
+                start,
+                len: end - start,
+                name: name.to_string(),
+                module: module.to_string(),
+            }
+        })
+        .collect();
+    glass_format::KernelSymbols { symbols }
 }

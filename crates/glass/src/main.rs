@@ -148,6 +148,19 @@ pub struct RecordArgs {
     /// second of samples at the rate and stack size (perf's -m)
     #[arg(long, value_name = "KIB", value_parser = parse_ring_kib)]
     pub ring_kib: Option<u32>,
+    /// perf backend: record the kernel's frames of each sample under the user stack,
+    /// named from /proc/kallsyms (the default where perf_event_paranoid and privileges
+    /// allow; the summary says whether they were recorded, and why not)
+    #[arg(long, overrides_with = "no_kernel")]
+    pub kernel: bool,
+    /// perf backend: no kernel frames
+    #[arg(long, overrides_with = "kernel")]
+    pub no_kernel: bool,
+    /// perf backend: also record where threads block and for how long (a sample at each
+    /// switch off the CPU, weighted by the time until the thread runs again; reports
+    /// show it under `[off-cpu]`). Needs kernel sampling
+    #[arg(long)]
+    pub off_cpu: bool,
     /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`;
     /// Xen: blocked in SCHEDOP_block/poll)
     #[arg(long)]

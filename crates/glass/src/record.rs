@@ -45,6 +45,14 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         capture: args.capture,
         stack_size: args.stack_size,
         ring_kib: args.ring_kib,
+        kernel: if args.no_kernel {
+            Some(false)
+        } else if args.kernel {
+            Some(true)
+        } else {
+            None
+        },
+        off_cpu: args.off_cpu,
         no_idle: args.no_idle,
         command: args.command.clone(),
     };
@@ -59,8 +67,30 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
             recorded.vm_fate.as_deref(),
         );
         print_lost(&recorded.lost_by_thread);
+        print_kernel(&recorded);
     }
     Ok(recorded.exit_status)
+}
+
+/// Whether kernel stacks (and off-CPU time) were recorded, and why not.
+fn print_kernel(recorded: &glass_record::Recorded) {
+    match &recorded.kernel_stacks {
+        None => {}
+        Some(Ok(samples)) => eprintln!(
+            "glass: kernel stacks recorded: {samples} samples with kernel frames (named from /proc/kallsyms, kept in the recording)"
+        ),
+        Some(Err(why)) => eprintln!("glass: kernel stacks not recorded: {why}"),
+    }
+    if recorded.off_cpu_samples > 0 {
+        let on_cpu = recorded.summary.samples - recorded.off_cpu_samples;
+        eprintln!(
+            "glass: off-CPU: {:.3} s blocked in {} samples; on-CPU: {on_cpu} samples (about {:.3} s at {} Hz)",
+            recorded.off_cpu_ns as f64 / 1e9,
+            recorded.off_cpu_samples,
+            on_cpu as f64 / recorded.frequency.max(1) as f64,
+            recorded.frequency
+        );
+    }
 }
 
 /// Which threads the kernel dropped samples of (the ten that lost most).

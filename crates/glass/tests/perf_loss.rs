@@ -257,35 +257,22 @@ fn loss_is_reported_per_thread_as_the_kernel_counted_it() {
 fn rings_above_the_mlock_limit_shrink_with_a_note() {
     let dir = scratch("perf_loss_mlock");
     let binary = compile(&dir, "loss/threads16.c", "threads16", &["-pthread"]);
-    // `nobody` must be able to reach the binary and write the recording.
-    let _ = Command::new("chmod")
-        .args(["-R", "a+rwX"])
-        .arg(&dir)
-        .status();
-    let mut parent = dir.parent();
-    while let Some(p) = parent {
-        let _ = Command::new("chmod").arg("a+x").arg(p).status();
-        parent = p.parent();
-    }
+    open_to_nobody(&dir);
     let out = dir.join("nobody.glass");
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--reset-env",
-        ])
-        .arg(GLASS)
-        .args(["record", "--backend", "perf", "-F", "999", "-o"])
-        .arg(&out)
-        .args(["--", binary.to_str().unwrap(), "2"])
-        .output()
-        .expect("setpriv runs");
+    let output = glass_as_nobody(&[
+        "record",
+        "--backend",
+        "perf",
+        "-F",
+        "999",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        binary.to_str().unwrap(),
+        "2",
+    ]);
     let err = stderr(&output);
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok())
-        .unwrap_or(2);
+    let paranoid = perf_event_paranoid();
     if paranoid > 2 {
         // Debian's level 3 refuses perf_event_open to users: the ptrace backend is used.
         return;
