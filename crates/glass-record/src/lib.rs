@@ -151,6 +151,24 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
     };
+    let guest = args.vm || args.gdb.is_some() || args.xen.is_some();
+    let kernel_options = match (args.off_cpu, args.kernel) {
+        (true, _) => Some("--off-cpu"),
+        (false, Some(true)) => Some("--kernel"),
+        _ => None,
+    };
+    if let Some(option) = kernel_options {
+        if guest || args.backend == BackendChoice::Ptrace {
+            return Err(Failure::bad_input(format!(
+                "{option} needs the perf backend (not --backend ptrace or a VM guest)"
+            )));
+        }
+        if backend == BackendChoice::Ptrace {
+            notes.warn(&format!(
+                "{option} ignored: perf_event_open is not permitted here, so the ptrace backend samples user stacks only"
+            ));
+        }
+    }
     let file = create_output(&args.output)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.

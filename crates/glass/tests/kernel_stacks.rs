@@ -293,3 +293,25 @@ fn without_privileges_user_stacks_are_recorded_and_the_reason_said() {
         );
     }
 }
+
+/// Kernel stacks and off-CPU time are the perf backend's: asked of another, one line and
+/// exit status 2, before anything is started.
+#[test]
+fn kernel_options_need_the_perf_backend() {
+    let dir = scratch("kernel_ptrace");
+    let out = dir.join("p.glass");
+    for option in ["--off-cpu", "--kernel"] {
+        let output = glass(&[
+            "record",
+            "--backend",
+            "ptrace",
+            option,
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "true",
+        ]);
+        assert_clean_failure(&output, 2, &format!("{option} needs the perf backend"));
+        assert!(!out.exists());
+    }
+}
