@@ -41,6 +41,17 @@ pub const SAMPLE_HALTED: u8 = 1 << 2;
 /// firmware, the boot loader, or never started); `frames[0]` is its instruction pointer.
 pub const SAMPLE_FIRMWARE: u8 = 1 << 3;
 
+/// Sample flag (perf backend, `--off-cpu`): the thread was blocked, not running; the
+/// frames are where it blocked (kernel frames first when recorded) and `stopped_ns` holds
+/// how long it stayed blocked (a longer block is written as several samples).
+pub const SAMPLE_OFF_CPU: u8 = 1 << 4;
+
+/// Whether an address is kernel code (the top half of the address space, on x86-64 and
+/// AArch64 alike): perf-backend samples hold the kernel's frames first, then the user's.
+pub fn is_kernel_address(address: u64) -> bool {
+    address >= 0xffff_8000_0000_0000
+}
+
 /// The instruction set of the recorded code: which registers a raw snapshot holds,
 /// which unwinder and page-table walk apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -250,6 +261,42 @@ pub struct JitMap {
     pub text: String,
 }
 
+/// Samples the kernel dropped (its ring was full), per thread as the kernel said:
+/// its count of lost records comes with the thread of the next record that fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadLost {
+    pub pid: u32,
+    pub tid: u32,
+    pub count: u64,
+}
+
+/// The kernel functions the recording's kernel frames fall in, from /proc/kallsyms at
+/// record time, so a report names them on any machine.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelSymbols {
+    /// Sorted by start, not overlapping.
+    pub symbols: Vec<KernelSymbol>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSymbol {
+    pub start: u64,
+    /// Up to the next symbol of kallsyms.
+    pub len: u64,
+    pub name: String,
+    /// The kernel module (`ext4`), empty for the kernel image.
+    pub module: String,
+}
+
+impl KernelSymbols {
+    /// The symbol `address` falls in.
+    pub fn find(&self, address: u64) -> Option<&KernelSymbol> {
+        let index = self.symbols.partition_point(|s| s.start <= address);
+        let symbol = self.symbols.get(index.checked_sub(1)?)?;
+        (address - symbol.start < symbol.len.max(1)).then_some(symbol)
+    }
+}
+
 /// The cost figures of a recording, written once at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -354,6 +401,8 @@ pub enum Record {
     TraceChunk(TraceChunk),
     TraceSummary(TraceSummary),
     JitMap(JitMap),
+    ThreadLost(ThreadLost),
+    KernelSymbols(KernelSymbols),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -378,5 +427,7 @@ pub(crate) mod tag {
     pub const TRACE_SUMMARY: u8 = 12;
     pub const TRACE_PACKED: u8 = 13;
     pub const JIT_MAP: u8 = 14;
+    pub const THREAD_LOST: u8 = 15;
+    pub const KERNEL_SYMBOLS: u8 = 16;
     pub const END: u8 = 0xff;
 }

@@ -7,6 +7,7 @@ use crate::{
 };
 use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{KernelSymbol, KernelSymbols, ThreadLost};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
@@ -151,6 +152,10 @@ pub struct Recording {
     pub trace_summary: Option<TraceSummary>,
     /// Copies of the processes' JIT description files, kept when the recording ended.
     pub jit_maps: Vec<JitMap>,
+    /// Samples the kernel dropped, per thread (perf backend).
+    pub thread_lost: Vec<ThreadLost>,
+    /// Names of the kernel frames (perf backend with kernel stacks).
+    pub kernel_symbols: KernelSymbols,
     /// The file ended with an End record.
     pub complete: bool,
     /// What stopped the reader early, if anything: the records before it are kept.
@@ -229,6 +234,12 @@ impl Recording {
             Ok(Record::TraceChunk(chunk)) => self.trace_chunks.push(chunk),
             Ok(Record::TraceSummary(summary)) => self.trace_summary = Some(summary),
             Ok(Record::JitMap(map)) => self.jit_maps.push(map),
+            Ok(Record::ThreadLost(lost)) => self.thread_lost.push(lost),
+            Ok(Record::KernelSymbols(symbols)) => {
+                self.kernel_symbols.symbols.extend(symbols.symbols);
+                self.kernel_symbols.symbols.sort_by_key(|s| s.start);
+                self.kernel_symbols.symbols.dedup_by_key(|s| s.start);
+            }
             Ok(Record::End) => self.complete = true,
             Err(error) => self.damage = Some(error),
         }
@@ -417,6 +428,30 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             name: p.string()?,
             text: p.string()?,
         }),
+        tag::THREAD_LOST => Record::ThreadLost(ThreadLost {
+            pid: p.u32()?,
+            tid: p.u32()?,
+            count: p.u64()?,
+        }),
+        tag::KERNEL_SYMBOLS => {
+            let count = p.u64()?;
+            // Each symbol takes at least four bytes, which bounds the allocation.
+            if count > bytes.len() as u64 {
+                return Err("symbol count out of range");
+            }
+            let mut symbols = Vec::with_capacity(count as usize);
+            let mut start = 0u64;
+            for _ in 0..count {
+                start = start.wrapping_add(p.i64()? as u64);
+                symbols.push(KernelSymbol {
+                    start,
+                    len: p.u64()?,
+                    name: p.string()?,
+                    module: p.string()?,
+                });
+            }
+            Record::KernelSymbols(KernelSymbols { symbols })
+        }
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,
             samples: p.u64()?,

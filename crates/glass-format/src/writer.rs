@@ -2,7 +2,7 @@ use std::io::{self, Write};
 
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
-use crate::{JitMap, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary};
 use crate::{HEADER_LEN, MAGIC, VERSION};
 
 /// Streams records to `out`. Each record is encoded into a reused scratch buffer and
@@ -48,6 +48,8 @@ impl<W: Write> Writer<W> {
             Record::TraceChunk(chunk) => self.trace_chunk(chunk.pid, chunk.tid, &chunk.words),
             Record::TraceSummary(summary) => self.trace_summary(summary),
             Record::JitMap(map) => self.jit_map(map),
+            Record::ThreadLost(lost) => self.thread_lost(lost),
+            Record::KernelSymbols(symbols) => self.kernel_symbols(symbols),
             Record::End => self.end(),
         }
     }
@@ -154,6 +156,30 @@ impl<W: Write> Writer<W> {
         }
         put_bytes(b, &s.stack);
         self.emit(tag::SNAPSHOT)
+    }
+
+    pub fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, lost.pid as u64);
+        put_u64(b, lost.tid as u64);
+        put_u64(b, lost.count);
+        self.emit(tag::THREAD_LOST)
+    }
+
+    pub fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, symbols.symbols.len() as u64);
+        let mut previous = 0u64;
+        for symbol in &symbols.symbols {
+            put_i64(b, symbol.start.wrapping_sub(previous) as i64);
+            previous = symbol.start;
+            put_u64(b, symbol.len);
+            put_str(b, &symbol.name);
+            put_str(b, &symbol.module);
+        }
+        self.emit(tag::KERNEL_SYMBOLS)
     }
 
     pub fn summary(&mut self, s: &Summary) -> io::Result<()> {

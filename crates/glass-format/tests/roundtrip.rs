@@ -84,8 +84,29 @@ fn sample_records() -> Vec<Record> {
             stopped_p99_ns: 20,
             stopped_max_ns: 30,
             stopped_total_ns: 10,
-            lost_samples: 0,
+            lost_samples: 7,
             exit_status: -1,
+        }),
+        Record::ThreadLost(ThreadLost {
+            pid: 4242,
+            tid: 4243,
+            count: 7,
+        }),
+        Record::KernelSymbols(KernelSymbols {
+            symbols: vec![
+                KernelSymbol {
+                    start: 0xffff_ffff_8100_0000,
+                    len: 0x40,
+                    name: "do_syscall_64".into(),
+                    module: String::new(),
+                },
+                KernelSymbol {
+                    start: 0xffff_ffff_c000_1000,
+                    len: 0x100,
+                    name: "ext4_file_read_iter".into(),
+                    module: "ext4".into(),
+                },
+            ],
         }),
         Record::End,
     ]
@@ -109,6 +130,15 @@ fn every_record_round_trips() {
     assert!(recording.complete);
     assert!(recording.damage.is_none());
     assert_eq!(recording.samples.len(), 1);
+    assert_eq!(recording.thread_lost.len(), 1);
+    let kernel = &recording.kernel_symbols;
+    assert_eq!(
+        kernel.find(0xffff_ffff_8100_0010).unwrap().name,
+        "do_syscall_64"
+    );
+    assert_eq!(kernel.find(0xffff_ffff_c000_10ff).unwrap().module, "ext4");
+    assert!(kernel.find(0xffff_ffff_8100_0040).is_none());
+    assert!(kernel.find(0x1000).is_none());
 }
 
 #[test]

@@ -62,6 +62,13 @@ pub struct RecordOptions {
     pub unwind: UnwindMode,
     pub capture: CaptureMode,
     pub stack_size: Option<u32>,
+    /// perf backend: ring data KiB per CPU (a power of two); default sized from the rate
+    /// and the stack size.
+    pub ring_kib: Option<u32>,
+    /// perf backend: kernel frames (`None`: where permitted).
+    pub kernel: Option<bool>,
+    /// perf backend: time blocked, from context switches.
+    pub off_cpu: bool,
     pub no_idle: bool,
     pub command: Vec<String>,
 }
@@ -103,6 +110,16 @@ pub struct Recorded {
     pub vm_fate: Option<String>,
     /// The exit status `glass record` ends with (the launched command's, else 0).
     pub exit_status: i32,
+    /// Samples the kernel dropped, per thread, most first: (pid, tid, name, count).
+    pub lost_by_thread: Vec<(i32, i32, String, u64)>,
+    /// perf backend: kernel stacks recorded (with how many samples held kernel
+    /// frames), or why not.
+    pub kernel_stacks: Option<std::result::Result<u64, String>>,
+    /// Off-CPU samples (`--off-cpu`) and the time they stand for.
+    pub off_cpu_samples: u64,
+    pub off_cpu_ns: u64,
+    /// The sampling rate.
+    pub frequency: u32,
 }
 
 /// Why the recording ended.
@@ -117,7 +134,7 @@ pub enum Outcome {
 
 /// Records as `args` says, into the file `args.output` names; notes go to `notes`.
 pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
-    let backend = prepare(args)?;
+    let backend = prepare(args, notes)?;
     let file = create_output(&args.output)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
@@ -149,19 +166,19 @@ pub fn record_to<'a>(
     file: Option<&Path>,
     notes: &'a mut dyn Notes,
 ) -> Result<Recorded> {
-    let backend = prepare(args)?;
+    let backend = prepare(args, notes)?;
     let stop_signals = stop_signal_fd()?;
     start(args, backend, output, file, notes, &stop_signals)
 }
 
 /// Checks what can be checked before anything starts; the backend to use.
-fn prepare(args: &RecordOptions) -> Result<BackendChoice> {
+fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice> {
     if let Some(cpu) = args.sampler_cpu {
         // Check the CPU before starting anything; pin only after launching, so the
         // target does not inherit the sampler's core.
         check_cpu(cpu)?;
     }
-    Ok(match args.backend {
+    let backend = match args.backend {
         BackendChoice::Ptrace => BackendChoice::Ptrace,
         BackendChoice::Perf => {
             if !glass_target::perf::available() {
@@ -173,7 +190,26 @@ fn prepare(args: &RecordOptions) -> Result<BackendChoice> {
         }
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
-    })
+    };
+    let guest = args.vm || args.gdb.is_some() || args.xen.is_some();
+    let kernel_options = match (args.off_cpu, args.kernel) {
+        (true, _) => Some("--off-cpu"),
+        (false, Some(true)) => Some("--kernel"),
+        _ => None,
+    };
+    if let Some(option) = kernel_options {
+        if guest || args.backend == BackendChoice::Ptrace {
+            return Err(Failure::bad_input(format!(
+                "{option} needs the perf backend (not --backend ptrace or a VM guest)"
+            )));
+        }
+        if backend == BackendChoice::Ptrace {
+            notes.warn(&format!(
+                "{option} ignored: perf_event_open is not permitted here, so the ptrace backend samples user stacks only"
+            ));
+        }
+    }
+    Ok(backend)
 }
 
 fn start<'a>(
@@ -265,6 +301,14 @@ fn finish_with(
         backend,
         vm_fate,
         exit_status,
+        lost_by_thread: sink.lost_by_thread(),
+        kernel_stacks: sink
+            .kernel_stacks
+            .clone()
+            .map(|r| r.map(|()| sink.kernel_samples())),
+        off_cpu_samples: sink.off_cpu_samples,
+        off_cpu_ns: sink.off_cpu_ns,
+        frequency: sink.args.frequency,
     })
 }
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, JitMap, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread,
-    ThreadExit, Writer,
+    Arch, Backend, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot, Summary,
+    Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -113,6 +113,14 @@ pub trait Output {
     /// The running counts, after every tick and flush: a live view shows the cost as
     /// it goes (the file has it once, in the summary).
     fn progress(&mut self, _progress: &Progress) {}
+    /// Samples the kernel dropped for a thread (written at the end).
+    fn thread_lost(&mut self, _lost: &ThreadLost) -> io::Result<()> {
+        Ok(())
+    }
+    /// The names of the kernel functions the samples' kernel frames fall in.
+    fn kernel_symbols(&mut self, _symbols: &KernelSymbols) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The recording's counts so far, for [`Output::progress`].
@@ -168,6 +176,12 @@ impl<W: io::Write> Output for Writer<W> {
     fn flush(&mut self) -> io::Result<()> {
         Writer::flush(self)
     }
+    fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
+        Writer::thread_lost(self, lost)
+    }
+    fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
+        Writer::kernel_symbols(self, symbols)
+    }
 }
 
 pub struct Recorder<'a> {
@@ -184,11 +198,21 @@ pub struct Recorder<'a> {
     pub ticks: u64,
     pub samples: u64,
     pub lost: u64,
+    /// Per (pid, tid): samples the kernel dropped (perf backend).
+    lost_by_thread: HashMap<(i32, i32), u64>,
     pub missed_deadlines: u64,
     stopped_per_tick: Vec<u64>,
     frames: Vec<u64>,
     encoded: Vec<u8>,
     window: StackWindow,
+    /// Kernel addresses the samples held (named from kallsyms at the end).
+    kernel_addresses: HashSet<u64>,
+    kernel_samples: u64,
+    /// Off-CPU samples written, and the time they stand for.
+    pub off_cpu_samples: u64,
+    pub off_cpu_ns: u64,
+    /// perf backend: whether kernel stacks are recorded, or why not.
+    pub kernel_stacks: Option<Result<(), String>>,
     /// Module maps may be refreshed from /proc (not for VM guests).
     use_proc: bool,
     /// The sampled code's architecture (set with the meta record).
@@ -219,11 +243,17 @@ impl<'a> Recorder<'a> {
             ticks: 0,
             samples: 0,
             lost: 0,
+            lost_by_thread: HashMap::new(),
             missed_deadlines: 0,
             stopped_per_tick: Vec::new(),
             frames: Vec::with_capacity(args.max_depth as usize + 1),
             encoded: Vec::new(),
             window: StackWindow::new(),
+            kernel_addresses: HashSet::new(),
+            kernel_samples: 0,
+            off_cpu_samples: 0,
+            off_cpu_ns: 0,
+            kernel_stacks: None,
             use_proc: true,
             arch: Arch::host(),
             jitdumps_mapped: Vec::new(),
@@ -488,6 +518,26 @@ impl<'a> Recorder<'a> {
         })
     }
 
+    /// The kernel dropped `count` samples, said with `tid`'s next record.
+    pub fn lost_by(&mut self, pid: i32, tid: i32, count: u64) {
+        self.lost += count;
+        *self.lost_by_thread.entry((pid, tid)).or_insert(0) += count;
+    }
+
+    /// Samples lost per thread, most first: (pid, tid, thread name, count).
+    pub fn lost_by_thread(&self) -> Vec<(i32, i32, String, u64)> {
+        let mut lost: Vec<_> = self
+            .lost_by_thread
+            .iter()
+            .map(|(&(pid, tid), &count)| {
+                let name = self.thread_names.get(&tid).cloned().unwrap_or_default();
+                (pid, tid, name, count)
+            })
+            .collect();
+        lost.sort_by(|a, b| b.3.cmp(&a.3).then(a.1.cmp(&b.1)));
+        lost
+    }
+
     pub fn tick(&mut self, stopped_ns: u64) {
         self.ticks += 1;
         self.stopped_per_tick.push(stopped_ns);
@@ -536,8 +586,122 @@ impl<'a> Recorder<'a> {
         regs: UnwindRegs,
         stack: &[u8],
     ) -> io::Result<usize> {
+        self.stack_sample_with_kernel(pid, tid, time_ns, stopped_ns, state_flags, regs, stack, &[])
+    }
+
+    /// [`Recorder::stack_sample`] with the kernel's frames of the sample (innermost
+    /// first), which go before the user frames (`--capture raw` keeps none).
+    #[allow(clippy::too_many_arguments)]
+    pub fn stack_sample_with_kernel(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        state_flags: u8,
+        regs: UnwindRegs,
+        stack: &[u8],
+        kernel: &[u64],
+    ) -> io::Result<usize> {
         let mut frames = std::mem::take(&mut self.frames);
         frames.clear();
+        if self.args.capture == CaptureMode::Frames {
+            self.note_kernel_frames(kernel);
+            frames.extend_from_slice(kernel);
+        }
+        let (truncated, wanted) = self.unwind_into(pid, regs, stack, &mut frames);
+        let flags = state_flags
+            | if truncated {
+                glass_format::SAMPLE_TRUNCATED
+            } else {
+                0
+            };
+        let result = match self.args.capture {
+            CaptureMode::Frames => {
+                self.frames_sample(pid, tid, time_ns, stopped_ns, flags, &frames)
+            }
+            CaptureMode::Raw => self.raw_sample(
+                pid,
+                tid,
+                time_ns,
+                stopped_ns,
+                state_flags,
+                regs,
+                stack,
+                &frames,
+            ),
+        };
+        self.frames = frames;
+        result.map(|()| wanted)
+    }
+
+    /// Keeps the kernel addresses samples hold, to name them when the recording ends.
+    fn note_kernel_frames(&mut self, kernel: &[u64]) {
+        if !kernel.is_empty() {
+            self.kernel_samples += 1;
+            self.kernel_addresses.extend(kernel);
+        }
+    }
+
+    /// Samples that held kernel frames.
+    pub fn kernel_samples(&self) -> u64 {
+        self.kernel_samples
+    }
+
+    /// Unwinds a blocked thread's stack (kernel frames first) into `frames`, for an
+    /// off-CPU sample written when the block's length is known; returns the flags.
+    pub fn unwind_blocked(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        stack: &[u8],
+        kernel: &[u64],
+        frames: &mut Vec<u64>,
+    ) -> u8 {
+        frames.clear();
+        self.note_kernel_frames(kernel);
+        frames.extend_from_slice(kernel);
+        let (truncated, _) = self.unwind_into(pid, regs, stack, frames);
+        glass_format::SAMPLE_OFF_CPU
+            | if truncated {
+                glass_format::SAMPLE_TRUNCATED
+            } else {
+                0
+            }
+    }
+
+    /// An off-CPU sample: `frames` blocked for `blocked_ns` from `time_ns` (written as
+    /// several samples when that does not fit the record's 32-bit field).
+    pub fn off_cpu_sample(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        blocked_ns: u64,
+        flags: u8,
+        frames: &[u64],
+    ) -> io::Result<()> {
+        let (mut at, mut left) = (time_ns, blocked_ns);
+        while left > 0 {
+            let part = left.min(u32::MAX as u64);
+            self.frames_sample(pid, tid, at, part as u32, flags, frames)?;
+            self.off_cpu_ns += part;
+            self.off_cpu_samples += 1;
+            at += part;
+            left -= part;
+        }
+        Ok(())
+    }
+
+    /// Unwinds the user stack copy after whatever `frames` holds; returns whether the
+    /// walk was truncated and how many bytes of stack it wanted.
+    fn unwind_into(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        stack: &[u8],
+        frames: &mut Vec<u64>,
+    ) -> (bool, usize) {
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
@@ -556,88 +720,89 @@ impl<'a> Recorder<'a> {
                     regs,
                     &mut |address| copy.word(address),
                     max_depth,
-                    &mut frames,
+                    frames,
                     &|a, b| unwinder.same_function(a, b),
                 )
             }
             UnwindMode::Fp => {
                 self.window.fill(&mut copy, regs.sp);
-                walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, &mut frames)
+                walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, frames)
             }
-            UnwindMode::Auto | UnwindMode::Dwarf => space.unwinder.walk(
-                regs,
-                &mut |address| copy.word(address),
-                max_depth,
-                &mut frames,
-            ),
-        };
-        let wanted = (copy.high_water - regs.sp) as usize;
-        let flags = state_flags
-            | if end.is_truncated() {
-                glass_format::SAMPLE_TRUNCATED
-            } else {
-                0
-            };
-        let result = match self.args.capture {
-            CaptureMode::Frames => {
-                self.frames_sample(pid, tid, time_ns, stopped_ns, flags, &frames)
-            }
-            CaptureMode::Raw => {
-                // The unwind above only told which modules the stack touches.
-                self.check_modules(pid, &frames)?;
-                // Unwind again as the report will (CFI, frame pointers as fallback),
-                // noting every stack word it reads: those are kept verbatim, so the
-                // report's unwind of the compacted copy gives exactly these frames.
-                let mut read_words = std::mem::take(&mut self.read_words);
-                read_words.clear();
-                let space = self.space(pid);
-                let mut scratch = Vec::new();
-                let sp = regs.sp;
-                space.unwinder.walk(
-                    regs,
-                    &mut |address| {
-                        let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
-                        let word = stack.get(offset..offset.checked_add(8)?)?;
-                        read_words.push(offset / 8);
-                        if offset % 8 != 0 {
-                            read_words.push(offset / 8 + 1);
-                        }
-                        Some(u64::from_le_bytes(word.try_into().ok()?))
-                    },
-                    max_depth,
-                    &mut scratch,
-                );
-                read_words.sort_unstable();
-                read_words.dedup();
-                let space = &self.spaces[&pid];
-                let mut encoded = std::mem::take(&mut self.encoded);
-                encoded.clear();
-                compact(
-                    stack,
-                    regs.sp,
-                    &|value| space.contains(value),
-                    &read_words,
-                    &mut encoded,
-                );
-                self.read_words = read_words;
-                let written = self.writer.snapshot(&Snapshot {
-                    time_ns,
-                    pid: pid as u32,
-                    tid: tid as u32,
-                    stopped_ns,
-                    flags: state_flags,
-                    ip: regs.ip,
-                    sp: regs.sp,
-                    fp: regs.fp,
-                    lr: regs.lr,
-                    stack: std::mem::take(&mut encoded),
-                });
-                self.samples += 1;
-                written.and_then(|()| self.flush_if_due())
+            UnwindMode::Auto | UnwindMode::Dwarf => {
+                space
+                    .unwinder
+                    .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
-        self.frames = frames;
-        result.map(|()| wanted)
+        (end.is_truncated(), (copy.high_water - regs.sp) as usize)
+    }
+
+    /// A `--capture raw` sample: the registers and the compacted stack (`frames`, the
+    /// unwind just made, tells which modules the stack touches).
+    #[allow(clippy::too_many_arguments)]
+    fn raw_sample(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        time_ns: u64,
+        stopped_ns: u32,
+        state_flags: u8,
+        regs: UnwindRegs,
+        stack: &[u8],
+        frames: &[u64],
+    ) -> io::Result<()> {
+        let max_depth = self.args.max_depth as usize;
+        // The unwind above only told which modules the stack touches.
+        self.check_modules(pid, frames)?;
+        // Unwind again as the report will (CFI, frame pointers as fallback),
+        // noting every stack word it reads: those are kept verbatim, so the
+        // report's unwind of the compacted copy gives exactly these frames.
+        let mut read_words = std::mem::take(&mut self.read_words);
+        read_words.clear();
+        let space = self.space(pid);
+        let mut scratch = Vec::new();
+        let sp = regs.sp;
+        space.unwinder.walk(
+            regs,
+            &mut |address| {
+                let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
+                let word = stack.get(offset..offset.checked_add(8)?)?;
+                read_words.push(offset / 8);
+                if offset % 8 != 0 {
+                    read_words.push(offset / 8 + 1);
+                }
+                Some(u64::from_le_bytes(word.try_into().ok()?))
+            },
+            max_depth,
+            &mut scratch,
+        );
+        read_words.sort_unstable();
+        read_words.dedup();
+        let space = &self.spaces[&pid];
+        let mut encoded = std::mem::take(&mut self.encoded);
+        encoded.clear();
+        compact(
+            stack,
+            regs.sp,
+            &|value| space.contains(value),
+            &read_words,
+            &mut encoded,
+        );
+        self.read_words = read_words;
+        let written = self.writer.snapshot(&Snapshot {
+            time_ns,
+            pid: pid as u32,
+            tid: tid as u32,
+            stopped_ns,
+            flags: state_flags,
+            ip: regs.ip,
+            sp: regs.sp,
+            fp: regs.fp,
+            lr: regs.lr,
+            stack: std::mem::take(&mut encoded),
+        });
+        self.samples += 1;
+        written.and_then(|()| self.flush_if_due())
     }
 
     /// Re-reads the module map (rate limited) when a sample holds an address outside
@@ -648,7 +813,10 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         let space = self.space(pid);
-        if frames.iter().all(|&a| space.contains(a)) {
+        if frames
+            .iter()
+            .all(|&a| space.contains(a) || glass_format::is_kernel_address(a))
+        {
             return Ok(());
         }
         if space
@@ -708,6 +876,18 @@ impl<'a> Recorder<'a> {
     /// Writes the copies of the JIT files, the summary and the end marker.
     pub fn finish(&mut self, summary: &Summary) -> io::Result<()> {
         self.keep_jit_files()?;
+        if !self.kernel_addresses.is_empty() {
+            let addresses: Vec<u64> = self.kernel_addresses.iter().copied().collect();
+            self.writer
+                .kernel_symbols(&glass_target::perf::kernel_symbols(&addresses))?;
+        }
+        for (pid, tid, _, count) in self.lost_by_thread() {
+            self.writer.thread_lost(&ThreadLost {
+                pid: pid as u32,
+                tid: tid as u32,
+                count,
+            })?;
+        }
         self.writer.summary(summary)?;
         self.writer.end()
     }

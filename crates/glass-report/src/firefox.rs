@@ -42,6 +42,9 @@ impl Exporter for Firefox {
         let firmware = profile.add_subcategory(guest_category, "firmware");
         let jit: CategoryPairHandle = profile.add_category("JIT", CategoryColor::Green).into();
         let other: CategoryPairHandle = profile.add_category("glass", CategoryColor::Gray).into();
+        let off_cpu: CategoryPairHandle = profile
+            .add_category("Off-CPU", CategoryColor::LightBlue)
+            .into();
         let category = |c: Category| match c {
             Category::User => user,
             Category::Kernel => kernel,
@@ -50,6 +53,7 @@ impl Exporter for Firefox {
             Category::GuestFirmware => firmware,
             Category::Jit => jit,
             Category::Other => other,
+            Category::OffCpu => off_cpu,
         };
 
         let mut processes = HashMap::new();

@@ -108,3 +108,7 @@ pub const UNKNOWN_FRAME: &str = "[unknown]";
 pub const HALTED_FRAME: &str = "[halted]";
 /// The only frame of a vCPU sampled before it ran the guest image.
 pub const FIRMWARE_FRAME: &str = "[firmware]";
+/// The root of the stacks of time spent blocked (perf backend, `--off-cpu`).
+pub const OFF_CPU_FRAME: &str = "[off-cpu]";
+/// The module the kernel's frames are shown in (as perf names it).
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";

@@ -14,12 +14,15 @@ use std::collections::HashMap;
 // keys are the recording's own, not an attacker's).
 use rustc_hash::FxHashMap;
 
-use glass_format::{Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED};
+use glass_format::{
+    is_kernel_address, Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_OFF_CPU, SAMPLE_TRUNCATED,
+};
 use glass_symbols::{ModuleRef, Symbolizer};
 
 use crate::calltrace::CallTrace;
 use crate::modules::ModuleTimeline;
-use crate::{FIRMWARE_FRAME, HALTED_FRAME, TRUNCATED_FRAME, UNKNOWN_FRAME};
+use crate::UNKNOWN_FRAME;
+use crate::{FIRMWARE_FRAME, HALTED_FRAME, KERNEL_MODULE, OFF_CPU_FRAME, TRUNCATED_FRAME};
 
 pub type StringIndex = u32;
 pub type ModuleIndex = u32;
@@ -70,6 +73,8 @@ pub enum FrameKind {
     Halted,
     /// The only frame of a vCPU sampled in its firmware (`[firmware]`).
     Firmware,
+    /// The root of a stack where a thread blocked (`[off-cpu]`).
+    OffCpu,
 }
 
 /// Where a frame's code runs, for the Firefox Profiler's categories.
@@ -87,6 +92,8 @@ pub enum Category {
     Jit,
     /// Frames glass adds (`[truncated]`, `[unknown]`).
     Other,
+    /// Time blocked (`[off-cpu]` and the stacks under it).
+    OffCpu,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +206,9 @@ pub struct Model {
     pub samples: u64,
     /// Samples whose stack walk ended early.
     pub truncated_samples: u64,
+    /// Nanoseconds of the off-CPU samples (`--off-cpu`), and the sample weight they make.
+    pub off_cpu_ns: u64,
+    pub off_cpu_weight: u64,
     /// The module of each function, the first seen (for the top table).
     pub function_modules: HashMap<String, String>,
     pub warnings: Vec<String>,
@@ -250,6 +260,8 @@ impl Model {
             end: 0,
             samples: 0,
             truncated_samples: 0,
+            off_cpu_ns: 0,
+            off_cpu_weight: 0,
             function_modules: HashMap::new(),
             warnings: Vec::new(),
             calls: None,
@@ -388,6 +400,13 @@ impl Model {
         };
         let unwound = crate::raw::unwind_snapshots(recording);
         let mut frames: Vec<FrameIndex> = Vec::with_capacity(64);
+        // Kernel frames are named from the symbols the recording kept, in a module of
+        // their own (made at the first kernel frame: the program's stays the first).
+        let has_kernel_symbols = !recording.kernel_symbols.symbols.is_empty();
+        let mut kernel_module: Option<ModuleIndex> = None;
+        // Per thread, the blocked time already turned into whole samples: an off-CPU
+        // sample weighs its time in sampling periods, carried so short blocks add up.
+        let mut off_cpu_carry: HashMap<u32, u64> = HashMap::new();
         for sample in recording.samples.iter().chain(&unwound) {
             if options.tid.is_some_and(|tid| tid != sample.tid)
                 || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
@@ -413,6 +432,14 @@ impl Model {
                 .get(&sample.tid)
                 .map_or("thread", String::as_str);
             let thread_name = model.strings.intern(thread_name);
+            let off_cpu = sample.flags & SAMPLE_OFF_CPU != 0;
+            if off_cpu {
+                frames.push(model.special_frame(
+                    FrameKind::OffCpu,
+                    OFF_CPU_FRAME,
+                    Category::OffCpu,
+                ));
+            }
             if sample.flags & SAMPLE_TRUNCATED != 0 {
                 model.truncated_samples += 1;
                 frames.push(model.special_frame(
@@ -436,6 +463,48 @@ impl Model {
             // Outermost frame first.
             for (index, &address) in addresses.iter().enumerate().rev() {
                 let is_return = index > 0;
+                let lookup = if is_return {
+                    address.saturating_sub(1)
+                } else {
+                    address
+                };
+                let symbol = (has_kernel_symbols && is_kernel_address(address))
+                    .then(|| recording.kernel_symbols.find(lookup))
+                    .flatten();
+                if let Some(symbol) = symbol {
+                    let module = *kernel_module.get_or_insert_with(|| {
+                        model.intern_module(&glass_format::Module {
+                            time_ns: 0,
+                            pid: 0,
+                            start: 0xffff_8000_0000_0000,
+                            end: u64::MAX,
+                            file_offset: 0,
+                            build_id: Vec::new(),
+                            path: KERNEL_MODULE.into(),
+                        })
+                    });
+                    // `_[k]`: the folded-stack convention for kernel frames.
+                    let name = if symbol.module.is_empty() {
+                        format!("{}_[k]", symbol.name)
+                    } else {
+                        format!("{} [{}]_[k]", symbol.name, symbol.module)
+                    };
+                    if !model.function_modules.contains_key(&name) {
+                        model
+                            .function_modules
+                            .insert(name.clone(), KERNEL_MODULE.to_string());
+                    }
+                    let function = model.strings.intern(&name);
+                    frames.push(model.intern_frame(FrameRow {
+                        kind: FrameKind::Code,
+                        module: Some(module),
+                        address: lookup,
+                        function,
+                        inline_depth: 0,
+                        category: Category::Kernel,
+                    }));
+                    continue;
+                }
                 match timeline.find(sample.pid, sample.time_ns, address) {
                     Some(module) => {
                         // An address of a module is symbolized and interned once.
@@ -523,11 +592,23 @@ impl Model {
                     });
                     model.threads.len() - 1
                 });
+            let (weight, cost) = if off_cpu {
+                let blocked = u64::from(sample.stopped_ns);
+                let carry = off_cpu_carry.entry(sample.tid).or_insert(0);
+                let period = model.period.max(1);
+                let weight = (*carry + blocked) / period - *carry / period;
+                *carry += blocked;
+                model.off_cpu_ns += blocked;
+                model.off_cpu_weight += weight;
+                (weight, blocked)
+            } else {
+                (1, model.period)
+            };
             model.threads[row].samples.push(SampleRow {
                 time: sample.time_ns,
                 stack,
-                weight: 1,
-                cost: model.period,
+                weight,
+                cost,
             });
             model.end = model.end.max(sample.time_ns);
             model.samples += 1;

@@ -44,6 +44,9 @@ pub struct Profile {
     pub samples: u64,
     /// Samples whose stack walk ended early.
     pub truncated_samples: u64,
+    /// Time blocked (`--off-cpu` recordings), and the samples' worth it is counted as.
+    pub off_cpu_ns: u64,
+    pub off_cpu_weight: u64,
     /// How many frames at the root of every stack are the process (and thread) names
     /// rather than functions.
     pub context_frames: usize,
@@ -112,6 +115,8 @@ impl Profile {
                 .map(|s| s.weight)
                 .sum(),
             truncated_samples: model.truncated_samples,
+            off_cpu_ns: model.off_cpu_ns,
+            off_cpu_weight: model.off_cpu_weight,
             context_frames: if split_threads { 2 } else { 1 },
             function_modules: model.function_modules.clone(),
             threads: model.thread_names(),

@@ -88,6 +88,15 @@ pub fn write_top(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     writeln!(out, "{header}")?;
+    if profile.off_cpu_ns > 0 {
+        let on_cpu = profile.samples - profile.off_cpu_weight;
+        writeln!(
+            out,
+            "on-CPU: {on_cpu} samples; off-CPU: {:.3} s blocked, weighed as {} samples (under [off-cpu])",
+            profile.off_cpu_ns as f64 / 1e9,
+            profile.off_cpu_weight
+        )?;
+    }
     if profile.truncated_samples > 0 {
         writeln!(
             out,

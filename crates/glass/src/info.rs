@@ -147,11 +147,39 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 us(s.stopped_total_ns)
             );
             println!("             lost samples {}", s.lost_samples);
+            if !recording.thread_lost.is_empty() {
+                let by_thread: Vec<String> = recording
+                    .thread_lost
+                    .iter()
+                    .map(|l| format!("tid {} {}", l.tid, l.count))
+                    .collect();
+                println!("             lost by thread: {}", by_thread.join(", "));
+            }
             if s.exit_status >= 0 {
                 println!("exit status: {}", s.exit_status);
             }
         }
         None => println!("cost:        not recorded (the recorder did not finish the file)"),
+    }
+    let kernel = &recording.kernel_symbols.symbols;
+    if !kernel.is_empty() {
+        let off_cpu = recording
+            .samples
+            .iter()
+            .filter(|s| s.flags & glass_format::SAMPLE_OFF_CPU != 0);
+        let (count, ns) = off_cpu.fold((0u64, 0u64), |(n, t), s| (n + 1, t + s.stopped_ns as u64));
+        println!(
+            "kernel:      {} kernel functions named (kept from /proc/kallsyms){}",
+            kernel.len(),
+            if count > 0 {
+                format!(
+                    "; off-CPU {count} samples, {:.3} s blocked",
+                    ns as f64 / 1e9
+                )
+            } else {
+                String::new()
+            }
+        );
     }
     cfi_info(&recording);
     Ok(())

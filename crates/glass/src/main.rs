@@ -149,6 +149,23 @@ pub struct RecordArgs {
     /// 262144); each thread's or vCPU's copy is sized from what its last walk needed
     #[arg(long, value_parser = parse_stack_size)]
     pub stack_size: Option<u32>,
+    /// perf backend: ring buffer KiB per CPU (a power of two). Default: enough for half a
+    /// second of samples at the rate and stack size (perf's -m)
+    #[arg(long, value_name = "KIB", value_parser = parse_ring_kib)]
+    pub ring_kib: Option<u32>,
+    /// perf backend: record the kernel's frames of each sample under the user stack,
+    /// named from /proc/kallsyms (the default where perf_event_paranoid and privileges
+    /// allow; the summary says whether they were recorded, and why not)
+    #[arg(long, overrides_with = "no_kernel")]
+    pub kernel: bool,
+    /// perf backend: no kernel frames
+    #[arg(long, overrides_with = "kernel")]
+    pub no_kernel: bool,
+    /// perf backend: also record where threads block and for how long (a sample at each
+    /// switch off the CPU, weighted by the time until the thread runs again; reports
+    /// show it under `[off-cpu]`). Needs kernel sampling
+    #[arg(long)]
+    pub off_cpu: bool,
     /// VM guests: leave out samples of vCPUs halted in the guest's idle loop (`hlt`;
     /// Xen: blocked in SCHEDOP_block/poll)
     #[arg(long)]
@@ -159,6 +176,15 @@ pub struct RecordArgs {
     /// The command to launch and sample
     #[arg(last = true, required_unless_present_any = ["pid", "gdb", "xen"])]
     pub command: Vec<String>,
+}
+
+/// A power of two from 4 KiB (a page) to 1 GiB.
+fn parse_ring_kib(text: &str) -> Result<u32, String> {
+    let kib: u32 = text.parse().map_err(|_| format!("not a number: {text}"))?;
+    if !(4..=1 << 20).contains(&kib) || !kib.is_power_of_two() {
+        return Err("must be a power of two between 4 and 1048576".to_string());
+    }
+    Ok(kib)
 }
 
 /// A multiple of 8 (the kernel's requirement for perf; words for the others), at most

@@ -33,6 +33,8 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
     let recorded = glass_record::record(&options, &mut notes)?;
     if !args.quiet {
         print_summary(args, Some(&args.output), &recorded);
+        print_lost(&recorded.lost_by_thread);
+        print_kernel(&recorded);
     }
     Ok(recorded.exit_status)
 }
@@ -57,9 +59,60 @@ pub fn options(args: &RecordArgs) -> RecordOptions {
         unwind: args.unwind,
         capture: args.capture,
         stack_size: args.stack_size,
+        ring_kib: args.ring_kib,
+        kernel: if args.no_kernel {
+            Some(false)
+        } else if args.kernel {
+            Some(true)
+        } else {
+            None
+        },
+        off_cpu: args.off_cpu,
         no_idle: args.no_idle,
         command: args.command.clone(),
     }
+}
+
+/// Whether kernel stacks (and off-CPU time) were recorded, and why not.
+fn print_kernel(recorded: &glass_record::Recorded) {
+    match &recorded.kernel_stacks {
+        None => {}
+        Some(Ok(samples)) => eprintln!(
+            "glass: kernel stacks recorded: {samples} samples with kernel frames (named from /proc/kallsyms, kept in the recording)"
+        ),
+        Some(Err(why)) => eprintln!("glass: kernel stacks not recorded: {why}"),
+    }
+    if recorded.off_cpu_samples > 0 {
+        let on_cpu = recorded.summary.samples - recorded.off_cpu_samples;
+        eprintln!(
+            "glass: off-CPU: {:.3} s blocked in {} samples; on-CPU: {on_cpu} samples (about {:.3} s at {} Hz)",
+            recorded.off_cpu_ns as f64 / 1e9,
+            recorded.off_cpu_samples,
+            on_cpu as f64 / recorded.frequency.max(1) as f64,
+            recorded.frequency
+        );
+    }
+}
+
+/// Which threads the kernel dropped samples of (the ten that lost most).
+fn print_lost(lost: &[(i32, i32, String, u64)]) {
+    if lost.is_empty() {
+        return;
+    }
+    let shown: Vec<String> = lost
+        .iter()
+        .take(10)
+        .map(|(_, tid, name, count)| format!("{name}/{tid} {count}"))
+        .collect();
+    let more = if lost.len() > 10 {
+        format!(", {} more threads", lost.len() - 10)
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "glass: lost samples by thread (the ring was full; as the kernel counted): {}{more}",
+        shown.join(", ")
+    );
 }
 
 /// What the recording cost and how it ended, on stderr; `output`: the file written.

@@ -247,7 +247,13 @@ fn browser(modules: &Path, args: &[&str]) -> serde_json::Value {
 /// `go tool pprof -top` rows: name (without " (inline)") -> (flat%, cum%).
 fn pprof_top(file: &Path, extra: &[&str]) -> BTreeMap<String, (f64, f64)> {
     let output = Command::new("go")
-        .args(["tool", "pprof", "-top", "-nodecount=100000"])
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-nodecount=100000",
+            "-nodefraction=0",
+        ])
         .args(extra)
         .arg(file)
         .env("HOME", recordings().dir.join("home"))

@@ -153,3 +153,40 @@ pub use attached::*;
 mod guest_vm;
 #[allow(unused_imports)]
 pub use guest_vm::*;
+
+/// Lets `nobody` reach `dir` (every directory above it searchable) and write in it, for
+/// tests that run glass as an unprivileged user.
+pub fn open_to_nobody(dir: &Path) {
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(dir)
+        .status();
+    let mut parent = dir.parent();
+    while let Some(p) = parent {
+        let _ = Command::new("chmod").arg("a+x").arg(p).status();
+        parent = p.parent();
+    }
+}
+
+/// `glass ARGS` as the user `nobody`.
+pub fn glass_as_nobody(args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--reset-env",
+        ])
+        .arg(GLASS)
+        .args(args)
+        .output()
+        .expect("setpriv runs")
+}
+
+/// The machine's perf_event_paranoid level (2, the kernel's default, if unreadable).
+pub fn perf_event_paranoid() -> i32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(2)
+}
