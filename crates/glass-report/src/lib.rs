@@ -112,3 +112,13 @@ pub const FIRMWARE_FRAME: &str = "[firmware]";
 pub const OFF_CPU_FRAME: &str = "[off-cpu]";
 /// The module the kernel's frames are shown in (as perf names it).
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+
+/// How a kernel frame is named in every report and in `glass top`: `_[k]` is the
+/// folded-stack convention for kernel frames (flame graphs colour them apart).
+pub fn kernel_frame_name(symbol: &glass_format::KernelSymbol) -> String {
+    if symbol.module.is_empty() {
+        format!("{}_[k]", symbol.name)
+    } else {
+        format!("{} [{}]_[k]", symbol.name, symbol.module)
+    }
+}

@@ -483,12 +483,7 @@ impl Model {
                             path: KERNEL_MODULE.into(),
                         })
                     });
-                    // `_[k]`: the folded-stack convention for kernel frames.
-                    let name = if symbol.module.is_empty() {
-                        format!("{}_[k]", symbol.name)
-                    } else {
-                        format!("{} [{}]_[k]", symbol.name, symbol.module)
-                    };
+                    let name = crate::kernel_frame_name(symbol);
                     if !model.function_modules.contains_key(&name) {
                         model
                             .function_modules

@@ -865,6 +865,37 @@ pub fn kernel_symbols(addresses: &[u64]) -> glass_format::KernelSymbols {
     let Ok(text) = std::fs::read_to_string("/proc/kallsyms") else {
         return Default::default();
     };
+    let table = kallsyms_text_symbols(&text);
+    let mut hit: Vec<usize> = addresses
+        .iter()
+        .filter_map(|&address| table.partition_point(|s| s.0 <= address).checked_sub(1))
+        .collect();
+    hit.sort_unstable();
+    hit.dedup();
+    let symbols = hit
+        .into_iter()
+        .map(|index| kernel_symbol(&table, index))
+        .collect();
+    glass_format::KernelSymbols { symbols }
+}
+
+/// Every text symbol of `/proc/kallsyms`, for a live view that names kernel frames as
+/// they come (empty where it cannot be read).
+pub fn all_kernel_symbols() -> glass_format::KernelSymbols {
+    let Ok(text) = std::fs::read_to_string("/proc/kallsyms") else {
+        return Default::default();
+    };
+    let table = kallsyms_text_symbols(&text);
+    let mut symbols: Vec<glass_format::KernelSymbol> = (0..table.len())
+        .map(|index| kernel_symbol(&table, index))
+        .collect();
+    // Aliases share a start; the first name stays.
+    symbols.dedup_by_key(|s| s.start);
+    glass_format::KernelSymbols { symbols }
+}
+
+/// kallsyms' text symbols as (address, name, module), sorted by address.
+fn kallsyms_text_symbols(text: &str) -> Vec<(u64, &str, &str)> {
     let mut table: Vec<(u64, &str, &str)> = text
         .lines()
         .filter_map(|line| {
@@ -880,29 +911,21 @@ pub fn kernel_symbols(addresses: &[u64]) -> glass_format::KernelSymbols {
         .filter(|(address, _, _)| *address != 0)
         .collect();
     table.sort_by_key(|(address, _, _)| *address);
-    let mut hit: Vec<usize> = addresses
+    table
+}
+
+fn kernel_symbol(table: &[(u64, &str, &str)], index: usize) -> glass_format::KernelSymbol {
+    let (start, name, module) = table[index];
+    // The next symbol at a higher address ends this one (aliases share starts).
+    let end = table[index..]
         .iter()
-        .filter_map(|&address| table.partition_point(|s| s.0 <= address).checked_sub(1))
-        .collect();
-    hit.sort_unstable();
-    hit.dedup();
-    let symbols = hit
-        .into_iter()
-        .map(|index| {
-            let (start, name, module) = table[index];
-            // The next symbol at a higher address ends this one (aliases share starts).
-            let end = table[index..]
-                .iter()
-                .map(|s| s.0)
-                .find(|&a| a > start)
-                .unwrap_or(start + 4096);
-            glass_format::KernelSymbol {
-                start,
-                len: end - start,
-                name: name.to_string(),
-                module: module.to_string(),
-            }
-        })
-        .collect();
-    glass_format::KernelSymbols { symbols }
+        .map(|s| s.0)
+        .find(|&a| a > start)
+        .unwrap_or(start + 4096);
+    glass_format::KernelSymbol {
+        start,
+        len: end - start,
+        name: name.to_string(),
+        module: module.to_string(),
+    }
 }

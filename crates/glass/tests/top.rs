@@ -777,3 +777,54 @@ fn vm_guest_per_vcpu_and_quit_ends_qemu() {
     let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
     assert!(stderr.contains("VM shut down"), "{stderr}");
 }
+
+#[test]
+fn kernel_frames_are_named_live_and_off_cpu_is_refused() {
+    let _exclusive = exclusive();
+    let dir = scratch("top_kernel");
+    let binary = compile(&dir, "kernel/syscalls.c", "syscalls", &[]);
+    // The perf backend takes the kernel's callchain where permitted (root, as in CI):
+    // the view names those frames from /proc/kallsyms as they come.
+    let output = glass(&[
+        "top",
+        "--batch",
+        "--window",
+        "60",
+        "--backend",
+        "perf",
+        "--",
+        binary.to_str().unwrap(),
+        "400",
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}\n{text}", stderr(&output));
+    let last = text.rsplit("glass top: ").next().unwrap();
+    let table = rows(last);
+    let kernel: Vec<&Row> = table
+        .iter()
+        .filter(|r| r.function.ends_with("_[k]"))
+        .collect();
+    assert!(
+        !kernel.is_empty() && last.contains("[kernel.kallsyms]"),
+        "no kernel frames: {last}"
+    );
+    // Every kernel frame lies under the read system call of kernel_part.
+    let kernel_part = table
+        .iter()
+        .find(|r| r.function == "kernel_part")
+        .unwrap_or_else(|| panic!("{last}"));
+    assert!(kernel_part.total_share > 5.0, "{last}");
+    for row in &kernel {
+        assert!(
+            row.total_share <= kernel_part.total_share + 0.01,
+            "{} outside kernel_part: {last}",
+            row.function
+        );
+    }
+    assert!(
+        !table.iter().any(|r| r.function == "[unknown]"),
+        "unnamed frames: {last}"
+    );
+    let output = glass(&["top", "--batch", "--off-cpu", "--", "true"]);
+    assert_clean_failure(&output, 2, "--off-cpu is for glass record");
+}

@@ -292,6 +292,7 @@ pub struct Live {
     latest_at: Instant,
     ended: bool,
     unknown: FunctionId,
+    kernel_symbols: Option<glass_format::KernelSymbols>,
     halted: FunctionId,
     firmware: FunctionId,
 }
@@ -316,6 +317,7 @@ impl Live {
             latest_at: Instant::now(),
             ended: false,
             unknown: 0,
+            kernel_symbols: None,
             halted: 0,
             firmware: 0,
         };
@@ -421,6 +423,9 @@ impl Live {
 
     /// The functions at `address` of process `pid`, outermost first.
     fn name(&mut self, pid: u32, address: u64, is_return: bool) -> Rc<[FunctionId]> {
+        if glass_format::is_kernel_address(address) {
+            return self.kernel_name(address, is_return);
+        }
         let Some(module) = self.module_of(pid, address) else {
             return Rc::from([self.unknown]);
         };
@@ -443,6 +448,27 @@ impl Live {
             .collect();
         self.names.insert((module, address, is_return), ids.clone());
         ids
+    }
+
+    /// A kernel frame (the perf backend's callchain), named from /proc/kallsyms, read
+    /// once at the first one.
+    fn kernel_name(&mut self, address: u64, is_return: bool) -> Rc<[FunctionId]> {
+        let lookup = if is_return {
+            address.saturating_sub(1)
+        } else {
+            address
+        };
+        let kernel = self
+            .kernel_symbols
+            .get_or_insert_with(glass_target::perf::all_kernel_symbols);
+        let id = match kernel.find(lookup) {
+            Some(symbol) => {
+                let name = glass_report::kernel_frame_name(symbol);
+                self.function(&name, glass_report::KERNEL_MODULE)
+            }
+            None => self.unknown,
+        };
+        Rc::from([id])
     }
 
     fn add_sample(&mut self, sample: &Sample) {
