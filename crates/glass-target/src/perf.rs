@@ -906,3 +906,54 @@ pub fn kernel_symbols(addresses: &[u64]) -> glass_format::KernelSymbols {
         .collect();
     glass_format::KernelSymbols { symbols }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_hold_half_a_second_of_samples_and_wake_before_a_quarter() {
+        for (hz, stack) in [
+            (99, 16384),
+            (499, 16384),
+            (999, 16384),
+            (999, 65528),
+            (4999, 8192),
+        ] {
+            for (kernel, off_cpu) in [(false, false), (true, false), (true, true)] {
+                let config = PerfConfig {
+                    kernel,
+                    off_cpu,
+                    ..PerfConfig::new(hz, stack, false)
+                };
+                let ring = wanted_ring_bytes(&config);
+                assert!(ring.is_power_of_two());
+                let rate = hz as usize * if off_cpu { 2 } else { 1 };
+                let per_second = rate * config.sample_bytes();
+                if ring < RING_MAX_BYTES {
+                    assert!(ring * 2 >= per_second, "{hz} Hz: {ring} bytes");
+                }
+                let watermark = watermark_for(&config, ring);
+                assert!(watermark <= ring / 4 && watermark >= config.sample_bytes().min(ring / 4));
+                // The wake-up comes at most a tenth of a second of samples in.
+                assert!(
+                    watermark <= (hz as usize * config.sample_bytes()) / 10 + config.sample_bytes()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn callchains_lose_their_context_markers() {
+        let words: Vec<u8> = [
+            b::PERF_CONTEXT_KERNEL as u64,
+            0xffff_ffff_8100_1234,
+            0xffff_ffff_8100_5678,
+        ]
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .collect();
+        let frames: Vec<u64> = kernel_frames(&words).collect();
+        assert_eq!(frames, [0xffff_ffff_8100_1234, 0xffff_ffff_8100_5678]);
+    }
+}
