@@ -944,6 +944,8 @@ mod tests {
     }
 
     #[test]
+    // The bindings' integer type for the markers differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
     fn callchains_lose_their_context_markers() {
         let words: Vec<u8> = [
             b::PERF_CONTEXT_KERNEL as u64,
