@@ -38,7 +38,7 @@ fn kernel_frames_sit_under_the_system_call_wrapper_in_the_right_share() {
         &out,
         999,
         &["--backend", "perf"],
-        &[binary.to_str().unwrap(), "600"],
+        &[binary.to_str().unwrap(), "1500"],
     );
     let err = stderr(&output);
     assert!(err.contains("kernel stacks recorded"), "{err}");
