@@ -622,21 +622,48 @@ pub fn kernel_frames(callchain: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .filter(|&ip| ip < b::PERF_CONTEXT_MAX as u64)
 }
 
-/// Reads back what [`PerfSampler::drain_raw`] copied: whole records, one after another.
+/// Reads back what [`PerfSampler::drain_raw`] copied: whole records, ring after ring,
+/// handed over in time order. Each ring is in order, but a process's records spread over
+/// the rings of the CPUs it ran on: an exec on one CPU and the loader's mappings on
+/// another would otherwise arrive mapping first, and the exec would forget them. Records
+/// of later drains are all later than these (each ring is read after the one before it,
+/// so what a later pass finds was written after this pass read its ring), as perf's
+/// rounds assume too.
 pub fn records(bytes: &[u8], layout: Layout, handle: &mut dyn FnMut(PerfRecord<'_>)) {
+    let mut order: Vec<(u64, usize, usize)> = Vec::new();
     let mut at = 0;
     while let Some(header) = bytes.get(at..at + 8) {
         let kind = u32::from_ne_bytes(header[0..4].try_into().unwrap());
-        let misc = u16::from_ne_bytes(header[4..6].try_into().unwrap());
         let size = u16::from_ne_bytes(header[6..8].try_into().unwrap()) as usize;
         let Some(record) = bytes.get(at..at + size).filter(|_| size >= 8) else {
             break;
         };
+        order.push((record_time(kind, &record[8..], layout), at, size));
+        at += size;
+    }
+    // Stable: records of one time keep their ring's order.
+    order.sort_by_key(|&(time, _, _)| time);
+    for (_, at, size) in order {
+        let record = &bytes[at..at + size];
+        let kind = u32::from_ne_bytes(record[0..4].try_into().unwrap());
+        let misc = u16::from_ne_bytes(record[4..6].try_into().unwrap());
         if let Some(record) = parse(kind, misc, &record[8..], layout) {
             handle(record);
         }
-        at += size;
     }
+}
+
+/// A record's time: a sample's own field, the `sample_id_all` trailer's otherwise.
+fn record_time(kind: u32, body: &[u8], layout: Layout) -> u64 {
+    let at = if kind == b::PERF_RECORD_SAMPLE {
+        // After the identifier (if any) and the pid/tid pair.
+        Some(if layout.identifier { 16 } else { 8 })
+    } else {
+        body.len()
+            .checked_sub(if layout.identifier { 16 } else { 8 })
+    };
+    at.and_then(|at| body.get(at..at + 8))
+        .map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()))
 }
 
 fn copy_wrapped(data: *const u8, len: usize, at: usize, out: &mut [u8]) {
@@ -927,5 +954,102 @@ fn kernel_symbol(table: &[(u64, &str, &str)], index: usize) -> glass_format::Ker
         len: end - start,
         name: name.to_string(),
         module: module.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_hold_half_a_second_of_samples_and_wake_before_a_quarter() {
+        for (hz, stack) in [
+            (99, 16384),
+            (499, 16384),
+            (999, 16384),
+            (999, 65528),
+            (4999, 8192),
+        ] {
+            for (kernel, off_cpu) in [(false, false), (true, false), (true, true)] {
+                let config = PerfConfig {
+                    kernel,
+                    off_cpu,
+                    ..PerfConfig::new(hz, stack, false)
+                };
+                let ring = wanted_ring_bytes(&config);
+                assert!(ring.is_power_of_two());
+                let rate = hz as usize * if off_cpu { 2 } else { 1 };
+                let per_second = rate * config.sample_bytes();
+                if ring < RING_MAX_BYTES {
+                    assert!(ring * 2 >= per_second, "{hz} Hz: {ring} bytes");
+                }
+                let watermark = watermark_for(&config, ring);
+                assert!(watermark <= ring / 4 && watermark >= config.sample_bytes().min(ring / 4));
+                // The wake-up comes at most a tenth of a second of samples in.
+                assert!(
+                    watermark <= (hz as usize * config.sample_bytes()) / 10 + config.sample_bytes()
+                );
+            }
+        }
+    }
+
+    /// A record as the kernel lays it out: header, body, `sample_id_all` trailer.
+    fn record(kind: u32, body: &[u8], pid: u32, time: u64) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let size = 8 + body.len() + 16;
+        bytes.extend(kind.to_ne_bytes());
+        bytes.extend(0u16.to_ne_bytes());
+        bytes.extend((size as u16).to_ne_bytes());
+        bytes.extend(body);
+        bytes.extend(pid.to_ne_bytes());
+        bytes.extend(pid.to_ne_bytes());
+        bytes.extend(time.to_ne_bytes());
+        bytes
+    }
+
+    #[test]
+    fn records_of_the_rings_come_out_in_time_order() {
+        // Ring 0 holds a later exit, ring 1 an earlier fork: the fork comes first.
+        let exit = record(
+            b::PERF_RECORD_EXIT,
+            &[
+                7, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ],
+            7,
+            200,
+        );
+        let fork = record(
+            b::PERF_RECORD_FORK,
+            &[
+                7, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ],
+            7,
+            100,
+        );
+        let bytes = [exit, fork].concat();
+        let mut times = Vec::new();
+        records(&bytes, Layout::default(), &mut |record| match record {
+            PerfRecord::Fork { time_ns, .. } | PerfRecord::Exit { time_ns, .. } => {
+                times.push(time_ns)
+            }
+            _ => panic!("{record:?}"),
+        });
+        assert_eq!(times, [100, 200]);
+    }
+
+    #[test]
+    // The bindings' integer type for the markers differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    fn callchains_lose_their_context_markers() {
+        let words: Vec<u8> = [
+            b::PERF_CONTEXT_KERNEL as u64,
+            0xffff_ffff_8100_1234,
+            0xffff_ffff_8100_5678,
+        ]
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .collect();
+        let frames: Vec<u64> = kernel_frames(&words).collect();
+        assert_eq!(frames, [0xffff_ffff_8100_1234, 0xffff_ffff_8100_5678]);
     }
 }

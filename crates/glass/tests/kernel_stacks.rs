@@ -38,7 +38,7 @@ fn kernel_frames_sit_under_the_system_call_wrapper_in_the_right_share() {
         &out,
         999,
         &["--backend", "perf"],
-        &[binary.to_str().unwrap(), "600"],
+        &[binary.to_str().unwrap(), "1500"],
     );
     let err = stderr(&output);
     assert!(err.contains("kernel stacks recorded"), "{err}");
@@ -314,4 +314,47 @@ fn kernel_options_need_the_perf_backend() {
         assert_clean_failure(&output, 2, &format!("{option} needs the perf backend"));
         assert!(!out.exists());
     }
+}
+
+/// `--off-cpu` on a running process (`--pid`, every thread's events): its blocking shows
+/// under `[off-cpu]` and the function that blocked, and the process runs on.
+#[test]
+fn off_cpu_time_of_a_running_process() {
+    let dir = scratch("kernel_off_cpu_pid");
+    let binary = compile(&dir, "kernel/blocking.c", "blocking", &["-pthread"]);
+    let target = std::process::Command::new(&binary)
+        .arg("150")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = dir.join("pid.glass");
+    let pid = target.id().to_string();
+    let output = glass(&[
+        "record",
+        "--backend",
+        "perf",
+        "--off-cpu",
+        "-F",
+        "499",
+        "-d",
+        "1",
+        "--pid",
+        &pid,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let finished = target.wait_with_output().unwrap();
+    assert!(finished.status.success());
+    let stacks = folded(&out, &[]);
+    let blocked: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.get(1).map(String::as_str) == Some("[off-cpu]"))
+        .filter(|(f, _)| f.iter().any(|f| f == "wait_for_data"))
+        .map(|(_, n)| n)
+        .sum();
+    // The main thread waits at least 10 ms of every ~20 ms round: a quarter of the
+    // second at least, at 499 Hz.
+    assert!(blocked >= 499 / 4, "{blocked}: {stacks:?}");
 }

@@ -89,8 +89,9 @@ fn lost(recording: &glass_format::Recording) -> u64 {
     recording.summary.as_ref().expect("summary").lost_samples
 }
 
-/// The interpreters report their own user CPU time: samples of their process must match
-/// it (a cpu-clock sample every 1/HZ s of CPU time in user mode).
+/// The interpreters report their own CPU time: samples of their process must match it (a
+/// cpu-clock sample every 1/HZ s of CPU time in user mode, and in kernel mode with kernel
+/// stacks).
 fn check_interpreter(name: &str, hz: u32, argv: &[&str], dir: &Path) {
     let out = dir.join(format!("{name}-{hz}.glass"));
     let output = record(&out, hz, &[], &[], argv);
@@ -107,19 +108,24 @@ fn check_interpreter(name: &str, hz: u32, argv: &[&str], dir: &Path) {
         "{}",
         stderr(&output)
     );
-    let user_us: f64 = stdout(&output)
-        .lines()
-        .find_map(|l| l.strip_prefix("user_us "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} printed no CPU time: {}", stdout(&output)));
+    let figure = |name: &str| -> f64 {
+        stdout(&output)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} printed no {name}: {}", stdout(&output)))
+    };
+    // With kernel stacks, kernel-mode time is sampled too.
+    let kernel = stderr(&output).contains("kernel stacks recorded");
+    let cpu_us = figure("user_us") + if kernel { figure("system_us") } else { 0.0 };
     let samples: u64 = by_tid.values().sum();
-    let expected = user_us / 1e6 * hz as f64;
+    let expected = cpu_us / 1e6 * hz as f64;
     let ratio = samples as f64 / expected;
     eprintln!("{name} at {hz} Hz: {samples} samples for {expected:.0} expected ({ratio:.2})");
     assert!(
         (0.8..=1.15).contains(&ratio),
-        "{name} at {hz} Hz: {samples} samples for {:.3} s of user CPU time ({expected:.0} expected)",
-        user_us / 1e6
+        "{name} at {hz} Hz: {samples} samples for {:.3} s of CPU time ({expected:.0} expected)",
+        cpu_us / 1e6
     );
 }
 
