@@ -122,14 +122,25 @@ fn state(pid: i32) -> char {
 /// nginx (tests/fixtures/nginx/nginx.conf) in a directory of its own under /tmp: one
 /// worker, which has served a request, running as nobody.
 struct Nginx {
+    binary: PathBuf,
     prefix: PathBuf,
     master: Child,
     port: u16,
     worker: i32,
+    // Released after the server has stopped (fields drop after `Drop::drop`).
+    _alone: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Nginx {
-    fn start(binary: &Path, name: &str) -> Nginx {
+    /// nginx for the test `name`, the test binary's other tests waiting (each loads the
+    /// two cores); None where the tests cannot run it (said why).
+    fn for_test(name: &str) -> Option<Nginx> {
+        let binary = nginx_binary()?;
+        let alone = exclusive();
+        Some(Nginx::start(binary, name, alone))
+    }
+
+    fn start(binary: PathBuf, name: &str, alone: std::sync::MutexGuard<'static, ()>) -> Nginx {
         // Under /tmp, not the build directory: the worker (nobody) must be let through
         // every directory above the page, and a clone in /root is not.
         let prefix =
@@ -158,7 +169,7 @@ impl Nginx {
             )
             .unwrap();
             let _ = std::fs::remove_file(&log);
-            let mut master = Command::new(binary)
+            let mut master = Command::new(&binary)
                 .arg("-p")
                 .arg(&prefix)
                 .arg("-c")
@@ -195,10 +206,12 @@ impl Nginx {
             let worker = workers[0];
             assert_runs_as_nobody(worker);
             return Nginx {
+                binary,
                 prefix,
                 master,
                 port,
                 worker,
+                _alone: alone,
             };
         }
         panic!("no free port for nginx after 5 tries");
@@ -465,12 +478,10 @@ fn assert_session_gone(glass_pid: u32, worker: i32) {
 /// libc call.
 #[test]
 fn every_request_to_a_nobody_worker_is_counted_once_between_attach_and_sigterm() {
-    let Some(binary) = nginx_binary() else {
+    let Some(nginx) = Nginx::for_test("exact") else {
         return;
     };
-    let _alone = exclusive();
     let dir = scratch("nginx_exact");
-    let nginx = Nginx::start(&binary, "exact");
     let worker = nginx.worker;
     let code = nginx.code();
     let recording = dir.join("exact.glass");
@@ -508,12 +519,10 @@ fn every_request_to_a_nobody_worker_is_counted_once_between_attach_and_sigterm()
 /// per-request counts bounded by the requests sent while glass ran.
 #[test]
 fn a_nobody_worker_traced_whole_for_two_seconds_under_load_serves_on_unchanged() {
-    let Some(binary) = nginx_binary() else {
+    let Some(nginx) = Nginx::for_test("load") else {
         return;
     };
-    let _alone = exclusive();
     let dir = scratch("nginx_load");
-    let nginx = Nginx::start(&binary, "load");
     let worker = nginx.worker;
     let code = nginx.code();
     const CLIENTS: u64 = 4;
@@ -588,12 +597,10 @@ fn a_nobody_worker_traced_whole_for_two_seconds_under_load_serves_on_unchanged()
 /// root), unwound through the stripped binary by its `.eh_frame` up to main.
 #[test]
 fn a_nobody_worker_is_sampled_under_load() {
-    let Some(binary) = nginx_binary() else {
+    let Some(nginx) = Nginx::for_test("record") else {
         return;
     };
-    let _alone = exclusive();
     let dir = scratch("nginx_record");
-    let nginx = Nginx::start(&binary, "record");
     let worker = nginx.worker;
     let code = nginx.code();
     let load = Load::start(nginx.port, 4);
@@ -637,12 +644,10 @@ fn a_nobody_worker_is_sampled_under_load() {
 /// master that was never traced, serves with the code as it was.
 #[test]
 fn a_reload_retires_the_traced_worker_and_glass_ends_with_its_requests() {
-    let Some(binary) = nginx_binary() else {
+    let Some(mut nginx) = Nginx::for_test("reload") else {
         return;
     };
-    let _alone = exclusive();
     let dir = scratch("nginx_reload");
-    let mut nginx = Nginx::start(&binary, "reload");
     let old = nginx.worker;
     let code = nginx.code();
     let recording = dir.join("reload.glass");
@@ -670,12 +675,10 @@ fn a_reload_retires_the_traced_worker_and_glass_ends_with_its_requests() {
 /// them out, and traces it exactly, leaving its code as nginx's own.
 #[test]
 fn a_worker_forked_by_a_traced_master_has_its_inherited_probes_taken_out() {
-    let Some(binary) = nginx_binary() else {
+    let Some(mut nginx) = Nginx::for_test("fork") else {
         return;
     };
-    let _alone = exclusive();
     let dir = scratch("nginx_fork");
-    let mut nginx = Nginx::start(&binary, "fork");
     let old = nginx.worker;
     let code = nginx.code();
     let master = nginx.master.id() as i32;
@@ -690,7 +693,7 @@ fn a_worker_forked_by_a_traced_master_has_its_inherited_probes_taken_out() {
         "{said}"
     );
     // The master is as it was; its new worker still has the probes and serves.
-    assert!(code_of(master, &binary) == code);
+    assert!(code_of(master, &nginx.binary) == code);
     assert!(nginx.code() != code, "the forked worker has no probes");
     get(nginx.port).expect("the worker with inherited probes serves");
 
