@@ -77,7 +77,8 @@ pub fn scan_file(path: &Path, workers: usize) -> Result<Scan, FormatError> {
             .map_or(0, |s| s.counters.len());
         match pass.bad_chunk {
             Some(damage) if stop.is_none() => stop = Some(damage),
-            _ if pass.stride != wanted => stride = Some(wanted),
+            // (Without a chunk there is nothing to read again.)
+            _ if pass.scan.chunks > 0 && pass.stride != wanted => stride = Some(wanted),
             _ => return Ok(pass.scan),
         }
     }
