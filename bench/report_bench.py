@@ -180,12 +180,12 @@ def markdown(trace_rows, sample_rows):
               "for libc that means inflating the compressed sections of its separate debug file (about 2.4 MB "
               "compressed: 30-40 ms of CPU), while perf report names frames from symbol tables. On recordings "
               "of a few thousand samples that fixed cost is most of glass's time (profiled: DWARF loading "
-              "and lookups are 55-60% of a python3 report, the model and the table the rest), so glass is "
-              "1x-2.5x perf report where perf does not unwind and up to ~8x where it does; the per-sample "
-              "work glass avoids (perf's DWARF unwinding, its per-sample callchain and histogram entries) "
-              "is what grows with the recording. The goal of 10x is not reached for small recordings: it "
-              "would take not inflating libc's debug info on every report (e.g. a symbol cache by build "
-              "id), which glass does not do yet.",
+              "and lookups are 55-60% of a python3 report, the model and the table the rest): where perf "
+              "report does not unwind, glass is about as fast as it; where it does, the per-sample work "
+              "glass avoids (perf's DWARF unwinding, its per-sample callchain and histogram entries) grows "
+              "with the recording and so does the ratio. The goal of 10x is reached only there: on short "
+              "recordings without unwinding it would take not inflating libc's debug info on every "
+              "report (e.g. a symbol cache by build id), which glass does not do yet.",
               "", END]
     return "\n".join(lines)
 
