@@ -1,9 +1,10 @@
 //! The `.glass` reader over arbitrary bytes (`glass report` and `glass info` open any
 //! file they are given): no panic, overflow or runaway allocation, and every record read
-//! is written back by the writer and read again unchanged.
+//! is written back by the writer and read again unchanged. The streaming reader (what
+//! `read_file` uses) reads the same as the whole-buffer one.
 #![no_main]
 
-use glass_format::{read_bytes, Reader, Record, Writer};
+use glass_format::{read_bytes, read_from, Reader, Record, Writer};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,6 +12,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert_eq!(recording.complete, recording.damage.is_none());
+    let streamed = read_from(data, data.len()).expect("the same header");
+    assert_eq!(streamed.damage, recording.damage);
+    assert_eq!(streamed.complete, recording.complete);
+    assert_eq!(streamed.samples, recording.samples);
+    assert_eq!(streamed.snapshots, recording.snapshots);
+    assert_eq!(streamed.trace_chunks, recording.trace_chunks);
+    assert_eq!(streamed.modules, recording.modules);
     for sample in &recording.samples {
         assert!(sample.frames.len() <= data.len());
     }

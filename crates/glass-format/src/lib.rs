@@ -15,7 +15,7 @@ pub mod stream;
 mod varint;
 mod writer;
 
-pub use reader::{read_bytes, read_file, FormatError, Reader, Recording};
+pub use reader::{read_bytes, read_file, read_from, FormatError, Reader, Recording};
 pub use writer::Writer;
 
 /// The first eight bytes of every `.glass` file.

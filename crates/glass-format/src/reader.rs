@@ -175,11 +175,16 @@ pub fn read_file(path: &Path) -> Result<Recording, FormatError> {
         .metadata()
         .map_err(|e| FormatError::Io(e.to_string()))?
         .len() as usize;
+    read_from(file, file_len)
+}
+
+/// [`read_file`] from any reader (`file_len`: what [`Recording::file_len`] says).
+pub fn read_from(input: impl std::io::Read, file_len: usize) -> Result<Recording, FormatError> {
     let mut recording = Recording {
         file_len,
         ..Recording::default()
     };
-    let mut stream = Stream::new(file)?;
+    let mut stream = Stream::new(input)?;
     for item in &mut stream {
         let record = match item {
             Ok(Item::Record(record)) => Ok(record),

@@ -197,17 +197,21 @@ impl<R: Read> Stream<R> {
                 block.data.copy_within(self.pos..self.filled, 0);
             }
             _ => {
-                let returned = match self.pool.try_recv() {
-                    Ok(data) => Some(data),
-                    // Threads hold every block: wait for one rather than grow.
-                    Err(_) if self.blocks >= self.max_blocks && capacity == BLOCK_LEN => {
-                        self.pool.recv().ok()
+                // The pool holds blocks of the usual size only; a larger record gets a
+                // buffer of its own, freed with it.
+                let returned = if capacity > BLOCK_LEN {
+                    None
+                } else {
+                    match self.pool.try_recv() {
+                        Ok(data) => Some(data),
+                        // Threads hold every block: wait for one rather than grow.
+                        Err(_) if self.blocks >= self.max_blocks => self.pool.recv().ok(),
+                        Err(_) => None,
                     }
-                    Err(_) => None,
                 };
                 let mut data = match returned {
-                    Some(data) if data.len() >= capacity => data,
-                    _ => {
+                    Some(data) => data,
+                    None => {
                         self.blocks += (capacity == BLOCK_LEN) as usize;
                         vec![0; capacity]
                     }

@@ -155,3 +155,49 @@ fn short_reads_and_chunks_held_past_their_block() {
     held[3].for_each_word(|_| count += 1).unwrap();
     assert_eq!(count, held[3].count);
 }
+
+#[test]
+fn a_limited_pool_with_records_larger_than_a_block_does_not_wait_forever() {
+    // Chunks alternately larger and smaller than a block, handed to a thread that
+    // drops them after a while: the stream may wait for blocks, never for ever.
+    let mut bytes = big_file(BLOCK_LEN / 2, 1000);
+    bytes.truncate(bytes.len() - 5); // drop the End record
+    let big = big_file(BLOCK_LEN, BLOCK_LEN);
+    for _ in 0..3 {
+        bytes.extend_from_slice(&big[HEADER_LEN..big.len() - 5]);
+        let small = big_file(3 * BLOCK_LEN, 20_000);
+        bytes.extend_from_slice(&small[HEADER_LEN..small.len() - 5]);
+    }
+    bytes.extend_from_slice(&[0xff, 0, 0, 0, 0]);
+    let expected = read_bytes(&bytes).unwrap();
+    assert!(expected.complete);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (to_worker, chunks) = std::sync::mpsc::sync_channel::<stream::TraceBytes>(4);
+        let worker = std::thread::spawn(move || {
+            let mut words = Vec::new();
+            for chunk in chunks {
+                words.push(chunk.words().unwrap());
+            }
+            words
+        });
+        let mut stream = Stream::new(&bytes[..]).unwrap();
+        stream.limit_blocks(2);
+        for item in stream {
+            if let Item::Trace(chunk) = item.unwrap() {
+                to_worker.send(chunk).unwrap();
+            }
+        }
+        drop(to_worker);
+        let _ = done.send(worker.join().unwrap());
+    });
+    let words = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the stream finished");
+    let expected: Vec<Vec<u64>> = expected
+        .trace_chunks
+        .iter()
+        .map(|c| c.words.clone())
+        .collect();
+    assert_eq!(words, expected);
+}

@@ -385,8 +385,10 @@ impl Model {
         let mut thread_rows: FxHashMap<(u32, u32, StringIndex), usize> = FxHashMap::default();
         let mut module_rows: FxHashMap<*const glass_format::Module, ModuleIndex> =
             FxHashMap::default();
-        let mut resolved: FxHashMap<(*const glass_format::Module, u64, bool), Vec<FrameIndex>> =
-            FxHashMap::default();
+        let mut resolved: FxHashMap<
+            (*const glass_format::Module, u32, u64, bool),
+            Vec<FrameIndex>,
+        > = FxHashMap::default();
         let code_category = |path: &str, address: u64| {
             if guest {
                 Category::Guest
@@ -502,8 +504,14 @@ impl Model {
                 }
                 match timeline.find(sample.pid, sample.time_ns, address) {
                     Some(module) => {
-                        // An address of a module is symbolized and interned once.
-                        let key = (module as *const glass_format::Module, address, is_return);
+                        // An address of a module is symbolized and interned once (per
+                        // process: its JIT files name anonymous code).
+                        let key = (
+                            module as *const glass_format::Module,
+                            sample.pid,
+                            address,
+                            is_return,
+                        );
                         if let Some(cached) = resolved.get(&key) {
                             frames.extend_from_slice(cached);
                             continue;

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use glass_format::{Arch, Recording, Sample, Snapshot, SAMPLE_TRUNCATED};
@@ -25,9 +24,20 @@ fn unwinder_for(timeline: &ModuleTimeline, snapshot: &Snapshot, arch: Arch) -> D
         if module.path.starts_with('[') || unwinder.has_module(module.start) {
             continue;
         }
-        // A module whose file is gone unwinds by frame pointers.
-        let _ = unwinder.add_module(
-            Path::new(&module.path),
+        // A module whose file is gone unwinds by frame pointers. The file is mapped,
+        // not read: only its unwind sections are touched (a read copied whole
+        // binaries, once per worker, into fresh memory).
+        let Ok(file) = std::fs::File::open(&module.path) else {
+            continue;
+        };
+        // SAFETY: a read-only map of a regular file, dropped before this returns; a file
+        // truncated meanwhile could fault, as it would for the symbolizer's maps.
+        let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+            continue;
+        };
+        let _ = unwinder.add_module_bytes(
+            &module.path,
+            &map,
             module.start,
             module.end,
             module.file_offset,

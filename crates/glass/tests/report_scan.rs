@@ -371,10 +371,12 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
             assert!(one.contains(&format!("{counter}/call")), "{name}: {one}");
         }
     }
-    // A trace without any call record.
-    let empty = dir.join("empty.glass");
-    synthetic(&empty, &[], base, &[], 1, true);
-    let (one, _) = report_calls(&empty, "2");
-    assert_eq!(one, calls_in_memory(&empty));
-    assert!(one.contains(": 0 calls, 0 threads"), "{one}");
+    // A trace without any call record, with and without counters.
+    for counters in [&[][..], &["cycles"][..]] {
+        let empty = dir.join("empty.glass");
+        synthetic(&empty, counters, base, &[], 1, true);
+        let (one, _) = report_calls(&empty, "2");
+        assert_eq!(one, calls_in_memory(&empty));
+        assert!(one.contains(": 0 calls, 0 threads"), "{one}");
+    }
 }

@@ -67,18 +67,19 @@ impl CallTrace {
             first: u64::MAX,
             ..CallTrace::default()
         };
+        // Each thread's chunks, in file order (their words are not copied together: a
+        // trace's words are most of its memory).
         let mut order: Vec<(u32, u32)> = Vec::new();
-        let mut words: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+        let mut chunks: HashMap<(u32, u32), Vec<&[u64]>> = HashMap::new();
         for chunk in &recording.trace_chunks {
             let key = (chunk.pid, chunk.tid);
-            if !words.contains_key(&key) {
+            if !chunks.contains_key(&key) {
                 order.push(key);
             }
-            words
-                .entry(key)
-                .or_default()
-                .extend_from_slice(&chunk.words);
+            chunks.entry(key).or_default().push(&chunk.words);
         }
+        let stride = 1 + trace.counter_names.len();
+        let mut record = Vec::with_capacity(stride);
         for key in order {
             let thread = trace.threads.len();
             trace.threads.push(key);
@@ -88,7 +89,15 @@ impl CallTrace {
             let counters = trace.counter_names.len();
             // Counter values at each open call's entry, and at the latest record.
             let mut at_entry: Vec<u64> = Vec::new();
-            for record in words[&key].chunks_exact(1 + counters) {
+            // Records in order; one split across two chunks is put together, a partial
+            // one at the end is dropped.
+            let mut words = chunks[&key].iter().flat_map(|words| words.iter().copied());
+            loop {
+                record.clear();
+                record.extend(words.by_ref().take(stride));
+                if record.len() < stride {
+                    break;
+                }
                 let (word, values) = (record[0], &record[1..]);
                 let event = unwrap.decode(word);
                 now = event.tsc;

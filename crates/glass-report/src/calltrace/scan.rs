@@ -77,7 +77,8 @@ pub fn scan_file(path: &Path, workers: usize) -> Result<Scan, FormatError> {
             .map_or(0, |s| s.counters.len());
         match pass.bad_chunk {
             Some(damage) if stop.is_none() => stop = Some(damage),
-            _ if pass.stride != wanted => stride = Some(wanted),
+            // (Without a chunk there is nothing to read again.)
+            _ if pass.scan.chunks > 0 && pass.stride != wanted => stride = Some(wanted),
             _ => return Ok(pass.scan),
         }
     }
@@ -215,6 +216,8 @@ struct Engine {
 enum Workers {
     Inline(Box<Worker>),
     Threads {
+        /// Workers to start at most.
+        most: usize,
         queues: Vec<SyncSender<(usize, TraceBytes)>>,
         handles: Vec<JoinHandle<Worker>>,
     },
@@ -222,36 +225,42 @@ enum Workers {
 
 impl Engine {
     fn start(workers: usize, stride: usize) -> Engine {
-        if workers == 1 {
-            return Engine {
-                stride,
-                workers: Workers::Inline(Box::new(Worker::new(stride))),
-            };
-        }
-        let (mut queues, mut handles) = (Vec::new(), Vec::new());
-        for _ in 0..workers {
-            let (queue, chunks) = sync_channel::<(usize, TraceBytes)>(QUEUE);
-            queues.push(queue);
-            handles.push(std::thread::spawn(move || {
-                let mut worker = Worker::new(stride);
-                for (thread, chunk) in chunks {
-                    worker.chunk(thread, &chunk);
-                }
-                worker.finish();
-                worker
-            }));
-        }
-        Engine {
-            stride,
-            workers: Workers::Threads { queues, handles },
-        }
+        let workers = if workers == 1 {
+            Workers::Inline(Box::new(Worker::new(stride)))
+        } else {
+            Workers::Threads {
+                most: workers,
+                queues: Vec::new(),
+                handles: Vec::new(),
+            }
+        };
+        Engine { stride, workers }
     }
 
     fn chunk(&mut self, thread: usize, chunk: TraceBytes) {
+        let stride = self.stride;
         match &mut self.workers {
             Workers::Inline(worker) => worker.chunk(thread, &chunk),
-            Workers::Threads { queues, .. } => {
-                let worker = thread % queues.len();
+            Workers::Threads {
+                most,
+                queues,
+                handles,
+            } => {
+                // Threads are numbered as they appear: a worker is started for each new
+                // one until there are `most`, so a trace of one thread starts one.
+                let worker = thread % *most;
+                if worker == queues.len() {
+                    let (queue, chunks) = sync_channel::<(usize, TraceBytes)>(QUEUE);
+                    queues.push(queue);
+                    handles.push(std::thread::spawn(move || {
+                        let mut worker = Worker::new(stride);
+                        for (thread, chunk) in chunks {
+                            worker.chunk(thread, &chunk);
+                        }
+                        worker.finish();
+                        worker
+                    }));
+                }
                 // A worker only stops early by panicking, which finish() passes on.
                 let _ = queues[worker].send((thread, chunk));
             }
@@ -264,7 +273,9 @@ impl Engine {
                 worker.finish();
                 vec![*worker]
             }
-            Workers::Threads { queues, handles } => {
+            Workers::Threads {
+                queues, handles, ..
+            } => {
                 drop(queues);
                 handles
                     .into_iter()
