@@ -706,7 +706,7 @@ fn bad_input_is_one_line_and_exit_2() {
 }
 
 #[test]
-fn vm_guest_per_vcpu_and_quit_ends_qemu() {
+fn vm_guests_launched_end_and_attached_run_on() {
     let _exclusive = exclusive();
     let dir = build_guest(&scratch("top_vm"));
     let serial = dir.join("top-vm.serial");
@@ -776,4 +776,32 @@ fn vm_guest_per_vcpu_and_quit_ends_qemu() {
     poll("QEMU to end", || gone(qemu));
     let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
     assert!(stderr.contains("VM shut down"), "{stderr}");
+    drop(tmux);
+
+    // --gdb: a VM someone else started runs on after q.
+    let vm = Vm::start(&dir, "guest-fp.img", "top-gdb");
+    let tmux = Tmux::start(
+        &dir,
+        "gdb",
+        &[
+            "top",
+            "-F",
+            "199",
+            "--interval",
+            "0.5",
+            "--gdb",
+            vm.socket.to_str().unwrap(),
+            "--guest-memory",
+            vm.ram.to_str().unwrap(),
+            "--symbols",
+            elf.to_str().unwrap(),
+        ],
+    );
+    let screen = tmux.wait_for("the guest's table", |s| {
+        view_samples(s) >= 100 && rows(s).iter().any(|r| r.function == "alpha")
+    });
+    assert!(screen.contains("glass top: VM guest at "), "{screen}");
+    tmux.keys("q");
+    assert_eq!(tmux.wait_exit(), 0, "{}", tmux.screen());
+    vm.assert_running();
 }
