@@ -677,15 +677,57 @@ fn batch_mode_prints_tables_and_writes_the_recording() {
 }
 
 #[test]
+fn batch_mode_split_by_thread() {
+    let _exclusive = exclusive();
+    let dir = scratch("top_batch_threads");
+    let threads = compile(&dir, "threads.c", "threads", &["-pthread"]);
+    let output = glass(&[
+        "top",
+        "--batch",
+        "--threads",
+        "--window",
+        "60",
+        "--",
+        threads.to_str().unwrap(),
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The last table, of the whole run: each worker's function on its own thread.
+    let last = text.rsplit("glass top: ").next().unwrap();
+    let table = format!("SELF%{}", last.split_once("SELF%").unwrap().1);
+    let rows = rows(&table);
+    let on = |function: &str, thread: &str| {
+        rows.iter().any(|r| {
+            r.function == function && r.thread.as_deref().is_some_and(|t| t.starts_with(thread))
+        })
+    };
+    assert!(on("crunch_numbers", "cruncher/"), "{table}");
+    assert!(on("hash_bytes", "hasher/"), "{table}");
+    assert!(
+        !on("crunch_numbers", "hasher/") && !on("hash_bytes", "cruncher/"),
+        "{table}"
+    );
+}
+
+#[test]
 fn bad_input_is_one_line_and_exit_2() {
     let dir = scratch("top_bad");
     // Not a terminal, no --batch.
     let output = glass(&["top", "--", "true"]);
     assert_clean_failure(&output, 2, "not a terminal");
     // No such process, in batch mode and in the interactive view (no screen is drawn).
-    let output = glass(&["top", "--batch", "--pid", "99999999"]);
+    let file = dir.join("never.glass");
+    let output = glass(&[
+        "top",
+        "--batch",
+        "-o",
+        file.to_str().unwrap(),
+        "--pid",
+        "99999999",
+    ]);
     assert_clean_failure(&output, 2, "no process with pid 99999999");
     assert!(stdout(&output).is_empty(), "{}", stdout(&output));
+    assert!(!file.exists(), "-o file left behind by a failed start");
     let tmux = Tmux::start(&dir, "nopid", &["top", "--pid", "99999999"]);
     assert_eq!(tmux.wait_exit(), 2);
     let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
