@@ -166,6 +166,14 @@ impl Output for LiveOutput<'_> {
     }
 }
 
+/// A note as glass prints it on stderr.
+pub fn note_line(warning: bool, text: &str) -> String {
+    match warning {
+        true => format!("glass: warning: {text}"),
+        false => format!("glass: {text}"),
+    }
+}
+
 /// The recording's notes, shown by the view (which prints them on stderr when no
 /// screen is up, and again after it closes).
 pub struct LiveNotes {

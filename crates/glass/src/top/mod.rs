@@ -183,10 +183,7 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     // Notes sent after the view closed (the user quit while QEMU was being ended).
     for message in messages.try_iter() {
         if let Message::Note { warning, text } = message {
-            match warning {
-                true => eprintln!("glass: warning: {text}"),
-                false => eprintln!("glass: {text}"),
-            }
+            eprintln!("{}", live::note_line(warning, &text));
         }
     }
     let recorded = result?;
