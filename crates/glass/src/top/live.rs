@@ -334,8 +334,9 @@ impl Live {
     }
 
     fn function(&mut self, name: &str, module: &str) -> FunctionId {
-        // Keyed like the report's top table, by name; the module tells apart two
-        // static functions of one name in different files.
+        // By name and module (the report's top table merges by name alone): the
+        // `main` of a program and of the one its child execs are two rows here, as are
+        // two static functions of one name in different files.
         let key = (name.to_string(), module.to_string());
         if let Some(&id) = self.function_ids.get(&key) {
             return id;
