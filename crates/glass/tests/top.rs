@@ -61,7 +61,8 @@ impl Tmux {
 
     fn command(&self) -> Command {
         let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket]);
+        // A private server even when the tests themselves run inside tmux.
+        command.env_remove("TMUX").args(["-L", &self.socket]);
         command
     }
 
