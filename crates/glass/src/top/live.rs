@@ -619,3 +619,59 @@ impl Live {
         Table { rows, ..table }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(time_s: u64, tid: u32, flags: u8) -> Message {
+        Message::Sample(Sample {
+            time_ns: time_s * 1_000_000_000,
+            pid: 7,
+            tid,
+            flags,
+            frames: vec![0x1000, 0x2000].into(),
+        })
+    }
+
+    /// (self, total) of a function's row.
+    fn row(live: &Live, table: &Table, name: &str, thread: Option<u32>) -> Option<(u64, u64)> {
+        table
+            .rows
+            .iter()
+            .find(|r| live.functions[r.function as usize].name == name && r.thread == thread)
+            .map(|r| (r.self_samples, r.total_samples))
+    }
+
+    /// The window keeps the last seconds only; halted samples count for [halted];
+    /// thread views split and filter; a frozen table keeps its window while samples go on.
+    #[test]
+    fn window_threads_and_freezing() {
+        // Half a second off the samples' times: no sample sits on the window's edge.
+        let mut live = Live::new(4_500_000_000);
+        // No module maps the addresses: every frame is [unknown].
+        for second in 0..10 {
+            live.handle(sample(second, 1, 0));
+            live.handle(sample(second, 2, SAMPLE_HALTED));
+        }
+        live.end();
+        let table = live.table(ThreadView::All, SortKey::SelfShare);
+        // Seconds 5..=9 of the 0..=9 seen (the window ends at the last): 5 per thread.
+        assert_eq!(table.samples, 10);
+        assert_eq!(row(&live, &table, HALTED_FRAME, None), Some((5, 5)));
+        assert_eq!(row(&live, &table, UNKNOWN_FRAME, None), Some((5, 10)));
+        let split = live.table(ThreadView::Split, SortKey::Name);
+        assert_eq!(row(&live, &split, UNKNOWN_FRAME, Some(1)), Some((5, 5)));
+        assert_eq!(row(&live, &split, HALTED_FRAME, Some(2)), Some((5, 5)));
+        assert_eq!(row(&live, &split, HALTED_FRAME, Some(1)), None);
+        let one = live.table(ThreadView::One(2), SortKey::Total);
+        assert_eq!(one.samples, 5);
+        assert_eq!(live.threads(), [1, 2]);
+        live.freeze();
+        live.handle(sample(9, 3, 0));
+        assert_eq!(live.table(ThreadView::All, SortKey::Total).samples, 10);
+        assert_eq!(live.threads(), [1, 2]);
+        live.thaw();
+        assert_eq!(live.table(ThreadView::All, SortKey::Total).samples, 11);
+    }
+}
