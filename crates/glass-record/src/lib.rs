@@ -176,6 +176,7 @@ fn prepare(args: &RecordOptions) -> Result<BackendChoice> {
     })
 }
 
+/// Runs the backend `args` asks for, its records going to `output`.
 fn start<'a>(
     args: &'a RecordOptions,
     backend: BackendChoice,
