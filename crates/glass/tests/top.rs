@@ -677,6 +677,36 @@ fn batch_mode_prints_tables_and_writes_the_recording() {
     assert!(total(&stacks) >= samples, "{} < {samples}", total(&stacks));
 }
 
+/// `--duration` ends the recording; the command glass top launched ends with it (glass
+/// record would leave it running).
+#[test]
+fn a_launched_command_does_not_outlive_glass() {
+    let dir = scratch("top_duration");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let output = glass(&[
+        "top",
+        "--batch",
+        "-d",
+        "1",
+        "--",
+        split.to_str().unwrap(),
+        FOREVER,
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let pid = number_after(&text, "(pid ").expect("the pid in the header") as i32;
+    assert!(
+        gone(pid),
+        "the launched command runs on: {:?}",
+        process_state(pid)
+    );
+    assert!(
+        stderr(&output).contains(&format!("ended the command it launched (pid {pid})")),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[test]
 fn batch_mode_split_by_thread() {
     let _exclusive = exclusive();
