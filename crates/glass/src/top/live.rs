@@ -298,6 +298,9 @@ pub struct Live {
     /// with the clock between records.
     latest_ns: u64,
     latest_at: Instant,
+    /// The first time a record carried: the window's span counts from there (a VM's
+    /// recording starts its clock before the guest has booted).
+    first_ns: Option<u64>,
     ended: bool,
     unknown: FunctionId,
     halted: FunctionId,
@@ -322,6 +325,7 @@ impl Live {
             progress: Progress::default(),
             latest_ns: 0,
             latest_at: Instant::now(),
+            first_ns: None,
             ended: false,
             unknown: 0,
             halted: 0,
@@ -367,6 +371,7 @@ impl Live {
     }
 
     fn saw_time(&mut self, time_ns: u64) {
+        self.first_ns.get_or_insert(time_ns);
         if time_ns > self.latest_ns {
             self.latest_ns = time_ns;
             self.latest_at = Instant::now();
@@ -607,7 +612,9 @@ impl Live {
             rows: Vec::new(),
             samples,
             window_samples: window.len() as u64,
-            span_ns: now_ns.min(self.window_ns),
+            span_ns: now_ns
+                .saturating_sub(self.first_ns.unwrap_or(0))
+                .min(self.window_ns),
             stopped_mean_ns: stopped_total_ns
                 .checked_div(ticks.len() as u64)
                 .unwrap_or(0),
