@@ -145,6 +145,11 @@ impl Drop for Tmux {
             .arg("kill-server")
             .stderr(Stdio::null())
             .status();
+        // A server that ended with its session leaves its socket file behind.
+        let base = std::env::var("TMUX_TMPDIR").unwrap_or_else(|_| "/tmp".into());
+        // SAFETY: no arguments.
+        let uid = unsafe { libc::getuid() };
+        let _ = std::fs::remove_file(format!("{base}/tmux-{uid}/{}", self.socket));
     }
 }
 
