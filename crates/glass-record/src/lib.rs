@@ -212,6 +212,7 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
     Ok(backend)
 }
 
+/// Runs the backend `args` asks for, its records going to `output`.
 fn start<'a>(
     args: &'a RecordOptions,
     backend: BackendChoice,

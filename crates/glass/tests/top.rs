@@ -61,7 +61,8 @@ impl Tmux {
 
     fn command(&self) -> Command {
         let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket]);
+        // A private server even when the tests themselves run inside tmux.
+        command.env_remove("TMUX").args(["-L", &self.socket]);
         command
     }
 
@@ -144,6 +145,11 @@ impl Drop for Tmux {
             .arg("kill-server")
             .stderr(Stdio::null())
             .status();
+        // A server that ended with its session leaves its socket file behind.
+        let base = std::env::var("TMUX_TMPDIR").unwrap_or_else(|_| "/tmp".into());
+        // SAFETY: no arguments.
+        let uid = unsafe { libc::getuid() };
+        let _ = std::fs::remove_file(format!("{base}/tmux-{uid}/{}", self.socket));
     }
 }
 
@@ -676,6 +682,69 @@ fn batch_mode_prints_tables_and_writes_the_recording() {
     assert!(total(&stacks) >= samples, "{} < {samples}", total(&stacks));
 }
 
+/// `--duration` ends the recording; the command glass top launched ends with it (glass
+/// record would leave it running).
+#[test]
+fn a_launched_command_does_not_outlive_glass() {
+    let dir = scratch("top_duration");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let output = glass(&[
+        "top",
+        "--batch",
+        "-d",
+        "1",
+        "--",
+        split.to_str().unwrap(),
+        FOREVER,
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let pid = number_after(&text, "(pid ").expect("the pid in the header") as i32;
+    assert!(
+        gone(pid),
+        "the launched command runs on: {:?}",
+        process_state(pid)
+    );
+    assert!(
+        stderr(&output).contains(&format!("ended the command it launched (pid {pid})")),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn batch_mode_split_by_thread() {
+    let _exclusive = exclusive();
+    let dir = scratch("top_batch_threads");
+    let threads = compile(&dir, "threads.c", "threads", &["-pthread"]);
+    let output = glass(&[
+        "top",
+        "--batch",
+        "--threads",
+        "--window",
+        "60",
+        "--",
+        threads.to_str().unwrap(),
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The last table, of the whole run: each worker's function on its own thread.
+    let last = text.rsplit("glass top: ").next().unwrap();
+    let table = format!("SELF%{}", last.split_once("SELF%").unwrap().1);
+    let rows = rows(&table);
+    let on = |function: &str, thread: &str| {
+        rows.iter().any(|r| {
+            r.function == function && r.thread.as_deref().is_some_and(|t| t.starts_with(thread))
+        })
+    };
+    assert!(on("crunch_numbers", "cruncher/"), "{table}");
+    assert!(on("hash_bytes", "hasher/"), "{table}");
+    assert!(
+        !on("crunch_numbers", "hasher/") && !on("hash_bytes", "cruncher/"),
+        "{table}"
+    );
+}
+
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
     let dir = scratch("top_bad");
@@ -683,9 +752,18 @@ fn bad_input_is_one_line_and_exit_2() {
     let output = glass(&["top", "--", "true"]);
     assert_clean_failure(&output, 2, "not a terminal");
     // No such process, in batch mode and in the interactive view (no screen is drawn).
-    let output = glass(&["top", "--batch", "--pid", "99999999"]);
+    let file = dir.join("never.glass");
+    let output = glass(&[
+        "top",
+        "--batch",
+        "-o",
+        file.to_str().unwrap(),
+        "--pid",
+        "99999999",
+    ]);
     assert_clean_failure(&output, 2, "no process with pid 99999999");
     assert!(stdout(&output).is_empty(), "{}", stdout(&output));
+    assert!(!file.exists(), "-o file left behind by a failed start");
     let tmux = Tmux::start(&dir, "nopid", &["top", "--pid", "99999999"]);
     assert_eq!(tmux.wait_exit(), 2);
     let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
@@ -706,7 +784,7 @@ fn bad_input_is_one_line_and_exit_2() {
 }
 
 #[test]
-fn vm_guest_per_vcpu_and_quit_ends_qemu() {
+fn vm_guests_launched_end_and_attached_run_on() {
     let _exclusive = exclusive();
     let dir = build_guest(&scratch("top_vm"));
     let serial = dir.join("top-vm.serial");
@@ -776,6 +854,34 @@ fn vm_guest_per_vcpu_and_quit_ends_qemu() {
     poll("QEMU to end", || gone(qemu));
     let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap();
     assert!(stderr.contains("VM shut down"), "{stderr}");
+    drop(tmux);
+
+    // --gdb: a VM someone else started runs on after q.
+    let vm = Vm::start(&dir, "guest-fp.img", "top-gdb");
+    let tmux = Tmux::start(
+        &dir,
+        "gdb",
+        &[
+            "top",
+            "-F",
+            "199",
+            "--interval",
+            "0.5",
+            "--gdb",
+            vm.socket.to_str().unwrap(),
+            "--guest-memory",
+            vm.ram.to_str().unwrap(),
+            "--symbols",
+            elf.to_str().unwrap(),
+        ],
+    );
+    let screen = tmux.wait_for("the guest's table", |s| {
+        view_samples(s) >= 100 && rows(s).iter().any(|r| r.function == "alpha")
+    });
+    assert!(screen.contains("glass top: VM guest at "), "{screen}");
+    tmux.keys("q");
+    assert_eq!(tmux.wait_exit(), 0, "{}", tmux.screen());
+    vm.assert_running();
 }
 
 #[test]

@@ -166,6 +166,14 @@ impl Output for LiveOutput<'_> {
     }
 }
 
+/// A note as glass prints it on stderr.
+pub fn note_line(warning: bool, text: &str) -> String {
+    match warning {
+        true => format!("glass: warning: {text}"),
+        false => format!("glass: {text}"),
+    }
+}
+
 /// The recording's notes, shown by the view (which prints them on stderr when no
 /// screen is up, and again after it closes).
 pub struct LiveNotes {
@@ -290,6 +298,9 @@ pub struct Live {
     /// with the clock between records.
     latest_ns: u64,
     latest_at: Instant,
+    /// The first time a record carried: the window's span counts from there (a VM's
+    /// recording starts its clock before the guest has booted).
+    first_ns: Option<u64>,
     ended: bool,
     unknown: FunctionId,
     kernel_symbols: Option<glass_format::KernelSymbols>,
@@ -315,6 +326,7 @@ impl Live {
             progress: Progress::default(),
             latest_ns: 0,
             latest_at: Instant::now(),
+            first_ns: None,
             ended: false,
             unknown: 0,
             kernel_symbols: None,
@@ -328,8 +340,9 @@ impl Live {
     }
 
     fn function(&mut self, name: &str, module: &str) -> FunctionId {
-        // Keyed like the report's top table, by name; the module tells apart two
-        // static functions of one name in different files.
+        // By name and module (the report's top table merges by name alone): the
+        // `main` of a program and of the one its child execs are two rows here, as are
+        // two static functions of one name in different files.
         let key = (name.to_string(), module.to_string());
         if let Some(&id) = self.function_ids.get(&key) {
             return id;
@@ -360,6 +373,7 @@ impl Live {
     }
 
     fn saw_time(&mut self, time_ns: u64) {
+        self.first_ns.get_or_insert(time_ns);
         if time_ns > self.latest_ns {
             self.latest_ns = time_ns;
             self.latest_at = Instant::now();
@@ -624,7 +638,9 @@ impl Live {
             rows: Vec::new(),
             samples,
             window_samples: window.len() as u64,
-            span_ns: now_ns.min(self.window_ns),
+            span_ns: now_ns
+                .saturating_sub(self.first_ns.unwrap_or(0))
+                .min(self.window_ns),
             stopped_mean_ns: stopped_total_ns
                 .checked_div(ticks.len() as u64)
                 .unwrap_or(0),
@@ -634,5 +650,61 @@ impl Live {
             missed_deadlines: progress.missed_deadlines,
         };
         Table { rows, ..table }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(time_s: u64, tid: u32, flags: u8) -> Message {
+        Message::Sample(Sample {
+            time_ns: time_s * 1_000_000_000,
+            pid: 7,
+            tid,
+            flags,
+            frames: vec![0x1000, 0x2000].into(),
+        })
+    }
+
+    /// (self, total) of a function's row.
+    fn row(live: &Live, table: &Table, name: &str, thread: Option<u32>) -> Option<(u64, u64)> {
+        table
+            .rows
+            .iter()
+            .find(|r| live.functions[r.function as usize].name == name && r.thread == thread)
+            .map(|r| (r.self_samples, r.total_samples))
+    }
+
+    /// The window keeps the last seconds only; halted samples count for [halted];
+    /// thread views split and filter; a frozen table keeps its window while samples go on.
+    #[test]
+    fn window_threads_and_freezing() {
+        // Half a second off the samples' times: no sample sits on the window's edge.
+        let mut live = Live::new(4_500_000_000);
+        // No module maps the addresses: every frame is [unknown].
+        for second in 0..10 {
+            live.handle(sample(second, 1, 0));
+            live.handle(sample(second, 2, SAMPLE_HALTED));
+        }
+        live.end();
+        let table = live.table(ThreadView::All, SortKey::SelfShare);
+        // Seconds 5..=9 of the 0..=9 seen (the window ends at the last): 5 per thread.
+        assert_eq!(table.samples, 10);
+        assert_eq!(row(&live, &table, HALTED_FRAME, None), Some((5, 5)));
+        assert_eq!(row(&live, &table, UNKNOWN_FRAME, None), Some((5, 10)));
+        let split = live.table(ThreadView::Split, SortKey::Name);
+        assert_eq!(row(&live, &split, UNKNOWN_FRAME, Some(1)), Some((5, 5)));
+        assert_eq!(row(&live, &split, HALTED_FRAME, Some(2)), Some((5, 5)));
+        assert_eq!(row(&live, &split, HALTED_FRAME, Some(1)), None);
+        let one = live.table(ThreadView::One(2), SortKey::Total);
+        assert_eq!(one.samples, 5);
+        assert_eq!(live.threads(), [1, 2]);
+        live.freeze();
+        live.handle(sample(9, 3, 0));
+        assert_eq!(live.table(ThreadView::All, SortKey::Total).samples, 10);
+        assert_eq!(live.threads(), [1, 2]);
+        live.thaw();
+        assert_eq!(live.table(ThreadView::All, SortKey::Total).samples, 11);
     }
 }

@@ -12,8 +12,9 @@
 //! Quitting ends the recording as Ctrl-C ends `glass record` (SIGINT to glass): a
 //! `--pid` target is detached and runs on, a `--vm` guest's QEMU is ended (kept with
 //! `--keep-vm`), a `--gdb`/`--xen` guest runs on (the guardian as in record). A command
-//! glass launched is then ended too, as the terminal's Ctrl-C would have: SIGINT, and
-//! SIGKILL if it is still there 2 s later.
+//! glass launched does not outlive glass top: when it exits, the command is ended if it
+//! still runs, as the terminal's Ctrl-C would have ended it (SIGINT, and SIGKILL if it
+//! is still there 2 s later).
 
 mod live;
 mod view;
@@ -177,28 +178,31 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     };
     let _ = to_view.send(Message::Ended { text, linger });
     drop(to_view);
-    let quit = shared.quit.load(Ordering::SeqCst);
-    if quit && launched && result.is_ok() {
-        end_command(shared.target_pid.load(Ordering::SeqCst) as i32);
-    }
     let (messages, notes) = view
         .join()
         .unwrap_or_else(|_| (mpsc::channel().1, Vec::new()));
+    let quit = shared.quit.load(Ordering::SeqCst);
+    // A command glass top launched does not outlive the view (it would run on unseen
+    // after the user quit, or after --duration, where glass record leaves it running).
+    let ended_command = match launched && result.is_ok() {
+        true => end_command(shared.target_pid.load(Ordering::SeqCst) as i32),
+        false => None,
+    };
     for line in notes {
         eprintln!("{line}");
     }
     // Notes sent after the view closed (the user quit while QEMU was being ended).
     for message in messages.try_iter() {
         if let Message::Note { warning, text } = message {
-            match warning {
-                true => eprintln!("glass: warning: {text}"),
-                false => eprintln!("glass: {text}"),
-            }
+            eprintln!("{}", live::note_line(warning, &text));
         }
     }
     let recorded = result?;
     if !record.quiet {
         crate::record::print_summary(record, file_path.as_deref(), &recorded);
+        if let Some(pid) = ended_command {
+            eprintln!("glass: ended the command it launched (pid {pid})");
+        }
     }
     Ok(if quit { 0 } else { recorded.exit_status })
 }
@@ -240,11 +244,12 @@ fn target_name(record: &RecordArgs) -> String {
     shown
 }
 
-/// Ends the command glass launched (our child): SIGINT, as the terminal's Ctrl-C would
-/// have sent it, then SIGKILL if it has not ended within 2 s; reaped either way.
-fn end_command(pid: i32) {
+/// Ends the command glass launched (our child) if it still runs: SIGINT, as the
+/// terminal's Ctrl-C would have sent it, then SIGKILL if it has not ended within 2 s;
+/// reaped either way. Its pid if it had to be ended.
+fn end_command(pid: i32) -> Option<i32> {
     if pid <= 0 {
-        return;
+        return None;
     }
     let reaped = || {
         let mut status = 0;
@@ -254,14 +259,14 @@ fn end_command(pid: i32) {
         r != 0
     };
     if reaped() {
-        return;
+        return None;
     }
     // SAFETY: signals our own child, not yet reaped (its pid cannot have been reused).
     unsafe { libc::kill(pid, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         if reaped() {
-            return;
+            return Some(pid);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -269,4 +274,5 @@ fn end_command(pid: i32) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     // SAFETY: blocks until our child is gone.
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    Some(pid)
 }

@@ -95,11 +95,7 @@ impl State {
     fn take(&mut self, message: Message, print_notes: bool, shared: &Shared) {
         match message {
             Message::Note { warning, text } => {
-                let line = if warning {
-                    format!("glass: warning: {text}")
-                } else {
-                    format!("glass: {text}")
-                };
+                let line = super::live::note_line(warning, &text);
                 if print_notes {
                     eprintln!("{line}");
                 } else {
