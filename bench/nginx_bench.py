@@ -404,10 +404,11 @@ def markdown(rows, version, load, elapsed, retried):
         "from `.eh_frame`, and with `--libcalls '*'` every libc call through its GOT. The narrow row traces only "
         "the functions and calls a request goes through once (what crates/glass/tests/nginx.rs counts).",
         "",
-        "glass's perf backend samples user mode only (`exclude_kernel`): a worker serving a small page spends "
-        "most of its time in the kernel (loopback TCP), so glass takes about as many samples as perf takes in "
-        "user mode, and perf's other samples are its kernel stacks. glass's lost samples are counted by its perf "
-        "ring (PERF_RECORD_LOST), perf's are `perf report`'s \"Total Lost Samples\".",
+        "A worker serving a small page spends most of its time in the kernel (loopback TCP): both tools sample "
+        "kernel mode with kernel stacks here (glass by default where permitted, as root; with `--no-kernel` it "
+        "samples user mode only and takes about as many samples as perf takes in user mode). glass's lost "
+        "samples are counted by its perf rings (PERF_RECORD_LOST), perf's are `perf report`'s "
+        "\"Total Lost Samples\".",
         "",
         END,
     ]

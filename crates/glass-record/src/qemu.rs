@@ -217,8 +217,13 @@ fn oversubscribed_warning(qemu_cpu_ns: u64, running_ns: u64) -> Option<String> {
                 .filter(|&c| set.is_set(c).unwrap_or(false))
                 .count()
         })
-        .unwrap_or(1)
-        .max(1);
+        .unwrap_or(1);
+    oversubscribed(qemu_cpu_ns, running_ns, cpus)
+}
+
+/// The warning for QEMU having used `qemu_cpu_ns` of CPU over `running_ns` on `cpus`.
+fn oversubscribed(qemu_cpu_ns: u64, running_ns: u64, cpus: usize) -> Option<String> {
+    let cpus = cpus.max(1);
     let used = qemu_cpu_ns as f64 / running_ns.max(1) as f64;
     (used >= 0.85 * cpus as f64).then(|| {
         format!(
@@ -323,5 +328,28 @@ fn parse_mib(text: &str) -> std::result::Result<u64, TargetError> {
         "" | "M" | "m" | "MB" | "MiB" => Ok(number),
         "G" | "g" | "GB" | "GiB" => Ok(number * 1024),
         _ => Err(TargetError::BadInput(format!("-m {text}: unknown unit"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oversubscribed;
+
+    #[test]
+    fn the_warning_comes_when_qemu_took_nearly_every_cpu() {
+        let second = 1_000_000_000;
+        // 1.9 of 2 CPUs over a second: oversubscribed, said with the remedy.
+        let warning = oversubscribed(19 * second / 10, second, 2).unwrap();
+        assert!(warning.contains("all 2 host CPUs busy"), "{warning}");
+        assert!(warning.contains("(1.9 CPUs)"), "{warning}");
+        assert!(warning.contains("thread=single"), "{warning}");
+        // 1.2 of 2 CPUs (one busy vCPU, or a host shared with other work): no warning.
+        assert_eq!(oversubscribed(12 * second / 10, second, 2), None);
+        // The threshold: 85% of the CPUs glass may use.
+        assert!(oversubscribed(17 * second / 10, second, 2).is_some());
+        assert!(oversubscribed(169 * second / 100, second, 2).is_none());
+        assert!(oversubscribed(85 * second / 100, second, 1).is_some());
+        // A recording that never ran the VM says nothing absurd.
+        assert_eq!(oversubscribed(0, 0, 2), None);
     }
 }

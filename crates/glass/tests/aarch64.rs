@@ -250,13 +250,11 @@ fn raw_capture_of_an_aarch64_guest_unwinds_at_report_time_as_while_recording() {
         );
         let err = stderr(&output);
         assert!(output.status.success(), "{err}");
-        // Two busy vCPUs on a 2-CPU host: QEMU stops the VM late, and glass says so.
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if cpus <= 2 {
-            assert!(
-                err.contains("host CPUs busy") && err.contains("thread=single"),
-                "{err}"
-            );
+        // Two busy vCPUs on a 2-CPU host: QEMU stops the VM late, and glass says so when
+        // QEMU got nearly every CPU — which other work on the machine decides, so only the
+        // warning's form is checked here (its threshold: glass-record's qemu unit test).
+        if err.contains("host CPUs busy") {
+            assert!(err.contains("thread=single"), "{err}");
         }
         let stacks = folded(&recording, &["--threads"]);
         let busy = under(&stacks, "vcpu0/", "dispatch");
