@@ -40,18 +40,7 @@ pub struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// Checks the header.
     pub fn new(bytes: &'a [u8]) -> Result<Self, FormatError> {
-        if bytes.len() < 8 || bytes[..8] != MAGIC {
-            return Err(FormatError::NotGlass);
-        }
-        if bytes.len() < HEADER_LEN {
-            return Err(FormatError::Truncated {
-                offset: bytes.len(),
-            });
-        }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if !(OLDEST_VERSION..=VERSION).contains(&version) {
-            return Err(FormatError::UnsupportedVersion(version));
-        }
+        let version = check_header(bytes)?;
         Ok(Reader {
             bytes,
             pos: HEADER_LEN,
@@ -257,6 +246,24 @@ impl Recording {
             self.damage = Some(FormatError::Truncated { offset });
         }
     }
+}
+
+/// The file's format version, from a header at the start of `bytes` (the whole file
+/// or its first block).
+pub(crate) fn check_header(bytes: &[u8]) -> Result<u32, FormatError> {
+    if bytes.len() < 8 || bytes[..8] != MAGIC {
+        return Err(FormatError::NotGlass);
+    }
+    if bytes.len() < HEADER_LEN {
+        return Err(FormatError::Truncated {
+            offset: bytes.len(),
+        });
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
+        return Err(FormatError::UnsupportedVersion(version));
+    }
+    Ok(version)
 }
 
 /// A trace chunk's pid, tid and word count, and where its words start in the payload;

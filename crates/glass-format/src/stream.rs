@@ -18,7 +18,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
 use crate::reader::{decode, trace_head, MAX_RECORD_LEN};
-use crate::{tag, FormatError, Record, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+use crate::{tag, FormatError, Record, HEADER_LEN};
 
 /// Bytes read per block: large enough that a read is a few hundred microseconds of
 /// copying (few system calls), small enough that the blocks in flight stay in cache.
@@ -147,19 +147,7 @@ impl<R: Read> Stream<R> {
             max_blocks: usize::MAX,
         };
         stream.fill(HEADER_LEN)?;
-        let bytes = &stream.block.data[..stream.filled];
-        if bytes.len() < 8 || bytes[..8] != MAGIC {
-            return Err(FormatError::NotGlass);
-        }
-        if bytes.len() < HEADER_LEN {
-            return Err(FormatError::Truncated {
-                offset: bytes.len(),
-            });
-        }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if !(OLDEST_VERSION..=VERSION).contains(&version) {
-            return Err(FormatError::UnsupportedVersion(version));
-        }
+        let version = crate::reader::check_header(&stream.block.data[..stream.filled])?;
         stream.version = version;
         stream.pos = HEADER_LEN;
         Ok(stream)
