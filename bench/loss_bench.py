@@ -20,6 +20,8 @@ from pathlib import Path
 
 from trace_bench import machine
 
+import section  # bench/: the docs section each script rewrites
+
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
 BEGIN = "<!-- glass-loss:begin -->"
@@ -97,17 +99,9 @@ def markdown(rows):
     return "\n".join(lines)
 
 
-def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
 
 
 def run(work):
     if not shutil.which("perf"):
         install("linux-perf")
-    write_section(markdown(measure(Path(work))))
+    section.replace(BEGIN, END, markdown(measure(Path(work))))

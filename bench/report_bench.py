@@ -35,6 +35,8 @@ SECONDS = float(os.environ.get("GLASS_BENCH_REPORT_SECONDS", "4"))
 
 PYTHON_WORK = """
 import json, re, sys, time
+
+import section  # bench/: the docs section each script rewrites
 end = time.time() + float(sys.argv[1])
 n = 0
 while time.time() < end:
@@ -190,18 +192,10 @@ def markdown(trace_rows, sample_rows):
     return "\n".join(lines)
 
 
-def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in current and END in current:
-        current = current[:current.index(BEGIN)] + text + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
 
 
 def run(work):
     work = Path(work)
     trace_rows = trace_reports(work)
     sample_rows = sample_reports(work)
-    write_section(markdown(trace_rows, sample_rows))
+    section.replace(BEGIN, END, markdown(trace_rows, sample_rows))
