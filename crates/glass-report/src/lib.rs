@@ -29,7 +29,7 @@ pub use pprof::Pprof;
 pub use profile::{Profile, ProfileOptions, Stack};
 pub use raw::unwind_snapshots;
 pub use speedscope::Speedscope;
-pub use top::{write_top, Top};
+pub use top::Top;
 
 /// For tests that read the JSON formats back.
 #[doc(hidden)]

@@ -389,6 +389,8 @@ impl Model {
             (*const glass_format::Module, u32, u64, bool),
             Vec<FrameIndex>,
         > = FxHashMap::default();
+        let mut module_at: FxHashMap<(u32, Option<u64>, u64), Option<&glass_format::Module>> =
+            FxHashMap::default();
         let code_category = |path: &str, address: u64| {
             if guest {
                 Category::Guest
@@ -462,6 +464,7 @@ impl Model {
             } else {
                 &sample.frames[..]
             };
+            let epoch = timeline.epoch(sample.pid, sample.time_ns);
             // Outermost frame first.
             for (index, &address) in addresses.iter().enumerate().rev() {
                 let is_return = index > 0;
@@ -502,7 +505,12 @@ impl Model {
                     }));
                     continue;
                 }
-                match timeline.find(sample.pid, sample.time_ns, address) {
+                // The mappings in force depend only on the process and its epoch: each
+                // address of an address space is looked up once.
+                let module = *module_at
+                    .entry((sample.pid, epoch, address))
+                    .or_insert_with(|| timeline.find(sample.pid, sample.time_ns, address));
+                match module {
                     Some(module) => {
                         // An address of a module is symbolized and interned once (per
                         // process: its JIT files name anonymous code).

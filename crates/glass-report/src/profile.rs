@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use glass_format::Recording;
+use rustc_hash::FxHashMap;
 
 use crate::model::{FrameIndex, Model, ModelOptions, StackIndex, StringIndex};
 
@@ -70,8 +71,8 @@ impl Profile {
     /// `split_threads`).
     pub fn from_model(model: &Model, split_threads: bool) -> Profile {
         // Count by (process, thread, stack) first: few distinct keys, cheap to expand.
-        let mut by_stack: HashMap<(StringIndex, Option<usize>, Option<StackIndex>), u64> =
-            HashMap::new();
+        let mut by_stack: FxHashMap<(StringIndex, Option<usize>, Option<StackIndex>), u64> =
+            FxHashMap::default();
         for (index, thread) in model.threads.iter().enumerate() {
             let thread_key = split_threads.then_some(index);
             for sample in &thread.samples {
@@ -80,29 +81,46 @@ impl Profile {
                     .or_insert(0) += sample.weight;
             }
         }
-        let mut counts: HashMap<(Vec<String>, Vec<bool>), u64> = HashMap::new();
+        // Stacks of different addresses name the same functions: sum them by names
+        // (string indices, each with its inlined bit), and make strings once per stack.
+        let mut counts: FxHashMap<Vec<u64>, u64> = FxHashMap::default();
         let mut frame_indices: Vec<FrameIndex> = Vec::new();
+        let mut key: Vec<u64> = Vec::new();
         for ((process, thread, stack), count) in by_stack {
-            let mut frames = vec![model.string(process).to_string()];
-            if let Some(thread) = thread {
-                let thread = &model.threads[thread];
-                frames.push(format!("{}/{}", model.string(thread.name), thread.tid));
-            }
-            let mut inlined = vec![false; frames.len()];
+            key.clear();
+            key.push(u64::from(process));
+            // A thread is told apart by its row (u64::MAX: none); names come later.
+            key.push(thread.map_or(u64::MAX, |t| t as u64));
             model.stack_frames(stack, &mut frame_indices);
             for &frame in &frame_indices {
                 let row = &model.frames[frame as usize];
-                frames.push(model.string(row.function).to_string());
-                inlined.push(row.inline_depth > 0);
+                key.push(u64::from(row.function) << 1 | u64::from(row.inline_depth > 0));
             }
-            *counts.entry((frames, inlined)).or_insert(0) += count;
+            match counts.get_mut(&key) {
+                Some(total) => *total += count,
+                None => {
+                    counts.insert(key.clone(), count);
+                }
+            }
         }
         let mut stacks: Vec<Stack> = counts
             .into_iter()
-            .map(|((frames, inlined), count)| Stack {
-                frames,
-                inlined,
-                count,
+            .map(|(key, count)| {
+                let mut frames = vec![model.string(key[0] as StringIndex).to_string()];
+                if key[1] != u64::MAX {
+                    let thread = &model.threads[key[1] as usize];
+                    frames.push(format!("{}/{}", model.string(thread.name), thread.tid));
+                }
+                let mut inlined = vec![false; frames.len()];
+                for &frame in &key[2..] {
+                    frames.push(model.string((frame >> 1) as StringIndex).to_string());
+                    inlined.push(frame & 1 != 0);
+                }
+                Stack {
+                    frames,
+                    inlined,
+                    count,
+                }
             })
             .collect();
         stacks.sort_by(|a, b| a.frames.cmp(&b.frames));

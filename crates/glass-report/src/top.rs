@@ -3,10 +3,11 @@
 //! Self time goes to the innermost function that was not inlined, as in perf; inlined
 //! functions appear with their total.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::io::{self, Write};
 
-use crate::{Exporter, Model, Profile, ReportError, TRUNCATED_FRAME};
+use crate::model::{StackIndex, StringIndex, ThreadRow};
+use crate::{Exporter, Model, ReportError, TRUNCATED_FRAME};
 
 struct Row<'a> {
     function: &'a str,
@@ -14,34 +15,40 @@ struct Row<'a> {
     total_samples: u64,
 }
 
-/// One table for the stacks whose thread frame is `thread` (or all stacks).
-fn rows<'a>(profile: &'a Profile, thread: Option<&str>) -> (Vec<Row<'a>>, u64) {
-    let mut self_counts: HashMap<&str, u64> = HashMap::new();
-    let mut total_counts: HashMap<&str, u64> = HashMap::new();
+/// One table for the samples of the threads `keep` accepts: its rows, best first, and
+/// the samples it counts. Worked out on the model's interned stacks and names, so a
+/// report of many samples never builds their stacks as strings.
+fn rows<'a>(model: &'a Model, keep: impl Fn(&ThreadRow) -> bool) -> (Vec<Row<'a>>, u64) {
+    let mut by_stack: FxHashMap<Option<StackIndex>, u64> = FxHashMap::default();
     let mut samples = 0;
-    for stack in &profile.stacks {
-        if let Some(thread) = thread {
-            if stack.frames.get(1).map(String::as_str) != Some(thread) {
-                continue;
-            }
+    for thread in model.threads.iter().filter(|thread| keep(thread)) {
+        for sample in &thread.samples {
+            *by_stack.entry(sample.stack).or_insert(0) += sample.weight;
+            samples += sample.weight;
         }
-        samples += stack.count;
-        let functions = profile.functions(stack);
-        if let Some(leaf) = profile.self_function(stack) {
-            *self_counts.entry(leaf).or_insert(0) += stack.count;
+    }
+    let mut self_counts: FxHashMap<StringIndex, u64> = FxHashMap::default();
+    let mut total_counts: FxHashMap<StringIndex, u64> = FxHashMap::default();
+    let mut seen = FxHashSet::default();
+    let mut frames = Vec::new();
+    for (stack, count) in by_stack {
+        model.stack_frames(stack, &mut frames);
+        let rows = frames.iter().map(|&frame| &model.frames[frame as usize]);
+        if let Some(leaf) = rows.clone().rev().find(|row| row.inline_depth == 0) {
+            *self_counts.entry(leaf.function).or_insert(0) += count;
         }
-        let mut seen = HashSet::new();
-        for function in functions {
-            if function != TRUNCATED_FRAME && seen.insert(function.as_str()) {
-                *total_counts.entry(function).or_insert(0) += stack.count;
+        seen.clear();
+        for row in rows {
+            if model.string(row.function) != TRUNCATED_FRAME && seen.insert(row.function) {
+                *total_counts.entry(row.function).or_insert(0) += count;
             }
         }
     }
     let mut rows: Vec<Row> = total_counts
         .into_iter()
         .map(|(function, total_samples)| Row {
-            function,
-            self_samples: self_counts.get(function).copied().unwrap_or(0),
+            function: model.string(function),
+            self_samples: self_counts.get(&function).copied().unwrap_or(0),
             total_samples,
         })
         .collect();
@@ -68,59 +75,54 @@ pub struct Top {
 impl Exporter for Top {
     fn write(&self, model: &Model, out: &mut dyn Write) -> Result<(), ReportError> {
         crate::Format::Top.check(model.source)?;
-        let profile = Profile::from_model(model, self.split_threads);
-        Ok(write_top(
-            &profile,
-            &self.header,
-            self.split_threads,
-            self.limit,
-            out,
-        )?)
+        Ok(self.write_tables(model, out)?)
     }
 }
 
-/// `header` is printed above the tables (what was recorded); `limit` rows per table.
-pub fn write_top(
-    profile: &Profile,
-    header: &str,
-    split_threads: bool,
-    limit: usize,
-    out: &mut dyn Write,
-) -> io::Result<()> {
-    writeln!(out, "{header}")?;
-    if profile.off_cpu_ns > 0 {
-        let on_cpu = profile.samples - profile.off_cpu_weight;
-        writeln!(
-            out,
-            "on-CPU: {on_cpu} samples; off-CPU: {:.3} s blocked, weighed as {} samples (under [off-cpu])",
-            profile.off_cpu_ns as f64 / 1e9,
-            profile.off_cpu_weight
-        )?;
-    }
-    if profile.truncated_samples > 0 {
-        writeln!(
-            out,
-            "note: {} of {} samples have a truncated stack (shown under {TRUNCATED_FRAME} in folded and flame graph output)",
-            profile.truncated_samples, profile.samples
-        )?;
-    }
-    if split_threads {
-        for (tid, name) in &profile.threads {
-            let key = format!("{name}/{tid}");
-            let (rows, samples) = rows(profile, Some(&key));
-            writeln!(out, "\nthread {name} (tid {tid}): {samples} samples")?;
-            table(profile, &rows, samples, limit, out)?;
+impl Top {
+    fn write_tables(&self, model: &Model, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "{}", self.header)?;
+        let samples: u64 = model
+            .threads
+            .iter()
+            .flat_map(|thread| &thread.samples)
+            .map(|sample| sample.weight)
+            .sum();
+        if model.off_cpu_ns > 0 {
+            let on_cpu = samples - model.off_cpu_weight;
+            writeln!(
+                out,
+                "on-CPU: {on_cpu} samples; off-CPU: {:.3} s blocked, weighed as {} samples (under [off-cpu])",
+                model.off_cpu_ns as f64 / 1e9,
+                model.off_cpu_weight
+            )?;
         }
-        Ok(())
-    } else {
-        let (rows, samples) = rows(profile, None);
-        writeln!(out)?;
-        table(profile, &rows, samples, limit, out)
+        if model.truncated_samples > 0 {
+            writeln!(
+                out,
+                "note: {} of {samples} samples have a truncated stack (shown under {TRUNCATED_FRAME} in folded and flame graph output)",
+                model.truncated_samples
+            )?;
+        }
+        if self.split_threads {
+            for (tid, name) in model.thread_names() {
+                let (rows, samples) = rows(model, |thread| {
+                    thread.tid == tid && model.string(thread.name) == name
+                });
+                writeln!(out, "\nthread {name} (tid {tid}): {samples} samples")?;
+                table(model, &rows, samples, self.limit, out)?;
+            }
+            Ok(())
+        } else {
+            let (rows, samples) = rows(model, |_| true);
+            writeln!(out)?;
+            table(model, &rows, samples, self.limit, out)
+        }
     }
 }
 
 fn table(
-    profile: &Profile,
+    model: &Model,
     rows: &[Row],
     samples: u64,
     limit: usize,
@@ -139,7 +141,7 @@ fn table(
         }
     };
     for row in rows.iter().take(limit) {
-        let module = profile
+        let module = model
             .function_modules
             .get(row.function)
             .map(String::as_str)

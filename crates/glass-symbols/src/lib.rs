@@ -16,16 +16,22 @@
 //!   named from the runtime's `/tmp/perf-PID.map` and jitdump files;
 //! - [`debuginfod`]: a module whose debug info is not on this machine (a stripped binary
 //!   without a local debug file), or whose file is gone, is fetched by build id from the
-//!   servers in `DEBUGINFOD_URLS`, into elfutils' cache.
+//!   servers in `DEBUGINFOD_URLS`, into elfutils' cache;
+//! - [`cache`]: what each address of a build was named with is kept on disk, so the
+//!   next report of the same builds does not read their DWARF again.
 
+pub mod cache;
 pub mod debuginfod;
 pub mod jit;
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+// Answers are looked up once per distinct address of a report: FxHash, not SipHash.
+use rustc_hash::FxHashMap;
 
 /// The GNU build id of an ELF file, read through a memory map (only the notes are
 /// touched, so this is cheap even for large files).
@@ -62,18 +68,54 @@ pub struct ModuleRef<'a> {
 /// A loadable segment: (file offset, file size, virtual address).
 type Segment = (u64, u64, u64);
 
-/// An opened module file.
+/// An opened module file: its segments at once, its names when first needed (reading
+/// DWARF is the expensive part, and the symbol cache often spares it).
 struct ModuleFile {
-    /// DWARF, when the file or its debug file has it. None when the file is missing,
-    /// unreadable, not ELF or a different build.
+    segments: Vec<Segment>,
+    basename: String,
+    /// The files names are read from, when found and of the recorded build: the debug
+    /// file (or the file itself) and the file.
+    source: Option<(String, String)>,
+    names: OnceCell<Names>,
+    /// The build id, when answers may be kept in the symbol cache.
+    cache_key: Option<Vec<u8>>,
+}
+
+struct Names {
+    /// DWARF, when the file or its debug file has it.
     loader: Option<addr2line::Loader>,
     /// Function symbols sorted by address: (address, size, demangled name).
     symbols: Vec<(u64, u64, String)>,
-    segments: Vec<Segment>,
-    basename: String,
+}
+
+impl Names {
+    fn read(debug: &str, path: &str) -> Names {
+        let mut symbols = function_symbols(debug);
+        if symbols.is_empty() && debug != path {
+            symbols = function_symbols(path);
+        }
+        Names {
+            loader: addr2line::Loader::new(debug).ok(),
+            symbols,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.loader.is_none() && self.symbols.is_empty()
+    }
 }
 
 impl ModuleFile {
+    fn names(&self) -> &Names {
+        self.names.get_or_init(|| match &self.source {
+            Some((debug, path)) => Names::read(debug, path),
+            None => Names {
+                loader: None,
+                symbols: Vec::new(),
+            },
+        })
+    }
+
     /// The file's virtual address (what its symbols and DWARF use) for a file offset.
     fn address_for_offset(&self, offset: u64) -> Option<u64> {
         self.segments
@@ -82,6 +124,10 @@ impl ModuleFile {
             .map(|(file_offset, _, vaddr)| vaddr + (offset - file_offset))
     }
 }
+
+type BuildId = Vec<u8>;
+/// Frames by (mapping start, file offset, address).
+type Answers = FxHashMap<(u64, u64, u64), Rc<[Frame]>>;
 
 /// A JIT description registered for a process (in addition to `/tmp/perf-PID.map` and
 /// `/tmp/jit-PID.dump`, which are always looked at).
@@ -94,8 +140,14 @@ enum JitSource {
 /// answer.
 #[derive(Default)]
 pub struct Symbolizer {
-    files: HashMap<(String, Vec<u8>), Rc<ModuleFile>>,
-    answers: HashMap<(String, u64, u64, u64), Rc<[Frame]>>,
+    /// By path, then build id.
+    files: FxHashMap<String, Vec<(BuildId, Rc<ModuleFile>)>>,
+    /// None until first needed; then the cache directory, if the cache is on.
+    cache_dir: Option<Option<PathBuf>>,
+    /// Per build id, the answers kept on disk.
+    cached: HashMap<Vec<u8>, cache::ModuleCache>,
+    /// By path, then (mapping start, file offset, address).
+    answers: FxHashMap<String, Answers>,
     /// Per process: the JIT files registered, the symbols read from them (once), and the
     /// answers for addresses in anonymous memory.
     jit_sources: HashMap<u32, Vec<JitSource>>,
@@ -126,6 +178,8 @@ struct Inspected {
     segments: Vec<Segment>,
     /// A separate debug file found on this machine.
     debug_file: Option<String>,
+    /// Where one was looked for.
+    debug_candidates: Vec<String>,
     /// The file has DWARF of its own.
     has_dwarf: bool,
 }
@@ -164,62 +218,134 @@ impl Symbolizer {
     }
 
     fn open(&mut self, module: &ModuleRef) -> Rc<ModuleFile> {
-        let key = (module.path.to_string(), module.build_id.to_vec());
-        if let Some(file) = self.files.get(&key) {
+        let known = self.files.get(module.path).and_then(|files| {
+            files
+                .iter()
+                .find(|(build_id, _)| build_id == module.build_id)
+        });
+        if let Some((_, file)) = known {
             return file.clone();
         }
-        let basename = basename(module.path);
+        let opened = self
+            .open_from_cache(module)
+            .unwrap_or_else(|| self.open_file(module));
+        let file = Rc::new(opened);
+        self.files
+            .entry(module.path.to_string())
+            .or_default()
+            .push((module.build_id.to_vec(), file.clone()));
+        file
+    }
+
+    /// The module as the symbol cache describes it, when the files it was read from are
+    /// all as they were: its segments and answers, without opening it.
+    fn open_from_cache(&mut self, module: &ModuleRef) -> Option<ModuleFile> {
+        if module.build_id.is_empty() || self.cached.contains_key(module.build_id) {
+            return None;
+        }
+        let dir = self.symbol_cache_dir()?;
+        let debuginfod = self.debuginfod().is_some();
+        let cache =
+            cache::ModuleCache::open_if_current(&dir, module.build_id, module.path, debuginfod)?;
+        let origin = cache.origin();
+        let file = ModuleFile {
+            segments: origin.segments.clone(),
+            basename: basename(module.path),
+            source: Some((origin.debug.clone(), origin.path.clone())),
+            names: OnceCell::new(),
+            cache_key: Some(module.build_id.to_vec()),
+        };
+        self.cached.insert(module.build_id.to_vec(), cache);
+        Some(file)
+    }
+
+    fn symbol_cache_dir(&mut self) -> Option<PathBuf> {
+        self.cache_dir
+            .get_or_insert_with(cache::default_dir)
+            .clone()
+    }
+
+    fn open_file(&mut self, module: &ModuleRef) -> ModuleFile {
         let mut opened = ModuleFile {
-            loader: None,
-            symbols: Vec::new(),
             segments: Vec::new(),
-            basename,
+            basename: basename(module.path),
+            source: None,
+            names: OnceCell::new(),
+            cache_key: None,
         };
         // Pseudo-files ([vdso], [anon], ...) have nothing on disk.
-        if !module.path.starts_with('[') && !is_anonymous(module.path) {
-            let mut path = module.path.to_string();
-            let mut inspected = Self::inspect(&path, module.build_id);
-            // The file is gone or was rebuilt since: the build's own file, by build id.
-            if inspected.is_err() {
-                if let Some(fetched) =
-                    self.fetch(module.build_id, debuginfod::Kind::Executable, module.path)
-                {
-                    if let Ok(found) = Self::inspect(&fetched, module.build_id) {
-                        inspected = Ok(found);
-                        path = fetched;
-                    }
+        if module.path.starts_with('[') || is_anonymous(module.path) {
+            return opened;
+        }
+        let mut path = module.path.to_string();
+        let mut inspected = Self::inspect(&path, module.build_id);
+        // The file is gone or was rebuilt since: the build's own file, by build id.
+        if inspected.is_err() {
+            if let Some(fetched) =
+                self.fetch(module.build_id, debuginfod::Kind::Executable, module.path)
+            {
+                if let Ok(found) = Self::inspect(&fetched, module.build_id) {
+                    inspected = Ok(found);
+                    path = fetched;
                 }
-            }
-            match inspected {
-                Ok(mut inspected) => {
-                    if inspected.debug_file.is_none() && !inspected.has_dwarf {
-                        inspected.debug_file =
-                            self.fetch(module.build_id, debuginfod::Kind::Debuginfo, module.path);
-                    }
-                    opened.segments = inspected.segments;
-                    let debug = inspected.debug_file.as_deref().unwrap_or(&path);
-                    opened.symbols = function_symbols(debug);
-                    if opened.symbols.is_empty() && debug != path {
-                        opened.symbols = function_symbols(&path);
-                    }
-                    opened.loader = addr2line::Loader::new(debug).ok();
-                }
-                Err(reason) => match nm_table(module.path) {
-                    // uniprof's symbol table format, for guests whose ELF is not at hand.
-                    Some(symbols) => {
-                        let start = symbols.first().map_or(0, |s| s.0);
-                        opened.segments = vec![(0, u64::MAX / 2, start)];
-                        opened.symbols = symbols;
-                    }
-                    None => self
-                        .warnings
-                        .push(format!("{}: {reason}; showing offsets", module.path)),
-                },
             }
         }
-        let file = Rc::new(opened);
-        self.files.insert(key, file.clone());
-        file
+        match inspected {
+            Ok(mut inspected) => {
+                let lacks_debug_info = inspected.debug_file.is_none() && !inspected.has_dwarf;
+                if lacks_debug_info {
+                    inspected.debug_file =
+                        self.fetch(module.build_id, debuginfod::Kind::Debuginfo, module.path);
+                }
+                let debug = inspected.debug_file.unwrap_or_else(|| path.clone());
+                // Every file whose presence or contents decides the names.
+                let mut files = vec![module.path, path.as_str()];
+                files.extend(inspected.debug_candidates.iter().map(String::as_str));
+                files.push(&debug);
+                files.dedup();
+                let origin = cache::Origin::new(
+                    module.path,
+                    inspected.segments.clone(),
+                    &debug,
+                    &path,
+                    &files,
+                    lacks_debug_info,
+                );
+                opened.segments = inspected.segments;
+                if !module.build_id.is_empty() {
+                    opened.cache_key = self.open_module_cache(module.build_id, origin);
+                }
+                opened.source = Some((debug, path));
+            }
+            Err(reason) => match nm_table(module.path) {
+                // uniprof's symbol table format, for guests whose ELF is not at hand.
+                Some(symbols) => {
+                    let start = symbols.first().map_or(0, |s| s.0);
+                    opened.segments = vec![(0, u64::MAX / 2, start)];
+                    let _ = opened.names.set(Names {
+                        loader: None,
+                        symbols,
+                    });
+                }
+                None => self
+                    .warnings
+                    .push(format!("{}: {reason}; showing offsets", module.path)),
+            },
+        }
+        opened
+    }
+
+    /// Opens the symbol cache of `build_id` for answers from `origin`: the key to use,
+    /// None when the cache is off or already holds the build from other files (the
+    /// same build at two paths: the first one's answers are kept).
+    fn open_module_cache(&mut self, build_id: &[u8], origin: cache::Origin) -> Option<Vec<u8>> {
+        if let Some(open) = self.cached.get(build_id) {
+            return (*open.origin() == origin).then(|| build_id.to_vec());
+        }
+        let dir = self.symbol_cache_dir()?;
+        let cache = cache::ModuleCache::open(&dir, build_id, origin);
+        self.cached.insert(build_id.to_vec(), cache);
+        Some(build_id.to_vec())
     }
 
     /// Checks the file at `path` is the build that was mapped, and reads its segments.
@@ -242,9 +368,14 @@ impl Symbolizer {
         let has_dwarf = elf
             .section_by_name(".debug_info")
             .is_some_and(|s| s.size() > 0 && s.file_range().is_some());
+        let debug_candidates = debug_file_candidates(path, on_disk, &elf);
         Ok(Inspected {
             segments,
-            debug_file: debug_file_for(path, on_disk, &elf),
+            debug_file: debug_candidates
+                .iter()
+                .find(|candidate| Path::new(candidate).is_file())
+                .cloned(),
+            debug_candidates,
             has_dwarf,
         })
     }
@@ -385,43 +516,92 @@ impl Symbolizer {
         } else {
             address
         };
-        let key = (
-            module.path.to_string(),
-            module.start,
-            module.file_offset,
-            probe,
-        );
-        if let Some(frames) = self.answers.get(&key) {
+        let key = (module.start, module.file_offset, probe);
+        if let Some(frames) = self.answers.get(module.path).and_then(|a| a.get(&key)) {
             return frames.clone();
         }
         let file = self.open(module);
         let offset = probe
             .wrapping_sub(module.start)
             .wrapping_add(module.file_offset);
-        let frames: Rc<[Frame]> = match (
-            file.loader.is_some() || !file.symbols.is_empty(),
-            file.address_for_offset(offset),
-        ) {
-            (true, Some(svma)) => lookup(&file, svma).into(),
-            (_, svma) => {
-                let shown = svma.unwrap_or(offset);
-                vec![Frame {
-                    function: format!("{}+0x{shown:x}", file.basename),
-                    module: file.basename.clone(),
-                    inlined: false,
-                }]
-                .into()
-            }
+        let frames: Rc<[Frame]> = match file.address_for_offset(offset) {
+            Some(svma) => self.named(&file, svma),
+            None => Rc::from(vec![Frame {
+                function: format!("{}+0x{offset:x}", file.basename),
+                module: file.basename.clone(),
+                inlined: false,
+            }]),
         };
-        self.answers.insert(key, frames.clone());
+        self.answers
+            .entry(module.path.to_string())
+            .or_default()
+            .insert(key, frames.clone());
         frames
+    }
+
+    /// The frames at file address `svma` of `file`: from the symbol cache when it has
+    /// them, else from the file's DWARF or symbols (and kept in the cache).
+    fn named(&mut self, file: &ModuleFile, svma: u64) -> Rc<[Frame]> {
+        let frames_of = |names: &[String]| -> Rc<[Frame]> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, function)| Frame {
+                    function: function.clone(),
+                    module: file.basename.clone(),
+                    inlined: i > 0,
+                })
+                .collect::<Vec<_>>()
+                .into()
+        };
+        let cache = self.module_cache(file);
+        if let Some(names) = cache.as_ref().and_then(|cache| cache.get(svma)) {
+            return frames_of(names);
+        }
+        let names = file.names();
+        let found: Rc<[String]> = if names.is_empty() {
+            // Nothing names this module: offsets, and nothing worth keeping.
+            return frames_of(&[format!("{}+0x{svma:x}", file.basename)]);
+        } else {
+            lookup(names, &file.basename, svma).into()
+        };
+        if let Some(cache) = cache {
+            cache.insert(svma, found.clone());
+        }
+        frames_of(&found)
+    }
+
+    /// The symbol cache of `file`'s build, if it keeps answers.
+    fn module_cache(&mut self, file: &ModuleFile) -> Option<&mut cache::ModuleCache> {
+        self.cached.get_mut(file.cache_key.as_ref()?)
+    }
+
+    /// Keeps answers in `dir` instead of the default symbol cache, or in none.
+    pub fn set_symbol_cache(&mut self, dir: Option<PathBuf>) {
+        self.cache_dir = Some(dir);
+        self.cached.clear();
+    }
+
+    /// Writes what this symbolizer added to the symbol cache (also done when it is
+    /// dropped). A cache that cannot be written is skipped: it only saves time.
+    pub fn save_symbol_cache(&mut self) {
+        for cache in self.cached.values_mut() {
+            let _ = cache.save();
+        }
     }
 }
 
-fn lookup(file: &ModuleFile, svma: u64) -> Vec<Frame> {
-    let module = file.basename.as_str();
+impl Drop for Symbolizer {
+    fn drop(&mut self) {
+        self.save_symbol_cache();
+    }
+}
+
+/// The names at `svma`, outermost first (an inlined function after the one it was
+/// inlined into).
+fn lookup(names: &Names, module: &str, svma: u64) -> Vec<String> {
     let mut frames = Vec::new();
-    if let Some(loader) = &file.loader {
+    if let Some(loader) = &names.loader {
         if let Ok(mut iter) = loader.find_frames(svma) {
             // addr2line yields the innermost (inlined) function first.
             while let Ok(Some(frame)) = iter.next() {
@@ -434,10 +614,10 @@ fn lookup(file: &ModuleFile, svma: u64) -> Vec<Frame> {
         }
     }
     if frames.is_empty() {
-        let index = file
+        let index = names
             .symbols
             .partition_point(|(address, _, _)| *address <= svma);
-        if let Some((address, size, name)) = index.checked_sub(1).map(|i| &file.symbols[i]) {
+        if let Some((address, size, name)) = index.checked_sub(1).map(|i| &names.symbols[i]) {
             if *size == 0 || svma < address + size {
                 frames.push(name.clone());
             }
@@ -446,16 +626,8 @@ fn lookup(file: &ModuleFile, svma: u64) -> Vec<Frame> {
     if frames.is_empty() {
         frames.push(format!("{module}+0x{svma:x}"));
     }
+    frames.reverse();
     frames
-        .into_iter()
-        .rev()
-        .enumerate()
-        .map(|(i, function)| Frame {
-            function,
-            module: module.to_string(),
-            inlined: i > 0,
-        })
-        .collect()
 }
 
 /// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none.
@@ -538,27 +710,34 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
     symbols
 }
 
-/// A separate debug file for `path`: by build id under /usr/lib/debug/.build-id, or by
-/// the `.gnu_debuglink` name next to the file, in its `.debug/`, or under /usr/lib/debug.
-fn debug_file_for(path: &str, build_id: &[u8], elf: &object::File) -> Option<String> {
-    let exists = |candidate: &str| std::path::Path::new(candidate).is_file();
+/// Where a separate debug file for `path` may be, in the order they are tried: by
+/// build id under /usr/lib/debug/.build-id, then by the `.gnu_debuglink` name next to
+/// the file, in its `.debug/`, or under /usr/lib/debug.
+fn debug_file_candidates(path: &str, build_id: &[u8], elf: &object::File) -> Vec<String> {
+    let mut candidates = Vec::new();
     if build_id.len() > 1 {
-        let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-        let candidate = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
-        if exists(&candidate) {
-            return Some(candidate);
-        }
+        let hex = debuginfod::hex(build_id);
+        candidates.push(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
     }
-    let (name, _crc) = elf.gnu_debuglink().ok().flatten()?;
-    let name = std::str::from_utf8(name).ok()?;
-    let dir = std::path::Path::new(path).parent()?.to_str()?;
-    [
-        format!("{dir}/{name}"),
-        format!("{dir}/.debug/{name}"),
-        format!("/usr/lib/debug{dir}/{name}"),
-    ]
-    .into_iter()
-    .find(|candidate| candidate != path && exists(candidate))
+    let link = elf.gnu_debuglink().ok().flatten();
+    let name = link.and_then(|(name, _crc)| std::str::from_utf8(name).ok());
+    let dir = Path::new(path).parent().and_then(Path::to_str);
+    if let (Some(name), Some(dir)) = (name, dir) {
+        candidates.extend(
+            [
+                format!("{dir}/{name}"),
+                format!("{dir}/.debug/{name}"),
+                format!("/usr/lib/debug{dir}/{name}"),
+            ]
+            .into_iter()
+            .filter(|candidate| candidate != path),
+        );
+    }
+    candidates
 }
 
 /// A symbol table in `nm -n` / System.map form (`ffffffff81000000 T _stext`): the text
