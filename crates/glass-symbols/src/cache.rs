@@ -1,38 +1,32 @@
-//! The symbol cache on disk: per build id, the frames each address of the module was
-//! named with, so that a later report of the same builds names them without reading
+//! The symbol cache on disk: per build id, the module's [symbol index](crate::index)
+//! (every address range of its code with the functions running there), so that a
+//! report of any recording of a build seen before names its frames without reading
 //! DWARF again.
 //!
 //! Reading a module's DWARF is most of a short report's time (libc's separate debug
-//! file alone is 2.4 MB of compressed sections to inflate and parse), while a report
-//! needs a few hundred addresses of it, mostly the same ones from one recording of a
-//! program to the next. perf keeps whole binaries by build id (`~/.debug`); glass keeps
-//! the answers, which are small. There is no library for this: it is a map from address
-//! to names in a file of glass's own format.
+//! file alone is 2.4 MB of compressed sections to inflate and parse). perf keeps whole
+//! binaries by build id (`~/.debug`); glass keeps what it reads from them.
 //!
-//! An entry holds only what the files it came from say: each cache file records its
-//! [`Origin`], every file whose presence or contents decided the answers (the module's
+//! An index holds only what the files it came from say: each cache file records its
+//! [`Origin`], every file whose presence or contents decided the names (the module's
 //! file, the debug file candidates, with size and modification time), and a report
 //! that would read other files (a debug file installed since, a binary replaced, one
-//! fetched by debuginfod) starts the module's cache afresh. While the origin holds, the
-//! module's file is not even parsed: its segments are in the cache too.
+//! fetched by debuginfod) builds the module's index afresh. While the origin holds, the
+//! module's file is not even opened: its segments are in the cache too.
 //!
-//! Format (little endian): the magic line, the origin (u32 length, bytes), the names
-//! (u32 count, then u32 length + UTF-8 bytes each), the entries (u32 count, then u64
-//! address, u16 frame count, u32 name index per frame, outermost first). A file that
-//! does not parse is ignored and rewritten. Files are replaced whole (written beside,
-//! then renamed), so concurrent reports never read a half-written one.
+//! Format: the magic line, the origin (u32 length, bytes), zeros up to a multiple of 8,
+//! the index. A file that does not parse is ignored and replaced. Files are replaced
+//! whole (written beside, then renamed), so concurrent reports never read a half-written
+//! one, and a mapped file stays as it was while mapped.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 
-/// Bumped whenever what an address is named with changes (the lookup's rules), so
-/// that answers of an older glass are not reused.
-const MAGIC: &[u8] = b"glass symbol cache 2\n";
+use crate::index::SymbolIndex;
 
-/// Entries kept per module at most: a cache is a help, never a burden on the disk.
-const MAX_ENTRIES: usize = 1 << 20;
+/// Bumped whenever what an address is named with changes (the index's rules or
+/// format), so that indexes of an older glass are not used.
+const MAGIC: &[u8] = b"glass symbol cache 3\n";
 
 /// Where the cache lives: `GLASS_SYMBOL_CACHE` (`off` turns it off), else
 /// `$XDG_CACHE_HOME/glass/symbols`, else `~/.cache/glass/symbols`.
@@ -163,31 +157,44 @@ impl Origin {
     }
 }
 
-/// The cached answers of one module (one build id).
+/// The bytes of an index: mapped from the cache, or just built.
+pub(crate) enum Backing {
+    Mapped(memmap2::Mmap, usize),
+    Built(Vec<u8>),
+}
+
+impl AsRef<[u8]> for Backing {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(map, offset) => &map[*offset..],
+            Backing::Built(bytes) => bytes,
+        }
+    }
+}
+
+/// The cache of one module (one build id): where its answers come from, and its index
+/// once there is one.
 pub(crate) struct ModuleCache {
     file: PathBuf,
     origin: Origin,
-    entries: HashMap<u64, Rc<[String]>>,
-    /// Answers found by this report and not yet written.
-    added: bool,
+    index: Option<SymbolIndex<Backing>>,
+    /// An index was built (or tried) by this report.
+    built: bool,
 }
 
 impl ModuleCache {
-    /// The cache of `build_id` in `dir`, if its answers came from `origin`; else an
-    /// empty one that will replace it.
+    /// The cache of `build_id` in `dir` for names read from `origin`: with the index
+    /// kept there if it was read from the same files.
     pub(crate) fn open(dir: &Path, build_id: &[u8], origin: Origin) -> ModuleCache {
         let file = dir.join(crate::debuginfod::hex(build_id));
-        let entries = std::fs::read(&file)
-            .ok()
-            .and_then(|bytes| parse(&bytes))
+        let index = read(&file)
             .filter(|(found, _)| *found == origin)
-            .map(|(_, entries)| entries)
-            .unwrap_or_default();
+            .map(|(_, index)| index);
         ModuleCache {
             file,
             origin,
-            entries,
-            added: false,
+            index,
+            built: false,
         }
     }
 
@@ -201,12 +208,12 @@ impl ModuleCache {
         debuginfod: bool,
     ) -> Option<ModuleCache> {
         let file = dir.join(crate::debuginfod::hex(build_id));
-        let (origin, entries) = parse(&std::fs::read(&file).ok()?)?;
+        let (origin, index) = read(&file)?;
         (origin.module_path == module_path && origin.holds(debuginfod)).then_some(ModuleCache {
             file,
             origin,
-            entries,
-            added: false,
+            index: Some(index),
+            built: false,
         })
     }
 
@@ -214,106 +221,80 @@ impl ModuleCache {
         &self.origin
     }
 
-    pub(crate) fn get(&self, address: u64) -> Option<&Rc<[String]>> {
-        self.entries.get(&address)
+    pub(crate) fn index(&self) -> Option<&SymbolIndex<Backing>> {
+        self.index.as_ref()
     }
 
-    pub(crate) fn insert(&mut self, address: u64, names: Rc<[String]>) {
-        if self.entries.len() < MAX_ENTRIES {
-            self.entries.insert(address, names);
-            self.added = true;
+    /// Builds the index with `build` (from the origin's files) if there is none and
+    /// this report has not tried yet (a module the index cannot describe is left to
+    /// addr2line).
+    pub(crate) fn build_once(&mut self, build: impl FnOnce() -> Option<Vec<u8>>) {
+        if self.index.is_none() && !self.built {
+            self.built = true;
+            if let Some(index) = build() {
+                let _ = self.store(index);
+            }
         }
     }
 
-    /// Writes the cache if this report added to it. Failing to is not an error of the
-    /// report: the next one reads the DWARF again.
-    pub(crate) fn save(&mut self) -> std::io::Result<()> {
-        if !self.added {
+    /// Keeps `index` (built from the origin's files) for this report and the next
+    /// ones. Failing to write it is not an error of the report: the next one builds
+    /// it again.
+    pub(crate) fn store(&mut self, index: Vec<u8>) -> std::io::Result<()> {
+        let Some(parsed) = SymbolIndex::parse(Backing::Built(index)) else {
             return Ok(());
-        }
-        self.added = false;
-        let dir = self.file.parent().unwrap_or(Path::new("."));
-        // The names of the code a user profiles are theirs: the directory is private.
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-            .create(dir)?;
-        let bytes = serialize(&self.origin.to_bytes(), &self.entries);
-        let temporary = dir.join(format!(
-            ".{}.{}",
-            self.file
-                .file_name()
-                .map_or_else(Default::default, |n| n.to_string_lossy()),
-            std::process::id()
-        ));
-        let written = std::fs::File::create(&temporary)
-            .and_then(|mut file| file.write_all(&bytes))
-            .and_then(|()| std::fs::rename(&temporary, &self.file));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
+        };
+        let written = write(&self.file, &self.origin.to_bytes(), parsed.bytes().as_ref());
+        self.index = Some(parsed);
         written
     }
 }
 
-fn serialize(origin: &[u8], entries: &Entries) -> Vec<u8> {
-    let mut names: HashMap<&str, u32> = HashMap::new();
-    let mut name_list: Vec<&str> = Vec::new();
-    let mut body = Vec::with_capacity(entries.len() * 16);
-    let mut addresses: Vec<&u64> = entries.keys().collect();
-    addresses.sort_unstable();
-    for address in addresses {
-        let frames = &entries[address];
-        body.extend_from_slice(&address.to_le_bytes());
-        body.extend_from_slice(&(frames.len().min(u16::MAX as usize) as u16).to_le_bytes());
-        for name in frames.iter().take(u16::MAX as usize) {
-            let index = *names.entry(name.as_str()).or_insert_with(|| {
-                name_list.push(name.as_str());
-                (name_list.len() - 1) as u32
-            });
-            body.extend_from_slice(&index.to_le_bytes());
-        }
-    }
-    let mut bytes = Vec::with_capacity(body.len() + 64 * name_list.len() + 64);
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&(origin.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(origin);
-    bytes.extend_from_slice(&(name_list.len() as u32).to_le_bytes());
-    for name in name_list {
-        bytes.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(name.as_bytes());
-    }
-    bytes.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&body);
-    bytes
-}
-
-type Entries = HashMap<u64, Rc<[String]>>;
-
-/// The origin and entries of a cache file, if it parses.
-fn parse(bytes: &[u8]) -> Option<(Origin, Entries)> {
-    let mut reader = Reader { bytes };
+/// The origin and index of a cache file, if it parses.
+fn read(path: &Path) -> Option<(Origin, SymbolIndex<Backing>)> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: read-only map of a file glass replaces by renaming, never in place.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let mut reader = Reader { bytes: &map };
     if reader.take(MAGIC.len())? != MAGIC {
         return None;
     }
     let length = reader.u32()? as usize;
     let origin = Origin::from_bytes(reader.take(length)?)?;
-    let name_count = reader.u32()? as usize;
-    let mut names = Vec::with_capacity(name_count.min(bytes.len() / 4));
-    for _ in 0..name_count {
-        let length = reader.u32()? as usize;
-        names.push(std::str::from_utf8(reader.take(length)?).ok()?.to_string());
+    let offset = (MAGIC.len() + 4 + length).checked_add(7)? & !7;
+    if offset > map.len() {
+        return None;
     }
-    let entry_count = reader.u32()? as usize;
-    let mut entries = HashMap::with_capacity(entry_count.min(bytes.len() / 10));
-    for _ in 0..entry_count {
-        let address = u64::from_le_bytes(reader.take(8)?.try_into().ok()?);
-        let frames = u16::from_le_bytes(reader.take(2)?.try_into().ok()?) as usize;
-        let mut frame_names = Vec::with_capacity(frames);
-        for _ in 0..frames {
-            frame_names.push(names.get(reader.u32()? as usize)?.clone());
-        }
-        entries.insert(address, Rc::from(frame_names));
+    let index = SymbolIndex::parse(Backing::Mapped(map, offset))?;
+    Some((origin, index))
+}
+
+fn write(path: &Path, origin: &[u8], index: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    // The names of the code a user profiles are theirs: the directory is private.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)?;
+    let mut bytes = Vec::with_capacity(MAGIC.len() + 4 + origin.len() + 8 + index.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&(origin.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(origin);
+    while !bytes.len().is_multiple_of(8) {
+        bytes.push(0);
     }
-    reader.bytes.is_empty().then_some((origin, entries))
+    bytes.extend_from_slice(index);
+    let temporary = dir.join(format!(
+        ".{}.{}",
+        path.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let written = std::fs::File::create(&temporary)
+        .and_then(|mut file| file.write_all(&bytes))
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
 }
 
 struct Reader<'a> {
@@ -347,23 +328,25 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::Lookup;
 
-    fn names(list: &[&str]) -> Rc<[String]> {
-        list.iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .into()
+    /// An index naming 0x1000..0x1010 `main` (from the symbol table: /bin/true has no
+    /// DWARF).
+    fn index() -> Vec<u8> {
+        crate::index::build("/bin/true", &[(0x1000, 0x10, "main".to_string())]).unwrap()
     }
 
     #[test]
-    fn answers_round_trip_and_only_while_their_origin_holds() {
+    fn an_index_is_kept_and_used_only_while_its_origin_holds() {
         let dir = std::env::temp_dir().join(format!("glass-cache-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let module = dir.join("libdemo.so");
         std::fs::write(&module, b"one build").unwrap();
         let module = module.to_str().unwrap();
-        let debug = format!("{dir}/libdemo.debug", dir = dir.display());
+        let debug = format!("{}/libdemo.debug", dir.display());
+        const HAS: bool = false;
+        const LACKS: bool = true;
         let origin = |lacks_debug_info| {
             Origin::new(
                 module,
@@ -374,66 +357,53 @@ mod tests {
                 lacks_debug_info,
             )
         };
-        const HAS: bool = false;
-        const LACKS: bool = true;
         let build_id = [0xab, 0xcd, 0x01];
         let cache_dir = dir.join("cache");
         let mut cache = ModuleCache::open(&cache_dir, &build_id, origin(HAS));
-        assert!(cache.get(0x10).is_none());
-        cache.insert(0x10, names(&["main", "inlined_helper"]));
-        cache.insert(0x20, names(&["main"]));
-        cache.insert(0x30, names(&[]));
-        cache.save().unwrap();
+        assert!(cache.index().is_none());
+        cache.store(index()).unwrap();
+        assert_eq!(
+            cache.index().unwrap().lookup(0x1004),
+            Lookup::Symbol("main")
+        );
         assert!(cache_dir.join("abcd01").is_file());
 
         let again = ModuleCache::open_if_current(&cache_dir, &build_id, module, false).unwrap();
         assert_eq!(again.origin(), &origin(HAS));
-        assert_eq!(again.entries.len(), 3);
         assert_eq!(
-            &**again.get(0x10).unwrap(),
-            &names(&["main", "inlined_helper"])[..]
+            again.index().unwrap().lookup(0x100f),
+            Lookup::Symbol("main")
         );
-        assert_eq!(&**again.get(0x20).unwrap(), &names(&["main"])[..]);
-        assert!(again.get(0x30).unwrap().is_empty());
-        assert!(ModuleCache::open_if_current(
-            &cache_dir,
-            &build_id,
-            "/elsewhere/libdemo.so",
-            false
-        )
-        .is_none());
+        assert_eq!(again.index().unwrap().lookup(0x1010), Lookup::None);
+        let elsewhere = "/elsewhere/libdemo.so";
+        assert!(ModuleCache::open_if_current(&cache_dir, &build_id, elsewhere, false).is_none());
 
         // A debug file installed since: the cache no longer holds, nothing is reused.
         std::fs::write(&debug, b"debug info").unwrap();
         assert!(ModuleCache::open_if_current(&cache_dir, &build_id, module, false).is_none());
         assert!(ModuleCache::open(&cache_dir, &build_id, origin(HAS))
-            .entries
-            .is_empty());
+            .index()
+            .is_none());
         std::fs::remove_file(&debug).unwrap();
         assert!(ModuleCache::open_if_current(&cache_dir, &build_id, module, false).is_some());
-        // Answers a debuginfod server may improve are reused only after asking it.
+
+        // Names a debuginfod server may improve are reused only after asking it.
         let mut lacking = ModuleCache::open(&cache_dir, &build_id, origin(LACKS));
-        lacking.insert(0x10, names(&["main"]));
-        lacking.save().unwrap();
+        assert!(lacking.index().is_none());
+        lacking.store(index()).unwrap();
         assert!(ModuleCache::open_if_current(&cache_dir, &build_id, module, true).is_none());
         assert!(ModuleCache::open_if_current(&cache_dir, &build_id, module, false).is_some());
-        assert_eq!(
-            ModuleCache::open(&cache_dir, &build_id, origin(LACKS))
-                .entries
-                .len(),
-            1
-        );
+        assert!(ModuleCache::open(&cache_dir, &build_id, origin(LACKS))
+            .index()
+            .is_some());
 
         // A damaged or cut file is ignored, never trusted in part.
-        let bytes = std::fs::read(cache_dir.join("abcd01")).unwrap();
-        assert!(parse(&bytes).is_some());
+        let path = cache_dir.join("abcd01");
+        let bytes = std::fs::read(&path).unwrap();
         for cut in [0, 5, MAGIC.len() + 2, bytes.len() / 2, bytes.len() - 1] {
-            assert!(parse(&bytes[..cut]).is_none(), "cut at {cut}");
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            assert!(read(&path).is_none(), "cut at {cut}");
         }
-        let mut bad_index = bytes.clone();
-        let last = bad_index.len() - 1;
-        bad_index[last] = 0xff;
-        assert!(parse(&bad_index).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

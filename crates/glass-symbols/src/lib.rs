@@ -17,11 +17,15 @@
 //! - [`debuginfod`]: a module whose debug info is not on this machine (a stripped binary
 //!   without a local debug file), or whose file is gone, is fetched by build id from the
 //!   servers in `DEBUGINFOD_URLS`, into elfutils' cache;
-//! - [`cache`]: what each address of a build was named with is kept on disk, so the
-//!   next report of the same builds does not read their DWARF again.
+//! - [`index`] and [`cache`]: a module's names are read once per build into a symbol
+//!   index (every address range with the functions running there, by addr2line's
+//!   rules) kept on disk by build id, so later reports of any recording of that build
+//!   look addresses up without reading its DWARF; addr2line itself names modules the
+//!   index leaves to it (split DWARF, dwz) and everything when the cache is off.
 
 pub mod cache;
 pub mod debuginfod;
+pub mod index;
 pub mod jit;
 
 use std::cell::OnceCell;
@@ -90,13 +94,9 @@ struct Names {
 
 impl Names {
     fn read(debug: &str, path: &str) -> Names {
-        let mut symbols = function_symbols(debug);
-        if symbols.is_empty() && debug != path {
-            symbols = function_symbols(path);
-        }
         Names {
             loader: addr2line::Loader::new(debug).ok(),
-            symbols,
+            symbols: module_symbols(debug, path),
         }
     }
 
@@ -539,61 +539,53 @@ impl Symbolizer {
         frames
     }
 
-    /// The frames at file address `svma` of `file`: from the symbol cache when it has
-    /// them, else from the file's DWARF or symbols (and kept in the cache).
+    /// The frames at file address `svma` of `file`: from the module's symbol index
+    /// (built and kept in the symbol cache at its first use), else from its DWARF or
+    /// symbols through addr2line.
     fn named(&mut self, file: &ModuleFile, svma: u64) -> Rc<[Frame]> {
-        let frames_of = |names: &[String]| -> Rc<[Frame]> {
+        let frames_of = |names: &[&str]| -> Rc<[Frame]> {
             names
                 .iter()
                 .enumerate()
                 .map(|(i, function)| Frame {
-                    function: function.clone(),
+                    function: function.to_string(),
                     module: file.basename.clone(),
                     inlined: i > 0,
                 })
                 .collect::<Vec<_>>()
                 .into()
         };
-        let cache = self.module_cache(file);
-        if let Some(names) = cache.as_ref().and_then(|cache| cache.get(svma)) {
-            return frames_of(names);
+        let offset_name = || format!("{}+0x{svma:x}", file.basename);
+        if let Some(cache) = self.module_cache(file) {
+            if let Some((debug, path)) = &file.source {
+                cache.build_once(|| index::build(debug, &module_symbols(debug, path)));
+            }
+            if let Some(index) = cache.index() {
+                return match index.lookup(svma) {
+                    index::Lookup::Dwarf(names) => frames_of(&names),
+                    index::Lookup::Symbol(name) => frames_of(&[name]),
+                    index::Lookup::None => frames_of(&[&offset_name()]),
+                };
+            }
         }
         let names = file.names();
-        let found: Rc<[String]> = if names.is_empty() {
-            // Nothing names this module: offsets, and nothing worth keeping.
-            return frames_of(&[format!("{}+0x{svma:x}", file.basename)]);
-        } else {
-            lookup(names, &file.basename, svma).into()
-        };
-        if let Some(cache) = cache {
-            cache.insert(svma, found.clone());
+        if names.is_empty() {
+            return frames_of(&[&offset_name()]);
         }
+        let found = lookup(names, &file.basename, svma);
+        let found: Vec<&str> = found.iter().map(String::as_str).collect();
         frames_of(&found)
     }
 
-    /// The symbol cache of `file`'s build, if it keeps answers.
+    /// The symbol cache of `file`'s build, if it is kept.
     fn module_cache(&mut self, file: &ModuleFile) -> Option<&mut cache::ModuleCache> {
         self.cached.get_mut(file.cache_key.as_ref()?)
     }
 
-    /// Keeps answers in `dir` instead of the default symbol cache, or in none.
+    /// Keeps symbol indexes in `dir` instead of the default symbol cache, or nowhere.
     pub fn set_symbol_cache(&mut self, dir: Option<PathBuf>) {
         self.cache_dir = Some(dir);
         self.cached.clear();
-    }
-
-    /// Writes what this symbolizer added to the symbol cache (also done when it is
-    /// dropped). A cache that cannot be written is skipped: it only saves time.
-    pub fn save_symbol_cache(&mut self) {
-        for cache in self.cached.values_mut() {
-            let _ = cache.save();
-        }
-    }
-}
-
-impl Drop for Symbolizer {
-    fn drop(&mut self) {
-        self.save_symbol_cache();
     }
 }
 
@@ -628,6 +620,15 @@ fn lookup(names: &Names, module: &str, svma: u64) -> Vec<String> {
     }
     frames.reverse();
     frames
+}
+
+/// The function symbols that name a module: its debug file's, else its own.
+fn module_symbols(debug: &str, path: &str) -> Vec<(u64, u64, String)> {
+    let symbols = function_symbols(debug);
+    if symbols.is_empty() && debug != path {
+        return function_symbols(path);
+    }
+    symbols
 }
 
 /// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none.
