@@ -99,9 +99,11 @@ def markdown(rows):
     return "\n".join(lines)
 
 
+def write_section(text):
+    section.replace(BEGIN, END, text)
 
 
 def run(work):
     if not shutil.which("perf"):
         install("linux-perf")
-    section.replace(BEGIN, END, markdown(measure(Path(work))))
+    write_section(markdown(measure(Path(work))))
