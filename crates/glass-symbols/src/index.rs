@@ -26,7 +26,8 @@
 //! size (an unsized one reaches the next).
 //!
 //! Modules the index cannot describe as addr2line would (a supplementary `dwz` file,
-//! split DWARF) are left to addr2line.
+//! split DWARF), and modules with more than 512 MB of `.debug_info` (indexing walks all
+//! of it), are left to addr2line.
 //!
 //! File layout (little endian; tables 8-byte aligned): the magic, then nine u64
 //! counts and offsets (see [`Layout`]); DWARF ranges (begin, end as u64 pairs) sorted
@@ -42,6 +43,9 @@ use std::rc::Rc;
 use object::{Object, ObjectSection};
 
 const MAGIC: &[u8; 8] = b"glsidx01";
+
+/// The largest `.debug_info` indexed (bytes, uncompressed).
+const MAX_DEBUG_INFO: u64 = 512 << 20;
 
 /// The index of one module, over its file's bytes.
 pub struct SymbolIndex<B: AsRef<[u8]>> {
@@ -248,9 +252,15 @@ fn dwarf_ranges(path: &str, names: &mut Names) -> Option<Ranges> {
     let elf = object::File::parse(&*map).ok()?;
     // DWARF that refers to a supplementary file (dwz): addr2line's Loader follows it.
     // (Stripped Debian binaries keep the link with no DWARF left: nothing to follow.)
-    let has_dwarf = elf
+    let debug_info = elf
         .section_by_name(".debug_info")
-        .is_some_and(|s| s.size() > 0 && s.file_range().is_some());
+        .filter(|s| s.size() > 0 && s.file_range().is_some());
+    let has_dwarf = debug_info.is_some();
+    // Indexing walks all of it (about 3 ms per MB): beyond this, a report looks up
+    // only the units its addresses fall in, through addr2line, every time.
+    if debug_info.is_some_and(|s| s.size() > MAX_DEBUG_INFO) {
+        return None;
+    }
     if has_dwarf
         && (elf.section_by_name(".gnu_debugaltlink").is_some()
             || elf.section_by_name(".debug_sup").is_some())
@@ -262,11 +272,30 @@ fn dwarf_ranges(path: &str, names: &mut Names) -> Option<Ranges> {
     } else {
         gimli::RunTimeEndian::Big
     };
+    // Only what names functions and their ranges is inflated (not location lists,
+    // address tables, macros: a third of a distribution's compressed debug file).
+    let needed = |id: gimli::SectionId| {
+        use gimli::SectionId::*;
+        matches!(
+            id,
+            DebugInfo
+                | DebugAbbrev
+                | DebugStr
+                | DebugStrOffsets
+                | DebugLineStr
+                | DebugAddr
+                | DebugRanges
+                | DebugRngLists
+                | DebugLine
+        )
+    };
     let sections = gimli::DwarfSections::load(|id| -> Result<Cow<[u8]>, ()> {
-        Ok(match elf.section_by_name(id.name()) {
-            Some(section) => section.uncompressed_data().map_err(|_| ())?,
-            None => Cow::Borrowed(&[][..]),
-        })
+        Ok(
+            match elf.section_by_name(id.name()).filter(|_| needed(id)) {
+                Some(section) => section.uncompressed_data().map_err(|_| ())?,
+                None => Cow::Borrowed(&[][..]),
+            },
+        )
     })
     .ok()?;
     let dwarf = sections.borrow(|section| gimli::EndianSlice::new(section, endian));
@@ -294,11 +323,20 @@ struct Piece {
     name: Option<u32>,
 }
 
+/// A function and the ranges of its inlined calls: (begin, end, depth, name).
+struct Function {
+    piece: Piece,
+    inlined: Vec<(u64, u64, usize, Option<u32>)>,
+}
+
 struct Walker<'d, 'a> {
     dwarf: &'d gimli::Dwarf<Slice<'a>>,
     /// Every unit's header offset, in order, and the unit once parsed.
     units: Vec<(usize, gimli::UnitHeader<Slice<'a>>)>,
     parsed: HashMap<usize, Rc<gimli::Unit<Slice<'a>>>>,
+    /// Each raw name (and language) once demangled and interned: a name recurs in
+    /// every unit that inlines its function.
+    interned: HashMap<(&'a [u8], Option<gimli::DwLang>), u32>,
 }
 
 impl<'d, 'a> Walker<'d, 'a> {
@@ -319,7 +357,25 @@ impl<'d, 'a> Walker<'d, 'a> {
             dwarf,
             units,
             parsed: HashMap::new(),
+            interned: HashMap::new(),
         })
+    }
+
+    /// The index of the name `naming` found, demangled by the unit's language.
+    fn intern(
+        &mut self,
+        naming: Naming<'a>,
+        names: &mut Names,
+        language: Option<gimli::DwLang>,
+    ) -> Option<u32> {
+        let raw = naming.name?;
+        let key = (raw.slice(), language);
+        if let Some(&index) = self.interned.get(&key) {
+            return Some(index);
+        }
+        let index = names.intern(&addr2line::demangle_auto(raw.to_string_lossy(), language));
+        self.interned.insert(key, index);
+        Some(index)
     }
 
     fn unit(&mut self, index: usize) -> gimli::Result<Rc<gimli::Unit<Slice<'a>>>> {
@@ -331,7 +387,9 @@ impl<'d, 'a> Walker<'d, 'a> {
         Ok(unit)
     }
 
-    /// The ranges of every function of unit `index`, with the names running in each.
+    /// The ranges of every function of unit `index`, with the names running in each,
+    /// in one walk over its DIEs: a function's inlined calls are the ones below it and
+    /// not below a function nested in it, as addr2line collects them.
     fn unit_ranges(
         &mut self,
         index: usize,
@@ -341,25 +399,69 @@ impl<'d, 'a> Walker<'d, 'a> {
         let unit = self.unit(index)?;
         let unit_ref = gimli::UnitRef::new(self.dwarf, &unit);
         let language = language(&unit);
-        let mut functions = Vec::new();
+        // Functions with addresses, in the order of their DIEs.
+        let mut functions: Vec<Function> = Vec::new();
+        // The subprograms whose DIEs the walk is in: their depth, their function (None
+        // without addresses), and the depths of the inlined calls open in them.
+        let mut open: Vec<(isize, Option<usize>, Vec<isize>)> = Vec::new();
         let mut entries = unit.entries_raw(None)?;
         while !entries.is_empty() {
-            let offset = entries.next_offset();
+            let depth = entries.next_depth();
+            while open.last().is_some_and(|(d, _, _)| *d >= depth) {
+                open.pop();
+            }
+            if let Some((_, _, calls)) = open.last_mut() {
+                while calls.last().is_some_and(|&d| d >= depth) {
+                    calls.pop();
+                }
+            }
             let Some(abbrev) = entries.read_abbreviation()? else {
                 continue;
             };
-            if abbrev.tag() != gimli::DW_TAG_subprogram {
-                entries.skip_attributes(abbrev.attributes())?;
-                continue;
-            }
-            let mut range = RangeAttributes::default();
-            for spec in abbrev.attributes() {
-                let attr = entries.read_attribute(*spec)?;
-                range.read(unit_ref, &attr)?;
-            }
-            let ranges = range.ranges(unit_ref)?;
-            if !ranges.is_empty() {
-                functions.push((offset, ranges));
+            match abbrev.tag() {
+                gimli::DW_TAG_subprogram => {
+                    let mut range = RangeAttributes::default();
+                    let mut naming = Naming::default();
+                    for spec in abbrev.attributes() {
+                        let attr = entries.read_attribute(*spec)?;
+                        range.read(unit_ref, &attr)?;
+                        naming.read(self, index, unit_ref, &attr)?;
+                    }
+                    let ranges = range.ranges(unit_ref)?;
+                    let function = (!ranges.is_empty()).then(|| {
+                        functions.push(Function {
+                            piece: Piece {
+                                ranges,
+                                name: self.intern(naming, names, language),
+                            },
+                            inlined: Vec::new(),
+                        });
+                        functions.len() - 1
+                    });
+                    open.push((depth, function, Vec::new()));
+                }
+                gimli::DW_TAG_inlined_subroutine if !open.is_empty() => {
+                    let mut range = RangeAttributes::default();
+                    let mut naming = Naming::default();
+                    for spec in abbrev.attributes() {
+                        let attr = entries.read_attribute(*spec)?;
+                        range.read(unit_ref, &attr)?;
+                        naming.read(self, index, unit_ref, &attr)?;
+                    }
+                    let Some((_, function, calls)) = open.last_mut() else {
+                        continue;
+                    };
+                    if let Some(function) = function {
+                        let name = self.intern(naming, names, language);
+                        for (begin, end) in range.ranges(unit_ref)? {
+                            functions[*function]
+                                .inlined
+                                .push((begin, end, calls.len(), name));
+                        }
+                    }
+                    calls.push(depth);
+                }
+                _ => entries.skip_attributes(abbrev.attributes())?,
             }
         }
         // Which function an address finds is addr2line's binary search over the unit's
@@ -367,8 +469,14 @@ impl<'d, 'a> Walker<'d, 'a> {
         // same search, once per stretch between range edges, gives each function the
         // addresses it names.
         let mut addresses: Vec<(u64, u64, usize)> = Vec::new();
-        for (i, (_, ranges)) in functions.iter().enumerate() {
-            addresses.extend(ranges.iter().map(|&(begin, end)| (begin, end, i)));
+        for (i, function) in functions.iter().enumerate() {
+            addresses.extend(
+                function
+                    .piece
+                    .ranges
+                    .iter()
+                    .map(|&(begin, end)| (begin, end, i)),
+            );
         }
         addresses.sort_unstable_by_key(|address| address.0);
         let mut owned: Vec<Vec<(u64, u64)>> = vec![Vec::new(); functions.len()];
@@ -390,85 +498,12 @@ impl<'d, 'a> Walker<'d, 'a> {
                 }
             }
         }
-        for ((offset, _), ranges) in functions.into_iter().zip(owned) {
+        for (mut function, ranges) in functions.into_iter().zip(owned) {
             if !ranges.is_empty() {
-                self.function_ranges(index, &unit, offset, ranges, language, names, out)?;
+                function.piece.ranges = ranges;
+                flatten(&function.piece, function.inlined, out);
             }
         }
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn function_ranges(
-        &mut self,
-        unit_index: usize,
-        unit: &gimli::Unit<Slice<'a>>,
-        offset: gimli::UnitOffset,
-        ranges: Vec<(u64, u64)>,
-        language: Option<gimli::DwLang>,
-        names: &mut Names,
-        out: &mut Ranges,
-    ) -> gimli::Result<()> {
-        let unit_ref = gimli::UnitRef::new(self.dwarf, unit);
-        let mut entries = unit.entries_raw(Some(offset))?;
-        let depth = entries.next_depth();
-        let Some(abbrev) = entries.read_abbreviation()? else {
-            return Ok(());
-        };
-        let mut naming = Naming::default();
-        for spec in abbrev.attributes() {
-            let attr = entries.read_attribute(*spec)?;
-            naming.read(self, unit_index, unit_ref, &attr)?;
-        }
-        let function = Piece {
-            ranges,
-            name: naming.finish(names, language),
-        };
-        // Inlined calls' ranges, in the order addr2line collects them: (begin, end,
-        // depth, name).
-        let mut inlined: Vec<(u64, u64, usize, Option<u32>)> = Vec::new();
-        // The depth of each open inlined call's DIE, innermost last.
-        let mut open: Vec<isize> = Vec::new();
-        loop {
-            let next_depth = entries.next_depth();
-            if next_depth <= depth || entries.is_empty() {
-                break;
-            }
-            while open.last().is_some_and(|&d| d >= next_depth) {
-                open.pop();
-            }
-            let Some(abbrev) = entries.read_abbreviation()? else {
-                continue;
-            };
-            match abbrev.tag() {
-                gimli::DW_TAG_subprogram => {
-                    // A nested function is a function of its own: skip its DIEs.
-                    entries.skip_attributes(abbrev.attributes())?;
-                    while entries.next_depth() > next_depth && !entries.is_empty() {
-                        if let Some(abbrev) = entries.read_abbreviation()? {
-                            entries.skip_attributes(abbrev.attributes())?;
-                        }
-                    }
-                }
-                gimli::DW_TAG_inlined_subroutine => {
-                    let mut range = RangeAttributes::default();
-                    let mut naming = Naming::default();
-                    for spec in abbrev.attributes() {
-                        let attr = entries.read_attribute(*spec)?;
-                        range.read(unit_ref, &attr)?;
-                        naming.read(self, unit_index, unit_ref, &attr)?;
-                    }
-                    let name = naming.finish(names, language);
-                    let inline_depth = open.len();
-                    for (begin, end) in range.ranges(unit_ref)? {
-                        inlined.push((begin, end, inline_depth, name));
-                    }
-                    open.push(next_depth);
-                }
-                _ => entries.skip_attributes(abbrev.attributes())?,
-            }
-        }
-        flatten(&function, inlined, out);
         Ok(())
     }
 
@@ -573,11 +608,6 @@ impl<'a> Naming<'a> {
             _ => {}
         }
         Ok(())
-    }
-
-    fn finish(self, names: &mut Names, language: Option<gimli::DwLang>) -> Option<u32> {
-        let raw = self.name?.to_string_lossy();
-        Some(names.intern(&addr2line::demangle_auto(raw, language)))
     }
 }
 
