@@ -282,11 +282,15 @@ fn write(path: &Path, origin: &[u8], index: &[u8]) -> std::io::Result<()> {
         bytes.push(0);
     }
     bytes.extend_from_slice(index);
+    // Unique to this writer: other reports (and other symbolizers of this one) may be
+    // writing the same build's index at the same time; the last rename wins whole.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let temporary = dir.join(format!(
-        ".{}.{}",
+        ".{}.{}.{}",
         path.file_name()
             .map_or_else(Default::default, |n| n.to_string_lossy()),
-        std::process::id()
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let written = std::fs::File::create(&temporary)
         .and_then(|mut file| file.write_all(&bytes))
