@@ -50,7 +50,7 @@ fn stamp(path: &str) -> Option<Stamp> {
     Some((metadata.size(), metadata.mtime(), metadata.mtime_nsec()))
 }
 
-/// Where a module's answers come from.
+/// Where a module's names come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Origin {
     /// The module's path in the recording.
@@ -60,7 +60,7 @@ pub(crate) struct Origin {
     /// The files names are read from: the debug file (or the file itself) and the file.
     pub debug: String,
     pub path: String,
-    /// Every file whose presence or contents decided the answers, as it was.
+    /// Every file whose presence or contents decided the names, as it was.
     files: Vec<(String, Option<Stamp>)>,
     /// Neither the file nor a debug file on this machine has DWARF: a debuginfod
     /// server, when one is configured, may have it (now or later).
@@ -172,7 +172,7 @@ impl AsRef<[u8]> for Backing {
     }
 }
 
-/// The cache of one module (one build id): where its answers come from, and its index
+/// The cache of one module (one build id): where its names come from, and its index
 /// once there is one.
 pub(crate) struct ModuleCache {
     file: PathBuf,

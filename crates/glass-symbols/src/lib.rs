@@ -81,7 +81,7 @@ struct ModuleFile {
     /// file (or the file itself) and the file.
     source: Option<(String, String)>,
     names: OnceCell<Names>,
-    /// The build id, when answers may be kept in the symbol cache.
+    /// The build id, when the module's index may be kept in the symbol cache.
     cache_key: Option<Vec<u8>>,
 }
 
@@ -144,7 +144,7 @@ pub struct Symbolizer {
     files: FxHashMap<String, Vec<(BuildId, Rc<ModuleFile>)>>,
     /// None until first needed; then the cache directory, if the cache is on.
     cache_dir: Option<Option<PathBuf>>,
-    /// Per build id, the answers kept on disk.
+    /// Per build id, the module's symbol cache (its index, once built or mapped).
     cached: HashMap<Vec<u8>, cache::ModuleCache>,
     /// By path, then (mapping start, file offset, address).
     answers: FxHashMap<String, Answers>,
@@ -238,7 +238,7 @@ impl Symbolizer {
     }
 
     /// The module as the symbol cache describes it, when the files it was read from are
-    /// all as they were: its segments and answers, without opening it.
+    /// all as they were: its segments and index, without opening it.
     fn open_from_cache(&mut self, module: &ModuleRef) -> Option<ModuleFile> {
         if module.build_id.is_empty() || self.cached.contains_key(module.build_id) {
             return None;
@@ -335,9 +335,9 @@ impl Symbolizer {
         opened
     }
 
-    /// Opens the symbol cache of `build_id` for answers from `origin`: the key to use,
+    /// Opens the symbol cache of `build_id` for names read from `origin`: the key to use,
     /// None when the cache is off or already holds the build from other files (the
-    /// same build at two paths: the first one's answers are kept).
+    /// same build at two paths: the first one's index is kept).
     fn open_module_cache(&mut self, build_id: &[u8], origin: cache::Origin) -> Option<Vec<u8>> {
         if let Some(open) = self.cached.get(build_id) {
             return (*open.origin() == origin).then(|| build_id.to_vec());
