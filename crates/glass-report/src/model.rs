@@ -22,6 +22,10 @@ use glass_symbols::{ModuleRef, Symbolizer};
 use crate::calltrace::CallTrace;
 use crate::modules::ModuleTimeline;
 use crate::UNKNOWN_FRAME;
+
+/// Every how many samples the report looks for the modules to prepare (see
+/// `Symbolizer::prepare`): a module missed is prepared when first met, in turn.
+const PREPARE_STRIDE: usize = 8;
 use crate::{FIRMWARE_FRAME, HALTED_FRAME, KERNEL_MODULE, OFF_CPU_FRAME, TRUNCATED_FRAME};
 
 pub type StringIndex = u32;
@@ -403,10 +407,41 @@ impl Model {
             }
         };
         let unwound = crate::raw::unwind_snapshots(recording);
+        let has_kernel_symbols = !recording.kernel_symbols.symbols.is_empty();
+        // The modules the samples run in (every few samples find the ones that matter),
+        // so that the symbol indexes a first report builds are built on all cores.
+        let mut touched: FxHashMap<*const glass_format::Module, ModuleRef> = FxHashMap::default();
+        for sample in recording
+            .samples
+            .iter()
+            .chain(&unwound)
+            .step_by(PREPARE_STRIDE)
+        {
+            if options.tid.is_some_and(|tid| tid != sample.tid)
+                || sample.flags & SAMPLE_FIRMWARE != 0
+            {
+                continue;
+            }
+            let epoch = timeline.epoch(sample.pid, sample.time_ns);
+            let named_by_kernel = |a: u64| has_kernel_symbols && is_kernel_address(a);
+            for &address in sample.frames.iter().filter(|&&a| !named_by_kernel(a)) {
+                let module = *module_at
+                    .entry((sample.pid, epoch, address))
+                    .or_insert_with(|| timeline.find(sample.pid, sample.time_ns, address));
+                if let Some(module) = module {
+                    touched.entry(module).or_insert_with(|| ModuleRef {
+                        path: &module.path,
+                        build_id: &module.build_id,
+                        start: module.start,
+                        file_offset: module.file_offset,
+                    });
+                }
+            }
+        }
+        symbolizer.prepare(touched.into_values());
         let mut frames: Vec<FrameIndex> = Vec::with_capacity(64);
         // Kernel frames are named from the symbols the recording kept, in a module of
         // their own (made at the first kernel frame: the program's stays the first).
-        let has_kernel_symbols = !recording.kernel_symbols.symbols.is_empty();
         let mut kernel_module: Option<ModuleIndex> = None;
         // Per thread, the blocked time already turned into whole samples: an off-CPU
         // sample weighs its time in sampling periods, carried so short blocks add up.

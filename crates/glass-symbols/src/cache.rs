@@ -229,11 +229,21 @@ impl ModuleCache {
     /// this report has not tried yet (a module the index cannot describe is left to
     /// addr2line).
     pub(crate) fn build_once(&mut self, build: impl FnOnce() -> Option<Vec<u8>>) {
-        if self.index.is_none() && !self.built {
-            self.built = true;
-            if let Some(index) = build() {
-                let _ = self.store(index);
-            }
+        if self.wants_index() {
+            self.built_as(build());
+        }
+    }
+
+    /// There is no index yet and this report has not tried to build one.
+    pub(crate) fn wants_index(&self) -> bool {
+        self.index.is_none() && !self.built
+    }
+
+    /// Keeps what a build of the index gave (None: the module is left to addr2line).
+    pub(crate) fn built_as(&mut self, index: Option<Vec<u8>>) {
+        self.built = true;
+        if let Some(index) = index {
+            let _ = self.store(index);
         }
     }
 

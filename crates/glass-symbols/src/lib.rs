@@ -577,6 +577,61 @@ impl Symbolizer {
         frames_of(&found)
     }
 
+    /// Opens `modules` (those a report is about to name) and builds the symbol indexes
+    /// the cache lacks for them side by side, one module per core: the first report of
+    /// a program's builds then waits for the largest index, not for all in turn.
+    pub fn prepare<'m>(&mut self, modules: impl IntoIterator<Item = ModuleRef<'m>>) {
+        let mut pending: Vec<(BuildId, String, String)> = Vec::new();
+        for module in modules {
+            if module.path.starts_with('[') || is_anonymous(module.path) {
+                continue;
+            }
+            let file = self.open(&module);
+            let (Some(key), Some((debug, path))) = (&file.cache_key, &file.source) else {
+                continue;
+            };
+            let wanted = self.cached.get(key).is_some_and(|c| c.wants_index());
+            if wanted && !pending.iter().any(|(k, _, _)| k == key) {
+                pending.push((key.clone(), debug.clone(), path.clone()));
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        // The largest first, so that no core is left with a big one at the end.
+        let size = |path: &str| std::fs::metadata(path).map_or(0, |m| m.len());
+        pending.sort_by_key(|(_, debug, _)| std::cmp::Reverse(size(debug)));
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(pending.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let built: Vec<(usize, Option<Vec<u8>>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((_, debug, path)) = pending.get(i) else {
+                                return done;
+                            };
+                            done.push((i, index::build(debug, &module_symbols(debug, path))));
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|handle| handle.join().unwrap_or_default())
+                .collect()
+        });
+        for (i, index) in built {
+            if let Some(cache) = self.cached.get_mut(&pending[i].0) {
+                cache.built_as(index);
+            }
+        }
+    }
+
     /// The symbol cache of `file`'s build, if it is kept.
     fn module_cache(&mut self, file: &ModuleFile) -> Option<&mut cache::ModuleCache> {
         self.cached.get_mut(file.cache_key.as_ref()?)

@@ -61,6 +61,10 @@ fn a_later_report_names_frames_from_the_index_exactly_as_from_dwarf() {
         "no index for split in {}",
         cache.display()
     );
+    // Every module the samples ran in was indexed by the first report (side by side):
+    // the program and libc (__libc_start_call_main is in every stack).
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    assert!(cache.join(build_id(libc)).is_file(), "no index for libc");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&cache).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700, "the cache directory is private");
