@@ -361,6 +361,25 @@ impl<'d, 'a> Walker<'d, 'a> {
         })
     }
 
+    /// The address ranges and the name of a function or inlined call whose abbreviation
+    /// was just read, reading its attributes in order.
+    fn read_die(
+        &mut self,
+        entries: &mut gimli::EntriesRaw<'_, Slice<'a>>,
+        abbrev: &gimli::Abbreviation,
+        unit_index: usize,
+        unit: gimli::UnitRef<Slice<'a>>,
+    ) -> gimli::Result<(Vec<(u64, u64)>, Naming<'a>)> {
+        let mut range = RangeAttributes::default();
+        let mut naming = Naming::default();
+        for spec in abbrev.attributes() {
+            let attr = entries.read_attribute(*spec)?;
+            range.read(unit, &attr)?;
+            naming.read(self, unit_index, unit, &attr)?;
+        }
+        Ok((range.ranges(unit)?, naming))
+    }
+
     /// The index of the name `naming` found, demangled by the unit's language.
     fn intern(
         &mut self,
@@ -420,14 +439,7 @@ impl<'d, 'a> Walker<'d, 'a> {
             };
             match abbrev.tag() {
                 gimli::DW_TAG_subprogram => {
-                    let mut range = RangeAttributes::default();
-                    let mut naming = Naming::default();
-                    for spec in abbrev.attributes() {
-                        let attr = entries.read_attribute(*spec)?;
-                        range.read(unit_ref, &attr)?;
-                        naming.read(self, index, unit_ref, &attr)?;
-                    }
-                    let ranges = range.ranges(unit_ref)?;
+                    let (ranges, naming) = self.read_die(&mut entries, abbrev, index, unit_ref)?;
                     let function = (!ranges.is_empty()).then(|| {
                         functions.push(Function {
                             piece: Piece {
@@ -441,19 +453,13 @@ impl<'d, 'a> Walker<'d, 'a> {
                     open.push((depth, function, Vec::new()));
                 }
                 gimli::DW_TAG_inlined_subroutine if !open.is_empty() => {
-                    let mut range = RangeAttributes::default();
-                    let mut naming = Naming::default();
-                    for spec in abbrev.attributes() {
-                        let attr = entries.read_attribute(*spec)?;
-                        range.read(unit_ref, &attr)?;
-                        naming.read(self, index, unit_ref, &attr)?;
-                    }
+                    let (ranges, naming) = self.read_die(&mut entries, abbrev, index, unit_ref)?;
                     let Some((_, function, calls)) = open.last_mut() else {
                         continue;
                     };
                     if let Some(function) = function {
                         let name = self.intern(naming, names, language);
-                        for (begin, end) in range.ranges(unit_ref)? {
+                        for (begin, end) in ranges {
                             functions[*function]
                                 .inlined
                                 .push((begin, end, calls.len(), name));

@@ -636,12 +636,6 @@ impl Symbolizer {
     fn module_cache(&mut self, file: &ModuleFile) -> Option<&mut cache::ModuleCache> {
         self.cached.get_mut(file.cache_key.as_ref()?)
     }
-
-    /// Keeps symbol indexes in `dir` instead of the default symbol cache, or nowhere.
-    pub fn set_symbol_cache(&mut self, dir: Option<PathBuf>) {
-        self.cache_dir = Some(dir);
-        self.cached.clear();
-    }
 }
 
 /// The names at `svma`, outermost first (an inlined function after the one it was
