@@ -32,9 +32,7 @@ apt_update() { [ $apt_updated = 1 ] || { log "apt-get update"; apt-get update -q
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     # --no-install-recommends: xen-utils recommends qemu-system-xen, which is not fetchable here.
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-        { apt_update; apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+    "$HERE/../../scripts/apt-install" --no-install-recommends "${missing[@]}"
 fi
 
 # --- 2. hypervisor -----------------------------------------------------------------------
