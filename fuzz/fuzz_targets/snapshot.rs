@@ -33,29 +33,32 @@ fuzz_target!(|data: &[u8]| {
 
     // Keeping everything is lossless.
     let mut compacted = Vec::new();
-    compact(&stack, sp, &|_| true, &[], &mut compacted);
+    compact(&stack, sp, &|_| true, &[], usize::MAX, &mut compacted);
     let mut back = Vec::new();
     expand(&compacted, &mut back).expect("expands what compact wrote");
     assert_eq!(back, stack);
 
-    // Keeping some words: each one kept is unchanged, the rest read as zero, and
-    // compacting the result again changes nothing.
+    // Keeping some words below a reach: each one kept is unchanged, the rest (and all
+    // beyond the reach) read as zero, and compacting the result again changes nothing.
     let modulus = u64::from(choice | 1);
     let keep = |value: u64| (value >> 4).is_multiple_of(modulus);
     let step = usize::from(choice >> 4) + 1;
     let read_words: Vec<usize> = (0..stack.len() / 8).step_by(step).collect();
+    let reach = (stack.len() / 8).saturating_sub(usize::from(choice & 7));
     compacted.clear();
-    compact(&stack, sp, &keep, &read_words, &mut compacted);
+    compact(&stack, sp, &keep, &read_words, reach, &mut compacted);
     expand(&compacted, &mut back).expect("expands what compact wrote");
     assert_eq!(back.len(), stack.len());
     for (i, (&kept, &original)) in words(&back).iter().zip(&words(&stack)).enumerate() {
         assert!(kept == original || kept == 0);
-        if keep(original) || read_words.contains(&i) {
+        if i >= reach {
+            assert_eq!(kept, 0);
+        } else if keep(original) || read_words.contains(&i) {
             assert_eq!(kept, original);
         }
     }
     let mut again = Vec::new();
-    compact(&back, sp, &keep, &read_words, &mut again);
+    compact(&back, sp, &keep, &read_words, reach, &mut again);
     let mut twice = Vec::new();
     expand(&again, &mut twice).expect("expands what compact wrote");
     assert_eq!(twice, back);

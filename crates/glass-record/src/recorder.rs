@@ -781,11 +781,13 @@ impl<'a> Recorder<'a> {
         let space = &self.spaces[&pid];
         let mut encoded = std::mem::take(&mut self.encoded);
         encoded.clear();
+        let reach = read_words.last().map_or(0, |&last| last + 1);
         compact(
             stack,
             regs.sp,
             &|value| space.contains(value),
             &read_words,
+            reach,
             &mut encoded,
         );
         self.read_words = read_words;

@@ -13,15 +13,22 @@
 //! neither (a garbage "return address"); the recorder unwinds each snapshot anyway and
 //! passes the words it read as `read_words`, which are kept too, so even the garbage is
 //! reproduced exactly.
+//!
+//! Nothing above the last word that unwind read is kept (`reach`): the unwind ended
+//! there, at the outermost frame, and what lies beyond — for a shallow stack, the
+//! arrays of pointers to the arguments and environment strings, which point into the
+//! stack — is never read. The copy keeps its length, so a read past the copy still
+//! fails as it did.
 
-/// Encodes `stack` (copied from `sp` upwards), keeping the words for which `keep` is
-/// true, words pointing into the stack itself, and the words at the indices in
-/// `read_words` (sorted). Appends to `out`.
+/// Encodes `stack` (copied from `sp` upwards), keeping, below word index `reach`, the
+/// words for which `keep` is true, words pointing into the stack itself, and the words
+/// at the indices in `read_words` (sorted). Appends to `out`.
 pub fn compact(
     stack: &[u8],
     sp: u64,
     keep: &dyn Fn(u64) -> bool,
     read_words: &[usize],
+    reach: usize,
     out: &mut Vec<u8>,
 ) {
     let words = stack.len() / 8;
@@ -31,7 +38,9 @@ pub fn compact(
     let into_stack = |value: u64| value.wrapping_sub(sp) < (words * 8) as u64;
     let kept_at = |i: usize| {
         let value = word(i);
-        value != 0 && (into_stack(value) || keep(value) || read_words.binary_search(&i).is_ok())
+        i < reach
+            && value != 0
+            && (into_stack(value) || keep(value) || read_words.binary_search(&i).is_ok())
     };
     put_varint(out, words as u64);
     let mut i = 0;
@@ -141,7 +150,7 @@ mod tests {
     ) -> (Vec<u64>, usize) {
         let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut encoded = Vec::new();
-        compact(&stack, sp, keep, read_words, &mut encoded);
+        compact(&stack, sp, keep, read_words, usize::MAX, &mut encoded);
         let mut expanded = Vec::new();
         expand(&encoded, &mut expanded).unwrap();
         let back = expanded
@@ -169,6 +178,22 @@ mod tests {
         let (back, encoded_len) = compact_and_expand(&words, sp, &keep, &[6]);
         assert!(encoded_len < words.len() * 8);
         assert_eq!(back, vec![0, 0x40_1000, sp + 64, 0, 0, 0x40_2000, 7, 0, 0]);
+    }
+
+    #[test]
+    fn nothing_beyond_the_reach_is_kept_and_the_length_stays() {
+        let sp = 0x7000_0000u64;
+        // A return address, then the argument and environment pointers (into the stack).
+        let words = [0x40_1000u64, 0x40_1004, sp + 48, sp + 56, sp + 64, 0];
+        let keep = |v: u64| (0x40_0000..0x50_0000).contains(&v);
+        let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut encoded = Vec::new();
+        compact(&stack, sp, &keep, &[0], 2, &mut encoded);
+        let mut expanded = Vec::new();
+        expand(&encoded, &mut expanded).unwrap();
+        assert_eq!(expanded.len(), stack.len());
+        assert_eq!(&expanded[..16], &stack[..16]);
+        assert!(expanded[16..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -124,12 +124,15 @@ fn assert_lossless(argv: &[&str]) -> (usize, usize, usize) {
             maps.iter()
                 .any(|(start, end, _, _)| value >= *start && value < *end)
         };
+        // As the recorder does: nothing beyond the last word its unwind read.
+        let reach = read_words.last().map_or(0, |&last| last + 1);
         let mut encoded = Vec::new();
         compact(
             &sample.stack,
             sample.regs.sp,
             &in_code,
             &read_words,
+            reach,
             &mut encoded,
         );
         let mut expanded = Vec::new();
