@@ -226,7 +226,7 @@ def finish_tool(tool, err_path):
 
 
 def perf_figures(data):
-    """Samples perf took, those in user mode (what glass samples), and lost."""
+    """Samples perf took, those in user mode (the ones glass took before it recorded kernel stacks), and lost."""
     ips = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip", "-G"], capture_output=True,
                          text=True).stdout.split()
     report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "dso", "-g", "none"],
