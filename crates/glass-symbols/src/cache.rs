@@ -347,7 +347,7 @@ mod tests {
     /// An index naming 0x1000..0x1010 `main` (from the symbol table: /bin/true has no
     /// DWARF).
     fn index() -> Vec<u8> {
-        crate::index::build("/bin/true", &[(0x1000, 0x10, "main".to_string())]).unwrap()
+        crate::index::build("/bin/true", &[(0x1000, 0x10, "main".to_string())], 1).unwrap()
     }
 
     #[test]

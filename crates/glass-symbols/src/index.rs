@@ -47,6 +47,9 @@ const MAGIC: &[u8; 8] = b"glsidx01";
 /// The largest `.debug_info` indexed (bytes, uncompressed).
 const MAX_DEBUG_INFO: u64 = 512 << 20;
 
+/// Below this much `.debug_info` (bytes), a module's units are walked on one thread.
+const PARALLEL_WALK_BYTES: usize = 1 << 20;
+
 /// The index of one module, over its file's bytes.
 pub struct SymbolIndex<B: AsRef<[u8]>> {
     bytes: B,
@@ -198,11 +201,12 @@ impl<B: AsRef<[u8]>> SymbolIndex<B> {
 }
 
 /// Builds the index of a module from its debug file (DWARF, when it has some) and its
-/// function symbols (sorted, sized as the symbolizer sizes them). None when the DWARF
+/// function symbols (sorted, sized as the symbolizer sizes them), walking its DWARF on
+/// up to `threads` threads (the same index whatever the number). None when the DWARF
 /// is of a kind the index leaves to addr2line, or cannot be read.
-pub fn build(debug_file: &str, symbols: &[(u64, u64, String)]) -> Option<Vec<u8>> {
+pub fn build(debug_file: &str, symbols: &[(u64, u64, String)], threads: usize) -> Option<Vec<u8>> {
     let mut names = Names::default();
-    let dwarf_ranges = dwarf_ranges(debug_file, &mut names)?;
+    let dwarf_ranges = dwarf_ranges(debug_file, &mut names, threads)?;
     let writer = Writer::default();
     // Symbol ranges: the last symbol at or before an address names it, within its
     // size; so each reaches at most the next symbol.
@@ -245,7 +249,7 @@ type Ranges = Vec<(u64, u64, Vec<u32>)>;
 type Slice<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
 
 /// Every range of DWARF functions in `path`; empty when it has no DWARF.
-fn dwarf_ranges(path: &str, names: &mut Names) -> Option<Ranges> {
+fn dwarf_ranges(path: &str, names: &mut Names, threads: usize) -> Option<Ranges> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: read-only map of a regular file.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
@@ -289,20 +293,81 @@ fn dwarf_ranges(path: &str, names: &mut Names) -> Option<Ranges> {
                 | DebugLine
         )
     };
-    let sections = gimli::DwarfSections::load(|id| -> Result<Cow<[u8]>, ()> {
+    let load = |id: gimli::SectionId| -> Result<Cow<[u8]>, ()> {
         Ok(
             match elf.section_by_name(id.name()).filter(|_| needed(id)) {
                 Some(section) => section.uncompressed_data().map_err(|_| ())?,
                 None => Cow::Borrowed(&[][..]),
             },
         )
-    })
-    .ok()?;
+    };
+    // .debug_info is most of the inflating (one zlib stream): given threads, on one of
+    // its own while this one inflates the rest.
+    let (debug_info, sections) = std::thread::scope(|scope| {
+        let debug_info = (threads > 1).then(|| scope.spawn(|| load(gimli::SectionId::DebugInfo)));
+        let sections = gimli::DwarfSections::load(|id| match id {
+            gimli::SectionId::DebugInfo if debug_info.is_some() => Ok(Cow::Borrowed(&[][..])),
+            _ => load(id),
+        });
+        (debug_info.map(|handle| handle.join()), sections)
+    });
+    let mut sections = sections.ok()?;
+    if let Some(debug_info) = debug_info {
+        sections.debug_info = gimli::DebugInfo::from(debug_info.ok()?.ok()?);
+    }
     let dwarf = sections.borrow(|section| gimli::EndianSlice::new(section, endian));
-    let mut walker = Walker::new(&dwarf)?;
-    let mut ranges = Ranges::new();
-    for unit in 0..walker.units.len() {
-        walker.unit_ranges(unit, names, &mut ranges).ok()?;
+    let units = Walker::new(&dwarf)?.units;
+    // Units are independent but for the names they borrow from each other: the walk
+    // is split into contiguous stretches of units, one per core, each with a walker
+    // of its own; their ranges and names are joined in unit order, so the index is
+    // the one a single walk makes.
+    let info_len = gimli::Section::reader(&dwarf.debug_info).len();
+    let parts = if info_len < PARALLEL_WALK_BYTES {
+        1
+    } else {
+        threads.clamp(1, 8)
+    };
+    // Each stretch begins at the first unit at or past its share of the bytes.
+    let bounds: Vec<usize> = (0..parts)
+        .map(|part| units.partition_point(|(offset, _)| *offset < info_len * part / parts))
+        .chain([units.len()])
+        .collect();
+    let walk = |stretch: std::ops::Range<usize>, mut names: Names| {
+        let mut walker = Walker::new(&dwarf)?;
+        let mut ranges = Ranges::new();
+        for unit in stretch {
+            walker.unit_ranges(unit, &mut names, &mut ranges).ok()?;
+        }
+        Some((ranges, names))
+    };
+    // The first stretch is walked here, into the module's names; the others' names
+    // are added to those afterwards, in order.
+    let (first, others) = std::thread::scope(|scope| {
+        let others: Vec<_> = (1..parts)
+            .map(|part| {
+                let stretch = bounds[part]..bounds[part + 1];
+                let walk = &walk;
+                scope.spawn(move || walk(stretch, Names::default()))
+            })
+            .collect();
+        let first = walk(bounds[0]..bounds[1], std::mem::take(names));
+        let others: Vec<_> = others
+            .into_iter()
+            .map(|handle| handle.join().ok().flatten())
+            .collect();
+        (first, others)
+    });
+    let (mut ranges, first_names) = first?;
+    *names = first_names;
+    for part in others {
+        let (mut part_ranges, part_names) = part?;
+        let global: Vec<u32> = part_names.list.iter().map(|n| names.intern(n)).collect();
+        for (_, _, chain) in &mut part_ranges {
+            for name in chain.iter_mut() {
+                *name = global[*name as usize];
+            }
+        }
+        ranges.append(&mut part_ranges);
     }
     // Functions of different units (or folded identical code) may overlap: the first
     // found keeps its addresses, as addr2line keeps the first unit's.

@@ -558,7 +558,7 @@ impl Symbolizer {
         let offset_name = || format!("{}+0x{svma:x}", file.basename);
         if let Some(cache) = self.module_cache(file) {
             if let Some((debug, path)) = &file.source {
-                cache.build_once(|| index::build(debug, &module_symbols(debug, path)));
+                cache.build_once(|| index::build(debug, &module_symbols(debug, path), cores()));
             }
             if let Some(index) = cache.index() {
                 return match index.lookup(svma) {
@@ -601,9 +601,14 @@ impl Symbolizer {
         // The largest first, so that no core is left with a big one at the end.
         let size = |path: &str| std::fs::metadata(path).map_or(0, |m| m.len());
         pending.sort_by_key(|(_, debug, _)| std::cmp::Reverse(size(debug)));
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(pending.len());
+        let workers = cores().min(pending.len());
+        // A large module walks its DWARF on several threads when fewer large ones than
+        // cores are pending (a program beside libc); never more threads than cores.
+        let large = pending
+            .iter()
+            .filter(|(_, debug, _)| size(debug) >= LARGE_DEBUG_FILE)
+            .count();
+        let threads_each = (cores() / large.max(1)).max(1);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let built: Vec<(usize, Option<Vec<u8>>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
@@ -615,7 +620,8 @@ impl Symbolizer {
                             let Some((_, debug, path)) = pending.get(i) else {
                                 return done;
                             };
-                            done.push((i, index::build(debug, &module_symbols(debug, path))));
+                            let symbols = module_symbols(debug, path);
+                            done.push((i, index::build(debug, &symbols, threads_each)));
                         }
                     })
                 })
@@ -672,6 +678,14 @@ fn lookup(names: &Names, module: &str, svma: u64) -> Vec<String> {
 }
 
 /// The function symbols that name a module: its debug file's, else its own.
+/// Debug files at least this large (bytes) are indexed on several threads when cores
+/// are free: libc's compressed one is 4 MB, a small program's a few KB.
+const LARGE_DEBUG_FILE: u64 = 1 << 20;
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn module_symbols(debug: &str, path: &str) -> Vec<(u64, u64, String)> {
     let symbols = function_symbols(debug);
     if symbols.is_empty() && debug != path {

@@ -12,7 +12,7 @@ use glass_symbols::index::{build, Lookup, SymbolIndex};
 /// Every `stride`-th address of `[low, high)` and each range edge of the index: the
 /// index's names against addr2line's. Returns the addresses compared.
 fn compare(path: &str, stride: u64) -> usize {
-    let bytes = build(path, &[]).expect("the index builds");
+    let bytes = build(path, &[], 2).expect("the index builds");
     let index = SymbolIndex::parse(&bytes[..]).expect("the index parses");
     let loader = addr2line::Loader::new(path).unwrap();
     let elf_bytes = std::fs::read(path).unwrap();
@@ -95,7 +95,7 @@ fn a_c_program_with_inlined_calls_is_named_as_addr2line_names_it() {
         compare(path, 1);
         // The inlined calls are there, outermost first.
         if name != "O0" {
-            let bytes = build(path, &[]).unwrap();
+            let bytes = build(path, &[], 2).unwrap();
             let index = SymbolIndex::parse(&bytes[..]).unwrap();
             let chains: Vec<Vec<&str>> = (0..0x10000u64)
                 .filter_map(|address| match index.lookup(address) {
@@ -142,9 +142,33 @@ fn libc_separate_compressed_debug_file_is_named_as_addr2line_names_it() {
 }
 
 #[test]
+fn the_index_is_the_same_whatever_the_threads_that_walk_the_dwarf() {
+    // This test's own binary (many units, cross-unit origins), and libc's debug file.
+    let me = std::env::current_exe().unwrap();
+    let mut files = vec![me.to_str().unwrap().to_string()];
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    if let Some(build_id) = glass_symbols::build_id(libc) {
+        let hex = glass_symbols::debuginfod::hex(&build_id);
+        let debug = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+        if Path::new(&debug).is_file() {
+            files.push(debug);
+        }
+    }
+    for file in &files {
+        let one = build(file, &[], 1).expect("the index builds");
+        for threads in [2, 3, 8] {
+            assert!(
+                build(file, &[], threads).unwrap() == one,
+                "{file}: {threads} threads built another index"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_damaged_index_is_refused_or_still_answers_without_panicking() {
     let me = std::env::current_exe().unwrap();
-    let bytes = build(me.to_str().unwrap(), &[(0x1000, 0x10, "first".into())]).unwrap();
+    let bytes = build(me.to_str().unwrap(), &[(0x1000, 0x10, "first".into())], 2).unwrap();
     assert!(SymbolIndex::parse(&bytes[..]).is_some());
     for cut in [0, 7, 8, 40, 88, bytes.len() / 2, bytes.len() - 1] {
         assert!(SymbolIndex::parse(&bytes[..cut]).is_none(), "cut at {cut}");
@@ -176,7 +200,7 @@ fn a_damaged_index_is_refused_or_still_answers_without_panicking() {
 fn any_file_given_is_named_as_addr2line_names_it() {
     let path = std::env::var("GLASS_INDEX_COMPARE").expect("GLASS_INDEX_COMPARE=FILE");
     let started = std::time::Instant::now();
-    let bytes = build(&path, &[]).expect("the index builds");
+    let bytes = build(&path, &[], 2).expect("the index builds");
     eprintln!(
         "{path}: index of {} bytes built in {:?}",
         bytes.len(),
