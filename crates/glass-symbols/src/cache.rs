@@ -18,6 +18,12 @@
 //! the index. A file that does not parse is ignored and replaced. Files are replaced
 //! whole (written beside, then renamed), so concurrent reports never read a half-written
 //! one, and a mapped file stays as it was while mapped.
+//!
+//! Size: every rebuild of a program is a new build id, so the cache would only grow.
+//! Each use of an index sets its file's modification time, and when a new index takes
+//! the cache past `GLASS_SYMBOL_CACHE_MAX` (MiB; 2 GiB by default) the least recently
+//! used ones are removed down to nine tenths of it (unlinking a file another report has
+//! mapped leaves that report's mapping as it was).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,6 +45,85 @@ pub fn default_dir() -> Option<PathBuf> {
         return Some(Path::new(&xdg).join("glass/symbols"));
     }
     var("HOME").map(|home| Path::new(&home).join(".cache/glass/symbols"))
+}
+
+/// The cache's size by default, above which the least recently used indexes go.
+const DEFAULT_MAX_BYTES: u64 = 2 << 30;
+
+/// The cache's largest size: `GLASS_SYMBOL_CACHE_MAX` (MiB), else 2 GiB; an error line
+/// for a value that is not a number of MiB.
+pub(crate) fn max_bytes() -> Result<u64, String> {
+    static MAX: std::sync::OnceLock<Result<u64, String>> = std::sync::OnceLock::new();
+    MAX.get_or_init(|| match std::env::var("GLASS_SYMBOL_CACHE_MAX") {
+        Err(_) => Ok(DEFAULT_MAX_BYTES),
+        Ok(value) => value
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .and_then(|mib| mib.checked_mul(1 << 20))
+            .ok_or_else(|| {
+                format!(
+                    "GLASS_SYMBOL_CACHE_MAX={value}: not a size in MiB; the symbol cache \
+                     keeps its default limit of 2048 MiB"
+                )
+            }),
+    })
+    .clone()
+}
+
+/// Removes the least recently used indexes of `dir` (by modification time: each use
+/// sets it) until the cache is at most nine tenths of `max` bytes, if it is above
+/// `max`; never `keep` (the index just written), never a file whose name is not a build
+/// id. Temporary files of writers that died (an hour old) go too.
+pub(crate) fn prune(dir: &Path, max: u64, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let age = |metadata: &std::fs::Metadata| {
+        metadata
+            .modified()
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok())
+            .unwrap_or_default()
+    };
+    let mut indexes = Vec::new();
+    let mut total = 0u64;
+    for entry in entries.flatten() {
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !metadata.is_file() {
+            continue;
+        }
+        if name.starts_with('.') {
+            if age(&metadata) > std::time::Duration::from_secs(3600) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        }
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        total += metadata.len();
+        indexes.push((age(&metadata), metadata.len(), entry.path()));
+    }
+    if total <= max {
+        return;
+    }
+    // The oldest use first.
+    indexes.sort_by_key(|(age, _, _)| std::cmp::Reverse(*age));
+    let target = max / 10 * 9;
+    for (_, size, path) in indexes {
+        if total <= target {
+            break;
+        }
+        if path != keep && std::fs::remove_file(&path).is_ok() {
+            total -= size;
+        }
+    }
 }
 
 /// A file's size and modification time (seconds, nanoseconds).
@@ -256,6 +341,11 @@ impl ModuleCache {
         };
         let written = write(&self.file, &self.origin.to_bytes(), parsed.bytes().as_ref());
         self.index = Some(parsed);
+        if written.is_ok() {
+            if let Some(dir) = self.file.parent() {
+                prune(dir, max_bytes().unwrap_or(DEFAULT_MAX_BYTES), &self.file);
+            }
+        }
         written
     }
 }
@@ -276,6 +366,9 @@ fn read(path: &Path) -> Option<(Origin, SymbolIndex<Backing>)> {
         return None;
     }
     let index = SymbolIndex::parse(Backing::Mapped(map, offset))?;
+    // Used now: the last to go when the cache is pruned. (Not being allowed to is no
+    // reason to refuse the index.)
+    let _ = file.set_modified(std::time::SystemTime::now());
     Some((origin, index))
 }
 
@@ -418,6 +511,60 @@ mod tests {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             assert!(read(&path).is_none(), "cut at {cut}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_least_recently_used_indexes_go_when_the_cache_is_too_large() {
+        let dir = std::env::temp_dir().join(format!("glass-cache-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let now = std::time::SystemTime::now();
+        let file = |name: &str, size: usize, age_secs: u64| {
+            let path = dir.join(name);
+            std::fs::write(&path, vec![0u8; size]).unwrap();
+            let when = now - std::time::Duration::from_secs(age_secs);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+            path
+        };
+        let oldest = file("aa01", 1000, 400);
+        let old = file("aa02", 1000, 300);
+        let recent = file("aa03", 1000, 200);
+        let just_written = file("aa04", 1000, 500);
+        let not_ours = file("notes.txt", 5000, 1000);
+        let dead_writer = file(".aa05.123.0", 100, 7200);
+        let live_writer = file(".aa06.124.0", 100, 10);
+        // Under the limit: nothing goes but a dead writer's temporary file.
+        prune(&dir, 4000, &just_written);
+        assert!(oldest.exists() && !dead_writer.exists() && live_writer.exists());
+        // 4000 bytes of indexes against 3000: down to 2700, the oldest uses first,
+        // never the one just written or a file that is not an index.
+        prune(&dir, 3000, &just_written);
+        assert!(!oldest.exists() && !old.exists());
+        assert!(recent.exists() && just_written.exists() && not_ours.exists());
+        // Reading an index marks it used: it outlives an index written after it.
+        let origin = Origin::new("/bin/true", vec![], "/bin/true", "/bin/true", &[], false);
+        for id in [[0xbb, 0x01], [0xbb, 0x02]] {
+            ModuleCache::open(&dir, &id, origin.clone())
+                .store(index())
+                .unwrap();
+        }
+        let (read_since, written_later) = (dir.join("bb01"), dir.join("bb02"));
+        for (path, age_secs) in [(&read_since, 100), (&written_later, 50)] {
+            let when = now - std::time::Duration::from_secs(age_secs);
+            let file = std::fs::File::options().write(true).open(path).unwrap();
+            file.set_modified(when).unwrap();
+        }
+        assert!(ModuleCache::open_if_current(&dir, &[0xbb, 0x01], "/bin/true", false).is_some());
+        let size = |path: &Path| std::fs::metadata(path).unwrap().len();
+        let max = (size(&just_written) + size(&read_since)) * 10 / 9 + 10;
+        prune(&dir, max, &just_written);
+        assert!(read_since.exists() && !written_later.exists() && !recent.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

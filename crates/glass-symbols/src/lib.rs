@@ -260,9 +260,14 @@ impl Symbolizer {
     }
 
     fn symbol_cache_dir(&mut self) -> Option<PathBuf> {
-        self.cache_dir
-            .get_or_insert_with(cache::default_dir)
-            .clone()
+        if self.cache_dir.is_none() {
+            let dir = cache::default_dir();
+            if let (Some(_), Err(warning)) = (&dir, cache::max_bytes()) {
+                self.warnings.push(warning);
+            }
+            self.cache_dir = Some(dir);
+        }
+        self.cache_dir.clone().flatten()
     }
 
     fn open_file(&mut self, module: &ModuleRef) -> ModuleFile {
