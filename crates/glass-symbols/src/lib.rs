@@ -682,7 +682,6 @@ fn lookup(names: &Names, module: &str, svma: u64) -> Vec<String> {
     frames
 }
 
-/// The function symbols that name a module: its debug file's, else its own.
 /// Debug files at least this large (bytes) are indexed on several threads when cores
 /// are free: libc's compressed one is 4 MB, a small program's a few KB.
 const LARGE_DEBUG_FILE: u64 = 1 << 20;
@@ -691,6 +690,7 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The function symbols that name a module: its debug file's, else its own.
 fn module_symbols(debug: &str, path: &str) -> Vec<(u64, u64, String)> {
     let symbols = function_symbols(debug);
     if symbols.is_empty() && debug != path {
