@@ -21,7 +21,7 @@ use std::io::Write;
 pub use diff::{diff_folded, DiffFlamegraph};
 pub use error::ReportError;
 pub use firefox::Firefox;
-pub use flamegraph::{write_flamegraph, Flamegraph};
+pub use flamegraph::{write_flamegraph, write_folded_as_flamegraph, Flamegraph};
 pub use folded::{write_folded, Folded};
 pub use model::{Model, ModelOptions, Source};
 pub use modules::ModuleTimeline;

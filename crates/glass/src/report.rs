@@ -5,7 +5,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 
 use glass_format::{FormatError, Record, Recording};
-use glass_report::calltrace;
+use glass_report::calltrace::{self, scan};
 use glass_report::model::Unit;
 use glass_report::{Exporter, Format, Model, ModelOptions, ReportError, Source};
 
@@ -62,14 +62,19 @@ fn is_trace_file(path: &Path) -> bool {
             })
 }
 
-/// `--format calls` of a trace, summed while the file streams by (see
-/// `glass_report::calltrace::scan`): the calls themselves are never built.
-fn calls_report(args: &ReportArgs) -> Result<()> {
+/// `--format calls`, `tree` and `flamegraph` of a trace, summed while the file streams
+/// by (see `glass_report::calltrace::scan`): the calls themselves are never built.
+fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
     let jobs = args.jobs.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),
         |jobs| jobs as usize,
     );
-    let scan = calltrace::scan::scan_file(&args.input, jobs)
+    let paths = if format == Format::Calls {
+        scan::Paths::Skip
+    } else {
+        scan::Paths::Sum
+    };
+    let scan = scan::scan_file(&args.input, jobs, paths)
         .map_err(|error| unreadable(&args.input, error))?;
     let recording = &scan.recording;
     warn_damage(&args.input, recording, scan.chunks > 0);
@@ -95,9 +100,23 @@ fn calls_report(args: &ReportArgs) -> Result<()> {
         tsc_hz: summary.tsc_hz,
         counter_names: &summary.counters,
     };
-    let limit = args.limit.unwrap_or(usize::MAX);
-    let written = calltrace::calls::write_table(&scan.stats, &context, &header, limit, &mut out)
-        .and_then(|()| out.flush());
+    let paths = scan.paths.unwrap_or_default();
+    let written = match format {
+        Format::Tree => {
+            let limit = args.limit.unwrap_or(TREE_LINES);
+            calltrace::tree::write_tree(&paths, &context, &header, limit, &mut out)
+        }
+        Format::Flamegraph => {
+            let folded = paths.folded(|f| context.name(f).to_string(), summary.tsc_hz);
+            let unit = if summary.tsc_hz == 0 { "cycles" } else { "ns" };
+            glass_report::write_folded_as_flamegraph(&folded, &header, unit, &mut out)
+        }
+        _ => {
+            let limit = args.limit.unwrap_or(usize::MAX);
+            calltrace::calls::write_table(&scan.stats, &context, &header, limit, &mut out)
+        }
+    }
+    .and_then(|()| out.flush());
     match written {
         Ok(()) => Ok(()),
         // `glass report | head` is not a failure.
@@ -105,6 +124,9 @@ fn calls_report(args: &ReportArgs) -> Result<()> {
         Err(e) => Err(Failure::runtime(format!("writing the report failed: {e}"))),
     }
 }
+
+/// Lines of `--format tree` unless --limit says otherwise.
+const TREE_LINES: usize = 200;
 
 fn strip_os_error(message: &str) -> &str {
     message.split(" (os error").next().unwrap_or(message)
@@ -128,10 +150,13 @@ fn is_trace(recording: &Recording) -> bool {
 
 pub fn run(args: &ReportArgs) -> Result<()> {
     if args.diff.is_none()
-        && matches!(args.format, None | Some(Format::Calls))
+        && matches!(
+            args.format,
+            None | Some(Format::Calls | Format::Tree | Format::Flamegraph)
+        )
         && is_trace_file(&args.input)
     {
-        return calls_report(args);
+        return streamed_report(args, args.format.unwrap_or(Format::Calls));
     }
     let recording = open_recording(&args.input)?;
     let before = args.diff.as_deref().map(open_recording).transpose()?;
@@ -247,7 +272,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         }),
         Format::Tree => Box::new(calltrace::TreeReport {
             header,
-            limit: args.limit.unwrap_or(200),
+            limit: args.limit.unwrap_or(TREE_LINES),
         }),
         Format::Invocations => Box::new(calltrace::InvocationsReport {
             header,

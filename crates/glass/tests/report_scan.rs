@@ -1,8 +1,9 @@
-//! `glass report --format calls` streams the file and sums the calls per function with
-//! several decoding workers (`glass_report::calltrace::scan`). Held to what the fixtures
-//! know they called, to the whole-recording path (`CallTrace::build`, which every other
-//! trace format uses) byte for byte, to itself with 1 and N workers, and to the same on
-//! a truncated file and on a file with a damaged chunk.
+//! `glass report --format calls`, `tree` and `flamegraph` of a trace stream the file and
+//! sum the calls per function and per call path with several decoding workers
+//! (`glass_report::calltrace::scan`). Held to what the fixtures know they called, to the
+//! whole-recording path (`CallTrace::build`, which the other trace formats use) byte for
+//! byte, to itself with 1 and N workers, and to the same on a truncated file and on a
+//! file with a damaged chunk.
 
 mod common;
 use common::*;
@@ -21,17 +22,93 @@ fn calls_in_memory(recording: &Path) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// `--format tree` (every line) and the flame graph's stacks as the whole-recording
+/// path makes them.
+fn paths_in_memory(recording: &Path) -> (String, Vec<String>) {
+    let recording = glass_format::read_file(recording).expect("readable");
+    let trace = CallTrace::build(&recording);
+    let model = glass_report::Model::from_trace(&recording, trace);
+    let header = calltrace::header(&recording, model.calls.as_ref().unwrap());
+    let mut out = Vec::new();
+    let tree = calltrace::TreeReport {
+        header,
+        limit: usize::MAX,
+    };
+    glass_report::Exporter::write(&tree, &model, &mut out).unwrap();
+    let folded = calltrace::folded(model.calls.as_ref().unwrap());
+    (String::from_utf8(out).unwrap(), folded)
+}
+
 fn report_calls(recording: &Path, jobs: &str) -> (String, String) {
+    report_as(recording, "calls", jobs)
+}
+
+fn report_as(recording: &Path, format: &str, jobs: &str) -> (String, String) {
     let output = glass(&[
         "report",
         recording.to_str().unwrap(),
         "--format",
-        "calls",
+        format,
         "--jobs",
         jobs,
+        "--limit",
+        "1000000",
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     (stdout(&output), stderr(&output))
+}
+
+/// The frames of a flame graph: each box's title (name, weight, share), sorted.
+fn boxes(svg: &str) -> Vec<String> {
+    let mut titles: Vec<String> = svg
+        .split("<title>")
+        .skip(1)
+        .filter_map(|rest| rest.split("</title>").next())
+        .map(str::to_string)
+        .collect();
+    titles.sort();
+    titles
+}
+
+/// Draws `folded` as the streamed report does, for its boxes.
+fn boxes_of_folded(folded: &[String], recording: &Path) -> Vec<String> {
+    let recording = glass_format::read_file(recording).unwrap();
+    let unit = match recording.trace_summary.as_ref().map_or(0, |s| s.tsc_hz) {
+        0 => "cycles",
+        _ => "ns",
+    };
+    let mut svg = Vec::new();
+    glass_report::write_folded_as_flamegraph(folded, "", unit, &mut svg).unwrap();
+    boxes(&String::from_utf8(svg).unwrap())
+}
+
+/// The tree and the flame graph, streamed with 1 and `jobs` workers, are those of the
+/// whole-recording path; the tree (every line) is returned.
+fn paths_agree(recording: &Path, jobs: &str, what: &str) -> String {
+    let (tree, folded) = paths_in_memory(recording);
+    let (one, _) = report_as(recording, "tree", "1");
+    assert_eq!(one, tree, "{what}");
+    assert_eq!(report_as(recording, "tree", jobs).0, tree, "{what}");
+    let expected = boxes_of_folded(&folded, recording);
+    for jobs in ["1", jobs] {
+        let svg = report_as(recording, "flamegraph", jobs).0;
+        assert_eq!(boxes(&svg), expected, "{what}: flamegraph, {jobs} workers");
+    }
+    one
+}
+
+/// The line of `function` at `depth` in a tree: (calls, the line).
+fn tree_line<'a>(tree: &'a str, depth: usize, function: &str) -> Option<(u64, &'a str)> {
+    let indent = "  ".repeat(depth);
+    tree.lines().find_map(|line| {
+        let figures = line
+            .strip_suffix(function)?
+            .strip_suffix(&indent)?
+            .strip_suffix("  ")?;
+        // (Deeper lines leave spaces, not the calls column, before the indent.)
+        let calls = figures.split(' ').next_back()?.parse().ok()?;
+        Some((calls, line))
+    })
 }
 
 /// The calls column of a function's row.
@@ -45,7 +122,7 @@ fn calls_of(report: &str, function: &str) -> u64 {
 
 /// The same figures from the library with `workers` workers.
 fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
-    let scan = scan::scan_file(recording, workers).expect("scans");
+    let scan = scan::scan_file(recording, workers, scan::Paths::Sum).expect("scans");
     let mut rows: Vec<(u32, [u64; 8])> = scan
         .stats
         .iter()
@@ -67,6 +144,22 @@ fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
         })
         .collect();
     rows.sort();
+    let paths = scan.paths.as_ref().expect("paths summed");
+    for (children, node) in paths.children().iter().zip(&paths.nodes) {
+        let children: Vec<u64> = children.iter().map(|&c| u64::from(c)).collect();
+        let mut row = [
+            node.calls,
+            node.total,
+            node.self_time,
+            node.first.1,
+            0,
+            0,
+            0,
+            0,
+        ];
+        row[4..4 + children.len().min(4)].copy_from_slice(&children[..children.len().min(4)]);
+        rows.push((u32::MAX - 1, row));
+    }
     rows.push((
         u32::MAX,
         [
@@ -128,6 +221,9 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     assert_eq!(one, calls_in_memory(&recording));
     assert_eq!(calls_of(&one, "work_a"), 100_000);
     assert_eq!(calls_of(&one, "work_b"), 50_000);
+    let tree = paths_agree(&recording, "4", "threads");
+    assert_eq!(tree_line(&tree, 0, "work_a").unwrap().0, 100_000, "{tree}");
+    assert_eq!(tree_line(&tree, 0, "work_b").unwrap().0, 50_000, "{tree}");
     assert!(
         one.starts_with(&format!(
             "glass trace: {}: 150000 calls, 2 threads,",
@@ -155,6 +251,7 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     let (four, _) = report_calls(&truncated, "4");
     assert_eq!(one, four);
     assert_eq!(one, calls_in_memory(&truncated));
+    paths_agree(&truncated, "4", "truncated");
     let kept = calls_of(&one, "work_a") + calls_of(&one, "work_b");
     assert!(kept > 0 && kept < 150_000, "{one}");
     assert!(one.contains("the recording ended early"), "{one}");
@@ -177,6 +274,7 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     let (four, _) = report_calls(&damaged_path, "4");
     assert_eq!(one, four);
     assert_eq!(one, calls_in_memory(&damaged_path));
+    paths_agree(&damaged_path, "4", "damaged");
 }
 
 #[test]
@@ -202,6 +300,13 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
     assert_eq!(one, calls_in_memory(&recording));
     assert_eq!(one, report_calls(&recording, "2").0);
     assert_eq!(calls_of(&one, "descend"), 100 * 1000);
+    // Each level of the recursion is a path of its own: 100 calls at every depth.
+    let tree = paths_agree(&recording, "2", "recursion");
+    assert_eq!(tree_line(&tree, 0, "main").unwrap().0, 1, "{tree}");
+    for depth in [1, 2, 500, 1000] {
+        let (calls, line) = tree_line(&tree, depth, "descend").unwrap_or_else(|| panic!("{tree}"));
+        assert_eq!(calls, 100, "{line}");
+    }
     // Every second record dropped: exits without entries are skipped, entries without
     // exits are closed by their caller's exit or at the end, on both paths alike.
     let full = glass_format::read_file(&recording).unwrap();
@@ -240,6 +345,7 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
     let (one, _) = report_calls(&thinned, "1");
     assert_eq!(one, calls_in_memory(&thinned));
     assert_eq!(one, report_calls(&thinned, "3").0);
+    paths_agree(&thinned, "3", "thinned");
 }
 
 /// A trace written record by record: `threads` of (tid, words), in chunks of `split`
@@ -367,6 +473,14 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
         assert_eq!(one, report_calls(&path, "2").0, "{name}");
         assert_eq!(one, report_calls(&path, "5").0, "{name}");
         assert_eq!(calls_of(&one, "outer"), 3 * 2001, "{name}: {one}");
+        let tree = paths_agree(&path, "5", name);
+        // (Outer calls whose exit was lost hold the next ones: paths at many depths.)
+        let outer: u64 = (0..=2001)
+            .filter_map(|depth| tree_line(&tree, depth, "outer"))
+            .map(|(calls, _)| calls)
+            .sum();
+        assert_eq!(outer, 3 * 2001, "{name}: {tree}");
+        assert_eq!(figures(&path, 1), figures(&path, 3), "{name}");
         for counter in counters.iter() {
             assert!(one.contains(&format!("{counter}/call")), "{name}: {one}");
         }
@@ -378,5 +492,54 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
         let (one, _) = report_calls(&empty, "2");
         assert_eq!(one, calls_in_memory(&empty));
         assert!(one.contains(": 0 calls, 0 threads"), "{one}");
+        paths_agree(&empty, "2", "empty");
     }
+}
+
+#[test]
+fn paths_of_equal_time_keep_the_order_of_their_first_calls() {
+    use glass_trace::{encode, EventKind::*};
+    let dir = scratch("report_scan_ties");
+    let base = 1u64 << 40;
+    // Two threads call leaf and inner for exactly as long, in opposite orders: the
+    // thread whose records come first in the file decides (leaf, then inner), whichever
+    // worker decodes which thread.
+    let calls = |first: u32, second: u32| {
+        vec![
+            encode(base, 0, Entry),
+            encode(base + 5, first, Entry),
+            encode(base + 15, first, Exit),
+            encode(base + 20, second, Entry),
+            encode(base + 30, second, Exit),
+            encode(base + 40, 0, Exit),
+        ]
+    };
+    let path = dir.join("ties.glass");
+    synthetic(
+        &path,
+        &[],
+        base,
+        &[(1, calls(2, 1)), (2, calls(1, 2))],
+        2,
+        true,
+    );
+    for jobs in ["1", "2"] {
+        let tree = paths_agree(&path, jobs, "ties");
+        let (_, leaf) = tree_line(&tree, 1, "leaf").unwrap_or_else(|| panic!("{tree}"));
+        let (_, inner) = tree_line(&tree, 1, "inner").unwrap_or_else(|| panic!("{tree}"));
+        let at = |line: &str| tree.find(line).unwrap();
+        assert!(at(leaf) < at(inner), "{tree}");
+    }
+    // The other thread first: the other order.
+    synthetic(
+        &path,
+        &[],
+        base,
+        &[(2, calls(1, 2)), (1, calls(2, 1))],
+        2,
+        true,
+    );
+    let tree = paths_agree(&path, "2", "ties swapped");
+    let at = |function: &str| tree.find(tree_line(&tree, 1, function).unwrap().1).unwrap();
+    assert!(at("inner") < at("leaf"), "{tree}");
 }

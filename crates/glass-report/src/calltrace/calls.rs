@@ -155,7 +155,8 @@ pub fn stats(trace: &CallTrace) -> HashMap<u32, FunctionStats> {
     stats
 }
 
-/// What the table needs besides the figures: names, the cycle rate, the counters.
+/// What the tables (calls, tree) need besides the figures: names, the cycle rate, the
+/// counters.
 pub struct TableContext<'a> {
     pub names: &'a HashMap<u32, String>,
     pub tsc_hz: u64,
@@ -163,11 +164,11 @@ pub struct TableContext<'a> {
 }
 
 impl TableContext<'_> {
-    fn duration(&self, cycles: u64) -> String {
+    pub fn duration(&self, cycles: u64) -> String {
         super::model::duration(self.tsc_hz, cycles)
     }
 
-    fn name(&self, function: u32) -> &str {
+    pub fn name(&self, function: u32) -> &str {
         self.names
             .get(&function)
             .map_or("[unknown]", String::as_str)

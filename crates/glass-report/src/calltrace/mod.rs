@@ -5,10 +5,11 @@ pub mod calls;
 pub mod chrome;
 pub mod invocations;
 pub mod model;
+pub mod paths;
 pub mod scan;
 pub mod tree;
 
-use std::io::{self, Write};
+use std::io::Write;
 
 use glass_format::Recording;
 
@@ -95,43 +96,7 @@ pub fn losses(recording: &Recording) -> String {
 /// Folded stacks of traced functions weighted by self time in nanoseconds (cycles when
 /// the rate is unknown), for the flame graph.
 pub fn folded(trace: &CallTrace) -> Vec<String> {
-    let mut weights: std::collections::HashMap<String, f64> = Default::default();
-    let mut paths: Vec<String> = Vec::with_capacity(trace.calls.len());
-    for call in &trace.calls {
-        let name = trace.name(call.function);
-        let path = match call.parent {
-            Some(parent) => format!("{};{name}", paths[parent]),
-            None => name.to_string(),
-        };
-        let weight = if trace.tsc_hz == 0 {
-            call.self_cycles() as f64
-        } else {
-            trace.ns(call.self_cycles())
-        };
-        *weights.entry(path.clone()).or_default() += weight;
-        paths.push(path);
-    }
-    let mut lines: Vec<String> = weights
-        .into_iter()
-        .filter(|(_, w)| *w >= 1.0)
-        .map(|(path, w)| format!("{path} {}", w.round() as u64))
-        .collect();
-    lines.sort();
-    lines
-}
-
-pub fn write_flamegraph(
-    recording: &Recording,
-    trace: &CallTrace,
-    out: &mut dyn Write,
-) -> io::Result<()> {
-    let unit = if trace.tsc_hz == 0 { "cycles" } else { "ns" };
-    crate::flamegraph::write_folded_as_flamegraph(
-        &folded(trace),
-        &header(recording, trace),
-        unit,
-        out,
-    )
+    paths::PathTree::of_calls(trace).folded(|f| trace.name(f).to_string(), trace.tsc_hz)
 }
 
 /// The calls of a model built from a `glass trace` recording.
@@ -164,7 +129,19 @@ pub struct TreeReport {
 impl crate::Exporter for TreeReport {
     fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
         let trace = calls_of(model, crate::Format::Tree)?;
-        Ok(tree::write_tree(trace, &self.header, self.limit, out)?)
+        let context = calls::TableContext {
+            names: &trace.names,
+            tsc_hz: trace.tsc_hz,
+            counter_names: &trace.counter_names,
+        };
+        let paths = paths::PathTree::of_calls(trace);
+        Ok(tree::write_tree(
+            &paths,
+            &context,
+            &self.header,
+            self.limit,
+            out,
+        )?)
     }
 }
 

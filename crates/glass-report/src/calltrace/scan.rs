@@ -1,9 +1,11 @@
-//! `--format calls` straight from the file: the per-function figures summed while the
-//! file streams by, without building the calls. [`super::CallTrace`] keeps every call
+//! `--format calls` and `tree` (and a trace's flame graph) straight from the file: the
+//! per-function figures, and when asked the per-path ones ([`PathTree`]), summed while
+//! the file streams by, without building the calls. [`super::CallTrace`] keeps every call
 //! (and the model every other format needs keeps more per call): for 10^8 records that
 //! is gigabytes of fresh memory, whose first touch alone (page faults) took most of a
-//! report's time. Here memory is per thread (its open calls) and per function (its
-//! figures and its [`Durations`](super::calls::Durations)), whatever the file's size.
+//! report's time. Here memory is per thread (its open calls), per function (its figures
+//! and its [`Durations`](super::calls::Durations)) and per call path, whatever the
+//! file's size.
 //!
 //! The file is read in blocks on the calling thread ([`glass_format::stream`]); each
 //! traced thread's chunks go, in file order, to one worker (threads are dealt out to
@@ -26,6 +28,7 @@ use glass_format::{FormatError, Recording};
 use glass_trace::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
 
 use super::calls::FunctionStats;
+use super::paths::{PathTree, ROOT};
 
 const TSC_MASK: u64 = (1 << TSC_BITS) - 1;
 /// Chunks queued per worker: a few blocks' worth, so the reader runs ahead of the
@@ -39,6 +42,8 @@ pub struct Scan {
     pub recording: Recording,
     /// Per function id, its figures (functions that were called).
     pub stats: HashMap<u32, FunctionStats>,
+    /// The calls merged by path, when asked for.
+    pub paths: Option<PathTree>,
     /// Calls seen (each entry record is one).
     pub calls: u64,
     /// Traced threads (pid, tid) with records, in order of appearance.
@@ -58,17 +63,25 @@ impl Scan {
     }
 }
 
-/// Reads a `glass trace` recording and sums its calls per function, with `workers`
-/// threads decoding (1: on the calling thread). Errors only when nothing can be read at
-/// all, as [`glass_format::read_file`]; damage is in `recording.damage`.
-pub fn scan_file(path: &Path, workers: usize) -> Result<Scan, FormatError> {
+/// What is summed besides the per-function figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paths {
+    Skip,
+    Sum,
+}
+
+/// Reads a `glass trace` recording and sums its calls per function (and per path with
+/// [`Paths::Sum`]), with `workers` threads decoding (1: on the calling thread). Errors
+/// only when nothing can be read at all, as [`glass_format::read_file`]; damage is in
+/// `recording.damage`.
+pub fn scan_file(path: &Path, workers: usize, paths: Paths) -> Result<Scan, FormatError> {
     let (mut stride, mut stop) = (None, None);
     // A second pass is needed only when the first one learns, too late, that a chunk's
     // body was bad (everything from it on is dropped, as the whole-file reader does) or
     // that the records carry a different number of counter words than the summary
     // before them said; a third only for both.
     for _ in 0..3 {
-        let pass = pass(path, workers.max(1), stride, stop.clone())?;
+        let pass = pass(path, workers.max(1), paths, stride, stop.clone())?;
         let wanted = 1 + pass
             .scan
             .recording
@@ -97,6 +110,7 @@ struct Pass {
 fn pass(
     path: &Path,
     workers: usize,
+    paths: Paths,
     stride: Option<usize>,
     stop: Option<FormatError>,
 ) -> Result<Pass, FormatError> {
@@ -145,7 +159,7 @@ fn pass(
                         .trace_summary
                         .as_ref()
                         .map_or(0, |s| s.counters.len());
-                    Engine::start(workers, stride.unwrap_or(1 + counters))
+                    Engine::start(workers, paths, stride.unwrap_or(1 + counters))
                 });
                 scan.chunks += 1;
                 engine.chunk(thread, chunk);
@@ -187,7 +201,13 @@ fn pass(
                 None => last = last.max(tsc_start),
             }
         }
-        for (function, stats) in worker.functions.into_iter().enumerate() {
+        if let Some(tree) = worker.sums.paths {
+            match &mut scan.paths {
+                Some(paths) => paths.merge(tree),
+                None => scan.paths = Some(tree),
+            }
+        }
+        for (function, stats) in worker.sums.functions.into_iter().enumerate() {
             if stats.calls == 0 {
                 continue;
             }
@@ -218,18 +238,20 @@ enum Workers {
     Threads {
         /// Workers to start at most.
         most: usize,
+        paths: Paths,
         queues: Vec<SyncSender<(usize, TraceBytes)>>,
         handles: Vec<JoinHandle<Worker>>,
     },
 }
 
 impl Engine {
-    fn start(workers: usize, stride: usize) -> Engine {
+    fn start(workers: usize, paths: Paths, stride: usize) -> Engine {
         let workers = if workers == 1 {
-            Workers::Inline(Box::new(Worker::new(stride)))
+            Workers::Inline(Box::new(Worker::new(stride, paths)))
         } else {
             Workers::Threads {
                 most: workers,
+                paths,
                 queues: Vec::new(),
                 handles: Vec::new(),
             }
@@ -243,6 +265,7 @@ impl Engine {
             Workers::Inline(worker) => worker.chunk(thread, &chunk),
             Workers::Threads {
                 most,
+                paths,
                 queues,
                 handles,
             } => {
@@ -252,8 +275,9 @@ impl Engine {
                 if worker == queues.len() {
                     let (queue, chunks) = sync_channel::<(usize, TraceBytes)>(QUEUE);
                     queues.push(queue);
+                    let paths = *paths;
                     handles.push(std::thread::spawn(move || {
-                        let mut worker = Worker::new(stride);
+                        let mut worker = Worker::new(stride, paths);
                         for (thread, chunk) in chunks {
                             worker.chunk(thread, &chunk);
                         }
@@ -286,24 +310,33 @@ impl Engine {
     }
 }
 
-/// One worker's threads and its per-function figures.
+/// What a worker sums its threads' calls into.
+struct Sums {
+    /// By function id.
+    functions: Vec<FunctionStats>,
+    paths: Option<PathTree>,
+}
+
+/// One worker's threads and its sums.
 struct Worker {
     /// Words per record: the record and one per hardware counter.
     stride: usize,
     threads: HashMap<usize, ThreadState>,
-    /// By function id.
-    functions: Vec<FunctionStats>,
+    sums: Sums,
     words: u64,
     /// The first chunk whose body did not decode; later chunks are left alone.
     error: Option<(usize, &'static str)>,
 }
 
 impl Worker {
-    fn new(stride: usize) -> Worker {
+    fn new(stride: usize, paths: Paths) -> Worker {
         Worker {
             stride,
             threads: HashMap::new(),
-            functions: Vec::new(),
+            sums: Sums {
+                functions: Vec::new(),
+                paths: (paths == Paths::Sum).then(PathTree::default),
+            },
             words: 0,
             error: None,
         }
@@ -317,12 +350,12 @@ impl Worker {
         let state = self
             .threads
             .entry(thread)
-            .or_insert_with(|| ThreadState::new(stride));
-        let functions = &mut self.functions;
+            .or_insert_with(|| ThreadState::new(thread as u32, stride));
+        let sums = &mut self.sums;
         let result = if stride == 1 {
-            chunk.for_each_word(|word| state.record(word, &[], functions))
+            chunk.for_each_word(|word| state.record(word, &[], sums))
         } else {
-            chunk.for_each_word(|word| state.word(word, functions))
+            chunk.for_each_word(|word| state.word(word, sums))
         };
         self.words += chunk.count;
         if let Err(what) = result {
@@ -335,7 +368,7 @@ impl Worker {
         for state in self.threads.values_mut() {
             while let Some(open) = state.stack.pop() {
                 let now = state.now;
-                state.close(open, now, None, false, &mut self.functions);
+                state.close(open, now, None, false, &mut self.sums);
             }
         }
     }
@@ -351,10 +384,16 @@ struct Open {
     start: u64,
     /// Inclusive time of its callees.
     children: u64,
+    /// Its call path (when paths are summed).
+    node: u32,
 }
 
 /// One traced thread's replay.
 struct ThreadState {
+    /// Its index among the recording's threads.
+    thread: u32,
+    /// Calls entered so far.
+    entries: u64,
     stride: usize,
     /// The low bits of the first record, and the time since it.
     first_low: Option<u64>,
@@ -370,8 +409,10 @@ struct ThreadState {
 }
 
 impl ThreadState {
-    fn new(stride: usize) -> ThreadState {
+    fn new(thread: u32, stride: usize) -> ThreadState {
         ThreadState {
+            thread,
+            entries: 0,
             stride,
             first_low: None,
             last_low: 0,
@@ -384,18 +425,18 @@ impl ThreadState {
     }
 
     /// A word of a record that carries counters.
-    fn word(&mut self, word: u64, functions: &mut Vec<FunctionStats>) {
+    fn word(&mut self, word: u64, sums: &mut Sums) {
         self.partial.push(word);
         if self.partial.len() == self.stride {
             let record = std::mem::take(&mut self.partial);
-            self.record(record[0], &record[1..], functions);
+            self.record(record[0], &record[1..], sums);
             self.partial = record;
             self.partial.clear();
         }
     }
 
     #[inline]
-    fn record(&mut self, word: u64, values: &[u64], functions: &mut Vec<FunctionStats>) {
+    fn record(&mut self, word: u64, values: &[u64], sums: &mut Sums) {
         let low = word & TSC_MASK;
         match self.first_low {
             Some(_) => self.now += low.wrapping_sub(self.last_low) & TSC_MASK,
@@ -411,11 +452,20 @@ impl ThreadState {
             }
             let nested = self.open[index] > 0;
             self.open[index] += 1;
+            let node = match &mut sums.paths {
+                Some(paths) => {
+                    let parent = self.stack.last().map_or(ROOT, |o| o.node);
+                    paths.child(parent, function, (self.thread, self.entries))
+                }
+                None => ROOT,
+            };
+            self.entries += 1;
             self.stack.push(Open {
                 function,
                 nested,
                 start: now,
                 children: 0,
+                node,
             });
             self.at_entry.extend_from_slice(values);
             return;
@@ -433,7 +483,7 @@ impl ThreadState {
         while self.stack.len() > position {
             let open = self.stack.pop().unwrap();
             let matched = self.stack.len() == position;
-            self.close(open, now, Some(values), matched && unwound, functions);
+            self.close(open, now, Some(values), matched && unwound, sums);
         }
     }
 
@@ -444,12 +494,16 @@ impl ThreadState {
         end: u64,
         values: Option<&[u64]>,
         unwound: bool,
-        functions: &mut Vec<FunctionStats>,
+        sums: &mut Sums,
     ) {
         let cycles = end - open.start;
         if let Some(parent) = self.stack.last_mut() {
             parent.children += cycles;
         }
+        if let Some(paths) = &mut sums.paths {
+            paths.close(open.node, cycles, open.children);
+        }
+        let functions = &mut sums.functions;
         self.open[open.function as usize] -= 1;
         let index = open.function as usize;
         if index >= functions.len() {
