@@ -31,6 +31,7 @@ fn syscalls(dir: &Path) -> std::path::PathBuf {
 
 #[test]
 fn kernel_frames_sit_under_the_system_call_wrapper_in_the_right_share() {
+    let _alone = exclusive();
     let dir = scratch("kernel_split");
     let binary = syscalls(&dir);
     let out = dir.join("k.glass");
@@ -99,6 +100,7 @@ fn kernel_frames_sit_under_the_system_call_wrapper_in_the_right_share() {
 
 #[test]
 fn no_kernel_records_no_kernel_frames() {
+    let _alone = exclusive();
     let dir = scratch("kernel_none");
     let binary = syscalls(&dir);
     let out = dir.join("u.glass");
@@ -106,7 +108,7 @@ fn no_kernel_records_no_kernel_frames() {
         &out,
         999,
         &["--backend", "perf", "--no-kernel"],
-        &[binary.to_str().unwrap(), "200"],
+        &[binary.to_str().unwrap(), "600"],
     );
     let err = stderr(&output);
     assert!(
@@ -131,6 +133,7 @@ fn no_kernel_records_no_kernel_frames() {
 /// (an empty file bound over it in a mount namespace of its own) the names are the same.
 #[test]
 fn kernel_names_come_from_the_recording() {
+    let _alone = exclusive();
     let dir = scratch("kernel_offline");
     let binary = syscalls(&dir);
     let out = dir.join("k.glass");
@@ -162,6 +165,7 @@ fn kernel_names_come_from_the_recording() {
 
 #[test]
 fn off_cpu_time_is_under_the_blocking_function_in_its_share() {
+    let _alone = exclusive();
     let dir = scratch("kernel_off_cpu");
     let binary = compile(&dir, "kernel/blocking.c", "blocking", &["-pthread"]);
     let out = dir.join("b.glass");
@@ -225,6 +229,7 @@ fn off_cpu_time_is_under_the_blocking_function_in_its_share() {
 
 #[test]
 fn a_program_that_never_blocks_has_next_to_no_off_cpu_time() {
+    let _alone = exclusive();
     let dir = scratch("kernel_on_cpu");
     let binary = syscalls(&dir);
     let out = dir.join("c.glass");
@@ -254,6 +259,7 @@ fn a_program_that_never_blocks_has_next_to_no_off_cpu_time() {
 /// records user stacks and says so in one line.
 #[test]
 fn without_privileges_user_stacks_are_recorded_and_the_reason_said() {
+    let _alone = exclusive();
     let paranoid = perf_event_paranoid();
     if paranoid != 2 {
         // 1 or lower lets users sample the kernel; 3 (Debian) refuses perf entirely.
@@ -298,6 +304,7 @@ fn without_privileges_user_stacks_are_recorded_and_the_reason_said() {
 /// exit status 2, before anything is started.
 #[test]
 fn kernel_options_need_the_perf_backend() {
+    let _alone = exclusive();
     let dir = scratch("kernel_ptrace");
     let out = dir.join("p.glass");
     for option in ["--off-cpu", "--kernel"] {
@@ -320,6 +327,7 @@ fn kernel_options_need_the_perf_backend() {
 /// under `[off-cpu]` and the function that blocked, and the process runs on.
 #[test]
 fn off_cpu_time_of_a_running_process() {
+    let _alone = exclusive();
     let dir = scratch("kernel_off_cpu_pid");
     let binary = compile(&dir, "kernel/blocking.c", "blocking", &["-pthread"]);
     let target = std::process::Command::new(&binary)

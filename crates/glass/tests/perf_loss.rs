@@ -131,6 +131,7 @@ fn check_interpreter(name: &str, hz: u32, argv: &[&str], dir: &Path) {
 
 #[test]
 fn node_loses_nothing() {
+    let _alone = exclusive();
     let node = need("node", "nodejs");
     let dir = scratch("perf_loss_node");
     let script = fixture("busy.js");
@@ -141,6 +142,7 @@ fn node_loses_nothing() {
 
 #[test]
 fn python_loses_nothing() {
+    let _alone = exclusive();
     let python = python3();
     let dir = scratch("perf_loss_python");
     let script = fixture("busy.py");
@@ -167,6 +169,7 @@ fn thread_cpu(output: &Output) -> Vec<(u32, f64)> {
 
 #[test]
 fn sixteen_threads_lose_nothing_and_each_gets_its_share() {
+    let _alone = exclusive();
     let dir = scratch("perf_loss_threads");
     let binary = compile(&dir, "loss/threads16.c", "threads16", &["-pthread"]);
     for hz in [499, 999] {
@@ -189,6 +192,7 @@ fn sixteen_threads_lose_nothing_and_each_gets_its_share() {
 /// nothing: the rings hold half a second at the rate.
 #[test]
 fn a_slow_drain_loses_nothing_with_rings_sized_for_the_rate() {
+    let _alone = exclusive();
     let dir = scratch("perf_loss_slow");
     let binary = compile(&dir, "loss/threads16.c", "threads16", &["-pthread"]);
     let out = dir.join("slow.glass");
@@ -214,6 +218,7 @@ fn a_slow_drain_loses_nothing_with_rings_sized_for_the_rate() {
 /// the summary's, and what was kept plus what was lost is about what the CPU time makes.
 #[test]
 fn loss_is_reported_per_thread_as_the_kernel_counted_it() {
+    let _alone = exclusive();
     let dir = scratch("perf_loss_small");
     let binary = compile(&dir, "loss/threads16.c", "threads16", &["-pthread"]);
     let out = dir.join("small.glass");
@@ -261,6 +266,7 @@ fn loss_is_reported_per_thread_as_the_kernel_counted_it() {
 /// recording goes on (run as `nobody`, whose limit is perf_event_mlock_kb per CPU).
 #[test]
 fn rings_above_the_mlock_limit_shrink_with_a_note() {
+    let _alone = exclusive();
     let dir = scratch("perf_loss_mlock");
     let binary = compile(&dir, "loss/threads16.c", "threads16", &["-pthread"]);
     open_to_nobody(&dir);

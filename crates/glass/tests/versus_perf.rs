@@ -139,8 +139,14 @@ fn top_ten_agrees_with_perf_dwarf_on_the_same_run() {
     }
     let ours = top10(&glass_shares);
     let theirs = top10(&perf_shares);
-    let common: Vec<&String> = ours.iter().filter(|n| theirs.contains(n)).collect();
-    assert!(common.len() >= 8, "glass {ours:?}\nperf {theirs:?}");
+    // The top ten of each tool, each function's share in both (0 where one tool does not
+    // list it). Not the ranks: functions near the tenth place differ by less than their
+    // noise, so which ones make either list is chance.
+    let mut compared: Vec<&String> = ours.iter().chain(&theirs).collect();
+    compared.sort();
+    compared.dedup();
+    let common = ours.iter().filter(|n| theirs.contains(n)).count();
+    assert!(common >= 5, "glass {ours:?}\nperf {theirs:?}");
     // Both sample the same run at the same rate, each with its own sampling noise: a
     // share p of n samples has a standard error of sqrt(p(1-p)/n), and the difference of
     // two such shares sqrt(2) times that. Allowed: four standard errors of the
@@ -154,8 +160,9 @@ fn top_ten_agrees_with_perf_dwarf_on_the_same_run() {
         .and_then(|s| s.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no sample count in: {}", stdout(&top)));
-    for name in common {
-        let (a, b) = (glass_shares[name], perf_shares[name]);
+    for name in compared {
+        let share = |shares: &HashMap<String, f64>| shares.get(name).copied().unwrap_or(0.0);
+        let (a, b) = (share(&glass_shares), share(&perf_shares));
         let p = (a + b) / 200.0;
         let tolerance = (4.0 * 100.0 * (2.0 * p * (1.0 - p) / samples).sqrt()).max(3.0);
         assert!(

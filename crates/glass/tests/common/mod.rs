@@ -101,6 +101,31 @@ pub fn folded(recording: &Path, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// How far a share (percent) measured from `samples` samples may stray from the true
+/// `percent` by chance before a test calls it wrong: four standard errors of a binomial
+/// share (about one run in 16 000), and never less than `floor` points (the bias the
+/// test accepts). A sampled split is a count, not a measurement: its noise shrinks only
+/// with more samples, so a fixed bound fails now and then on a short or slow run.
+pub fn share_tolerance(percent: f64, samples: u64, floor: f64) -> f64 {
+    let p = (percent / 100.0).clamp(0.0, 1.0);
+    let standard_error = 100.0 * (p * (1.0 - p) / samples.max(1) as f64).sqrt();
+    (4.0 * standard_error).max(floor)
+}
+
+/// Waits (20 s at most) until a recording being written has `bytes` bytes: samples are
+/// in it, however slowly a loaded machine got glass started.
+pub fn wait_for_recording(path: &Path, bytes: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(path).map_or(0, |m| m.len()) < bytes {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} did not reach {bytes} bytes in 20 s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn total(stacks: &[(Vec<String>, u64)]) -> u64 {
     stacks.iter().map(|(_, n)| n).sum()
 }
