@@ -290,9 +290,12 @@ impl<'a> Recorder<'a> {
         unwind: &str,
         target_pid: i32,
     ) -> io::Result<()> {
+        // The wall-clock time of the origin sample times count from (the backend may have
+        // spent a while connecting before it writes the meta): start + time is when a
+        // sample was taken.
         let start_unix_ns = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
+            .map(|d| (d.as_nanos() as u64).saturating_sub(self.now_ns()))
             .unwrap_or(0);
         self.arch = arch;
         let capture = match self.args.capture {

@@ -614,19 +614,32 @@ fn bad_input_says_what_is_wrong_in_one_line() {
     }
 }
 
-/// Records for ~3 s, SIGKILLs glass, and checks what the file kept.
+/// Records for ~3 s, SIGKILLs glass, and checks what the file kept: samples up to a
+/// second before the kill (sample times are counted from the wall-clock start in the
+/// meta, so how long glass took to start does not matter).
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 fn kill_after_3s(args: &[&str], recording: &Path, dir: &Path, what: &str) {
-    let started = Instant::now();
     let mut recorder = Recorder::start(args, dir);
     std::thread::sleep(Duration::from_secs(3));
     recorder.kill(libc::SIGKILL);
-    let killed_at = started.elapsed();
+    let killed_at = unix_ns();
     // The launched program (in glass's process group) goes too.
     // SAFETY: signalling the test's own child's process group.
     unsafe { libc::kill(-recorder.pid(), libc::SIGKILL) };
     let _ = recorder.finish(what);
     let kept = glass_format::read_file(recording).expect("a readable prefix");
     assert!(!kept.complete, "{what}");
+    let start = kept
+        .meta
+        .as_ref()
+        .expect("the meta is written first")
+        .start_unix_ns;
     let last_ns = kept
         .samples
         .iter()
@@ -634,14 +647,11 @@ fn kill_after_3s(args: &[&str], recording: &Path, dir: &Path, what: &str) {
         .chain(kept.snapshots.iter().map(|s| s.time_ns))
         .max()
         .unwrap_or(0);
-    // Sample times count from glass's start, a little after `started`: the bound is
-    // on the safe side.
-    let wanted = killed_at.saturating_sub(Duration::from_secs(1));
+    let last_at = start + last_ns;
     assert!(
-        Duration::from_nanos(last_ns) >= wanted,
-        "{what}: samples kept up to {:.3} s, killed at {:.3} s ({} samples)",
-        last_ns as f64 / 1e9,
-        killed_at.as_secs_f64(),
+        last_at + 1_000_000_000 >= killed_at,
+        "{what}: the last sample kept was taken {:.3} s before the kill ({} samples)",
+        killed_at.saturating_sub(last_at) as f64 / 1e9,
         kept.samples.len()
     );
     let info = glass(&["info", recording.to_str().unwrap()]);
@@ -654,9 +664,8 @@ fn kill_after_3s(args: &[&str], recording: &Path, dir: &Path, what: &str) {
     let report = glass(&["report", recording.to_str().unwrap()]);
     assert!(report.status.success(), "{what}: {}", stderr(&report));
     eprintln!(
-        "{what}: killed at {:.2} s, samples kept up to {:.2} s",
-        killed_at.as_secs_f64(),
-        last_ns as f64 / 1e9
+        "{what}: samples kept up to {:.2} s before the kill",
+        killed_at.saturating_sub(last_at) as f64 / 1e9
     );
 }
 
