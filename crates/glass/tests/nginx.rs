@@ -624,11 +624,12 @@ fn a_nobody_worker_is_sampled_under_load() {
     let samples = total(&stacks);
     assert!(samples > 0, "{err}");
     // Every sample of a worker is under main and the master's cycle it forked from;
-    // unwinding may stop short where a sample lands in code without CFI (a PLT stub).
+    // unwinding may stop short where a sample lands in code without CFI (a PLT stub):
+    // a tenth of the samples, or two where the worker got little CPU.
     let whole = samples_in(&stacks, "ngx_master_process_cycle");
     eprintln!("{samples} samples, {whole} unwound to ngx_master_process_cycle: {err}");
     assert!(
-        whole * 10 >= samples * 9,
+        whole * 10 >= samples * 9 || samples - whole <= 2,
         "{whole} of {samples} samples unwound to ngx_master_process_cycle: {stacks:?}"
     );
     assert!(
