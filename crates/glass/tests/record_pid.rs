@@ -115,6 +115,8 @@ fn stop_glass_with(signal: i32, name: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Samples written (a flush after SIGKILL is what the prefix has), then some more.
+    wait_for_recording(&recording, 4096);
     std::thread::sleep(Duration::from_millis(600));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(recorder.id() as i32, signal) };

@@ -257,7 +257,7 @@ fn poll(what: &str, done: impl Fn() -> bool) {
 }
 
 /// The split fixture's 60/30/10 in the table's self column (generous bounds: a
-/// window of at least 200 samples).
+/// window of at least 400 samples, alpha's 45-75 is over five standard errors).
 fn assert_split(screen: &str) {
     let alpha = self_share(screen, "alpha").expect("alpha row");
     let beta = self_share(screen, "beta").expect("beta row");
@@ -268,7 +268,7 @@ fn assert_split(screen: &str) {
 }
 
 fn split_ready(screen: &str) -> bool {
-    view_samples(screen) >= 200
+    view_samples(screen) >= 400
         && ["alpha", "beta", "gamma_"]
             .iter()
             .all(|f| self_share(screen, f).is_some_and(|s| s > 0.0))
@@ -323,7 +323,8 @@ fn launched_command_shares_keys_pause_and_quit() {
     tmux.keys("T");
     let screen = tmux.wait_for("the total sort", |s| s.contains("sort: total"));
     let table = rows(&screen);
-    assert!(table[0].total_share > 99.0, "{screen}");
+    // (The program's start in ld.so, before main, may have a sample or two.)
+    assert!(table[0].total_share > 98.0, "{screen}");
     assert!(
         table
             .windows(2)
