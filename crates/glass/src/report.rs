@@ -62,19 +62,19 @@ fn is_trace_file(path: &Path) -> bool {
             })
 }
 
-/// `--format calls`, `tree` and `flamegraph` of a trace, summed while the file streams
-/// by (see `glass_report::calltrace::scan`): the calls themselves are never built.
+/// `--format calls`, `tree`, `invocations` and `flamegraph` of a trace, summed while the
+/// file streams by (see `glass_report::calltrace::scan`): the calls themselves are never
+/// built.
 fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
     let jobs = args.jobs.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),
         |jobs| jobs as usize,
     );
-    let paths = if format == Format::Calls {
-        scan::Paths::Skip
-    } else {
-        scan::Paths::Sum
+    let wanted = scan::Wanted {
+        paths: matches!(format, Format::Tree | Format::Flamegraph),
+        root: args.root.clone().filter(|_| format == Format::Invocations),
     };
-    let scan = scan::scan_file(&args.input, jobs, paths)
+    let scan = scan::scan_file(&args.input, jobs, &wanted)
         .map_err(|error| unreadable(&args.input, error))?;
     let recording = &scan.recording;
     warn_damage(&args.input, recording, scan.chunks > 0);
@@ -90,11 +90,18 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
         scan.span(),
         summary.tsc_hz,
     );
-    let names = recording
+    let names: std::collections::HashMap<u32, String> = recording
         .trace_functions
         .iter()
         .map(|f| (f.id, f.name.clone()))
         .collect();
+    let root = match &wanted.root {
+        Some(name) => Some(
+            calltrace::invocations::root_id(&names, name)
+                .map_err(|error| Failure::bad_input(error.to_string()))?,
+        ),
+        None => None,
+    };
     let context = calltrace::calls::TableContext {
         names: &names,
         tsc_hz: summary.tsc_hz,
@@ -105,6 +112,22 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
         Format::Tree => {
             let limit = args.limit.unwrap_or(TREE_LINES);
             calltrace::tree::write_tree(&paths, &context, &header, limit, &mut out)
+        }
+        Format::Invocations if root.is_some() => {
+            let limit = args.limit.unwrap_or(INVOCATION_LINES);
+            let name = wanted.root.as_deref().unwrap_or_default();
+            calltrace::invocations::write_invocations(
+                &scan.invocations,
+                &context,
+                &header,
+                name,
+                limit,
+                &mut out,
+            )
+            .map_err(|error| match error {
+                ReportError::Io(error) => error,
+                other => io::Error::other(other.to_string()),
+            })
         }
         Format::Flamegraph => {
             let folded = paths.folded(|f| context.name(f).to_string(), summary.tsc_hz);
@@ -127,6 +150,8 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
 
 /// Lines of `--format tree` unless --limit says otherwise.
 const TREE_LINES: usize = 200;
+/// Rows of `--format invocations` unless --limit says otherwise.
+const INVOCATION_LINES: usize = 20;
 
 fn strip_os_error(message: &str) -> &str {
     message.split(" (os error").next().unwrap_or(message)
@@ -149,10 +174,15 @@ fn is_trace(recording: &Recording) -> bool {
 }
 
 pub fn run(args: &ReportArgs) -> Result<()> {
+    if args.format == Some(Format::Invocations) && args.root.is_none() {
+        return Err(Failure::bad_input(
+            "--format invocations needs --root FUNCTION (e.g. --root process_batch)",
+        ));
+    }
     if args.diff.is_none()
         && matches!(
             args.format,
-            None | Some(Format::Calls | Format::Tree | Format::Flamegraph)
+            None | Some(Format::Calls | Format::Tree | Format::Flamegraph | Format::Invocations)
         )
         && is_trace_file(&args.input)
     {
@@ -174,11 +204,6 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     format
         .check(source)
         .map_err(|error| Failure::bad_input(format!("{}: {error}", args.input.display())))?;
-    if format == Format::Invocations && args.root.is_none() {
-        return Err(Failure::bad_input(
-            "--format invocations needs --root FUNCTION (e.g. --root process_batch)",
-        ));
-    }
     match (&before, format) {
         (None, Format::Diff) => {
             return Err(Failure::bad_input(ReportError::NoBaseline.to_string()));
@@ -277,7 +302,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         Format::Invocations => Box::new(calltrace::InvocationsReport {
             header,
             root: args.root.clone().unwrap_or_default(),
-            limit: args.limit.unwrap_or(20),
+            limit: args.limit.unwrap_or(INVOCATION_LINES),
         }),
         Format::Chrome => Box::new(calltrace::ChromeReport {
             header,

@@ -1,5 +1,6 @@
-//! `glass report --format calls`, `tree` and `flamegraph` of a trace stream the file and
-//! sum the calls per function and per call path with several decoding workers
+//! `glass report --format calls`, `tree`, `invocations` and `flamegraph` of a trace
+//! stream the file and sum the calls per function, per call path and per invocation of
+//! the root with several decoding workers
 //! (`glass_report::calltrace::scan`). Held to what the fixtures know they called, to the
 //! whole-recording path (`CallTrace::build`, which the other trace formats use) byte for
 //! byte, to itself with 1 and N workers, and to the same on a truncated file and on a
@@ -37,6 +38,50 @@ fn paths_in_memory(recording: &Path) -> (String, Vec<String>) {
     glass_report::Exporter::write(&tree, &model, &mut out).unwrap();
     let folded = calltrace::folded(model.calls.as_ref().unwrap());
     (String::from_utf8(out).unwrap(), folded)
+}
+
+/// `--format invocations --root ROOT` (every row) as the whole-recording path writes it.
+fn invocations_in_memory(recording: &Path, root: &str) -> String {
+    let recording = glass_format::read_file(recording).expect("readable");
+    let trace = CallTrace::build(&recording);
+    let model = glass_report::Model::from_trace(&recording, trace);
+    let header = calltrace::header(&recording, model.calls.as_ref().unwrap());
+    let mut out = Vec::new();
+    let report = calltrace::InvocationsReport {
+        header,
+        root: root.to_string(),
+        limit: usize::MAX,
+    };
+    glass_report::Exporter::write(&report, &model, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The invocations of `root`, streamed with 1 and `jobs` workers, are those of the
+/// whole-recording path; the report (every row) is returned.
+fn invocations_agree(recording: &Path, root: &str, jobs: &str, what: &str) -> String {
+    let expected = invocations_in_memory(recording, root);
+    let mut streamed = String::new();
+    for jobs in ["1", jobs] {
+        let output = glass(&[
+            "report",
+            recording.to_str().unwrap(),
+            "--format",
+            "invocations",
+            "--root",
+            root,
+            "--jobs",
+            jobs,
+            "--limit",
+            "1000000",
+        ]);
+        assert!(output.status.success(), "{what}: {}", stderr(&output));
+        streamed = stdout(&output);
+        assert_eq!(
+            streamed, expected,
+            "{what}: invocations of {root}, {jobs} workers"
+        );
+    }
+    streamed
 }
 
 fn report_calls(recording: &Path, jobs: &str) -> (String, String) {
@@ -122,7 +167,11 @@ fn calls_of(report: &str, function: &str) -> u64 {
 
 /// The same figures from the library with `workers` workers.
 fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
-    let scan = scan::scan_file(recording, workers, scan::Paths::Sum).expect("scans");
+    let wanted = scan::Wanted {
+        paths: true,
+        root: Some("inner".into()),
+    };
+    let scan = scan::scan_file(recording, workers, &wanted).expect("scans");
     let mut rows: Vec<(u32, [u64; 8])> = scan
         .stats
         .iter()
@@ -159,6 +208,20 @@ fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
         ];
         row[4..4 + children.len().min(4)].copy_from_slice(&children[..children.len().min(4)]);
         rows.push((u32::MAX - 1, row));
+    }
+    for invocation in &scan.invocations {
+        let first = invocation.callees.first().map_or(0, |c| c.1);
+        let row = [
+            invocation.start,
+            invocation.cycles,
+            u64::from(invocation.tid),
+            first,
+            0,
+            0,
+            0,
+            0,
+        ];
+        rows.push((u32::MAX - 2, row));
     }
     rows.push((
         u32::MAX,
@@ -224,6 +287,28 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     let tree = paths_agree(&recording, "4", "threads");
     assert_eq!(tree_line(&tree, 0, "work_a").unwrap().0, 100_000, "{tree}");
     assert_eq!(tree_line(&tree, 0, "work_b").unwrap().0, 50_000, "{tree}");
+    let invocations = invocations_agree(&recording, "work_b", "4", "threads");
+    assert!(
+        invocations.contains("\n50000 calls of work_b; median "),
+        "{invocations}"
+    );
+    // A root that was not traced, or none: one line, exit 2.
+    let output = glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "invocations",
+        "--root",
+        "no_such_function",
+    ]);
+    assert_clean_failure(&output, 2, "--root no_such_function: no traced function");
+    let output = glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "invocations",
+    ]);
+    assert_clean_failure(&output, 2, "needs --root FUNCTION");
     assert!(
         one.starts_with(&format!(
             "glass trace: {}: 150000 calls, 2 threads,",
@@ -252,6 +337,7 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     assert_eq!(one, four);
     assert_eq!(one, calls_in_memory(&truncated));
     paths_agree(&truncated, "4", "truncated");
+    invocations_agree(&truncated, "work_a", "4", "truncated");
     let kept = calls_of(&one, "work_a") + calls_of(&one, "work_b");
     assert!(kept > 0 && kept < 150_000, "{one}");
     assert!(one.contains("the recording ended early"), "{one}");
@@ -275,6 +361,7 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     assert_eq!(one, four);
     assert_eq!(one, calls_in_memory(&damaged_path));
     paths_agree(&damaged_path, "4", "damaged");
+    invocations_agree(&damaged_path, "work_a", "4", "damaged");
 }
 
 #[test]
@@ -307,6 +394,14 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
         let (calls, line) = tree_line(&tree, depth, "descend").unwrap_or_else(|| panic!("{tree}"));
         assert_eq!(calls, 100, "{line}");
     }
+    // The recursion's outermost calls are its invocations; main's only callee is descend.
+    let invocations = invocations_agree(&recording, "descend", "2", "recursion");
+    assert!(
+        invocations.contains("\n100 calls of descend;"),
+        "{invocations}"
+    );
+    let main = invocations_agree(&recording, "main", "2", "recursion");
+    assert!(main.contains("\n1 calls of main;"), "{main}");
     // Every second record dropped: exits without entries are skipped, entries without
     // exits are closed by their caller's exit or at the end, on both paths alike.
     let full = glass_format::read_file(&recording).unwrap();
@@ -346,6 +441,7 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
     assert_eq!(one, calls_in_memory(&thinned));
     assert_eq!(one, report_calls(&thinned, "3").0);
     paths_agree(&thinned, "3", "thinned");
+    invocations_agree(&thinned, "descend", "3", "thinned");
 }
 
 /// A trace written record by record: `threads` of (tid, words), in chunks of `split`
@@ -480,6 +576,9 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
             .map(|(calls, _)| calls)
             .sum();
         assert_eq!(outer, 3 * 2001, "{name}: {tree}");
+        for root in ["outer", "inner", "leaf"] {
+            invocations_agree(&path, root, "5", name);
+        }
         assert_eq!(figures(&path, 1), figures(&path, 3), "{name}");
         for counter in counters.iter() {
             assert!(one.contains(&format!("{counter}/call")), "{name}: {one}");
@@ -493,6 +592,8 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
         assert_eq!(one, calls_in_memory(&empty));
         assert!(one.contains(": 0 calls, 0 threads"), "{one}");
         paths_agree(&empty, "2", "empty");
+        let never = invocations_agree(&empty, "outer", "2", "empty");
+        assert!(never.ends_with("outer was never called\n"), "{never}");
     }
 }
 
@@ -540,6 +641,8 @@ fn paths_of_equal_time_keep_the_order_of_their_first_calls() {
         true,
     );
     let tree = paths_agree(&path, "2", "ties swapped");
+    // Invocations that start together are numbered in the file's thread order.
+    invocations_agree(&path, "outer", "2", "ties");
     let at = |function: &str| tree.find(tree_line(&tree, 1, function).unwrap().1).unwrap();
     assert!(at("inner") < at("leaf"), "{tree}");
 }

@@ -5,16 +5,36 @@
 use std::collections::HashMap;
 use std::io::Write;
 
+use super::calls::TableContext;
 use super::model::{human_cycles, CallTrace};
 
+/// One call of the root (not inside another call of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
-    /// Order of this call among the calls of the root (by start time).
-    pub number: usize,
-    pub call: usize,
-    /// Inclusive cycles per callee function inside this call (recursion counted once).
-    pub callees: HashMap<u32, u64>,
+    pub tid: u32,
+    /// Cycles since the recording's first record.
+    pub start: u64,
+    pub cycles: u64,
+    /// Inclusive cycles per callee function inside this call (a function's time counts
+    /// at its outermost call), by function id.
+    pub callees: Vec<(u32, u64)>,
 }
 
+/// The traced function `--root` names (the lowest id of that name).
+pub fn root_id(names: &HashMap<u32, String>, root_name: &str) -> Result<u32, crate::ReportError> {
+    names
+        .iter()
+        .filter(|(_, name)| name.as_str() == root_name)
+        .map(|(&id, _)| id)
+        .min()
+        .ok_or_else(|| {
+            crate::ReportError::Root(format!(
+                "--root {root_name}: no traced function of that name"
+            ))
+        })
+}
+
+/// The invocations of `root` in a built trace, by start time.
 pub fn invocations(trace: &CallTrace, root: u32) -> Vec<Invocation> {
     let children = trace.children();
     let mut roots: Vec<usize> = (0..trace.calls.len())
@@ -23,8 +43,7 @@ pub fn invocations(trace: &CallTrace, root: u32) -> Vec<Invocation> {
     roots.sort_by_key(|&i| trace.calls[i].start);
     roots
         .into_iter()
-        .enumerate()
-        .map(|(number, call)| {
+        .map(|call| {
             let mut callees: HashMap<u32, u64> = HashMap::new();
             // Depth-first over the subtree; a function's time counts at its outermost call.
             let mut stack: Vec<(usize, Vec<u32>)> =
@@ -40,9 +59,13 @@ pub fn invocations(trace: &CallTrace, root: u32) -> Vec<Invocation> {
                     stack.push((child, open.clone()));
                 }
             }
+            let c = &trace.calls[call];
+            let mut callees: Vec<(u32, u64)> = callees.into_iter().collect();
+            callees.sort_unstable();
             Invocation {
-                number,
-                call,
+                tid: trace.threads[c.thread].1,
+                start: c.start - trace.first,
+                cycles: c.cycles(),
                 callees,
             }
         })
@@ -57,87 +80,85 @@ fn median(values: &mut [u64]) -> u64 {
     values[values.len() / 2]
 }
 
+/// The table: a summary line, then the `limit` slowest invocations (numbered by start,
+/// from 0), each with what made it slow and its largest callees.
 pub fn write_invocations(
-    trace: &CallTrace,
+    all: &[Invocation],
+    context: &TableContext,
     header: &str,
     root_name: &str,
     limit: usize,
     out: &mut dyn Write,
 ) -> Result<(), crate::ReportError> {
-    let Some(root) = trace
-        .names
-        .iter()
-        .filter(|(_, name)| name.as_str() == root_name)
-        .map(|(&id, _)| id)
-        .min()
-    else {
-        return Err(crate::ReportError::Root(format!(
-            "--root {root_name}: no traced function of that name"
-        )));
-    };
-    let all = invocations(trace, root);
     writeln!(out, "{header}")?;
     if all.is_empty() {
         writeln!(out, "{root_name} was never called")?;
         return Ok(());
     }
-    let mut durations: Vec<u64> = all.iter().map(|i| trace.calls[i.call].cycles()).collect();
+    let mut durations: Vec<u64> = all.iter().map(|i| i.cycles).collect();
     let root_median = median(&mut durations);
-    let mut medians: HashMap<u32, u64> = HashMap::new();
-    let functions: std::collections::BTreeSet<u32> =
-        all.iter().flat_map(|i| i.callees.keys().copied()).collect();
-    for function in functions {
-        let mut values: Vec<u64> = all
-            .iter()
-            .map(|i| i.callees.get(&function).copied().unwrap_or(0))
-            .collect();
-        medians.insert(function, median(&mut values));
+    // Per callee, its time in every invocation (0 where it was not called).
+    let mut times: HashMap<u32, Vec<u64>> = HashMap::new();
+    for invocation in all {
+        for &(function, _) in &invocation.callees {
+            times.entry(function).or_default();
+        }
     }
+    for (number, invocation) in all.iter().enumerate() {
+        for &(function, cycles) in &invocation.callees {
+            let values = times.get_mut(&function).unwrap();
+            values.resize(number, 0);
+            values.push(cycles);
+        }
+    }
+    let medians: HashMap<u32, u64> = times
+        .into_iter()
+        .map(|(function, mut values)| {
+            values.resize(all.len(), 0);
+            (function, median(&mut values))
+        })
+        .collect();
     writeln!(
         out,
         "{} calls of {root_name}; median {} ({} cycles), slowest {}",
         all.len(),
-        trace.duration(root_median),
+        context.duration(root_median),
         human_cycles(root_median),
-        trace.duration(*durations.last().unwrap())
+        context.duration(*durations.last().unwrap())
     )?;
     writeln!(
         out,
         "{:<8} {:>8} {:>12} {:>11} {:>10}  {:<36}  callees",
         "call", "tid", "start", "duration", "cycles", "slow because (vs median)"
     )?;
-    let mut rows: Vec<&Invocation> = all.iter().collect();
-    rows.sort_by(|a, b| {
-        trace.calls[b.call]
-            .cycles()
-            .cmp(&trace.calls[a.call].cycles())
-            .then(a.number.cmp(&b.number))
+    let mut rows: Vec<(usize, &Invocation)> = all.iter().enumerate().collect();
+    rows.sort_by(|(a_number, a), (b_number, b)| {
+        b.cycles.cmp(&a.cycles).then(a_number.cmp(b_number))
     });
-    for invocation in rows.into_iter().take(limit) {
-        let call = &trace.calls[invocation.call];
+    for (number, invocation) in rows.into_iter().take(limit) {
         let because = invocation
             .callees
             .iter()
-            .map(|(&f, &t)| (f, t.saturating_sub(medians[&f])))
+            .map(|&(f, t)| (f, t.saturating_sub(medians[&f])))
             .filter(|&(_, excess)| excess > 0)
             .max_by_key(|&(f, excess)| (excess, std::cmp::Reverse(f)))
-            .map(|(f, excess)| format!("{} +{}", trace.name(f), trace.duration(excess)))
+            .map(|(f, excess)| format!("{} +{}", context.name(f), context.duration(excess)))
             .unwrap_or_else(|| "-".to_string());
-        let mut callees: Vec<(&u32, &u64)> = invocation.callees.iter().collect();
-        callees.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let mut callees: Vec<&(u32, u64)> = invocation.callees.iter().collect();
+        callees.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let callees: Vec<String> = callees
             .into_iter()
             .take(6)
-            .map(|(&f, &t)| format!("{} {}", trace.name(f), trace.duration(t)))
+            .map(|&(f, t)| format!("{} {}", context.name(f), context.duration(t)))
             .collect();
         writeln!(
             out,
             "{:<8} {:>8} {:>12} {:>11} {:>10}  {:<36}  {}",
-            format!("#{}", invocation.number),
-            trace.threads[call.thread].1,
-            format!("+{}", trace.duration(call.start - trace.first)),
-            trace.duration(call.cycles()),
-            human_cycles(call.cycles()),
+            format!("#{number}"),
+            invocation.tid,
+            format!("+{}", context.duration(invocation.start)),
+            context.duration(invocation.cycles),
+            human_cycles(invocation.cycles),
             because,
             callees.join(", ")
         )?;

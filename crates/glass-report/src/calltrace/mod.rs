@@ -155,7 +155,20 @@ pub struct InvocationsReport {
 impl crate::Exporter for InvocationsReport {
     fn write(&self, model: &crate::Model, out: &mut dyn Write) -> Result<(), crate::ReportError> {
         let trace = calls_of(model, crate::Format::Invocations)?;
-        invocations::write_invocations(trace, &self.header, &self.root, self.limit, out)
+        let root = invocations::root_id(&trace.names, &self.root)?;
+        let context = calls::TableContext {
+            names: &trace.names,
+            tsc_hz: trace.tsc_hz,
+            counter_names: &trace.counter_names,
+        };
+        invocations::write_invocations(
+            &invocations::invocations(trace, root),
+            &context,
+            &self.header,
+            &self.root,
+            self.limit,
+            out,
+        )
     }
 }
 

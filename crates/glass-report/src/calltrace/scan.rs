@@ -1,11 +1,12 @@
-//! `--format calls` and `tree` (and a trace's flame graph) straight from the file: the
-//! per-function figures, and when asked the per-path ones ([`PathTree`]), summed while
-//! the file streams by, without building the calls. [`super::CallTrace`] keeps every call
+//! `--format calls`, `tree`, `invocations` (and a trace's flame graph) straight from the
+//! file: the per-function figures, and when asked the per-path ones ([`PathTree`]) and
+//! the invocations of a root function, summed while the file streams by, without
+//! building the calls. [`super::CallTrace`] keeps every call
 //! (and the model every other format needs keeps more per call): for 10^8 records that
 //! is gigabytes of fresh memory, whose first touch alone (page faults) took most of a
 //! report's time. Here memory is per thread (its open calls), per function (its figures
-//! and its [`Durations`](super::calls::Durations)) and per call path, whatever the
-//! file's size.
+//! and its [`Durations`](super::calls::Durations)), per call path and per invocation of
+//! the root (its callees' times), whatever the file's size.
 //!
 //! The file is read in blocks on the calling thread ([`glass_format::stream`]); each
 //! traced thread's chunks go, in file order, to one worker (threads are dealt out to
@@ -28,6 +29,7 @@ use glass_format::{FormatError, Recording};
 use glass_trace::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
 
 use super::calls::FunctionStats;
+use super::invocations::{root_id, Invocation};
 use super::paths::{PathTree, ROOT};
 
 const TSC_MASK: u64 = (1 << TSC_BITS) - 1;
@@ -44,6 +46,8 @@ pub struct Scan {
     pub stats: HashMap<u32, FunctionStats>,
     /// The calls merged by path, when asked for.
     pub paths: Option<PathTree>,
+    /// The invocations of the root asked for (by start), when it names a traced function.
+    pub invocations: Vec<Invocation>,
     /// Calls seen (each entry record is one).
     pub calls: u64,
     /// Traced threads (pid, tid) with records, in order of appearance.
@@ -64,25 +68,39 @@ impl Scan {
 }
 
 /// What is summed besides the per-function figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Paths {
-    Skip,
-    Sum,
+#[derive(Debug, Clone, Default)]
+pub struct Wanted {
+    /// Per call path ([`Scan::paths`]).
+    pub paths: bool,
+    /// The invocations of the traced function of this name ([`Scan::invocations`]).
+    pub root: Option<String>,
 }
 
-/// Reads a `glass trace` recording and sums its calls per function (and per path with
-/// [`Paths::Sum`]), with `workers` threads decoding (1: on the calling thread). Errors
-/// only when nothing can be read at all, as [`glass_format::read_file`]; damage is in
+/// What the workers sum (the root resolved to its function id).
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    paths: bool,
+    root: Option<u32>,
+}
+
+/// Reads a `glass trace` recording and sums its calls per function (and what `wanted`
+/// asks for), with `workers` threads decoding (1: on the calling thread). Errors only
+/// when nothing can be read at all, as [`glass_format::read_file`]; damage is in
 /// `recording.damage`.
-pub fn scan_file(path: &Path, workers: usize, paths: Paths) -> Result<Scan, FormatError> {
-    let (mut stride, mut stop) = (None, None);
+pub fn scan_file(path: &Path, workers: usize, wanted: &Wanted) -> Result<Scan, FormatError> {
+    let (mut stride, mut stop, mut root) = (None, None, None);
     // A second pass is needed only when the first one learns, too late, that a chunk's
     // body was bad (everything from it on is dropped, as the whole-file reader does) or
     // that the records carry a different number of counter words than the summary
-    // before them said; a third only for both.
-    for _ in 0..3 {
-        let pass = pass(path, workers.max(1), paths, stride, stop.clone())?;
-        let wanted = 1 + pass
+    // before them said (or, in a file glass did not write, that the root's name came
+    // after the first call records); a third only for two of these.
+    for _ in 0..4 {
+        let pass = pass(path, workers.max(1), wanted, root, stride, stop.clone())?;
+        let named = wanted
+            .root
+            .as_deref()
+            .and_then(|name| root_id(&function_names(&pass.scan.recording), name).ok());
+        let words = 1 + pass
             .scan
             .recording
             .trace_summary
@@ -91,7 +109,8 @@ pub fn scan_file(path: &Path, workers: usize, paths: Paths) -> Result<Scan, Form
         match pass.bad_chunk {
             Some(damage) if stop.is_none() => stop = Some(damage),
             // (Without a chunk there is nothing to read again.)
-            _ if pass.scan.chunks > 0 && pass.stride != wanted => stride = Some(wanted),
+            _ if pass.scan.chunks > 0 && pass.stride != words => stride = Some(words),
+            _ if pass.scan.chunks > 0 && named != pass.root => root = named,
             _ => return Ok(pass.scan),
         }
     }
@@ -100,9 +119,19 @@ pub fn scan_file(path: &Path, workers: usize, paths: Paths) -> Result<Scan, Form
     ))
 }
 
+fn function_names(recording: &Recording) -> HashMap<u32, String> {
+    recording
+        .trace_functions
+        .iter()
+        .map(|f| (f.id, f.name.clone()))
+        .collect()
+}
+
 struct Pass {
     scan: Scan,
     stride: usize,
+    /// The root's function id the workers used.
+    root: Option<u32>,
     /// The first chunk whose body did not decode, as damage at its offset.
     bad_chunk: Option<FormatError>,
 }
@@ -110,7 +139,8 @@ struct Pass {
 fn pass(
     path: &Path,
     workers: usize,
-    paths: Paths,
+    wanted: &Wanted,
+    root: Option<u32>,
     stride: Option<usize>,
     stop: Option<FormatError>,
 ) -> Result<Pass, FormatError> {
@@ -133,6 +163,10 @@ fn pass(
     };
     let mut thread_index: HashMap<(u32, u32), usize> = HashMap::new();
     let mut engine: Option<Engine> = None;
+    let mut config = Config {
+        paths: wanted.paths,
+        root,
+    };
     loop {
         if stream.offset() >= stop_at {
             scan.recording.add(Err(stop.clone().unwrap()));
@@ -159,7 +193,15 @@ fn pass(
                         .trace_summary
                         .as_ref()
                         .map_or(0, |s| s.counters.len());
-                    Engine::start(workers, paths, stride.unwrap_or(1 + counters))
+                    // The root by the names written before the first calls (glass writes
+                    // them all there; a later name means another pass).
+                    if root.is_none() {
+                        config.root = wanted
+                            .root
+                            .as_deref()
+                            .and_then(|name| root_id(&function_names(recording), name).ok());
+                    }
+                    Engine::start(workers, config, stride.unwrap_or(1 + counters))
                 });
                 scan.chunks += 1;
                 engine.chunk(thread, chunk);
@@ -183,6 +225,8 @@ fn pass(
     let mut bad_chunk: Option<(usize, &'static str)> = None;
     let mut first = u64::MAX;
     let mut last = 0;
+    // Invocations with their full start: (start, thread, ordinal, invocation).
+    let mut invocations: Vec<(u64, u32, u64, Invocation)> = Vec::new();
     for worker in workers {
         if let Some((offset, what)) = worker.error {
             if bad_chunk.is_none_or(|(o, _)| offset < o) {
@@ -190,6 +234,7 @@ fn pass(
             }
         }
         scan.records += worker.words / worker.stride as u64;
+        let mut bases: HashMap<u32, u64> = HashMap::new();
         for (_, thread) in worker.threads {
             match thread.first_low {
                 Some(low) => {
@@ -197,9 +242,20 @@ fn pass(
                     let start = tsc_start.wrapping_add(low.wrapping_sub(tsc_start) & TSC_MASK);
                     first = first.min(start);
                     last = last.max(start.wrapping_add(thread.now));
+                    bases.insert(thread.thread, start);
                 }
                 None => last = last.max(tsc_start),
             }
+        }
+        for found in worker.sums.invocations {
+            let start = bases[&found.thread].wrapping_add(found.start);
+            let invocation = Invocation {
+                tid: scan.threads[found.thread as usize].1,
+                start,
+                cycles: found.cycles,
+                callees: found.callees,
+            };
+            invocations.push((start, found.thread, found.ordinal, invocation));
         }
         if let Some(tree) = worker.sums.paths {
             match &mut scan.paths {
@@ -220,8 +276,17 @@ fn pass(
     }
     scan.first = if first == u64::MAX { 0 } else { first };
     scan.last = last;
+    invocations.sort_unstable_by_key(|&(start, thread, ordinal, _)| (start, thread, ordinal));
+    scan.invocations = invocations
+        .into_iter()
+        .map(|(start, _, _, mut invocation)| {
+            invocation.start = start - scan.first;
+            invocation
+        })
+        .collect();
     Ok(Pass {
         scan,
+        root: config.root,
         stride: stride.max(1),
         bad_chunk: bad_chunk.map(|(offset, what)| FormatError::Corrupt { offset, what }),
     })
@@ -238,20 +303,20 @@ enum Workers {
     Threads {
         /// Workers to start at most.
         most: usize,
-        paths: Paths,
+        config: Config,
         queues: Vec<SyncSender<(usize, TraceBytes)>>,
         handles: Vec<JoinHandle<Worker>>,
     },
 }
 
 impl Engine {
-    fn start(workers: usize, paths: Paths, stride: usize) -> Engine {
+    fn start(workers: usize, config: Config, stride: usize) -> Engine {
         let workers = if workers == 1 {
-            Workers::Inline(Box::new(Worker::new(stride, paths)))
+            Workers::Inline(Box::new(Worker::new(stride, config)))
         } else {
             Workers::Threads {
                 most: workers,
-                paths,
+                config,
                 queues: Vec::new(),
                 handles: Vec::new(),
             }
@@ -265,7 +330,7 @@ impl Engine {
             Workers::Inline(worker) => worker.chunk(thread, &chunk),
             Workers::Threads {
                 most,
-                paths,
+                config,
                 queues,
                 handles,
             } => {
@@ -275,9 +340,9 @@ impl Engine {
                 if worker == queues.len() {
                     let (queue, chunks) = sync_channel::<(usize, TraceBytes)>(QUEUE);
                     queues.push(queue);
-                    let paths = *paths;
+                    let config = *config;
                     handles.push(std::thread::spawn(move || {
-                        let mut worker = Worker::new(stride, paths);
+                        let mut worker = Worker::new(stride, config);
                         for (thread, chunk) in chunks {
                             worker.chunk(thread, &chunk);
                         }
@@ -315,6 +380,28 @@ struct Sums {
     /// By function id.
     functions: Vec<FunctionStats>,
     paths: Option<PathTree>,
+    root: Option<u32>,
+    invocations: Vec<Found>,
+}
+
+/// An invocation of the root as a worker found it.
+struct Found {
+    thread: u32,
+    /// The root call's ordinal among its thread's calls.
+    ordinal: u64,
+    /// Relative to its thread's first record.
+    start: u64,
+    cycles: u64,
+    callees: Vec<(u32, u64)>,
+}
+
+/// The invocation of the root a thread is in.
+struct Active {
+    /// The root call's place on the stack.
+    depth: usize,
+    ordinal: u64,
+    /// Inclusive cycles per callee, at its outermost call.
+    callees: Vec<(u32, u64)>,
 }
 
 /// One worker's threads and its sums.
@@ -329,13 +416,15 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(stride: usize, paths: Paths) -> Worker {
+    fn new(stride: usize, config: Config) -> Worker {
         Worker {
             stride,
             threads: HashMap::new(),
             sums: Sums {
                 functions: Vec::new(),
-                paths: (paths == Paths::Sum).then(PathTree::default),
+                paths: config.paths.then(PathTree::default),
+                root: config.root,
+                invocations: Vec::new(),
             },
             words: 0,
             error: None,
@@ -386,6 +475,9 @@ struct Open {
     children: u64,
     /// Its call path (when paths are summed).
     node: u32,
+    /// Inside an invocation of the root, the outermost call of its function there: its
+    /// time is the function's in the invocation.
+    counted: bool,
 }
 
 /// One traced thread's replay.
@@ -402,6 +494,12 @@ struct ThreadState {
     stack: Vec<Open>,
     /// Per function id, its calls on the stack.
     open: Vec<u32>,
+    /// The invocation of the root under way, if any.
+    invocation: Option<Active>,
+    /// Per function id, its calls open inside the invocation (all 0 between them).
+    inside: Vec<u32>,
+    /// Per function id, its place in the invocation's callees (`u32::MAX`: none yet).
+    callee_slot: Vec<u32>,
     /// The counters at each open call's entry (`stride - 1` values per call).
     at_entry: Vec<u64>,
     /// The words of a record split across chunks.
@@ -419,6 +517,9 @@ impl ThreadState {
             now: 0,
             stack: Vec::new(),
             open: Vec::new(),
+            invocation: None,
+            inside: Vec::new(),
+            callee_slot: Vec::new(),
             at_entry: Vec::new(),
             partial: Vec::with_capacity(stride),
         }
@@ -459,6 +560,21 @@ impl ThreadState {
                 }
                 None => ROOT,
             };
+            let mut counted = false;
+            if self.invocation.is_some() {
+                if index >= self.inside.len() {
+                    self.inside.resize(index + 1, 0);
+                    self.callee_slot.resize(index + 1, u32::MAX);
+                }
+                counted = self.inside[index] == 0;
+                self.inside[index] += 1;
+            } else if sums.root == Some(function) && !nested {
+                self.invocation = Some(Active {
+                    depth: self.stack.len(),
+                    ordinal: self.entries,
+                    callees: Vec::new(),
+                });
+            }
             self.entries += 1;
             self.stack.push(Open {
                 function,
@@ -466,6 +582,7 @@ impl ThreadState {
                 start: now,
                 children: 0,
                 node,
+                counted,
             });
             self.at_entry.extend_from_slice(values);
             return;
@@ -502,6 +619,34 @@ impl ThreadState {
         }
         if let Some(paths) = &mut sums.paths {
             paths.close(open.node, cycles, open.children);
+        }
+        if let Some(active) = &mut self.invocation {
+            if self.stack.len() == active.depth {
+                // The root's call itself ends its invocation.
+                let mut active = self.invocation.take().unwrap();
+                for &(function, _) in &active.callees {
+                    self.callee_slot[function as usize] = u32::MAX;
+                }
+                active.callees.sort_unstable();
+                sums.invocations.push(Found {
+                    thread: self.thread,
+                    ordinal: active.ordinal,
+                    start: open.start,
+                    cycles,
+                    callees: active.callees,
+                });
+            } else {
+                let index = open.function as usize;
+                self.inside[index] -= 1;
+                if open.counted {
+                    let slot = &mut self.callee_slot[index];
+                    if *slot == u32::MAX {
+                        *slot = active.callees.len() as u32;
+                        active.callees.push((open.function, 0));
+                    }
+                    active.callees[*slot as usize].1 += cycles;
+                }
+            }
         }
         let functions = &mut sums.functions;
         self.open[open.function as usize] -= 1;
