@@ -445,8 +445,8 @@ fn recursion_is_counted_once_and_lost_exits_close_calls_as_the_model_does() {
 }
 
 /// A trace written record by record: `threads` of (tid, words), in chunks of `split`
-/// words, interleaved; `early`: the summary (with its counters) before the chunks too,
-/// as glass writes it.
+/// words, interleaved; `early`: the summary (with its counters) and the functions'
+/// names before the chunks, as glass writes them (else the names come after them).
 fn synthetic(
     path: &Path,
     counters: &[&str],
@@ -470,18 +470,21 @@ fn synthetic(
             ..Default::default()
         }))
         .unwrap();
-    for (id, name) in ["outer", "inner", "leaf"].iter().enumerate() {
-        writer
-            .write(&Record::TraceFunction(TraceFunction {
-                id: id as u32,
-                module: "/bin/synthetic".into(),
-                address: 0x1000 + id as u64 * 16,
-                size: 16,
-                name: name.to_string(),
-            }))
-            .unwrap();
-    }
+    let names = |writer: &mut glass_format::Writer<Vec<u8>>| {
+        for (id, name) in ["outer", "inner", "leaf"].iter().enumerate() {
+            writer
+                .write(&Record::TraceFunction(TraceFunction {
+                    id: id as u32,
+                    module: "/bin/synthetic".into(),
+                    address: 0x1000 + id as u64 * 16,
+                    size: 16,
+                    name: name.to_string(),
+                }))
+                .unwrap();
+        }
+    };
     if early {
+        names(&mut writer);
         writer
             .write(&Record::TraceSummary(summary.clone()))
             .unwrap();
@@ -500,6 +503,9 @@ fn synthetic(
                     .unwrap();
             }
         }
+    }
+    if !early {
+        names(&mut writer);
     }
     writer.write(&Record::TraceSummary(summary)).unwrap();
     writer.write(&Record::End).unwrap();
@@ -554,8 +560,8 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
     for (name, counters, split, early) in [
         ("plain", &[][..], 1000, true),
         ("counters", &["cycles", "instructions"][..], 999, true),
-        // No summary before the chunks: the first pass takes 1 word a record, the
-        // summary at the end says 3, and the file is read again.
+        // No summary or names before the chunks: the first pass takes 1 word a record
+        // and knows no root, the end says 3 words and names the root: read again.
         ("late-summary", &["cycles", "instructions"][..], 1001, false),
         ("single-words", &["cycles"][..], 1, true),
     ] {
