@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use super::calls::TableContext;
+use super::calls::{Durations, TableContext};
 use super::model::{human_cycles, CallTrace};
 
 /// One call of the root (not inside another call of it).
@@ -97,25 +97,23 @@ pub fn write_invocations(
     }
     let mut durations: Vec<u64> = all.iter().map(|i| i.cycles).collect();
     let root_median = median(&mut durations);
-    // Per callee, its time in every invocation (0 where it was not called).
-    let mut times: HashMap<u32, Vec<u64>> = HashMap::new();
+    // Per callee, the median of its time over every invocation (0 where it was not
+    // called): counted as calls' durations are, not listed (a list per callee of every
+    // invocation would be most of the report's memory).
+    let mut times: HashMap<u32, Durations> = HashMap::new();
     for invocation in all {
-        for &(function, _) in &invocation.callees {
-            times.entry(function).or_default();
-        }
-    }
-    for (number, invocation) in all.iter().enumerate() {
         for &(function, cycles) in &invocation.callees {
-            let values = times.get_mut(&function).unwrap();
-            values.resize(number, 0);
-            values.push(cycles);
+            times.entry(function).or_default().add(cycles);
         }
     }
+    let rank = all.len() as u64 / 2;
     let medians: HashMap<u32, u64> = times
         .into_iter()
-        .map(|(function, mut values)| {
-            values.resize(all.len(), 0);
-            (function, median(&mut values))
+        .map(|(function, mut durations)| {
+            durations.finish();
+            let zeros = all.len() as u64 - durations.len();
+            let median = rank.checked_sub(zeros).map_or(0, |r| durations.nth(r));
+            (function, median)
         })
         .collect();
     writeln!(
