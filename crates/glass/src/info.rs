@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use glass_format::{SAMPLE_TRUNCATED, VERSION};
 
 use crate::error::Result;
-use crate::report::open_recording;
+use crate::report::{is_trace_file, open_recording, scan_trace};
 use crate::InfoArgs;
 
 /// A UTC date and time from nanoseconds since the epoch (civil-from-days, H. Hinnant).
@@ -34,8 +34,25 @@ fn utc(ns: u64) -> String {
     )
 }
 
+/// A trace's call records: how many, and the threads (tids) they came from.
+struct CallRecords {
+    records: u64,
+    threads: HashSet<u32>,
+}
+
 pub fn run(args: &InfoArgs) -> Result<()> {
-    let recording = open_recording(&args.input)?;
+    // A trace's call records are counted as the file streams by (they are most of it).
+    let (recording, calls) = if is_trace_file(&args.input) {
+        let jobs = std::thread::available_parallelism().map_or(1, usize::from);
+        let scan = scan_trace(&args.input, jobs, &Default::default())?;
+        let calls = CallRecords {
+            records: scan.records,
+            threads: scan.threads.iter().map(|&(_, tid)| tid).collect(),
+        };
+        (scan.recording, Some(calls))
+    } else {
+        (open_recording(&args.input)?, None)
+    };
     let us = |ns: u64| format!("{:.1} us", ns as f64 / 1000.0);
     println!(
         "file:        {} ({} bytes, format version {VERSION})",
@@ -86,7 +103,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             );
         }
         if meta.backend == glass_format::Backend::Trace {
-            trace_info(&recording);
+            trace_info(&recording, calls.as_ref());
             return Ok(());
         }
         println!(
@@ -216,18 +233,8 @@ fn cfi_info(recording: &glass_format::Recording) {
 }
 
 /// `glass info` of a `glass trace` recording.
-fn trace_info(recording: &glass_format::Recording) {
-    let stride = 1 + recording
-        .trace_summary
-        .as_ref()
-        .map_or(0, |s| s.counters.len());
-    let records: usize = recording
-        .trace_chunks
-        .iter()
-        .map(|c| c.words.len())
-        .sum::<usize>()
-        / stride;
-    let threads: HashSet<u32> = recording.trace_chunks.iter().map(|c| c.tid).collect();
+fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) {
+    let (records, threads) = calls.map_or((0, 0), |c| (c.records, c.threads.len()));
     println!(
         "tracing:     {} functions instrumented, {} matched but not patched",
         recording.trace_functions.len(),
@@ -255,10 +262,7 @@ fn trace_info(recording: &glass_format::Recording) {
             recording.trace_skipped.len() - LISTED
         );
     }
-    println!(
-        "contents:    {records} call records from {} threads",
-        threads.len()
-    );
+    println!("contents:    {records} call records from {threads} threads");
     match &recording.trace_summary {
         Some(s) => {
             if recording.complete {

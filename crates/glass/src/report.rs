@@ -49,7 +49,7 @@ fn warn_damage(path: &Path, recording: &Recording, has_calls: bool) {
 
 /// Whether the file's first record says it is a `glass trace` recording (false when it
 /// cannot be read: the full path says why).
-fn is_trace_file(path: &Path) -> bool {
+pub fn is_trace_file(path: &Path) -> bool {
     // The meta record comes first and is small: the file's first 64 KiB hold it.
     let mut head = Vec::new();
     let read = File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
@@ -60,6 +60,14 @@ fn is_trace_file(path: &Path) -> bool {
             .is_some_and(|record| {
                 matches!(record, Ok(Record::Meta(meta)) if meta.backend == glass_format::Backend::Trace)
             })
+}
+
+/// A `glass trace` recording summed while it streams by (damage warned about, as
+/// [`open_recording`] does).
+pub fn scan_trace(path: &Path, jobs: usize, wanted: &scan::Wanted) -> Result<scan::Scan> {
+    let scan = scan::scan_file(path, jobs, wanted).map_err(|error| unreadable(path, error))?;
+    warn_damage(path, &scan.recording, scan.chunks > 0);
+    Ok(scan)
 }
 
 /// `--format calls`, `tree`, `invocations` and `flamegraph` of a trace, summed while the
@@ -74,10 +82,8 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
         paths: matches!(format, Format::Tree | Format::Flamegraph),
         root: args.root.clone().filter(|_| format == Format::Invocations),
     };
-    let scan = scan::scan_file(&args.input, jobs, &wanted)
-        .map_err(|error| unreadable(&args.input, error))?;
+    let scan = scan_trace(&args.input, jobs, &wanted)?;
     let recording = &scan.recording;
-    warn_damage(&args.input, recording, scan.chunks > 0);
     let summary = recording.trace_summary.clone().unwrap_or_default();
     let mut out = create(&args.output)?;
     if summary.tsc_hz == 0 {

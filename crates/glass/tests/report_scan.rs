@@ -322,6 +322,13 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     let figures_one = figures(&recording, 1);
     assert_eq!(figures_one, figures(&recording, 3));
     assert_eq!(figures_one.last().unwrap().1[1], 300_000, "records decoded");
+    // glass info counts the records as they stream by too.
+    let info = glass(&["info", recording.to_str().unwrap()]);
+    assert!(
+        stdout(&info).contains("contents:    300000 call records from 2 threads"),
+        "{}",
+        stdout(&info)
+    );
 
     // Cut inside the second chunk: what comes before it is reported, alike by every path.
     let bytes = std::fs::read(&recording).unwrap();

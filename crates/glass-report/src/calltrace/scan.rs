@@ -280,7 +280,7 @@ fn pass(
     scan.invocations = invocations
         .into_iter()
         .map(|(start, _, _, mut invocation)| {
-            invocation.start = start - scan.first;
+            invocation.start = start.saturating_sub(scan.first);
             invocation
         })
         .collect();
