@@ -5,7 +5,9 @@ replace the text between the glass-report markers of docs/benchmarks.md.
    50 M and 100 M call records (bench/report_calls.c: two threads serving requests
    through 42 small functions at depths 1-8). Wall time, CPU time, minor page faults
    and peak memory, with 1 decoding worker and with one per CPU (the default); the calls
-   the report finds are checked against the calls the program counted.
+   the report finds are checked against the calls the program counted. Then
+   `--format tree`, `--format flamegraph` and `--format invocations --root handle` (one
+   row per request) of the same files (default workers).
 2. Sample reports against `perf report --stdio` on the same workload recorded for the
    same time at 999 Hz: frame-pointer stacks (glass record, perf record -g), DWARF stacks
    unwound while recording (glass record on a build without frame pointers) and at
@@ -38,6 +40,10 @@ END = "<!-- glass-report:end -->"
 SIZES = [("10 M", 146_000), ("50 M", 730_000), ("100 M", 1_460_000)]
 FUNCTIONS = "handle,stage*,helper*,walk"
 SECONDS = float(os.environ.get("GLASS_BENCH_REPORT_SECONDS", "4"))
+# Measured by hand with the build before tree, flamegraph and invocations streamed.
+BEFORE_STREAMING_PATHS = ("`--format tree` 1.16 s wall and 1.28 GB peak RSS, `flamegraph` 2.10 s and 1.78 GB, "
+                          "`invocations --root handle` 3.98 s and 1.84 GB; streamed: 0.15 s and 18 MB, 0.16 s "
+                          "and 18 MB, 0.41 s and 195 MB (the same outputs).")
 
 PYTHON_WORK = """
 import json, re, sys, time
@@ -95,8 +101,15 @@ def trace_reports(work):
         records = 2 * found
         one = median_run([str(GLASS), "report", str(recording), "--format", "calls", "--jobs", "1"])
         default = median_run([str(GLASS), "report", str(recording), "--format", "calls"])
+        # The call tree and the flame graph, summed per call path as the file streams.
+        tree = median_run([str(GLASS), "report", str(recording), "--format", "tree", "-o", os.devnull])
+        flame = median_run([str(GLASS), "report", str(recording), "--format", "flamegraph", "-o", os.devnull])
+        # One row per request: LProfile's per-packet view.
+        invocations = median_run([str(GLASS), "report", str(recording), "--format", "invocations", "--root",
+                                  "handle", "-o", os.devnull])
         rows.append({"label": label, "records": records, "bytes": recording.stat().st_size, "made": made,
-                     "found": found, "lost": lost, "one": one, "default": default})
+                     "found": found, "lost": lost, "one": one, "default": default, "tree": tree,
+                     "flame": flame, "invocations": invocations})
         print(f"bench: report {label}: {rows[-1]}", file=sys.stderr)
         recording.unlink()
     return rows
@@ -208,6 +221,22 @@ def markdown(trace_rows, sample_rows):
               "Before (the whole recording read into memory, every call built, then the model every format "
               "shares): 100 M records of this workload took 49 s wall, 16 s of it in the kernel, 2.2 M minor "
               "page faults and 7.4 GB; the 4 s nginx trace of the issue (56 M records, 208 MB) 10.9 s.", "",
+              "### `--format tree`, `flamegraph` and `invocations` on the same traces", "",
+              "Summed while the file streams (as `calls`, default workers): the tree and the flame graph "
+              "per call path, the invocations one row per call of the root (`--root handle`: one per "
+              "request, 34.25 records each). Wall time, records/s, CPU time and peak RSS.", "",
+              "| records | tree | flame graph | invocations (rows) |",
+              "|---|---|---|---|"]
+    for row in trace_rows:
+        cells = []
+        for key in ("tree", "flame", "invocations"):
+            wall, cpu, _, rss = row[key]
+            cells.append(f"{wall:.2f} s, {row['records'] / wall / 1e6:.0f} M/s, CPU {cpu:.2f} s, "
+                         f"{rss / 1024:.0f} MiB")
+        lines.append(f"| {row['records'] / 1e6:.1f} M | " + " | ".join(cells) + " |")
+    lines += ["",
+              "Before (every call built in memory first), on a 17 M-record trace of this workload: "
+              + BEFORE_STREAMING_PATHS, "",
               "### Sample reports against `perf report --stdio`", "",
               f"The same workload recorded by each tool for about {SECONDS:.0f} s at 999 Hz, then each tool's "
               "default report of its own file (glass: the top table; perf: its `--stdio` report with "
