@@ -84,6 +84,16 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
     };
     let scan = scan_trace(&args.input, jobs, &wanted)?;
     let recording = &scan.recording;
+    let names: std::collections::HashMap<u32, String> = recording
+        .trace_functions
+        .iter()
+        .map(|f| (f.id, f.name.clone()))
+        .collect();
+    // A root that was not traced is refused before the output is created.
+    if let Some(name) = &wanted.root {
+        calltrace::invocations::root_id(&names, name)
+            .map_err(|error| Failure::bad_input(error.to_string()))?;
+    }
     let summary = recording.trace_summary.clone().unwrap_or_default();
     let mut out = create(&args.output)?;
     if summary.tsc_hz == 0 {
@@ -96,18 +106,6 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
         scan.span(),
         summary.tsc_hz,
     );
-    let names: std::collections::HashMap<u32, String> = recording
-        .trace_functions
-        .iter()
-        .map(|f| (f.id, f.name.clone()))
-        .collect();
-    let root = match &wanted.root {
-        Some(name) => Some(
-            calltrace::invocations::root_id(&names, name)
-                .map_err(|error| Failure::bad_input(error.to_string()))?,
-        ),
-        None => None,
-    };
     let context = calltrace::calls::TableContext {
         names: &names,
         tsc_hz: summary.tsc_hz,
@@ -119,7 +117,7 @@ fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
             let limit = args.limit.unwrap_or(TREE_LINES);
             calltrace::tree::write_tree(&paths, &context, &header, limit, &mut out)
         }
-        Format::Invocations if root.is_some() => {
+        Format::Invocations => {
             let limit = args.limit.unwrap_or(INVOCATION_LINES);
             let name = wanted.root.as_deref().unwrap_or_default();
             calltrace::invocations::write_invocations(

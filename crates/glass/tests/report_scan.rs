@@ -302,6 +302,22 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
         "no_such_function",
     ]);
     assert_clean_failure(&output, 2, "--root no_such_function: no traced function");
+    let refused = dir.join("refused.txt");
+    let output = glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "invocations",
+        "--root",
+        "no_such_function",
+        "-o",
+        refused.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 2, "no traced function of that name");
+    assert!(
+        !refused.exists(),
+        "an output file was left for a refused report"
+    );
     let output = glass(&[
         "report",
         recording.to_str().unwrap(),
