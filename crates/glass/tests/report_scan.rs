@@ -209,8 +209,12 @@ fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
         row[4..4 + children.len().min(4)].copy_from_slice(&children[..children.len().min(4)]);
         rows.push((u32::MAX - 1, row));
     }
-    for invocation in &scan.invocations {
-        let first = invocation.callees.first().map_or(0, |c| c.1);
+    for invocation in &scan.invocations.rows {
+        let first = scan
+            .invocations
+            .callees(invocation)
+            .next()
+            .map_or(0, |c| c.1);
         let row = [
             invocation.start,
             invocation.cycles,

@@ -15,9 +15,54 @@ pub struct Invocation {
     /// Cycles since the recording's first record.
     pub start: u64,
     pub cycles: u64,
-    /// Inclusive cycles per callee function inside this call (a function's time counts
-    /// at its outermost call), by function id.
-    pub callees: Vec<(u32, u64)>,
+    /// Its callees: `count` entries of `Invocations::parts[part]` from `first`.
+    pub part: u32,
+    pub first: usize,
+    pub count: u32,
+}
+
+/// Callee times of many invocations, packed one after another (a vector per
+/// invocation would cost an allocation and its slack for each of millions of rows).
+#[derive(Debug, Default, Clone)]
+pub struct Callees {
+    functions: Vec<u32>,
+    cycles: Vec<u64>,
+}
+
+impl Callees {
+    pub fn len(&self) -> usize {
+        self.functions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty()
+    }
+
+    pub fn push(&mut self, function: u32, cycles: u64) {
+        self.functions.push(function);
+        self.cycles.push(cycles);
+    }
+}
+
+/// The invocations of a root, by start: per invocation of the root, the inclusive cycles
+/// of each callee function inside it (a function's time counts at its outermost call),
+/// by function id.
+#[derive(Debug, Default)]
+pub struct Invocations {
+    pub rows: Vec<Invocation>,
+    pub parts: Vec<Callees>,
+}
+
+impl Invocations {
+    /// `row`'s callees: (function id, inclusive cycles), by function id.
+    pub fn callees(&self, row: &Invocation) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let part = &self.parts[row.part as usize];
+        let range = row.first..row.first + row.count as usize;
+        part.functions[range.clone()]
+            .iter()
+            .copied()
+            .zip(part.cycles[range].iter().copied())
+    }
 }
 
 /// The traced function `--root` names (the lowest id of that name).
@@ -35,13 +80,14 @@ pub fn root_id(names: &HashMap<u32, String>, root_name: &str) -> Result<u32, cra
 }
 
 /// The invocations of `root` in a built trace, by start time.
-pub fn invocations(trace: &CallTrace, root: u32) -> Vec<Invocation> {
+pub fn invocations(trace: &CallTrace, root: u32) -> Invocations {
     let children = trace.children();
     let mut roots: Vec<usize> = (0..trace.calls.len())
         .filter(|&i| trace.calls[i].function == root && !trace.is_nested_in_itself(i))
         .collect();
     roots.sort_by_key(|&i| trace.calls[i].start);
-    roots
+    let mut packed = Callees::default();
+    let rows = roots
         .into_iter()
         .map(|call| {
             let mut callees: HashMap<u32, u64> = HashMap::new();
@@ -62,14 +108,24 @@ pub fn invocations(trace: &CallTrace, root: u32) -> Vec<Invocation> {
             let c = &trace.calls[call];
             let mut callees: Vec<(u32, u64)> = callees.into_iter().collect();
             callees.sort_unstable();
+            let first = packed.len();
+            for &(function, cycles) in &callees {
+                packed.push(function, cycles);
+            }
             Invocation {
                 tid: trace.threads[c.thread].1,
                 start: c.start - trace.first,
                 cycles: c.cycles(),
-                callees,
+                part: 0,
+                first,
+                count: callees.len() as u32,
             }
         })
-        .collect()
+        .collect();
+    Invocations {
+        rows,
+        parts: vec![packed],
+    }
 }
 
 fn median(values: &mut [u64]) -> u64 {
@@ -83,13 +139,14 @@ fn median(values: &mut [u64]) -> u64 {
 /// The table: a summary line, then the `limit` slowest invocations (numbered by start,
 /// from 0), each with what made it slow and its largest callees.
 pub fn write_invocations(
-    all: &[Invocation],
+    invocations: &Invocations,
     context: &TableContext,
     header: &str,
     root_name: &str,
     limit: usize,
     out: &mut dyn Write,
 ) -> Result<(), crate::ReportError> {
+    let all = &invocations.rows;
     writeln!(out, "{header}")?;
     if all.is_empty() {
         writeln!(out, "{root_name} was never called")?;
@@ -102,7 +159,7 @@ pub fn write_invocations(
     // invocation would be most of the report's memory).
     let mut times: HashMap<u32, Durations> = HashMap::new();
     for invocation in all {
-        for &(function, cycles) in &invocation.callees {
+        for (function, cycles) in invocations.callees(invocation) {
             times.entry(function).or_default().add(cycles);
         }
     }
@@ -134,20 +191,19 @@ pub fn write_invocations(
         b.cycles.cmp(&a.cycles).then(a_number.cmp(b_number))
     });
     for (number, invocation) in rows.into_iter().take(limit) {
-        let because = invocation
-            .callees
-            .iter()
-            .map(|&(f, t)| (f, t.saturating_sub(medians[&f])))
+        let because = invocations
+            .callees(invocation)
+            .map(|(f, t)| (f, t.saturating_sub(medians[&f])))
             .filter(|&(_, excess)| excess > 0)
             .max_by_key(|&(f, excess)| (excess, std::cmp::Reverse(f)))
             .map(|(f, excess)| format!("{} +{}", context.name(f), context.duration(excess)))
             .unwrap_or_else(|| "-".to_string());
-        let mut callees: Vec<&(u32, u64)> = invocation.callees.iter().collect();
+        let mut callees: Vec<(u32, u64)> = invocations.callees(invocation).collect();
         callees.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let callees: Vec<String> = callees
             .into_iter()
             .take(6)
-            .map(|&(f, t)| format!("{} {}", context.name(f), context.duration(t)))
+            .map(|(f, t)| format!("{} {}", context.name(f), context.duration(t)))
             .collect();
         writeln!(
             out,

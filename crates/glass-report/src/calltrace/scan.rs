@@ -29,7 +29,7 @@ use glass_format::{FormatError, Recording};
 use glass_trace::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
 
 use super::calls::FunctionStats;
-use super::invocations::{root_id, Invocation};
+use super::invocations::{root_id, Callees, Invocation, Invocations};
 use super::paths::{PathTree, ROOT};
 
 const TSC_MASK: u64 = (1 << TSC_BITS) - 1;
@@ -47,7 +47,7 @@ pub struct Scan {
     /// The calls merged by path, when asked for.
     pub paths: Option<PathTree>,
     /// The invocations of the root asked for (by start), when it names a traced function.
-    pub invocations: Vec<Invocation>,
+    pub invocations: Invocations,
     /// Calls seen (each entry record is one).
     pub calls: u64,
     /// Traced threads (pid, tid) with records, in order of appearance.
@@ -225,9 +225,10 @@ fn pass(
     let mut bad_chunk: Option<(usize, &'static str)> = None;
     let mut first = u64::MAX;
     let mut last = 0;
-    // Invocations with their full start: (start, thread, ordinal, invocation).
+    // Invocations with their full start: (start, thread, ordinal, invocation); their
+    // callees stay where each worker packed them.
     let mut invocations: Vec<(u64, u32, u64, Invocation)> = Vec::new();
-    for worker in workers {
+    for (part, worker) in workers.into_iter().enumerate() {
         if let Some((offset, what)) = worker.error {
             if bad_chunk.is_none_or(|(o, _)| offset < o) {
                 bad_chunk = Some((offset, what));
@@ -253,10 +254,13 @@ fn pass(
                 tid: scan.threads[found.thread as usize].1,
                 start,
                 cycles: found.cycles,
-                callees: found.callees,
+                part: part as u32,
+                first: found.first,
+                count: found.count,
             };
             invocations.push((start, found.thread, found.ordinal, invocation));
         }
+        scan.invocations.parts.push(worker.sums.callees);
         if let Some(tree) = worker.sums.paths {
             match &mut scan.paths {
                 Some(paths) => paths.merge(tree),
@@ -277,7 +281,7 @@ fn pass(
     scan.first = if first == u64::MAX { 0 } else { first };
     scan.last = last;
     invocations.sort_unstable_by_key(|&(start, thread, ordinal, _)| (start, thread, ordinal));
-    scan.invocations = invocations
+    scan.invocations.rows = invocations
         .into_iter()
         .map(|(start, _, _, mut invocation)| {
             invocation.start = start.saturating_sub(scan.first);
@@ -382,6 +386,8 @@ struct Sums {
     paths: Option<PathTree>,
     root: Option<u32>,
     invocations: Vec<Found>,
+    /// The callees of `invocations`, packed.
+    callees: Callees,
 }
 
 /// An invocation of the root as a worker found it.
@@ -392,7 +398,9 @@ struct Found {
     /// Relative to its thread's first record.
     start: u64,
     cycles: u64,
-    callees: Vec<(u32, u64)>,
+    /// Its callees in the worker's [`Callees`].
+    first: usize,
+    count: u32,
 }
 
 /// The invocation of the root a thread is in.
@@ -400,8 +408,6 @@ struct Active {
     /// The root call's place on the stack.
     depth: usize,
     ordinal: u64,
-    /// Inclusive cycles per callee, at its outermost call.
-    callees: Vec<(u32, u64)>,
 }
 
 /// One worker's threads and its sums.
@@ -425,6 +431,7 @@ impl Worker {
                 paths: config.paths.then(PathTree::default),
                 root: config.root,
                 invocations: Vec::new(),
+                callees: Callees::default(),
             },
             words: 0,
             error: None,
@@ -500,6 +507,8 @@ struct ThreadState {
     inside: Vec<u32>,
     /// Per function id, its place in the invocation's callees (`u32::MAX`: none yet).
     callee_slot: Vec<u32>,
+    /// Inclusive cycles per callee of the invocation, at its outermost call.
+    callees: Vec<(u32, u64)>,
     /// The counters at each open call's entry (`stride - 1` values per call).
     at_entry: Vec<u64>,
     /// The words of a record split across chunks.
@@ -520,6 +529,7 @@ impl ThreadState {
             invocation: None,
             inside: Vec::new(),
             callee_slot: Vec::new(),
+            callees: Vec::new(),
             at_entry: Vec::new(),
             partial: Vec::with_capacity(stride),
         }
@@ -572,7 +582,6 @@ impl ThreadState {
                 self.invocation = Some(Active {
                     depth: self.stack.len(),
                     ordinal: self.entries,
-                    callees: Vec::new(),
                 });
             }
             self.entries += 1;
@@ -623,28 +632,33 @@ impl ThreadState {
         if let Some(active) = &mut self.invocation {
             if self.stack.len() == active.depth {
                 // The root's call itself ends its invocation.
-                let mut active = self.invocation.take().unwrap();
-                for &(function, _) in &active.callees {
+                let ordinal = active.ordinal;
+                self.invocation = None;
+                self.callees.sort_unstable();
+                let first = sums.callees.len();
+                for &(function, cycles) in &self.callees {
                     self.callee_slot[function as usize] = u32::MAX;
+                    sums.callees.push(function, cycles);
                 }
-                active.callees.sort_unstable();
                 sums.invocations.push(Found {
                     thread: self.thread,
-                    ordinal: active.ordinal,
+                    ordinal,
                     start: open.start,
                     cycles,
-                    callees: active.callees,
+                    first,
+                    count: self.callees.len() as u32,
                 });
+                self.callees.clear();
             } else {
                 let index = open.function as usize;
                 self.inside[index] -= 1;
                 if open.counted {
                     let slot = &mut self.callee_slot[index];
                     if *slot == u32::MAX {
-                        *slot = active.callees.len() as u32;
-                        active.callees.push((open.function, 0));
+                        *slot = self.callees.len() as u32;
+                        self.callees.push((open.function, 0));
                     }
-                    active.callees[*slot as usize].1 += cycles;
+                    self.callees[*slot as usize].1 += cycles;
                 }
             }
         }
