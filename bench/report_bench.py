@@ -43,7 +43,7 @@ SECONDS = float(os.environ.get("GLASS_BENCH_REPORT_SECONDS", "4"))
 # Measured by hand with the build before tree, flamegraph and invocations streamed.
 BEFORE_STREAMING_PATHS = ("`--format tree` 1.16 s wall and 1.28 GB peak RSS, `flamegraph` 2.10 s and 1.78 GB, "
                           "`invocations --root handle` 3.98 s and 1.84 GB; streamed: 0.15 s and 18 MB, 0.16 s "
-                          "and 18 MB, 0.41 s and 195 MB (the same outputs).")
+                          "and 18 MB, 0.34 s and 149 MB (the same outputs).")
 
 PYTHON_WORK = """
 import json, re, sys, time
