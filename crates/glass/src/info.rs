@@ -43,8 +43,7 @@ struct CallRecords {
 pub fn run(args: &InfoArgs) -> Result<()> {
     // A trace's call records are counted as the file streams by (they are most of it).
     let (recording, calls) = if is_trace_file(&args.input) {
-        let jobs = std::thread::available_parallelism().map_or(1, usize::from);
-        let scan = scan_trace(&args.input, jobs, &Default::default())?;
+        let scan = scan_trace(&args.input, None, &Default::default())?;
         let calls = CallRecords {
             records: scan.records,
             threads: scan.threads.iter().map(|&(_, tid)| tid).collect(),

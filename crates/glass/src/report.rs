@@ -62,9 +62,13 @@ pub fn is_trace_file(path: &Path) -> bool {
             })
 }
 
-/// A `glass trace` recording summed while it streams by (damage warned about, as
-/// [`open_recording`] does).
-pub fn scan_trace(path: &Path, jobs: usize, wanted: &scan::Wanted) -> Result<scan::Scan> {
+/// A `glass trace` recording summed while it streams by, with `jobs` decoding workers
+/// (default one per CPU); damage is warned about, as [`open_recording`] does.
+pub fn scan_trace(path: &Path, jobs: Option<u32>, wanted: &scan::Wanted) -> Result<scan::Scan> {
+    let jobs = jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |jobs| jobs as usize,
+    );
     let scan = scan::scan_file(path, jobs, wanted).map_err(|error| unreadable(path, error))?;
     warn_damage(path, &scan.recording, scan.chunks > 0);
     Ok(scan)
@@ -74,15 +78,11 @@ pub fn scan_trace(path: &Path, jobs: usize, wanted: &scan::Wanted) -> Result<sca
 /// file streams by (see `glass_report::calltrace::scan`): the calls themselves are never
 /// built.
 fn streamed_report(args: &ReportArgs, format: Format) -> Result<()> {
-    let jobs = args.jobs.map_or_else(
-        || std::thread::available_parallelism().map_or(1, usize::from),
-        |jobs| jobs as usize,
-    );
     let wanted = scan::Wanted {
         paths: matches!(format, Format::Tree | Format::Flamegraph),
         root: args.root.clone().filter(|_| format == Format::Invocations),
     };
-    let scan = scan_trace(&args.input, jobs, &wanted)?;
+    let scan = scan_trace(&args.input, args.jobs, &wanted)?;
     let recording = &scan.recording;
     let names: std::collections::HashMap<u32, String> = recording
         .trace_functions
