@@ -53,6 +53,22 @@ pub(crate) fn relocate(displaced: &[Instruction], displaced_end: u64) -> Vec<Ins
 
 /// Bytes of one function's trampoline at `address`.
 pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<u8>, String> {
+    build_with_moves(plan, id, address, enter_slot).map(|(bytes, _)| bytes)
+}
+
+/// Bytes of one function's trampoline at `address`, and where a thread stopped inside
+/// the bytes the patch replaces goes instead: (original address, trampoline address)
+/// for each displaced instruction after the first, and for the end of the displaced
+/// bytes when the trampoline jumps back there. A thread moved so runs the rest of the
+/// displaced instructions from their relocated copies (this one call unrecorded) and
+/// comes back as it would have; the end's entry serves a thread whose interrupted
+/// system call (a `syscall` displaced last) the kernel restarts 2 bytes back.
+pub fn build_with_moves(
+    plan: &Plan,
+    id: u32,
+    address: u64,
+    enter_slot: u64,
+) -> Result<(Vec<u8>, Vec<(u64, u64)>), String> {
     let mut instructions = vec![
         Instruction::with1(Code::Pushq_imm32, id as i32).map_err(|e| e.to_string())?,
         Instruction::with1(
@@ -62,7 +78,9 @@ pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<
         .map_err(|e| e.to_string())?,
     ];
     let end = plan.patch_at + plan.displaced;
-    instructions.extend(relocate(&plan.instructions, end));
+    let relocated = relocate(&plan.instructions, end);
+    let relocated_count = relocated.len();
+    instructions.extend(relocated);
     let leaves = plan.instructions.last().is_some_and(|last| {
         matches!(
             last.flow_control(),
@@ -74,9 +92,28 @@ pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<
             .push(Instruction::with_branch(Code::Jmp_rel32_64, end).map_err(|e| e.to_string())?);
     }
     let block = InstructionBlock::new(&instructions, address);
-    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
-        .map(|encoded| encoded.code_buffer)
-        .map_err(|e| e.to_string())
+    let encoded =
+        BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+            .map_err(|e| e.to_string())?;
+    let offsets = &encoded.new_instruction_offsets;
+    // Only the last displaced instruction can be a call, which becomes several: each
+    // displaced instruction starts at index 2 + its own.
+    let mut moves: Vec<(u64, u32)> = plan
+        .instructions
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, instruction)| (instruction.ip(), offsets[2 + i]))
+        .collect();
+    if !leaves {
+        moves.push((end, offsets[2 + relocated_count]));
+    }
+    let moves = moves
+        .into_iter()
+        .filter(|&(_, offset)| offset != u32::MAX)
+        .map(|(from, offset)| (from, address + offset as u64))
+        .collect();
+    Ok((encoded.code_buffer, moves))
 }
 
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the trampoline, then int3 over
@@ -108,6 +145,26 @@ mod tests {
             .into_iter()
             .map(|i| format!("{i}"))
             .collect()
+    }
+
+    #[test]
+    fn threads_inside_the_displaced_bytes_move_to_their_relocated_copies() {
+        // xor eax, eax; syscall; mov [rdi], eax; ret: a thread interrupted in the system
+        // call sits after it (4), which the kernel restarts at the syscall (2).
+        let code = [0x31, 0xc0, 0x0f, 0x05, 0x89, 0x07, 0xc3];
+        let plan = analyze(&code, 0x40_1000).unwrap();
+        assert_eq!(plan.displaced, 6);
+        let at = 0x40_1000 + 0x10_0000;
+        let (bytes, moves) = build_with_moves(&plan, 7, at, at - 8).unwrap();
+        assert_eq!(decode(&bytes, at)[3], "syscall");
+        assert_eq!(moves.len(), 3);
+        let (syscall_at, relocated_syscall) = moves[0];
+        assert_eq!(syscall_at, 0x40_1002);
+        assert_eq!(&bytes[(relocated_syscall - at) as usize..][..2], &[0x0f, 0x05]);
+        // What follows the relocated syscall is where the kernel's 2 bytes back start.
+        assert_eq!(moves[1], (0x40_1004, relocated_syscall + 2));
+        assert_eq!(moves[2].0, 0x40_1006);
+        assert_eq!(bytes[(moves[2].1 - at) as usize], 0xe9);
     }
 
     #[test]

@@ -681,6 +681,12 @@ const UNWIND_HOOKS: [&core::ffi::CStr; 4] = [
 #[export_name = "glass_probe_ledger"]
 pub static LEDGER: AtomicU64 = AtomicU64::new(0);
 
+/// Where `glass trace --pid` keeps the landing its injected calls return to (a page of
+/// its own that stays mapped for the life of the process), so that a later attach reuses
+/// it. The runtime never reads it.
+#[export_name = "glass_probe_landing"]
+pub static LANDING: AtomicU64 = AtomicU64::new(0);
+
 /// The real unwinder entry points (the four of UNWIND_HOOKS, then __cxa_begin_catch):
 /// looked up with dlsym(RTLD_NEXT) when preloaded; `glass trace --pid` writes them here
 /// itself, because a runtime loaded with dlopen has no "next" definition to find, and

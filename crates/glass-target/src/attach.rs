@@ -111,7 +111,9 @@ pub struct Attachment {
     boost: Option<Boost>,
 }
 
-const OPTIONS: usize = libc::PTRACE_O_TRACECLONE as usize;
+/// Clones are reported (their threads seized at once); system-call stops, which only an
+/// injected call asks for, are marked apart from a real SIGTRAP.
+const OPTIONS: usize = (libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACESYSGOOD) as usize;
 
 impl Attachment {
     /// Seizes every thread of `pid` without stopping any.
@@ -243,10 +245,9 @@ impl Attachment {
                 self.threads.entry(new_tid as i32).or_insert(State::Running);
             }
         }
-        let signal = if event == 0 {
-            libc::WSTOPSIG(status)
-        } else {
-            0
+        let signal = match libc::WSTOPSIG(status) {
+            stop if event == 0 && stop & 0x80 == 0 => stop,
+            _ => 0,
         };
         self.threads.insert(tid, State::Stopped(signal));
     }
@@ -256,53 +257,6 @@ impl Attachment {
         if let Some(State::Stopped(signal)) = self.threads.get(&tid).copied() {
             let _ = ptrace(libc::PTRACE_CONT, tid, 0, signal as usize);
             self.threads.insert(tid, State::Running);
-        }
-    }
-
-    /// Runs one stopped thread for one instruction; false if it did not come back
-    /// within `limit` (it entered a blocking system call: it is stopped again, after
-    /// the step, before that call completes).
-    pub fn single_step(&mut self, tid: i32, limit: Duration) -> Result<bool, TargetError> {
-        let Some(State::Stopped(signal)) = self.threads.get(&tid).copied() else {
-            return Ok(false);
-        };
-        ptrace(libc::PTRACE_SINGLESTEP, tid, 0, 0).map_err(|e| TargetError::Attach(tid, e))?;
-        self.threads.insert(tid, State::Running);
-        let deadline = Instant::now() + limit;
-        loop {
-            match wait_thread(tid, deadline).map_err(TargetError::Io)? {
-                Some(status) => {
-                    if libc::WIFSTOPPED(status)
-                        && (status >> 16) == 0
-                        && libc::WSTOPSIG(status) == libc::SIGTRAP
-                    {
-                        self.threads.insert(tid, State::Stopped(signal));
-                        return Ok(true);
-                    }
-                    self.note(tid, status);
-                    match self.threads.get(&tid).copied() {
-                        None => return Ok(false),
-                        Some(State::Stopped(other)) if other != 0 => {
-                            // Another signal arrived first: keep it for later, step on.
-                            let _ = ptrace(libc::PTRACE_SINGLESTEP, tid, 0, 0);
-                            self.threads.insert(tid, State::Running);
-                        }
-                        Some(State::Stopped(_)) => {
-                            self.threads.insert(tid, State::Stopped(signal));
-                            return Ok(true);
-                        }
-                        Some(State::Running) => {}
-                    }
-                }
-                None => {
-                    let _ = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
-                    self.await_stops(&[tid], Instant::now() + Duration::from_secs(5))?;
-                    if let Some(State::Stopped(_)) = self.threads.get(&tid) {
-                        self.threads.insert(tid, State::Stopped(signal));
-                    }
-                    return Ok(false);
-                }
-            }
         }
     }
 

@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
 
 use crate::launch::spawn_paused_with_env;
 use crate::TargetError;
@@ -23,6 +24,23 @@ pub struct StoppedProcess {
     mem: File,
     /// Nothing left to let go when dropped (detached, killed, or held by someone else).
     detached: bool,
+    /// A running process's own `mmap` and `munmap`, through which its system calls are
+    /// made (see [`StoppedProcess::use_libc`]); None: the launch mode's single thread,
+    /// whose system calls run at its instruction pointer.
+    libc: Option<LibcCalls>,
+    /// Where injected calls return to: the landing (see [`landing_code`]), or 0 before
+    /// one is mapped (the call returns to address 0, and its SIGSEGV ends it).
+    landing: std::cell::Cell<u64>,
+    /// An injected call was left under way (it did not return in time): the thread must
+    /// not be given another one; it restores itself when the call returns.
+    busy: std::cell::Cell<bool>,
+}
+
+/// The addresses of a process's own `mmap` and `munmap`.
+#[derive(Clone, Copy, Debug)]
+pub struct LibcCalls {
+    pub mmap: u64,
+    pub munmap: u64,
 }
 
 /// An argument of an injected call.
@@ -122,6 +140,9 @@ impl StoppedProcess {
             tid: pid,
             mem,
             detached: false,
+            libc: None,
+            landing: std::cell::Cell::new(0),
+            busy: std::cell::Cell::new(false),
         };
         let entry = entry_point(pid).map_err(TargetError::Io)?;
         let original = process.read(entry, 1).map_err(TargetError::Io)?;
@@ -160,7 +181,49 @@ impl StoppedProcess {
             tid,
             mem,
             detached: true,
+            libc: None,
+            landing: std::cell::Cell::new(0),
+            busy: std::cell::Cell::new(false),
         })
+    }
+
+    /// Has this process make its system calls through its own `mmap` and `munmap`
+    /// (injected calls) instead of a `syscall` written at the thread's instruction
+    /// pointer: in a running process that code is shared with threads that run on, and
+    /// one returning from the same system call would execute the written bytes.
+    pub fn use_libc(&mut self, calls: LibcCalls) {
+        self.libc = Some(calls);
+    }
+
+    /// Where injected calls return to (0: none yet).
+    pub fn landing(&self) -> u64 {
+        self.landing.get()
+    }
+
+    /// Uses the landing page a previous attach left in the process (see
+    /// [`StoppedProcess::map_landing`]) if `at` still holds glass's landing code.
+    pub fn reuse_landing(&self, at: u64) -> bool {
+        let code = landing_code(xstate_kind());
+        let same = at != 0 && self.read(at, code.len()).is_ok_and(|bytes| bytes == code);
+        if same {
+            self.landing.set(at);
+        }
+        same
+    }
+
+    /// Maps a page for the landing of injected calls and writes its code there; returns
+    /// its address. The page stays mapped for the life of the process (a later attach
+    /// finds it through the probe runtime and reuses it): unmapping it would need a call
+    /// that returns through it.
+    pub fn map_landing(&self) -> io::Result<u64> {
+        let at = self.map_anonymous(4096, libc::PROT_READ | libc::PROT_EXEC)?;
+        let code = landing_code(xstate_kind());
+        if let Err(e) = self.write(at, &code) {
+            self.unmap(at, 4096);
+            return Err(e);
+        }
+        self.landing.set(at);
+        Ok(at)
     }
 
     pub fn pid(&self) -> i32 {
@@ -190,20 +253,40 @@ impl StoppedProcess {
     /// Maps `len` bytes of anonymous private memory with `prot` anywhere in the process.
     pub fn map_anonymous(&self, len: u64, prot: i32) -> io::Result<u64> {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let at = self.syscall(
-            libc::SYS_mmap as u64,
-            [0, len, prot as u64, flags as u64, u64::MAX, 0],
-        )?;
+        let at = self.mmap(0, len, prot, flags)?;
         if at < 0 {
             return Err(io::Error::from_raw_os_error(-at as i32));
         }
         Ok(at as u64)
     }
 
+    /// `mmap` of anonymous memory in the process: the address, or a negative errno.
+    fn mmap(&self, address: u64, len: u64, prot: i32, flags: i32) -> io::Result<i64> {
+        let args = [address, len, prot as u64, flags as u64, u64::MAX, 0];
+        let Some(calls) = self.libc else {
+            return self.syscall_at_pc(libc::SYS_mmap as u64, args);
+        };
+        let values: Vec<CallArg> = args.into_iter().map(CallArg::Value).collect();
+        let at = self.call(calls.mmap, &values, CALL_LIMIT)?;
+        // The C library's mmap says MAP_FAILED and leaves the reason in errno.
+        Ok(if at == u64::MAX { -(libc::ENOMEM as i64) } else { at as i64 })
+    }
+
     /// Unmaps what [`StoppedProcess::map_anonymous`] (or anything else) mapped; best
     /// effort, for clean-up.
     pub fn unmap(&self, address: u64, len: u64) {
-        let _ = self.syscall(libc::SYS_munmap as u64, [address, len, 0, 0, 0, 0]);
+        match self.libc {
+            Some(calls) => {
+                let _ = self.call(
+                    calls.munmap,
+                    &[CallArg::Value(address), CallArg::Value(len)],
+                    CALL_LIMIT,
+                );
+            }
+            None => {
+                let _ = self.syscall_at_pc(libc::SYS_munmap as u64, [address, len, 0, 0, 0, 0]);
+            }
+        }
     }
 
     fn registers(&self) -> io::Result<libc::user_regs_struct> {
@@ -214,8 +297,11 @@ impl StoppedProcess {
         crate::attach::set_registers(self.tid, regs)
     }
 
-    /// Runs one system call in the process and returns its result (negative: -errno).
-    pub fn syscall(&self, number: u64, args: [u64; 6]) -> io::Result<i64> {
+    /// Runs one system call by writing `syscall` at the thread's instruction pointer and
+    /// stepping over it; returns its result (negative: -errno). Only for the launch
+    /// mode's process, whose only thread is this one: in a running process another
+    /// thread could execute the written bytes.
+    fn syscall_at_pc(&self, number: u64, args: [u64; 6]) -> io::Result<i64> {
         let saved = self.registers()?;
         let at = saved.rip;
         let code = self.read(at, 2)?;
@@ -234,7 +320,10 @@ impl StoppedProcess {
                 .map_err(io::Error::from_raw_os_error)?;
             loop {
                 let status = wait_stop(self.tid).map_err(|e| io::Error::other(e.to_string()))?;
-                if libc::WIFSTOPPED(status) && libc::WSTOPSIG(status) == libc::SIGTRAP {
+                if libc::WIFSTOPPED(status)
+                    && (status >> 16) == 0
+                    && libc::WSTOPSIG(status) == libc::SIGTRAP
+                {
                     break;
                 }
                 // A signal arrived instead of the step: keep it pending for later.
@@ -250,21 +339,34 @@ impl StoppedProcess {
 
     /// Calls `function` in the stopped thread with up to six integer arguments, as if
     /// the thread had called it where it stopped (below its red zone, stack aligned),
-    /// and returns its result. It returns to `trap`, an `int3` glass placed in the
-    /// process. The thread's registers are restored afterwards, and signals that arrive
-    /// during the call are delivered to it. Gives up after `limit`, leaving the thread
-    /// as it was before the call (the call's frames abandoned).
-    pub fn call(
-        &self,
-        function: u64,
-        args: &[CallArg],
-        trap: u64,
-        limit: std::time::Duration,
-    ) -> io::Result<u64> {
-        let saved = self.registers()?;
-        let mut regs = saved;
+    /// and returns its result, with the thread's registers (general, x87/SSE/AVX) as
+    /// they were. Signals that arrive during the call are delivered to it.
+    ///
+    /// The call returns to the landing (see [`landing_code`]) with the thread's state
+    /// saved just above its return address; glass, watching the thread's system calls,
+    /// stops it at the landing's `getpid` and puts its registers back itself. A glass
+    /// that dies during the call leaves a thread that finishes the call, restores its
+    /// own state at the landing and runs on as if nothing had happened. Before a landing
+    /// exists (the first call in a process maps it) the call returns to address 0.
+    ///
+    /// Gives up after `limit`: with a landing the thread is left to finish the call on
+    /// its own (it restores itself when it returns) and takes no other call; without
+    /// one its registers are put back, the call's frames abandoned.
+    pub fn call(&self, function: u64, args: &[CallArg], limit: Duration) -> io::Result<u64> {
+        if self.busy.get() {
+            return Err(io::Error::other(
+                "the thread is still in an injected call that did not return",
+            ));
+        }
+        let original = resumable(self.registers()?);
+        let landing = self.landing.get();
+        let xstate = match landing {
+            0 => None,
+            _ => Some(read_xstate(self.tid, xstate_kind())?),
+        };
+        let mut regs = original;
         // Past the red zone of whatever the thread was running.
-        let mut sp = (saved.rsp - 512) & !15;
+        let mut sp = (original.rsp - 128) & !15;
         let mut values = Vec::new();
         for arg in args {
             match arg {
@@ -275,6 +377,10 @@ impl StoppedProcess {
                     values.push(sp);
                 }
             }
+        }
+        if let Some(xstate) = &xstate {
+            sp = (sp - (CONTEXT_XSTATE + xstate.len()) as u64) & !63;
+            self.write(sp, &landing_context(&original, xstate))?;
         }
         let registers = [
             &mut regs.rdi,
@@ -287,52 +393,79 @@ impl StoppedProcess {
         for (register, value) in registers.into_iter().zip(values) {
             *register = value;
         }
-        // At a function's first instruction rsp + 8 is 16-byte aligned.
+        // The return address; at a function's first instruction rsp + 8 is 16-byte
+        // aligned, and the landing finds its context at rsp once the call returned.
         sp -= 8;
-        self.write(sp, &trap.to_le_bytes())?;
+        self.write(sp, &landing.to_le_bytes())?;
         regs.rsp = sp;
         regs.rip = function;
         regs.rax = 0;
-        // Not in a system call: the kernel must not restart one when the thread runs.
         regs.orig_rax = u64::MAX;
+        regs.eflags &= !TRAP_FLAG;
         self.set_registers(&regs)?;
-        let outcome = self.run_until_trap(trap, limit);
-        let restored = self.set_registers(&saved);
-        let result = outcome?;
-        restored?;
-        Ok(result)
+        let outcome = self.run_call(landing, Instant::now() + limit);
+        if matches!(outcome, Err(CallEnd::TimedOut(_))) && landing != 0 {
+            self.busy.set(true);
+        } else if !matches!(outcome, Err(CallEnd::Ended(_))) {
+            self.set_registers(&original)?;
+            if let Some(xstate) = &xstate {
+                write_xstate(self.tid, xstate_kind(), xstate)?;
+            }
+        }
+        outcome.map_err(CallEnd::into_error)
     }
 
-    fn run_until_trap(&self, trap: u64, limit: std::time::Duration) -> io::Result<u64> {
-        let deadline = std::time::Instant::now() + limit;
+    /// Runs the thread until the call it was set up for returns: its result.
+    fn run_call(&self, landing: u64, deadline: Instant) -> Result<u64, CallEnd> {
+        // With a landing, every system call stops the thread (at its entry and exit):
+        // the landing's is how glass learns that the call returned.
+        let request = match landing {
+            0 => libc::PTRACE_CONT,
+            _ => libc::PTRACE_SYSCALL,
+        };
+        let io = CallEnd::Faulted;
         let mut signal = 0;
+        let mut first = true;
         loop {
-            ptrace(libc::PTRACE_CONT, self.tid, 0, signal).map_err(io::Error::from_raw_os_error)?;
-            let Some(status) = crate::attach::wait_thread(self.tid, deadline)? else {
+            ptrace(request, self.tid, 0, signal)
+                .map_err(|e| io(io::Error::from_raw_os_error(e)))?;
+            if std::mem::take(&mut first) {
+                crate::test_hook(match landing {
+                    0 => "inject-bootstrap",
+                    _ => "inject-call",
+                });
+            }
+            signal = 0;
+            let Some(status) = crate::attach::wait_thread(self.tid, deadline).map_err(io)? else {
                 let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
-                let _ = crate::attach::wait_thread(
-                    self.tid,
-                    std::time::Instant::now() + std::time::Duration::from_secs(5),
-                );
-                return Err(io::Error::other(format!(
-                    "the injected call did not return within {:.1} s",
-                    limit.as_secs_f64()
+                let _ = crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
+                return Err(CallEnd::TimedOut(io::Error::other(
+                    "the injected call did not return in time",
                 )));
             };
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                return Err(io::Error::other(format!(
+                return Err(CallEnd::Ended(io::Error::other(format!(
                     "the process ended during the injected call ({})",
                     shell_status(status)
-                )));
+                ))));
             }
-            signal = 0;
-            if (status >> 16) != 0 {
+            if !libc::WIFSTOPPED(status) {
                 continue;
             }
             let stop = libc::WSTOPSIG(status);
-            if stop == libc::SIGTRAP {
-                let regs = self.registers()?;
-                if regs.rip == trap + 1 {
+            if stop == libc::SIGTRAP | 0x80 {
+                let regs = self.registers().map_err(io)?;
+                if landing != 0 && regs.rip == landing + LANDING_CATCH && regs.orig_rax == GETPID {
+                    return self.read_u64(regs.rsp).map_err(io);
+                }
+                continue;
+            }
+            if (status >> 16) != 0 {
+                continue;
+            }
+            if stop == libc::SIGSEGV && landing == 0 {
+                let regs = self.registers().map_err(io)?;
+                if regs.rip == 0 {
                     return Ok(regs.rax);
                 }
             }
@@ -340,11 +473,11 @@ impl StoppedProcess {
                 stop,
                 libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
             ) {
-                let regs = self.registers()?;
-                return Err(io::Error::other(format!(
+                let regs = self.registers().map_err(io)?;
+                return Err(CallEnd::Faulted(io::Error::other(format!(
                     "the injected call faulted (signal {stop} at {:#x})",
                     regs.rip
-                )));
+                ))));
             }
             signal = stop as usize;
         }
@@ -383,16 +516,11 @@ impl StoppedProcess {
             if !free {
                 continue;
             }
-            let result = self.syscall(
-                libc::SYS_mmap as u64,
-                [
-                    candidate,
-                    len,
-                    (libc::PROT_READ | libc::PROT_EXEC) as u64,
-                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
-                    u64::MAX,
-                    0,
-                ],
+            let result = self.mmap(
+                candidate,
+                len,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
             )?;
             if result == candidate as i64 {
                 return Ok(candidate);
@@ -427,4 +555,206 @@ impl Drop for StoppedProcess {
             let _ = ptrace(libc::PTRACE_DETACH, self.pid, 0, 0);
         }
     }
+}
+
+/// Longest a system call made through the C library may take.
+const CALL_LIMIT: Duration = Duration::from_secs(10);
+const TRAP_FLAG: u64 = 0x100;
+const GETPID: u64 = libc::SYS_getpid as u64;
+
+/// How an injected call ended without returning.
+enum CallEnd {
+    /// It faulted, or ptrace failed: the thread's registers are put back.
+    Faulted(io::Error),
+    /// It did not return in time: the thread is stopped inside it.
+    TimedOut(io::Error),
+    /// The process is gone.
+    Ended(io::Error),
+}
+
+impl CallEnd {
+    fn into_error(self) -> io::Error {
+        match self {
+            CallEnd::Faulted(e) | CallEnd::TimedOut(e) | CallEnd::Ended(e) => e,
+        }
+    }
+}
+
+/// A stopped thread's registers as the kernel would resume it, with no system call
+/// left for the kernel to restart: stopped in an interrupted system call that is to be
+/// restarted (rax -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND or
+/// -ERESTART_RESTARTBLOCK, orig_rax the call), the instruction pointer goes back to the
+/// 2-byte `syscall` and rax gets the call's number (restart_syscall's for the last),
+/// exactly what the kernel does when the thread resumes with no signal handler to run.
+/// Registers written back in that form cannot be restarted a second time, wherever the
+/// thread was stopped in between (an injected call, the landing, a syscall stop).
+pub fn resumable(mut regs: libc::user_regs_struct) -> libc::user_regs_struct {
+    const RESTART_SYSCALL: u64 = 219;
+    if (regs.orig_rax as i64) >= 0 {
+        match regs.rax as i64 {
+            -514..=-512 => {
+                regs.rax = regs.orig_rax;
+                regs.rip = regs.rip.wrapping_sub(2);
+            }
+            -516 => {
+                regs.rax = RESTART_SYSCALL;
+                regs.rip = regs.rip.wrapping_sub(2);
+            }
+            _ => {}
+        }
+    }
+    regs.orig_rax = u64::MAX;
+    regs
+}
+
+/// How the thread's x87/SSE/AVX state is read and restored: XSAVE's layout where the
+/// CPU has it, else FXSAVE's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum XstateKind {
+    Xsave,
+    Fxsave,
+}
+
+pub fn xstate_kind() -> XstateKind {
+    if std::arch::is_x86_feature_detected!("xsave") {
+        XstateKind::Xsave
+    } else {
+        XstateKind::Fxsave
+    }
+}
+
+const NT_PRFPREG: usize = 2;
+const NT_X86_XSTATE: usize = 0x202;
+
+fn regset(kind: XstateKind) -> usize {
+    match kind {
+        XstateKind::Xsave => NT_X86_XSTATE,
+        XstateKind::Fxsave => NT_PRFPREG,
+    }
+}
+
+fn read_xstate(tid: i32, kind: XstateKind) -> io::Result<Vec<u8>> {
+    let mut buffer = vec![0u8; 1 << 14];
+    let mut iov = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    ptrace(
+        libc::PTRACE_GETREGSET,
+        tid,
+        regset(kind),
+        &mut iov as *mut _ as usize,
+    )
+    .map_err(io::Error::from_raw_os_error)?;
+    buffer.truncate(iov.iov_len);
+    Ok(buffer)
+}
+
+fn write_xstate(tid: i32, kind: XstateKind, state: &[u8]) -> io::Result<()> {
+    let mut copy = state.to_vec();
+    let mut iov = libc::iovec {
+        iov_base: copy.as_mut_ptr().cast(),
+        iov_len: copy.len(),
+    };
+    ptrace(
+        libc::PTRACE_SETREGSET,
+        tid,
+        regset(kind),
+        &mut iov as *mut _ as usize,
+    )
+    .map_err(io::Error::from_raw_os_error)?;
+    Ok(())
+}
+
+/// The landing's context, at the stack pointer when the call returns:
+/// the result (written by the landing), the 15 general registers, an `iretq` frame
+/// (rip, cs, rflags, rsp, ss), and at CONTEXT_XSTATE (64-byte aligned) the x87/SSE/AVX
+/// state as ptrace gave it (the standard, uncompacted XSAVE layout, or FXSAVE's).
+const CONTEXT_REGISTERS: usize = 8;
+const CONTEXT_IRET: usize = 128;
+const CONTEXT_XSTATE: usize = 192;
+/// The general registers in the context, by their x86 encoding number (rsp, 4, is the
+/// iretq frame's).
+const RESTORED: [u8; 15] = [0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+fn landing_context(regs: &libc::user_regs_struct, xstate: &[u8]) -> Vec<u8> {
+    let by_number = |n: u8| match n {
+        0 => regs.rax,
+        1 => regs.rcx,
+        2 => regs.rdx,
+        3 => regs.rbx,
+        5 => regs.rbp,
+        6 => regs.rsi,
+        7 => regs.rdi,
+        8 => regs.r8,
+        9 => regs.r9,
+        10 => regs.r10,
+        11 => regs.r11,
+        12 => regs.r12,
+        13 => regs.r13,
+        14 => regs.r14,
+        _ => regs.r15,
+    };
+    let mut context = vec![0u8; CONTEXT_XSTATE + xstate.len()];
+    for (i, &n) in RESTORED.iter().enumerate() {
+        let at = CONTEXT_REGISTERS + 8 * i;
+        context[at..at + 8].copy_from_slice(&by_number(n).to_le_bytes());
+    }
+    let frame = [
+        regs.rip,
+        regs.cs,
+        regs.eflags & !TRAP_FLAG,
+        regs.rsp,
+        regs.ss,
+    ];
+    for (i, word) in frame.iter().enumerate() {
+        let at = CONTEXT_IRET + 8 * i;
+        context[at..at + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    context[CONTEXT_XSTATE..].copy_from_slice(xstate);
+    context
+}
+
+/// Where glass stops a thread in the landing: just after its `syscall`.
+const LANDING_CATCH: u64 = 11;
+
+/// The code injected calls return to, with rsp at their context:
+///
+/// ```text
+///  0  mov [rsp], rax              the result
+///  4  mov eax, 39                 getpid: glass, tracing the thread's system calls,
+///  9  syscall                     stops it here (LANDING_CATCH) and restores it itself
+/// 11  mov eax, -1; mov edx, -1    (reached only when glass died during the call)
+///     xrstor64 [rsp+192]          the x87/SSE/AVX state (fxrstor64 without XSAVE)
+///     mov r, [rsp+8+8i]           the 15 general registers but rsp
+///     add rsp, 128
+///     iretq                       rip, rflags and rsp at once
+/// ```
+///
+/// Written by hand rather than assembled at run time: 23 fixed instructions, decoded
+/// back in the tests.
+pub fn landing_code(kind: XstateKind) -> Vec<u8> {
+    let mut code = vec![0x48, 0x89, 0x04, 0x24, 0xb8, 39, 0, 0, 0, 0x0f, 0x05];
+    debug_assert_eq!(code.len() as u64, LANDING_CATCH);
+    let disp32 = |code: &mut Vec<u8>, value: usize| {
+        code.extend_from_slice(&(value as u32).to_le_bytes());
+    };
+    // [rsp + disp32] is ModRM mod=10 rm=100 with SIB 0x24.
+    match kind {
+        XstateKind::Xsave => {
+            code.extend_from_slice(&[0xb8, 0xff, 0xff, 0xff, 0xff, 0xba, 0xff, 0xff, 0xff, 0xff]);
+            code.extend_from_slice(&[0x48, 0x0f, 0xae, 0x80 | (5 << 3) | 4, 0x24]);
+        }
+        XstateKind::Fxsave => code.extend_from_slice(&[0x48, 0x0f, 0xae, 0x80 | (1 << 3) | 4, 0x24]),
+    }
+    disp32(&mut code, CONTEXT_XSTATE);
+    for (i, &n) in RESTORED.iter().enumerate() {
+        let rex = 0x48 | if n >= 8 { 0x04 } else { 0 };
+        code.extend_from_slice(&[rex, 0x8b, 0x80 | ((n & 7) << 3) | 4, 0x24]);
+        disp32(&mut code, CONTEXT_REGISTERS + 8 * i);
+    }
+    code.extend_from_slice(&[0x48, 0x81, 0xc4]);
+    disp32(&mut code, CONTEXT_IRET);
+    code.extend_from_slice(&[0x48, 0xcf]);
+    code
 }

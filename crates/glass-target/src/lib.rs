@@ -19,6 +19,19 @@ pub mod xen;
 
 pub use regs::SampleRegs;
 
+/// A test hook: when `GLASS_TEST_STOP_AT` names `step`, glass stops itself (SIGSTOP)
+/// there, so that a test can kill it (or let it go on) at exactly that step instead of
+/// hoping a timed signal lands in it. Read once; costs nothing otherwise.
+pub fn test_hook(step: &str) {
+    static STOP_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let wanted = STOP_AT.get_or_init(|| std::env::var("GLASS_TEST_STOP_AT").ok());
+    if wanted.as_deref() == Some(step) {
+        eprintln!("glass: test hook: stopped at {step}");
+        // SAFETY: raising a signal on this process.
+        unsafe { libc::raise(libc::SIGSTOP) };
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("no process with pid {0}")]

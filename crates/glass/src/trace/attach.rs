@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use glass_format::TraceSummary;
 use glass_target::attach::{registers, Attachment};
-use glass_target::inject::{CallArg, StoppedProcess};
+use glass_target::inject::{CallArg, LibcCalls, StoppedProcess};
 use glass_target::procfs::Mapping;
 use glass_trace::session::SessionMemory;
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -60,11 +60,12 @@ const WAITING_SYSCALLS: &[i64] = &[
 /// What glass finds in the runtime it loads: how to join and leave a session, the
 /// table of the real unwinder functions, and the unwinder hooks (in the order of that
 /// table: the runtime's REAL_FUNCTIONS).
-const RUNTIME_SYMBOLS: [&str; 9] = [
+const RUNTIME_SYMBOLS: [&str; 10] = [
     "glass_probe_attach",
     "glass_probe_detach",
     "glass_probe_real_functions",
     "glass_probe_ledger",
+    "glass_probe_landing",
     "_Unwind_RaiseException",
     "_Unwind_Resume",
     "_Unwind_Resume_or_Rethrow",
@@ -72,7 +73,8 @@ const RUNTIME_SYMBOLS: [&str; 9] = [
     "__cxa_begin_catch",
 ];
 const LEDGER: usize = 3;
-const FIRST_HOOK: usize = 4;
+const LANDING: usize = 4;
+const FIRST_HOOK: usize = 5;
 
 /// The GOT slots through which the process's modules call the C++ unwinder's entry
 /// points: (slot address, index of the hooked function). When preloaded, the runtime
@@ -130,7 +132,6 @@ fn unwinder_hooks(
     slots: &[(u64, usize)],
     runtime_at: &[u64],
     dlsym: Option<u64>,
-    trap: u64,
 ) -> Result<Vec<(u64, u64)>> {
     let pid = process.pid();
     let (Some(dlsym), false) = (dlsym, slots.is_empty()) else {
@@ -142,7 +143,7 @@ fn unwinder_hooks(
         if !slots.iter().any(|&(_, w)| w == which) {
             continue;
         }
-        let real = resolve(process, dlsym, name, trap)?;
+        let real = resolve(process, dlsym, name)?;
         if real == 0 {
             continue;
         }
@@ -241,11 +242,13 @@ fn spans_of(mappings: &[Mapping], prefixes: &[&str]) -> Vec<Span> {
         .collect()
 }
 
-/// The process's `dlopen`, `dlerror` and `dlsym`.
+/// The process's `dlopen`, `dlerror` and `dlsym`, and the `mmap` and `munmap` its
+/// system calls are made through.
 struct LoaderFunctions {
     dlopen: u64,
     dlerror: u64,
     dlsym: Option<u64>,
+    calls: LibcCalls,
 }
 
 fn loader_functions(pid: i32, mappings: &[Mapping]) -> Option<LoaderFunctions> {
@@ -263,14 +266,18 @@ fn loader_functions(pid: i32, mappings: &[Mapping]) -> Option<LoaderFunctions> {
         if !file.exists() {
             file = PathBuf::from(&mapping.path);
         }
-        let Some(symbols) = FileSymbols::read(&file, &["dlopen", "dlerror", "dlsym"]) else {
+        let names = ["dlopen", "dlerror", "dlsym", "mmap", "munmap"];
+        let Some(symbols) = FileSymbols::read(&file, &names) else {
             continue;
         };
-        if let [Some(dlopen), Some(dlerror), dlsym] = symbols.at(mapping)[..] {
+        if let [Some(dlopen), Some(dlerror), dlsym, Some(mmap), Some(munmap)] =
+            symbols.at(mapping)[..]
+        {
             return Some(LoaderFunctions {
                 dlopen,
                 dlerror,
                 dlsym,
+                calls: LibcCalls { mmap, munmap },
             });
         }
     }
@@ -326,10 +333,10 @@ fn read_c_string(process: &StoppedProcess, address: u64) -> String {
 
 /// Where a stopped thread resumes: its instruction pointer and, when it was stopped in a
 /// system call the kernel will restart (rax still holds -ERESTARTSYS, -ERESTARTNOINTR,
-/// -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), the 2-byte `syscall` (or `int $0x80`)
-/// before it, to which the kernel moves it back when it runs again: a thread blocked
-/// right after bytes glass replaces would otherwise restart inside the new ones. Both
-/// must be outside code glass changes.
+/// -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), the 2-byte `syscall` before it, to which
+/// the kernel moves it back when it runs again: a thread blocked right after bytes glass
+/// replaces would otherwise restart inside the new ones. Both must be outside code glass
+/// changes.
 fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
     const RESTARTING: [i64; 4] = [-512, -513, -514, -516];
     let restarts = (regs.orig_rax as i64) >= 0 && RESTARTING.contains(&(regs.rax as i64));
@@ -339,84 +346,82 @@ fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
     ]
 }
 
-/// Whether a step of a thread stopped with `regs` may block: it restarts a system call,
-/// or its next instruction enters one (`syscall`, `int $0x80`, `sysenter`; or unknown).
-fn may_block(mem: Option<&std::fs::File>, regs: &libc::user_regs_struct) -> bool {
-    let [at, restart] = resume_points(regs);
-    let mut code = [0u8; 2];
-    at != restart
-        || mem.is_none_or(|mem| {
-            std::os::unix::fs::FileExt::read_exact_at(mem, &mut code, regs.rip).is_err()
-                || matches!(code, [0x0f, 0x05] | [0xcd, 0x80] | [0x0f, 0x34])
-        })
-}
+/// How many times glass stops every thread looking for a moment when none is where it
+/// must not be (inside the probe runtime or the trampolines, at detach), letting them
+/// run 1 ms between tries. The probes never block, so a thread is seldom there twice.
+const SAFE_POINT_TRIES: usize = 500;
 
-/// Moves every stopped thread whose instruction pointer is strictly inside one of
-/// `ranges` (start, length) — or anywhere in `spans` — out of it, one instruction at a
-/// time; a thread blocked in a system call there is stepped over the restarted call
-/// (the step completes when the call returns). Returns how many threads were moved, or
-/// None if one could not be (it stayed blocked in a system call there).
-fn step_out(
-    attachment: &mut Attachment,
+/// With every thread stopped: moves each thread whose resume points lie strictly inside
+/// one of `ranges` (start, length) to the same place in the relocated copy (`moves`), so
+/// that no thread resumes inside bytes about to be replaced. Never single-steps: a
+/// thread being stepped when glass dies is killed by the kernel. Returns how many were
+/// moved, or None (nothing changed) when a thread is inside `spans` or could not be
+/// moved.
+fn move_out(
+    attachment: &Attachment,
     ranges: &[(u64, u64)],
     spans: &[Span],
+    moves: &std::collections::HashMap<u64, u64>,
 ) -> Result<Option<usize>> {
     let inside = |rip: u64| {
-        within(spans, rip)
-            || ranges
-                .iter()
-                .any(|&(start, len)| rip > start && rip < start + len)
+        ranges
+            .iter()
+            .any(|&(start, len)| rip > start && rip < start + len)
     };
-    let mem = std::fs::File::open(format!("/proc/{}/mem", attachment.pid())).ok();
-    let mut moved = 0;
+    let mut planned = Vec::new();
     for tid in attachment.tids() {
-        let mut steps = 0;
-        while let Some(regs) = registers(tid)
-            .ok()
-            .filter(|regs| resume_points(regs).into_iter().any(inside))
-        {
-            steps += 1;
-            // Only a system call can keep a step from completing: it gets 20 ms before
-            // the thread is deemed blocked there. Any other instruction gets the time a
-            // loaded machine may take to run the thread (a step cut short by the
-            // deadline can leave its SIGTRAP queued behind the interrupt).
-            let limit = match may_block(mem.as_ref(), &regs) {
-                true => Duration::from_millis(20),
-                false => Duration::from_secs(2),
-            };
-            let stepped = attachment
-                .single_step(tid, limit)
-                .map_err(|e| Failure::runtime(e.to_string()))?;
-            if !stepped || steps > 100_000 {
-                return Ok(None);
-            }
+        let Ok(regs) = registers(tid) else {
+            continue;
+        };
+        let points = resume_points(&regs);
+        if points.iter().any(|&p| within(spans, p)) {
+            return Ok(None);
         }
-        moved += usize::from(steps > 0);
+        if !points.into_iter().any(inside) {
+            continue;
+        }
+        // The thread's own instruction pointer moves; a restart the kernel has yet to
+        // make goes 2 bytes back from there, to the relocated `syscall`.
+        let Some(&to) = moves.get(&regs.rip) else {
+            return Ok(None);
+        };
+        planned.push((tid, libc::user_regs_struct { rip: to, ..regs }));
     }
-    Ok(Some(moved))
+    for (tid, regs) in &planned {
+        glass_target::attach::set_registers(*tid, regs)
+            .map_err(|e| Failure::runtime(format!("cannot move thread {tid}: {e}")))?;
+    }
+    Ok(Some(planned.len()))
 }
 
-/// Stops every thread with none inside `ranges` or `spans` (returns how many had to be
-/// stepped out); retries with the threads let run for a moment when one cannot be.
+/// Stops every thread with none left inside `ranges` (those there are moved, see
+/// [`move_out`]) or `spans`; returns how many were moved. A thread that cannot be moved
+/// or is inside `spans` is let run for a moment (all but `keep`), and every thread
+/// stopped again.
 fn stop_at_safe_points(
     attachment: &mut Attachment,
     ranges: &[(u64, u64)],
     spans: &[Span],
+    moves: &std::collections::HashMap<u64, u64>,
+    keep: Option<i32>,
 ) -> Result<usize> {
-    for _ in 0..50 {
+    for _ in 0..SAFE_POINT_TRIES {
         attachment
             .stop_all()
             .map_err(|e| Failure::runtime(e.to_string()))?;
-        if let Some(moved) = step_out(attachment, ranges, spans)? {
+        if let Some(moved) = move_out(attachment, ranges, spans, moves)? {
             return Ok(moved);
         }
+        // The thread injected calls run in stays where it was found safe for them.
         for tid in attachment.tids() {
-            attachment.resume(tid);
+            if Some(tid) != keep {
+                attachment.resume(tid);
+            }
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(1));
     }
     Err(Failure::runtime(
-        "a thread stayed inside code glass must change (blocked in a system call there)",
+        "a thread stayed inside code glass must change or take out (blocked in a system call there)",
     ))
 }
 
@@ -437,7 +442,10 @@ struct Attached {
     /// The ledger's mapping (address, length), and the runtime's word pointing to it.
     ledger_at: (u64, u64),
     ledger_slot: u64,
-    trap: u64,
+    /// Where injected calls return to (see glass_target::inject::landing_code), and
+    /// the C library's functions they make system calls with.
+    landing: u64,
+    libc: LibcCalls,
     /// The runtime's glass_probe_detach in the process.
     leave: u64,
     runtime_text: Vec<Span>,
@@ -525,36 +533,27 @@ pub fn run(
     let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
     let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
     let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    glass_target::test_hook("attach-safe-point");
     let loader_stopped = Instant::now();
-    let process = StoppedProcess::for_thread(pid, loader_tid)
+    let mut process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
-    let (trap, runtime_at) = load_runtime(&process, &runtime_symbols, &loader)?;
+    process.use_libc(loader.calls);
+    let runtime_at = load_runtime(&process, &runtime_symbols, &loader)?;
+    glass_target::test_hook("attach-runtime");
+    let trap = process.landing();
     let leave = runtime_at[1];
-    let unmap_trap = || {
-        process.unmap(trap, 4096);
-    };
-    let mut joined =
-        join_session(&process, &runtime_at, &session, trap).inspect_err(|_| unmap_trap())?;
+    let mut joined = join_session(&process, &runtime_at, &session)?;
     if joined == -(libc::EBUSY as i64) {
         // A session is running: this glass's predecessor's, alive or dead.
-        match recover(&mut attachment, &process, &runtime_at, trap) {
-            Ok(writer) => {
-                if !args.quiet {
-                    eprintln!(
-                        "glass: pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
-                    );
-                }
-                joined = join_session(&process, &runtime_at, &session, trap)
-                    .inspect_err(|_| unmap_trap())?;
-            }
-            Err(failure) => {
-                unmap_trap();
-                return Err(failure);
-            }
+        let writer = recover(&mut attachment, &process, &runtime_at)?;
+        if !args.quiet {
+            eprintln!(
+                "glass: pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
+            );
         }
+        joined = join_session(&process, &runtime_at, &session)?;
     }
     if joined != 0 {
-        unmap_trap();
         return Err(Failure::runtime(owner::refusal(
             pid,
             session.path(),
@@ -582,8 +581,8 @@ pub fn run(
                 end: m.end,
             })
             .collect();
-        bind_lazy_slots(&process, &modules, &mappings, loader.dlsym, trap)?;
-        let hooks = unwinder_hooks(&process, &unwinder_slots, &runtime_at, loader.dlsym, trap)?;
+        bind_lazy_slots(&process, &modules, &mappings, loader.dlsym)?;
+        let hooks = unwinder_hooks(&process, &unwinder_slots, &runtime_at, loader.dlsym)?;
         let biases = super::biases(pid, &modules)?;
         let ranges: Vec<(u64, u64)> = modules
             .iter()
@@ -609,6 +608,7 @@ pub fn run(
             skipped: Vec::new(),
             patches: hook_patches,
             region: (0, 0),
+            moves: Vec::new(),
         });
         // What a later glass needs to take it all out should this one die attached.
         let ledger = Ledger {
@@ -631,9 +631,16 @@ pub fn run(
                 .collect(),
         };
         let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
+        glass_target::test_hook("attach-prepared");
         all_stopped = Instant::now();
-        moved = stop_at_safe_points(&mut attachment, &ranges, &[])?;
+        let moves = prepared
+            .iter()
+            .flat_map(|o| o.moves.iter().copied())
+            .collect();
+        moved = stop_at_safe_points(&mut attachment, &ranges, &[], &moves, Some(loader_tid))?;
+        glass_target::test_hook("attach-stopped");
         let undo = super::commit_all(&process, &prepared)?;
+        glass_target::test_hook("attach-patched");
         Ok((installed, skipped, undo, runtime_text, ledger_at))
     };
     let (installed, skipped, undo, runtime_text, ledger_at) = match patch() {
@@ -641,7 +648,7 @@ pub fn run(
         Err(failure) => {
             // Nothing is patched (commit_all undoes its part): the runtime lets the
             // session go and stays loaded, idle.
-            let _ = leave_runtime(&process, leave, trap);
+            let _ = leave_runtime(&process, leave);
             attachment.release();
             return Err(failure);
         }
@@ -660,7 +667,8 @@ pub fn run(
     }
     let attached = Attached {
         undo,
-        trap,
+        landing: trap,
+        libc: loader.calls,
         leave,
         runtime_text,
         ledger_at,
@@ -755,43 +763,47 @@ pub fn run(
     Ok(0)
 }
 
-/// Loads the runtime into the process; returns the address of the `int3` injected calls
-/// return to, and where the RUNTIME_SYMBOLS are there.
+/// Loads the runtime into the process (reusing, where an earlier attach left them, the
+/// runtime and the landing of injected calls); returns where the RUNTIME_SYMBOLS are.
 fn load_runtime(
     process: &StoppedProcess,
     runtime: &FileSymbols,
     loader: &LoaderFunctions,
-) -> Result<(u64, Vec<u64>)> {
+) -> Result<Vec<u64>> {
     let pid = process.pid();
     let failed = |what: &str, e: std::io::Error| {
         Failure::runtime(format!(
             "cannot {what} in pid {pid}: {e} (nothing was patched)"
         ))
     };
-    let trap = process
-        .map_anonymous(4096, libc::PROT_READ | libc::PROT_EXEC)
-        .map_err(|e| failed("map a page", e))?;
-    process
-        .write(trap, &[0xcc; 16])
-        .map_err(|e| failed("write", e))?;
+    let loaded_before = runtime
+        .in_process(pid)
+        .and_then(|a| a.into_iter().collect::<Option<Vec<u64>>>());
+    if let Some(at) = &loaded_before {
+        let landing = process.read_u64(at[LANDING]).unwrap_or(0);
+        process.reuse_landing(landing);
+    }
+    if process.landing() == 0 {
+        process
+            .map_landing()
+            .map_err(|e| failed("map the landing of injected calls", e))?;
+    }
     let mut path = runtime.file.display().to_string().into_bytes();
     path.push(0);
     let handle = process
         .call(
             loader.dlopen,
             &[CallArg::Bytes(&path), CallArg::Value(libc::RTLD_NOW as u64)],
-            trap,
             CALL_LIMIT,
         )
         .map_err(|e| failed("load the probe runtime", e))?;
     if handle == 0 {
         let message = process
-            .call(loader.dlerror, &[], trap, CALL_LIMIT)
+            .call(loader.dlerror, &[], CALL_LIMIT)
             .ok()
             .filter(|&m| m != 0)
             .map(|m| read_c_string(process, m))
             .unwrap_or_default();
-        process.unmap(trap, 4096);
         return Err(Failure::runtime(format!(
             "pid {pid} could not load the probe runtime: {message} (nothing was patched)"
         )));
@@ -804,18 +816,20 @@ fn load_runtime(
             "cannot find the probe runtime in pid {pid} after loading it"
         )));
     };
-    Ok((trap, runtime_at))
+    process
+        .write(runtime_at[LANDING], &process.landing().to_le_bytes())
+        .map_err(|e| failed("set up the probe runtime", e))?;
+    Ok(runtime_at)
 }
 
 /// `dlsym(RTLD_DEFAULT, name)` in the process: where the loader would bind `name`.
-fn resolve(process: &StoppedProcess, dlsym: u64, name: &str, trap: u64) -> Result<u64> {
+fn resolve(process: &StoppedProcess, dlsym: u64, name: &str) -> Result<u64> {
     let mut symbol = name.as_bytes().to_vec();
     symbol.push(0);
     process
         .call(
             dlsym,
             &[CallArg::Value(0), CallArg::Bytes(&symbol)],
-            trap,
             CALL_LIMIT,
         )
         .map_err(|e| {
@@ -831,12 +845,11 @@ fn join_session(
     process: &StoppedProcess,
     runtime_at: &[u64],
     session: &SessionMemory,
-    trap: u64,
 ) -> Result<i64> {
     let mut path = session.path().display().to_string().into_bytes();
     path.push(0);
     let joined = process
-        .call(runtime_at[0], &[CallArg::Bytes(&path)], trap, CALL_LIMIT)
+        .call(runtime_at[0], &[CallArg::Bytes(&path)], CALL_LIMIT)
         .map_err(|e| {
             Failure::runtime(format!(
                 "cannot start the probe runtime in pid {}: {e} (nothing was patched)",
@@ -854,7 +867,6 @@ fn bind_lazy_slots(
     modules: &[select::ModuleChoice],
     mappings: &[Mapping],
     dlsym: Option<u64>,
-    trap: u64,
 ) -> Result<()> {
     let pid = process.pid();
     let Some(dlsym) = dlsym else {
@@ -876,7 +888,7 @@ fn bind_lazy_slots(
             if !own.iter().any(|m| value >= m.start && value < m.end) {
                 continue;
             }
-            let address = resolve(process, dlsym, name, trap)?;
+            let address = resolve(process, dlsym, name)?;
             if address != 0 {
                 process.write(slot, &address.to_le_bytes()).map_err(|e| {
                     Failure::runtime(format!("cannot bind {name} in pid {pid}: {e}"))
@@ -887,11 +899,10 @@ fn bind_lazy_slots(
     Ok(())
 }
 
-/// Has the runtime let the session go and unmaps the trap page (the threads stopped).
-fn leave_runtime(process: &StoppedProcess, leave: u64, trap: u64) -> Result<()> {
+/// Has the runtime let the session go.
+fn leave_runtime(process: &StoppedProcess, leave: u64) -> Result<()> {
     let pid = process.pid();
-    let left = process.call(leave, &[], trap, CALL_LIMIT);
-    process.unmap(trap, 4096);
+    let left = process.call(leave, &[], CALL_LIMIT);
     left.map_err(|e| Failure::runtime(format!("cannot end the session in pid {pid}: {e}")))?;
     Ok(())
 }
@@ -986,7 +997,6 @@ fn recover(
     attachment: &mut Attachment,
     process: &StoppedProcess,
     runtime_at: &[u64],
-    trap: u64,
 ) -> Result<u64> {
     let pid = process.pid();
     let ledger_at = process.read_u64(runtime_at[LEDGER]).unwrap_or(0);
@@ -1018,17 +1028,26 @@ fn recover(
         start,
         end: start + len,
     }));
-    stop_at_safe_points(attachment, &[], &avoid)?;
+    stop_at_safe_points(
+        attachment,
+        &[],
+        &avoid,
+        &Default::default(),
+        Some(process.tid()),
+    )?;
     let undo = [install::Undo {
         restore: ledger.restore.clone(),
         region: (0, 0),
     }];
     take_out(process, &attachment.tids(), &undo, ledger.session)?;
     process
-        .call(runtime_at[1], &[], trap, CALL_LIMIT)
+        .call(runtime_at[1], &[], CALL_LIMIT)
         .map_err(|e| Failure::runtime(format!("cannot end the old session in pid {pid}: {e}")))?;
     let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
-    process.unmap(ledger.trap, 4096);
+    // An older glass's trap page; glass's landing now stays for the process's life.
+    if ledger.trap != process.landing() {
+        process.unmap(ledger.trap, 4096);
+    }
     process.unmap(ledger_at, ledger_len);
     attachment.resume_all_but(process.tid());
     Ok(ledger.writer_pid)
@@ -1053,11 +1072,15 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
                 end: u.region.0 + u.region.1,
             }),
     );
-    let moved = stop_at_safe_points(&mut attachment, &[], &avoid)?;
+    let moved = stop_at_safe_points(&mut attachment, &[], &avoid, &Default::default(), None)?;
+    glass_target::test_hook("detach-stopped");
     let tids = attachment.tids();
-    let process = StoppedProcess::for_thread(pid, tids[0])
+    let mut process = StoppedProcess::for_thread(pid, tids[0])
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    process.use_libc(attached.libc);
+    process.reuse_landing(attached.landing);
     let in_flight = take_out(&process, &tids, &attached.undo, session_at)?;
+    glass_target::test_hook("detach-restored");
     // Only the runtime's own state is left, which no thread can reach any more: the
     // others go now, and one stays to unmap the session and the ledger.
     attachment.release_all_but(tids[0]);
@@ -1065,7 +1088,7 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
     let (ledger_at, ledger_len) = attached.ledger_at;
     process.unmap(ledger_at, ledger_len);
-    leave_runtime(&process, attached.leave, attached.trap)?;
+    leave_runtime(&process, attached.leave)?;
     attachment.release();
     Ok(Detached {
         stopped_ns: all_stopped,

@@ -26,6 +26,9 @@ pub struct Outcome {
     pub patches: Vec<(u64, Vec<u8>, Vec<u8>)>,
     /// The trampolines: (start, length); empty if nothing was patched.
     pub region: (u64, u64),
+    /// Where a thread stopped strictly inside bytes a patch replaces is moved to:
+    /// (address, the same place in the trampoline's relocated copy).
+    pub moves: Vec<(u64, u64)>,
 }
 
 /// Writes the patches [`prepare`] made (every thread stopped): the module is patched
@@ -178,6 +181,7 @@ pub fn prepare(
         skipped: Vec::new(),
         patches: Vec::new(),
         region: (0, 0),
+        moves: Vec::new(),
     };
     let module = choice.path.clone();
     for (function, reason) in &choice.skipped {
@@ -245,10 +249,12 @@ pub fn prepare(
             continue;
         };
         let at = region + code.len() as u64;
-        let built = trampoline::build(&plan, id, at, enter_slot)
-            .and_then(|bytes| trampoline::entry_patch(&plan, at).map(|patch| (bytes, patch)));
+        let built = trampoline::build_with_moves(&plan, id, at, enter_slot).and_then(
+            |(bytes, moves)| trampoline::entry_patch(&plan, at).map(|patch| (bytes, moves, patch)),
+        );
         match built {
-            Ok((bytes, patch)) => {
+            Ok((bytes, moves, patch)) => {
+                outcome.moves.extend(moves);
                 code.extend_from_slice(&bytes);
                 code.resize(code.len().next_multiple_of(16), 0xcc);
                 patches.push((plan.patch_at, patch));
