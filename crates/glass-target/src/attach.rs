@@ -94,6 +94,21 @@ pub fn wait_thread(tid: i32, deadline: Instant) -> io::Result<Option<i32>> {
     }
 }
 
+/// The tracer of thread `tid` of `pid` (0: none), from its status file.
+fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("TracerPid:"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+fn process_name(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|name| name.trim().to_string())
+        .unwrap_or_else(|_| "gone".to_string())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Running,
@@ -141,6 +156,15 @@ impl Attachment {
                     Ok(_) => {}
                     Err(libc::ESRCH) if tid != pid => continue,
                     Err(libc::ESRCH) => return Err(TargetError::NoSuchProcess(pid)),
+                    Err(libc::EPERM) => match tracer_of(pid, tid) {
+                        // Created meanwhile by a thread seized already: seized with it
+                        // (PTRACE_O_TRACECLONE), and it stops on its own as it starts.
+                        Some(tracer) if tracer == std::process::id() as i32 => {}
+                        Some(tracer) if tracer > 0 => {
+                            return Err(TargetError::TracedBy(pid, tracer, process_name(tracer)))
+                        }
+                        _ => return Err(TargetError::Attach(pid, libc::EPERM)),
+                    },
                     Err(code) => return Err(TargetError::Attach(pid, code)),
                 }
                 new += 1;

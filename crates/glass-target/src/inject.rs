@@ -211,6 +211,17 @@ impl StoppedProcess {
         same
     }
 
+    /// Writes the landing of injected calls at `at`: bytes of an executable mapping that
+    /// no code of the process reaches (past the end of its file's executable segment, in
+    /// the mapping's last page), so that not even the first injected call has to return
+    /// to a place that kills the thread if glass dies. The bytes stay (the page was
+    /// already a private copy of the file's, or becomes one): a later attach reuses them.
+    pub fn place_landing(&self, at: u64) -> io::Result<()> {
+        self.write(at, &landing_code(xstate_kind()))?;
+        self.landing.set(at);
+        Ok(())
+    }
+
     /// Maps a page for the landing of injected calls and writes its code there; returns
     /// its address. The page stays mapped for the life of the process (a later attach
     /// finds it through the probe runtime and reuses it): unmapping it would need a call

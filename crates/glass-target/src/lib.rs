@@ -38,6 +38,8 @@ pub enum TargetError {
     NoSuchProcess(i32),
     #[error("cannot trace pid {0}: {reason}", reason = attach_reason(*.1))]
     Attach(i32, i32),
+    #[error("pid {0} is already being traced by pid {1} ({2}); a process has one tracer at a time: detach that one first")]
+    TracedBy(i32, i32, String),
     #[error("command not found: {0}")]
     CommandNotFound(String),
     #[error("command is not executable: {0}")]

@@ -315,6 +315,45 @@ fn pick_loader_thread(
     ))
 }
 
+/// Where the landing of injected calls can go without a system call to map it: the
+/// first 64-byte boundary past the end of an executable segment of a file the process
+/// maps (the C library first), when the rest of that mapping's last page holds it. Those
+/// bytes are mapped executable but belong to no function, so nothing else runs them.
+fn landing_site(pid: i32) -> Option<u64> {
+    let room = glass_target::inject::landing_code(glass_target::inject::xstate_kind()).len() as u64;
+    let mut mappings = glass_target::procfs::executable_mappings(pid).ok()?;
+    mappings.retain(|m| m.path.starts_with('/') && !m.deleted);
+    mappings.sort_by_key(|m| !file_name(&m.path).starts_with("libc.so"));
+    for mapping in &mappings {
+        let mut file = PathBuf::from(format!("/proc/{pid}/root{}", mapping.path));
+        if !file.exists() {
+            file = PathBuf::from(&mapping.path);
+        }
+        let Ok(bytes) = std::fs::read(&file) else {
+            continue;
+        };
+        let Ok(elf) = object::File::parse(&*bytes) else {
+            continue;
+        };
+        let segments: Vec<(u64, u64, u64)> = elf
+            .segments()
+            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
+            .collect();
+        let Some(bias) = glass_target::procfs::load_bias(mapping, &segments) else {
+            continue;
+        };
+        for segment in elf.segments() {
+            let executable = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0);
+            let end = segment.address().wrapping_add(segment.size()).wrapping_add(bias);
+            let site = end.next_multiple_of(64);
+            if executable && end > mapping.start && site + room <= mapping.end {
+                return Some(site);
+            }
+        }
+    }
+    None
+}
+
 /// Reads a C string of the target.
 fn read_c_string(process: &StoppedProcess, address: u64) -> String {
     let mut text = Vec::new();
@@ -542,18 +581,37 @@ pub fn run(
     glass_target::test_hook("attach-runtime");
     let trap = process.landing();
     let leave = runtime_at[1];
-    let mut joined = join_session(&process, &runtime_at, &session)?;
-    if joined == -(libc::EBUSY as i64) {
-        // A session is running: this glass's predecessor's, alive or dead.
-        let writer = recover(&mut attachment, &process, &runtime_at)?;
+    // A ledger is a predecessor's, alive (refused) or dead (its probes taken out).
+    if let Some(writer) = recover(&mut attachment, &process, &runtime_at)? {
         if !args.quiet {
             eprintln!(
                 "glass: pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
             );
         }
-        joined = join_session(&process, &runtime_at, &session)?;
+    }
+    // From here on a ledger names this glass: if it dies, its guardian or the next glass
+    // knows whose session the runtime holds.
+    let provisional = Ledger {
+        writer_pid: std::process::id() as u64,
+        writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+        trap,
+        ..Ledger::default()
+    };
+    let provisional_at = leave_ledger(&process, &provisional, runtime_at[LEDGER])?;
+    let forget_provisional = || {
+        let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
+        process.unmap(provisional_at.0, provisional_at.1);
+    };
+    glass_target::test_hook("attach-ledger");
+    let joined = join_session(&process, &runtime_at, &session).inspect_err(|_| forget_provisional())?;
+    if joined == -(libc::EBUSY as i64) {
+        forget_provisional();
+        return Err(Failure::bad_input(format!(
+            "pid {pid} is already being traced (its probe runtime has a session that no glass left a ledger for: a `glass trace` that launched it?)"
+        )));
     }
     if joined != 0 {
+        forget_provisional();
         return Err(Failure::runtime(owner::refusal(
             pid,
             session.path(),
@@ -631,6 +689,7 @@ pub fn run(
                 .collect(),
         };
         let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
+        process.unmap(provisional_at.0, provisional_at.1);
         glass_target::test_hook("attach-prepared");
         all_stopped = Instant::now();
         let moves = prepared
@@ -784,9 +843,13 @@ fn load_runtime(
         process.reuse_landing(landing);
     }
     if process.landing() == 0 {
-        process
-            .map_landing()
-            .map_err(|e| failed("map the landing of injected calls", e))?;
+        let placed = landing_site(pid)
+            .is_some_and(|at| process.reuse_landing(at) || process.place_landing(at).is_ok());
+        if !placed {
+            process
+                .map_landing()
+                .map_err(|e| failed("map the landing of injected calls", e))?;
+        }
     }
     let mut path = runtime.file.display().to_string().into_bytes();
     path.push(0);
@@ -980,9 +1043,10 @@ fn take_out(
         }
         let _ = process.write(base + area::DEPTH as u64, &0u64.to_le_bytes());
     }
-    // Each thread claims a fresh area in the next session.
+    // Each thread claims a fresh area in the next session. (An offset of 0 would be the
+    // thread's own TCB pointer: never written.)
     let offset = word(session_at + header::TLS_OFFSET as u64);
-    for &tid in tids {
+    for &tid in tids.iter().filter(|_| offset != 0) {
         if let Ok(regs) = registers(tid) {
             let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
         }
@@ -990,14 +1054,15 @@ fn take_out(
     Ok(in_flight)
 }
 
-/// The runtime already has a session: if the ledger says its glass died, takes that
-/// glass's instrumentation out (every thread stopped, then all but the loader thread let
-/// go) and has the runtime let the session go; returns the dead glass's pid.
+/// If the runtime holds a ledger, another glass attached: while it lives, the process is
+/// refused (one line, exit 2); if it died, its instrumentation is taken out (every thread
+/// stopped, then all but the loader thread let go) and the runtime lets its session go.
+/// Returns the dead glass's pid, or None when there was no ledger.
 fn recover(
     attachment: &mut Attachment,
     process: &StoppedProcess,
     runtime_at: &[u64],
-) -> Result<u64> {
+) -> Result<Option<u64>> {
     let pid = process.pid();
     let ledger_at = process.read_u64(runtime_at[LEDGER]).unwrap_or(0);
     let ledger = match ledger_at {
@@ -1005,52 +1070,56 @@ fn recover(
         at => Ledger::read(process, at).ok().flatten(),
     };
     let Some((ledger, ledger_len)) = ledger else {
-        return Err(Failure::bad_input(format!(
-            "pid {pid} is already being traced by glass (its probe runtime has a session)"
-        )));
+        return Ok(None);
     };
-    if ledger.writer_alive() {
+    if ledger.writer_alive() && ledger.writer_pid != std::process::id() as u64 {
         return Err(Failure::bad_input(format!(
-            "pid {pid} is already being traced by glass pid {}",
+            "pid {pid} is already being traced by glass pid {}: one glass at a time",
             ledger.writer_pid
         )));
     }
-    let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
-    let mut avoid: Vec<Span> = mappings
-        .iter()
-        .filter(|m| m.path.contains("libglass_probe"))
-        .map(|m| Span {
-            start: m.start,
-            end: m.end,
-        })
-        .collect();
-    avoid.extend(ledger.regions.iter().map(|&(start, len)| Span {
-        start,
-        end: start + len,
-    }));
-    stop_at_safe_points(
-        attachment,
-        &[],
-        &avoid,
-        &Default::default(),
-        Some(process.tid()),
-    )?;
-    let undo = [install::Undo {
-        restore: ledger.restore.clone(),
-        region: (0, 0),
-    }];
-    take_out(process, &attachment.tids(), &undo, ledger.session)?;
+    glass_target::test_hook("recover");
+    // A ledger without a session (its glass died before the runtime joined one, or
+    // before it patched anything) has nothing to put back.
+    if ledger.session != 0 {
+        let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
+        let mut avoid: Vec<Span> = mappings
+            .iter()
+            .filter(|m| m.path.contains("libglass_probe"))
+            .map(|m| Span {
+                start: m.start,
+                end: m.end,
+            })
+            .collect();
+        avoid.extend(ledger.regions.iter().map(|&(start, len)| Span {
+            start,
+            end: start + len,
+        }));
+        stop_at_safe_points(
+            attachment,
+            &[],
+            &avoid,
+            &Default::default(),
+            Some(process.tid()),
+        )?;
+        let undo = [install::Undo {
+            restore: ledger.restore.clone(),
+            region: (0, 0),
+        }];
+        take_out(process, &attachment.tids(), &undo, ledger.session)?;
+    }
+    // Ends the session if the runtime joined one (ENOENT if not).
     process
         .call(runtime_at[1], &[], CALL_LIMIT)
         .map_err(|e| Failure::runtime(format!("cannot end the old session in pid {pid}: {e}")))?;
     let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
     // An older glass's trap page; glass's landing now stays for the process's life.
-    if ledger.trap != process.landing() {
+    if ledger.trap != 0 && ledger.trap != process.landing() {
         process.unmap(ledger.trap, 4096);
     }
     process.unmap(ledger_at, ledger_len);
     attachment.resume_all_but(process.tid());
-    Ok(ledger.writer_pid)
+    Ok(Some(ledger.writer_pid))
 }
 
 /// Takes the instrumentation out.

@@ -104,8 +104,17 @@ impl Ledger {
     }
 
     /// Whether the glass that wrote it is still running.
+    /// The glass that wrote the ledger still runs (a zombie does not: it is dead and
+    /// only waits to be reaped).
     pub fn writer_alive(&self) -> bool {
+        let state = std::fs::read_to_string(format!("/proc/{}/stat", self.writer_pid))
+            .ok()
+            .and_then(|stat| {
+                let rest = stat.rsplit_once(')')?.1.to_string();
+                rest.split_whitespace().next().map(str::to_string)
+            });
         start_time(self.writer_pid) == Some(self.writer_start)
+            && !matches!(state.as_deref(), Some("Z" | "X"))
     }
 }
 
