@@ -58,8 +58,9 @@ pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<
 
 /// Bytes of one function's trampoline at `address`, and where a thread stopped inside
 /// the bytes the patch replaces goes instead: (original address, trampoline address)
-/// for each displaced instruction after the first, and for the end of the displaced
-/// bytes when the trampoline jumps back there. A thread moved so runs the rest of the
+/// for the patch's start (the trampoline's), each displaced instruction after the first,
+/// and the end of the displaced bytes when the trampoline jumps back there. Read
+/// backwards, the same pairs take a thread out of the trampoline when the patch goes. A thread moved so runs the rest of the
 /// displaced instructions from their relocated copies (this one call unrecorded) and
 /// comes back as it would have; the end's entry serves a thread whose interrupted
 /// system call (a `syscall` displaced last) the kernel restarts 2 bytes back.
@@ -98,13 +99,14 @@ pub fn build_with_moves(
     let offsets = &encoded.new_instruction_offsets;
     // Only the last displaced instruction can be a call, which becomes several: each
     // displaced instruction starts at index 2 + its own.
-    let mut moves: Vec<(u64, u32)> = plan
-        .instructions
-        .iter()
-        .enumerate()
-        .skip(1)
-        .map(|(i, instruction)| (instruction.ip(), offsets[2 + i]))
-        .collect();
+    let mut moves: Vec<(u64, u32)> = vec![(plan.patch_at, offsets[0])];
+    moves.extend(
+        plan.instructions
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, instruction)| (instruction.ip(), offsets[2 + i])),
+    );
     if !leaves {
         moves.push((end, offsets[2 + relocated_count]));
     }
@@ -157,14 +159,15 @@ mod tests {
         let at = 0x40_1000 + 0x10_0000;
         let (bytes, moves) = build_with_moves(&plan, 7, at, at - 8).unwrap();
         assert_eq!(decode(&bytes, at)[3], "syscall");
-        assert_eq!(moves.len(), 3);
-        let (syscall_at, relocated_syscall) = moves[0];
+        assert_eq!(moves.len(), 4);
+        assert_eq!(moves[0], (0x40_1000, at));
+        let (syscall_at, relocated_syscall) = moves[1];
         assert_eq!(syscall_at, 0x40_1002);
         assert_eq!(&bytes[(relocated_syscall - at) as usize..][..2], &[0x0f, 0x05]);
         // What follows the relocated syscall is where the kernel's 2 bytes back start.
-        assert_eq!(moves[1], (0x40_1004, relocated_syscall + 2));
-        assert_eq!(moves[2].0, 0x40_1006);
-        assert_eq!(bytes[(moves[2].1 - at) as usize], 0xe9);
+        assert_eq!(moves[2], (0x40_1004, relocated_syscall + 2));
+        assert_eq!(moves[3].0, 0x40_1006);
+        assert_eq!(bytes[(moves[3].1 - at) as usize], 0xe9);
     }
 
     #[test]

@@ -99,19 +99,22 @@ impl Guardian {
     }
 
     fn start_with(args: &[String]) -> Result<Guardian, TargetError> {
-        Self::spawn(args).map_err(|e| {
+        Self::spawn("__guardian", args).map_err(|e| {
             TargetError::Io(std::io::Error::other(format!(
                 "cannot start the guardian that lets the VM run if glass dies: {e}"
             )))
         })
     }
 
-    fn spawn(args: &[String]) -> std::io::Result<Guardian> {
+    /// Starts glass's hidden `subcommand` with `args` as a guardian (in a session of its
+    /// own, deaf to SIGINT, SIGTERM and SIGHUP, its standard input the pipe glass holds
+    /// the only write end of): `glass trace --pid` has one of its own.
+    pub fn spawn(subcommand: &str, args: &[String]) -> std::io::Result<Guardian> {
         let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0("glass")
-            .arg("__guardian")
+            .arg(subcommand)
             .args(args)
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::null());

@@ -43,6 +43,9 @@ enum Command {
     /// Internal: started by `glass record --gdb/--vm`; lets the VM run if glass dies
     #[command(name = "__guardian", hide = true)]
     Guardian(glass_record::guardian::GuardianArgs),
+    /// Internal: started by `glass trace --pid`; takes the probes out if glass dies
+    #[command(name = "__trace-guardian", hide = true)]
+    TraceGuardian(trace::guardian::TraceGuardianArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -260,6 +263,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Guardian(args) => glass_record::guardian::run(&args),
+        Command::TraceGuardian(args) => trace::guardian::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -276,6 +276,10 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_
         ],
     );
     std::thread::sleep(Duration::from_millis(300));
+    // Its guardian dies first, so that the probes stay: what a kill of both leaves.
+    let guardian = trace_guardian_of(pid).expect("glass trace --pid runs a guardian");
+    // SAFETY: killing the guardian process the test found.
+    unsafe { libc::kill(guardian, libc::SIGKILL) };
     glass_child.kill().unwrap();
     glass_child.wait().unwrap();
     // The probes stay, their small rings fill, and nothing waits for the dead glass.
@@ -307,6 +311,72 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_
     // What glass wrote before it died is readable.
     let recording = glass_format::read_file(&recording).expect("readable");
     assert!(!recording.trace_functions.is_empty());
+}
+
+/// The `glass __trace-guardian` watching glass's attachment to `pid`.
+fn trace_guardian_of(pid: i32) -> Option<i32> {
+    let wanted = format!("__trace-guardian\0--pid\0{pid}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let command = std::fs::read(entry.path().join("cmdline")).ok()?;
+        String::from_utf8_lossy(&command)
+            .contains(&wanted)
+            .then_some(candidate)
+    })
+}
+
+/// A glass SIGKILLed while attached, its guardian alive: the guardian takes the probes
+/// out at once, and the next glass finds nothing of the dead one's.
+#[test]
+fn the_guardian_takes_the_probes_out_when_glass_is_killed() {
+    let _alone = exclusive();
+    let dir = scratch("attach_guardian");
+    let nfd = compile_nfd(&dir, &[]);
+    let reference = reference_output(&nfd);
+    let mut daemon = Daemon::start(&nfd, &["2"]);
+    let pid = daemon.pid();
+    let before = code_of(pid, &nfd);
+    let recording = dir.join("killed.glass");
+    let (mut glass_child, mut err, _) = spawn_attached(
+        pid,
+        &[
+            "-f",
+            "process_batch,parse_packet,classify,rewrite,forward",
+            "-o",
+            recording.to_str().unwrap(),
+        ],
+    );
+    assert!(code_of(pid, &nfd) != before);
+    glass_child.kill().unwrap();
+    glass_child.wait().unwrap();
+    // The guardian shares glass's stderr: its one line says what it did.
+    let mut said = String::new();
+    while !said.contains("guardian") {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "{said}");
+        said.push_str(&line);
+    }
+    assert!(said.contains("its guardian took the probes out"), "{said}");
+    assert!(code_of(pid, &nfd) == before, "the code after the guardian");
+    daemon.assert_alive();
+    let again = dir.join("again.glass");
+    let output = attach(pid, &again, "process_batch,classify", "0.5");
+    let said = stderr(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(!said.contains("died attached"), "{said}");
+    let (out, err, code) = daemon.finish();
+    assert_eq!(out, reference, "nfd's stderr: {err}");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&format!(
+                "glass-trace-{}-",
+                glass_child.id()
+            ))),
+        "the dead glass's session file is left in /dev/shm"
+    );
 }
 
 #[test]
@@ -369,7 +439,11 @@ fn what_glass_cannot_attach_to_is_refused_and_left_unharmed() {
         "-o",
         recording,
     ]);
-    assert_clean_failure(&output, 2, "cannot trace pid");
+    assert_clean_failure(
+        &output,
+        2,
+        &format!("pid {pid} is already being traced by pid "),
+    );
     // SAFETY: interrupt and detach our tracee.
     unsafe {
         libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0);
@@ -429,7 +503,7 @@ fn untraced_output(program: &Path) -> String {
 }
 
 #[test]
-fn threads_inside_the_replaced_bytes_or_the_probes_are_stepped_out() {
+fn threads_inside_the_replaced_bytes_or_the_trampolines_are_moved_out() {
     let _alone = exclusive();
     let dir = scratch("attach_step_out");
     let spin = dir.join("spin");
@@ -449,11 +523,11 @@ fn threads_inside_the_replaced_bytes_or_the_probes_are_stepped_out() {
     let (mut at_attach, mut at_detach) = (0, 0);
     // By construction (tests/fixtures/trace/spin.c): one thread is almost always blocked
     // in a 1 ms poll whose restart point is strictly inside park's replaced bytes, so
-    // attaching must step it out; while attached it blocks inside park's trampoline, so
-    // detaching must step it out of the probes. It escapes only while it runs the ~15
+    // attaching must move it out; while attached it blocks inside park's trampoline, so
+    // detaching must move it out of the trampoline. It escapes only while it runs the ~15
     // instructions between two polls or is being woken from one: in soaks of 1840
     // attach/detach cycles on a 2-core VM with a load average of 9, 3 attaches and no
-    // detach found nothing to step out (the two `edge` threads add chances of their
+    // detach found nothing to move out (the two `edge` threads add chances of their
     // own). With p < 5e-3 per attempt, a count stays 0 over 6 attempts with
     // p < (5e-3)^6 = 1.6e-14.
     for attempt in 0..6 {
@@ -463,7 +537,7 @@ fn threads_inside_the_replaced_bytes_or_the_probes_are_stepped_out() {
         let moved = |after: &str| -> usize {
             err.split(after)
                 .nth(1)
-                .and_then(|rest| rest.split(" stepped out").next())
+                .and_then(|rest| rest.split(" moved out").next())
                 .and_then(|n| n.trim_start_matches('(').parse().ok())
                 .unwrap_or_else(|| panic!("no count after {after:?} in: {err}"))
         };

@@ -319,8 +319,15 @@ fn pick_loader_thread(
 /// first 64-byte boundary past the end of an executable segment of a file the process
 /// maps (the C library first), when the rest of that mapping's last page holds it. Those
 /// bytes are mapped executable but belong to no function, so nothing else runs them.
-fn landing_site(pid: i32) -> Option<u64> {
-    let room = glass_target::inject::landing_code(glass_target::inject::xstate_kind()).len() as u64;
+/// glass borrows them while attached and puts the file's bytes back when it detaches.
+struct LandingSite {
+    at: u64,
+    /// The bytes there, as the file has them.
+    original: Vec<u8>,
+}
+
+fn landing_site(pid: i32) -> Option<LandingSite> {
+    let room = glass_target::inject::landing_code(glass_target::inject::xstate_kind()).len();
     let mut mappings = glass_target::procfs::executable_mappings(pid).ok()?;
     mappings.retain(|m| m.path.starts_with('/') && !m.deleted);
     mappings.sort_by_key(|m| !file_name(&m.path).starts_with("libc.so"));
@@ -345,13 +352,28 @@ fn landing_site(pid: i32) -> Option<u64> {
         for segment in elf.segments() {
             let executable = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0);
             let end = segment.address().wrapping_add(segment.size()).wrapping_add(bias);
-            let site = end.next_multiple_of(64);
-            if executable && end > mapping.start && site + room <= mapping.end {
-                return Some(site);
+            let at = end.next_multiple_of(64);
+            if !executable || end <= mapping.start || at + room as u64 > mapping.end {
+                continue;
             }
+            // Past the file's end the mapping reads zeros.
+            let offset = (mapping.file_offset + (at - mapping.start)) as usize;
+            let mut original = bytes.get(offset..).unwrap_or_default().to_vec();
+            original.resize(room, 0);
+            original.truncate(room);
+            return Some(LandingSite { at, original });
         }
     }
     None
+}
+
+/// Puts back the bytes a landing borrowed (see [`LandingSite`]) once no injected call
+/// needs it any more, and tells the runtime there is none.
+fn return_landing(process: &StoppedProcess, landing_word: u64) {
+    if let Some(site) = landing_site(process.pid()).filter(|s| s.at == process.landing()) {
+        let _ = process.write(site.at, &site.original);
+        let _ = process.write(landing_word, &0u64.to_le_bytes());
+    }
 }
 
 /// Reads a C string of the target.
@@ -390,38 +412,38 @@ fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
 /// run 1 ms between tries. The probes never block, so a thread is seldom there twice.
 const SAFE_POINT_TRIES: usize = 500;
 
-/// With every thread stopped: moves each thread whose resume points lie strictly inside
-/// one of `ranges` (start, length) to the same place in the relocated copy (`moves`), so
-/// that no thread resumes inside bytes about to be replaced. Never single-steps: a
-/// thread being stepped when glass dies is killed by the kernel. Returns how many were
-/// moved, or None (nothing changed) when a thread is inside `spans` or could not be
-/// moved.
-fn move_out(
-    attachment: &Attachment,
-    ranges: &[(u64, u64)],
-    spans: &[Span],
-    moves: &std::collections::HashMap<u64, u64>,
-) -> Result<Option<usize>> {
-    let inside = |rip: u64| {
-        ranges
-            .iter()
-            .any(|&(start, len)| rip > start && rip < start + len)
-    };
+/// Places threads must not resume in, and where each place of them moves a thread to.
+struct Leave<'a> {
+    /// Where a thread must not resume: it is moved (see `moves`).
+    inside: &'a dyn Fn(u64) -> bool,
+    /// Where a thread must not be at all, and cannot be moved from: the threads are let
+    /// run until none is there.
+    spans: &'a [Span],
+    moves: &'a std::collections::HashMap<u64, u64>,
+}
+
+/// With every thread stopped: moves each thread whose resume points lie where
+/// `leave.inside` says to the same place in the other copy of the code (`leave.moves`):
+/// into the trampolines' relocated instructions before the patches are written, back
+/// into the original code before they are taken out. Never single-steps: a thread being
+/// stepped when glass dies is killed by the kernel. Returns how many were moved, or None
+/// (nothing changed) when a thread is inside `leave.spans` or could not be moved.
+fn move_out(attachment: &Attachment, leave: &Leave) -> Result<Option<usize>> {
     let mut planned = Vec::new();
     for tid in attachment.tids() {
         let Ok(regs) = registers(tid) else {
             continue;
         };
         let points = resume_points(&regs);
-        if points.iter().any(|&p| within(spans, p)) {
+        if points.iter().any(|&p| within(leave.spans, p)) {
             return Ok(None);
         }
-        if !points.into_iter().any(inside) {
+        if !points.into_iter().any(leave.inside) {
             continue;
         }
         // The thread's own instruction pointer moves; a restart the kernel has yet to
-        // make goes 2 bytes back from there, to the relocated `syscall`.
-        let Some(&to) = moves.get(&regs.rip) else {
+        // make goes 2 bytes back from there, to the other copy's `syscall`.
+        let Some(&to) = leave.moves.get(&regs.rip) else {
             return Ok(None);
         };
         planned.push((tid, libc::user_regs_struct { rip: to, ..regs }));
@@ -433,22 +455,20 @@ fn move_out(
     Ok(Some(planned.len()))
 }
 
-/// Stops every thread with none left inside `ranges` (those there are moved, see
-/// [`move_out`]) or `spans`; returns how many were moved. A thread that cannot be moved
-/// or is inside `spans` is let run for a moment (all but `keep`), and every thread
-/// stopped again.
+/// Stops every thread with none left where `leave` says (those that can be are moved,
+/// see [`move_out`]); returns how many were moved. While a thread cannot be moved or is
+/// inside `leave.spans`, the threads (all but `keep`) are let run for a moment, and
+/// every thread stopped again.
 fn stop_at_safe_points(
     attachment: &mut Attachment,
-    ranges: &[(u64, u64)],
-    spans: &[Span],
-    moves: &std::collections::HashMap<u64, u64>,
+    leave: &Leave,
     keep: Option<i32>,
 ) -> Result<usize> {
     for _ in 0..SAFE_POINT_TRIES {
         attachment
             .stop_all()
             .map_err(|e| Failure::runtime(e.to_string()))?;
-        if let Some(moved) = move_out(attachment, ranges, spans, moves)? {
+        if let Some(moved) = move_out(attachment, leave)? {
             return Ok(moved);
         }
         // The thread injected calls run in stays where it was found safe for them.
@@ -464,6 +484,11 @@ fn stop_at_safe_points(
     ))
 }
 
+/// The moves that take threads out of the trampolines: `moves` read backwards.
+fn moves_back(moves: impl Iterator<Item = (u64, u64)>) -> std::collections::HashMap<u64, u64> {
+    moves.map(|(original, relocated)| (relocated, original)).collect()
+}
+
 fn process_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
@@ -472,6 +497,18 @@ fn process_gone(pid: i32) -> bool {
             .and_then(|rest| rest.split_whitespace().next())
             .is_some_and(|state| state == "Z" || state == "X"),
         Err(_) => true,
+    }
+}
+
+/// Tells the guardian that glass leaves the target as it should (not on a panic, after
+/// which the guardian takes the probes out).
+struct GuardianDone(Option<glass_record::guardian::Guardian>);
+
+impl Drop for GuardianDone {
+    fn drop(&mut self) {
+        if let Some(guardian) = self.0.take().filter(|_| !std::thread::panicking()) {
+            guardian.done();
+        }
     }
 }
 
@@ -485,6 +522,8 @@ struct Attached {
     /// the C library's functions they make system calls with.
     landing: u64,
     libc: LibcCalls,
+    /// The runtime's word that keeps the landing's address.
+    landing_word: u64,
     /// The runtime's glass_probe_detach in the process.
     leave: u64,
     runtime_text: Vec<Span>,
@@ -558,6 +597,10 @@ pub fn run(
         Some(user.owner()),
     )
     .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
+    // Told `done` when this function returns, whatever it returns: by then nothing is
+    // patched or everything is taken out again. Only a glass that dies (or panics)
+    // leaves the guardian something to do.
+    let _guardian = GuardianDone(Some(super::guardian::start(pid, session.path())?));
     let stop_signals = stop_signal_fd()?;
     let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
 
@@ -687,6 +730,10 @@ pub fn run(
                         .map(|(at, _, original)| (*at, original.clone()))
                 })
                 .collect(),
+            moves: prepared
+                .iter()
+                .flat_map(|o| o.moves.iter().copied())
+                .collect(),
         };
         let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
         process.unmap(provisional_at.0, provisional_at.1);
@@ -696,7 +743,17 @@ pub fn run(
             .iter()
             .flat_map(|o| o.moves.iter().copied())
             .collect();
-        moved = stop_at_safe_points(&mut attachment, &ranges, &[], &moves, Some(loader_tid))?;
+        let inside = |rip: u64| {
+            ranges
+                .iter()
+                .any(|&(start, len)| rip > start && rip < start + len)
+        };
+        let leave = Leave {
+            inside: &inside,
+            spans: &[],
+            moves: &moves,
+        };
+        moved = stop_at_safe_points(&mut attachment, &leave, Some(loader_tid))?;
         glass_target::test_hook("attach-stopped");
         let undo = super::commit_all(&process, &prepared)?;
         glass_target::test_hook("attach-patched");
@@ -719,7 +776,7 @@ pub fn run(
     if !args.quiet {
         super::print_instrumented(&installed, &skipped);
         eprintln!(
-            "glass: attached to pid {pid}: every thread stopped {:.2} ms to patch ({moved} stepped out of the bytes replaced); thread {loader_tid} stopped {:.2} ms more to load the runtime (the others ran)",
+            "glass: attached to pid {pid}: every thread stopped {:.2} ms to patch ({moved} moved out of the bytes replaced); thread {loader_tid} stopped {:.2} ms more to load the runtime (the others ran)",
             attach_stop_ns as f64 / 1e6,
             loader_stop_ns as f64 / 1e6,
         );
@@ -728,6 +785,7 @@ pub fn run(
         undo,
         landing: trap,
         libc: loader.calls,
+        landing_word: runtime_at[LANDING],
         leave,
         runtime_text,
         ledger_at,
@@ -798,7 +856,7 @@ pub fn run(
         match &detach_result {
             Ok(None) => eprintln!("glass: pid {pid} exited while traced"),
             Ok(Some(detached)) => eprintln!(
-                "glass: detached from pid {pid} ({why}): every thread stopped {:.2} ms to restore ({} stepped out of the probes); one stopped {:.2} ms more to unmap the rings; {} calls in flight finish untimed",
+                "glass: detached from pid {pid} ({why}): every thread stopped {:.2} ms to restore ({} moved out of the trampolines); one stopped {:.2} ms more to unmap the rings; {} calls in flight finish untimed",
                 detached.stopped_ns as f64 / 1e6,
                 detached.moved,
                 detached.unmap_ns as f64 / 1e6,
@@ -843,8 +901,9 @@ fn load_runtime(
         process.reuse_landing(landing);
     }
     if process.landing() == 0 {
-        let placed = landing_site(pid)
-            .is_some_and(|at| process.reuse_landing(at) || process.place_landing(at).is_ok());
+        let placed = landing_site(pid).is_some_and(|site| {
+            process.reuse_landing(site.at) || process.place_landing(site.at).is_ok()
+        });
         if !placed {
             process
                 .map_landing()
@@ -1083,7 +1142,7 @@ fn recover(
     // before it patched anything) has nothing to put back.
     if ledger.session != 0 {
         let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
-        let mut avoid: Vec<Span> = mappings
+        let runtime_text: Vec<Span> = mappings
             .iter()
             .filter(|m| m.path.contains("libglass_probe"))
             .map(|m| Span {
@@ -1091,20 +1150,26 @@ fn recover(
                 end: m.end,
             })
             .collect();
-        avoid.extend(ledger.regions.iter().map(|&(start, len)| Span {
-            start,
-            end: start + len,
-        }));
-        stop_at_safe_points(
-            attachment,
-            &[],
-            &avoid,
-            &Default::default(),
-            Some(process.tid()),
-        )?;
+        let regions: Vec<Span> = ledger
+            .regions
+            .iter()
+            .map(|&(start, len)| Span {
+                start,
+                end: start + len,
+            })
+            .collect();
+        let back = moves_back(ledger.moves.iter().copied());
+        let inside = |rip: u64| within(&regions, rip);
+        let leave = Leave {
+            inside: &inside,
+            spans: &runtime_text,
+            moves: &back,
+        };
+        stop_at_safe_points(attachment, &leave, Some(process.tid()))?;
         let undo = [install::Undo {
             restore: ledger.restore.clone(),
             region: (0, 0),
+            moves: Vec::new(),
         }];
         take_out(process, &attachment.tids(), &undo, ledger.session)?;
     }
@@ -1122,6 +1187,60 @@ fn recover(
     Ok(Some(ledger.writer_pid))
 }
 
+/// What the guardian does when glass died: if pid's runtime holds a dead glass's ledger,
+/// takes that glass's instrumentation out, as the next attach would (and nothing else:
+/// no runtime is loaded, no session joined). Returns the dead glass's pid, or None when
+/// there was nothing to take out.
+pub fn take_over(pid: i32) -> Result<Option<u64>> {
+    let runtime = super::probe_runtime()?;
+    let Some(runtime_symbols) = FileSymbols::read(&runtime, &RUNTIME_SYMBOLS) else {
+        return Ok(None);
+    };
+    let Some(runtime_at) = runtime_symbols
+        .in_process(pid)
+        .and_then(|a| a.into_iter().collect::<Option<Vec<u64>>>())
+    else {
+        return Ok(None);
+    };
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem"))
+        .map_err(|e| Failure::runtime(format!("cannot read the memory of pid {pid}: {e}")))?;
+    let word = |at: u64| {
+        let mut bytes = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut bytes, at)
+            .map(|()| u64::from_le_bytes(bytes))
+            .unwrap_or(0)
+    };
+    if word(runtime_at[LEDGER]) == 0 {
+        return Ok(None);
+    }
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let Some(loader) = loader_functions(pid, &mappings) else {
+        return Ok(None);
+    };
+    let mut attachment = Attachment::seize(pid).map_err(|e| Failure::runtime(e.to_string()))?;
+    let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    let mut process = StoppedProcess::for_thread(pid, loader_tid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    process.use_libc(loader.calls);
+    if !process.reuse_landing(word(runtime_at[LANDING])) {
+        let placed = landing_site(pid).is_some_and(|site| {
+            process.reuse_landing(site.at) || process.place_landing(site.at).is_ok()
+        });
+        if !placed {
+            process.map_landing().map_err(|e| {
+                Failure::runtime(format!("cannot map a landing in pid {pid}: {e}"))
+            })?;
+        }
+    }
+    let taken = recover(&mut attachment, &process, &runtime_at);
+    return_landing(&process, runtime_at[LANDING]);
+    attachment.release();
+    taken
+}
+
 /// Takes the instrumentation out.
 fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     let mut attachment = Attachment::seize(pid).map_err(|e| {
@@ -1130,18 +1249,23 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
         ))
     })?;
     let stopped = Instant::now();
-    let mut avoid = attached.runtime_text.clone();
-    avoid.extend(
-        attached
-            .undo
-            .iter()
-            .filter(|u| u.region.1 > 0)
-            .map(|u| Span {
-                start: u.region.0,
-                end: u.region.0 + u.region.1,
-            }),
-    );
-    let moved = stop_at_safe_points(&mut attachment, &[], &avoid, &Default::default(), None)?;
+    let regions: Vec<Span> = attached
+        .undo
+        .iter()
+        .filter(|u| u.region.1 > 0)
+        .map(|u| Span {
+            start: u.region.0,
+            end: u.region.0 + u.region.1,
+        })
+        .collect();
+    let back = moves_back(attached.undo.iter().flat_map(|u| u.moves.iter().copied()));
+    let inside = |rip: u64| within(&regions, rip);
+    let leave = Leave {
+        inside: &inside,
+        spans: &attached.runtime_text,
+        moves: &back,
+    };
+    let moved = stop_at_safe_points(&mut attachment, &leave, None)?;
     glass_target::test_hook("detach-stopped");
     let tids = attachment.tids();
     let mut process = StoppedProcess::for_thread(pid, tids[0])
@@ -1157,7 +1281,9 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
     let (ledger_at, ledger_len) = attached.ledger_at;
     process.unmap(ledger_at, ledger_len);
-    leave_runtime(&process, attached.leave)?;
+    let left = leave_runtime(&process, attached.leave);
+    return_landing(&process, attached.landing_word);
+    left?;
     attachment.release();
     Ok(Detached {
         stopped_ns: all_stopped,

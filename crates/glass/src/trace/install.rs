@@ -52,6 +52,7 @@ pub fn commit(process: &StoppedProcess, outcome: &Outcome) -> std::io::Result<Un
             .map(|(address, _, original)| (*address, original.clone()))
             .collect(),
         region: outcome.region,
+        moves: outcome.moves.clone(),
     })
 }
 
@@ -119,6 +120,9 @@ fn write_patches(
 pub struct Undo {
     pub restore: Vec<(u64, Vec<u8>)>,
     pub region: (u64, u64),
+    /// (original, trampoline) places: backwards, they take a thread out of the
+    /// trampolines.
+    pub moves: Vec<(u64, u64)>,
 }
 
 /// Puts back every byte `undo` lists, latest first. The trampolines stay mapped: a

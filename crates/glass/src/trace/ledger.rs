@@ -8,14 +8,16 @@
 //! Layout, little-endian u64 words: magic, version, writer pid, writer start time (clock
 //! ticks after boot, /proc/PID/stat field 22: tells a reused pid apart), session address,
 //! trap page address, region count, (start, length) per region, restore count, then per
-//! restore: address, length, the original bytes padded to whole words.
+//! restore: address, length, the original bytes padded to whole words; then (version 2)
+//! the count of moves and per move its (original, trampoline) addresses, with which a
+//! thread found in a trampoline is taken back to the original code.
 
 use std::io;
 
 use glass_target::inject::StoppedProcess;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GLASSLDG");
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Ledger {
@@ -25,6 +27,7 @@ pub struct Ledger {
     pub trap: u64,
     pub regions: Vec<(u64, u64)>,
     pub restore: Vec<(u64, Vec<u8>)>,
+    pub moves: Vec<(u64, u64)>,
 }
 
 /// A process's start time (clock ticks after boot), if it exists.
@@ -62,6 +65,10 @@ impl Ledger {
                 words.push(u64::from_le_bytes(word));
             }
         }
+        words.push(self.moves.len() as u64);
+        for &(from, to) in &self.moves {
+            words.extend([from, to]);
+        }
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
@@ -74,7 +81,11 @@ impl Ledger {
             at.set(at.get() + 8);
             Ok(value)
         };
-        if word()? != MAGIC || word()? != VERSION {
+        if word()? != MAGIC {
+            return Ok(None);
+        }
+        let version = word()?;
+        if !(1..=VERSION).contains(&version) {
             return Ok(None);
         }
         let mut ledger = Ledger {
@@ -98,6 +109,12 @@ impl Ledger {
             }
             bytes.truncate(len);
             ledger.restore.push((address, bytes));
+        }
+        if version >= 2 {
+            let moves = word()?;
+            for _ in 0..moves.min(1 << 24) {
+                ledger.moves.push((word()?, word()?));
+            }
         }
         let len = (at.get() - address).next_multiple_of(4096);
         Ok(Some((ledger, len)))
@@ -142,6 +159,7 @@ mod tests {
                 (10, vec![7; 8]),
                 (11, vec![1; 9]),
             ],
+            moves: vec![(12, 13)],
         };
         let bytes = ledger.encode();
         // This process's own memory stands in for the target's.
@@ -166,10 +184,12 @@ mod tests {
             trap: 0x2000,
             regions: vec![(0x3000, 4096)],
             restore: vec![(0x4001, vec![1, 2, 3, 4, 5]), (0x5000, vec![9; 8])],
+            moves: vec![(0x4001, 0x3010)],
         };
         let bytes = ledger.encode();
         assert_eq!(bytes.len() % 8, 0);
-        // magic..region count (7) + region (2) + count (1) + (2 + 1) + (2 + 1)
-        assert_eq!(bytes.len(), 8 * (7 + 2 + 1 + 3 + 3));
+        // magic..region count (7) + region (2) + count (1) + (2 + 1) + (2 + 1) + count
+        // (1) + move (2)
+        assert_eq!(bytes.len(), 8 * (7 + 2 + 1 + 3 + 3 + 1 + 2));
     }
 }

@@ -11,6 +11,7 @@
 //! - this file: the session from launch to the summary, and the drain loop.
 
 mod attach;
+pub mod guardian;
 mod install;
 mod ledger;
 mod owner;
