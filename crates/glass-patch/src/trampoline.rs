@@ -93,9 +93,12 @@ pub fn build_with_moves(
             .push(Instruction::with_branch(Code::Jmp_rel32_64, end).map_err(|e| e.to_string())?);
     }
     let block = InstructionBlock::new(&instructions, address);
-    let encoded =
-        BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-            .map_err(|e| e.to_string())?;
+    let encoded = BlockEncoder::encode(
+        64,
+        block,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )
+    .map_err(|e| e.to_string())?;
     let offsets = &encoded.new_instruction_offsets;
     // Only the last displaced instruction can be a call, which becomes several: each
     // displaced instruction starts at index 2 + its own.
@@ -163,7 +166,10 @@ mod tests {
         assert_eq!(moves[0], (0x40_1000, at));
         let (syscall_at, relocated_syscall) = moves[1];
         assert_eq!(syscall_at, 0x40_1002);
-        assert_eq!(&bytes[(relocated_syscall - at) as usize..][..2], &[0x0f, 0x05]);
+        assert_eq!(
+            &bytes[(relocated_syscall - at) as usize..][..2],
+            &[0x0f, 0x05]
+        );
         // What follows the relocated syscall is where the kernel's 2 bytes back start.
         assert_eq!(moves[2], (0x40_1004, relocated_syscall + 2));
         assert_eq!(moves[3].0, 0x40_1006);

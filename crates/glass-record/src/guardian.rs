@@ -115,6 +115,8 @@ impl Guardian {
         command
             .arg0("glass")
             .arg(subcommand)
+            // A test's stop hook is glass's, not its guardian's.
+            .env_remove("GLASS_TEST_STOP_AT")
             .args(args)
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::null());

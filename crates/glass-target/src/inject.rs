@@ -280,7 +280,11 @@ impl StoppedProcess {
         let values: Vec<CallArg> = args.into_iter().map(CallArg::Value).collect();
         let at = self.call(calls.mmap, &values, CALL_LIMIT)?;
         // The C library's mmap says MAP_FAILED and leaves the reason in errno.
-        Ok(if at == u64::MAX { -(libc::ENOMEM as i64) } else { at as i64 })
+        Ok(if at == u64::MAX {
+            -(libc::ENOMEM as i64)
+        } else {
+            at as i64
+        })
     }
 
     /// Unmaps what [`StoppedProcess::map_anonymous`] (or anything else) mapped; best
@@ -449,7 +453,8 @@ impl StoppedProcess {
             signal = 0;
             let Some(status) = crate::attach::wait_thread(self.tid, deadline).map_err(io)? else {
                 let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
-                let _ = crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
+                let _ =
+                    crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
                 return Err(CallEnd::TimedOut(io::Error::other(
                     "the injected call did not return in time",
                 )));
@@ -756,7 +761,9 @@ pub fn landing_code(kind: XstateKind) -> Vec<u8> {
             code.extend_from_slice(&[0xb8, 0xff, 0xff, 0xff, 0xff, 0xba, 0xff, 0xff, 0xff, 0xff]);
             code.extend_from_slice(&[0x48, 0x0f, 0xae, 0x80 | (5 << 3) | 4, 0x24]);
         }
-        XstateKind::Fxsave => code.extend_from_slice(&[0x48, 0x0f, 0xae, 0x80 | (1 << 3) | 4, 0x24]),
+        XstateKind::Fxsave => {
+            code.extend_from_slice(&[0x48, 0x0f, 0xae, 0x80 | (1 << 3) | 4, 0x24])
+        }
     }
     disp32(&mut code, CONTEXT_XSTATE);
     for (i, &n) in RESTORED.iter().enumerate() {

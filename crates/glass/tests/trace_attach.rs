@@ -316,13 +316,16 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_
 /// The `glass __trace-guardian` watching glass's attachment to `pid`.
 fn trace_guardian_of(pid: i32) -> Option<i32> {
     let wanted = format!("__trace-guardian\0--pid\0{pid}\0");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let command = std::fs::read(entry.path().join("cmdline")).ok()?;
-        String::from_utf8_lossy(&command)
-            .contains(&wanted)
-            .then_some(candidate)
-    })
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let command = std::fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&command)
+                .contains(&wanted)
+                .then_some(candidate)
+        })
 }
 
 /// A glass SIGKILLed while attached, its guardian alive: the guardian takes the probes
@@ -368,13 +371,10 @@ fn the_guardian_takes_the_probes_out_when_glass_is_killed() {
     assert_eq!(out, reference, "nfd's stderr: {err}");
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        !std::fs::read_dir("/dev/shm")
-            .unwrap()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with(&format!(
-                "glass-trace-{}-",
-                glass_child.id()
-            ))),
+        !std::fs::read_dir("/dev/shm").unwrap().flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("glass-trace-{}-", glass_child.id()))),
         "the dead glass's session file is left in /dev/shm"
     );
 }

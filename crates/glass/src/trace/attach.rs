@@ -351,7 +351,10 @@ fn landing_site(pid: i32) -> Option<LandingSite> {
         };
         for segment in elf.segments() {
             let executable = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0);
-            let end = segment.address().wrapping_add(segment.size()).wrapping_add(bias);
+            let end = segment
+                .address()
+                .wrapping_add(segment.size())
+                .wrapping_add(bias);
             let at = end.next_multiple_of(64);
             if !executable || end <= mapping.start || at + room as u64 > mapping.end {
                 continue;
@@ -426,58 +429,77 @@ struct Leave<'a> {
 /// `leave.inside` says to the same place in the other copy of the code (`leave.moves`):
 /// into the trampolines' relocated instructions before the patches are written, back
 /// into the original code before they are taken out. Never single-steps: a thread being
-/// stepped when glass dies is killed by the kernel. Returns how many were moved, or None
-/// (nothing changed) when a thread is inside `leave.spans` or could not be moved.
-fn move_out(attachment: &Attachment, leave: &Leave) -> Result<Option<usize>> {
+/// stepped when glass dies is killed by the kernel. Returns how many were moved, or
+/// (nothing changed) the threads inside `leave.spans` or that could not be moved.
+fn move_out(
+    attachment: &Attachment,
+    leave: &Leave,
+) -> Result<std::result::Result<usize, Vec<i32>>> {
     let mut planned = Vec::new();
+    let mut in_the_way = Vec::new();
     for tid in attachment.tids() {
         let Ok(regs) = registers(tid) else {
             continue;
         };
         let points = resume_points(&regs);
         if points.iter().any(|&p| within(leave.spans, p)) {
-            return Ok(None);
+            in_the_way.push(tid);
+            continue;
         }
         if !points.into_iter().any(leave.inside) {
             continue;
         }
         // The thread's own instruction pointer moves; a restart the kernel has yet to
         // make goes 2 bytes back from there, to the other copy's `syscall`.
-        let Some(&to) = leave.moves.get(&regs.rip) else {
-            return Ok(None);
-        };
-        planned.push((tid, libc::user_regs_struct { rip: to, ..regs }));
+        match leave.moves.get(&regs.rip) {
+            Some(&to) => planned.push((tid, libc::user_regs_struct { rip: to, ..regs })),
+            None => in_the_way.push(tid),
+        }
+    }
+    if !in_the_way.is_empty() {
+        return Ok(Err(in_the_way));
     }
     for (tid, regs) in &planned {
         glass_target::attach::set_registers(*tid, regs)
             .map_err(|e| Failure::runtime(format!("cannot move thread {tid}: {e}")))?;
     }
-    Ok(Some(planned.len()))
+    Ok(Ok(planned.len()))
 }
 
 /// Stops every thread with none left where `leave` says (those that can be are moved,
-/// see [`move_out`]); returns how many were moved. While a thread cannot be moved or is
-/// inside `leave.spans`, the threads (all but `keep`) are let run for a moment, and
-/// every thread stopped again.
+/// see [`move_out`]); returns how many were moved. The threads in the way (in the probe
+/// runtime, or between two instructions a move cannot map) are let run for a moment on
+/// their own, the others held, and stopped again: the probes never block, so a thread
+/// is out of them in microseconds. Every so often all of them run (all but `keep`), in
+/// case one waits for another.
 fn stop_at_safe_points(
     attachment: &mut Attachment,
     leave: &Leave,
     keep: Option<i32>,
 ) -> Result<usize> {
-    for _ in 0..SAFE_POINT_TRIES {
+    for attempt in 0..SAFE_POINT_TRIES {
         attachment
             .stop_all()
             .map_err(|e| Failure::runtime(e.to_string()))?;
-        if let Some(moved) = move_out(attachment, leave)? {
-            return Ok(moved);
-        }
+        let in_the_way = match move_out(attachment, leave)? {
+            Ok(moved) => return Ok(moved),
+            Err(in_the_way) => in_the_way,
+        };
+        let let_run = match attempt % 10 {
+            9 => attachment.tids(),
+            _ => in_the_way,
+        };
         // The thread injected calls run in stays where it was found safe for them.
-        for tid in attachment.tids() {
+        for tid in let_run {
             if Some(tid) != keep {
                 attachment.resume(tid);
             }
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_micros(if attempt % 10 == 9 {
+            1000
+        } else {
+            100
+        }));
     }
     Err(Failure::runtime(
         "a thread stayed inside code glass must change or take out (blocked in a system call there)",
@@ -486,7 +508,9 @@ fn stop_at_safe_points(
 
 /// The moves that take threads out of the trampolines: `moves` read backwards.
 fn moves_back(moves: impl Iterator<Item = (u64, u64)>) -> std::collections::HashMap<u64, u64> {
-    moves.map(|(original, relocated)| (relocated, original)).collect()
+    moves
+        .map(|(original, relocated)| (relocated, original))
+        .collect()
 }
 
 fn process_gone(pid: i32) -> bool {
@@ -646,7 +670,8 @@ pub fn run(
         process.unmap(provisional_at.0, provisional_at.1);
     };
     glass_target::test_hook("attach-ledger");
-    let joined = join_session(&process, &runtime_at, &session).inspect_err(|_| forget_provisional())?;
+    let joined =
+        join_session(&process, &runtime_at, &session).inspect_err(|_| forget_provisional())?;
     if joined == -(libc::EBUSY as i64) {
         forget_provisional();
         return Err(Failure::bad_input(format!(
@@ -1057,20 +1082,47 @@ fn leave_ledger(process: &StoppedProcess, ledger: &Ledger, slot: u64) -> Result<
     Ok((at, len))
 }
 
-/// With every thread stopped outside the runtime and the trampolines: puts back the
-/// bytes `undo` lists, gives every call in flight (the shadow stacks of the session the
-/// runtime mapped at `session_at`, read through the process's memory) its real return
-/// address, and clears each thread's area word. Returns the calls in flight.
-fn take_out(
+/// The first half of taking instrumentation out: every thread stopped wherever it is,
+/// the bytes `undo` lists put back, every thread (but `keep`) let go again. No thread
+/// enters a probe after this but through a trampoline it was already in or the exit of
+/// a call in flight, so the second half finds the threads out of the probes at once
+/// (waiting for that with the entries still patched can take forever: on a machine
+/// whose rdtsc traps to the hypervisor, a thread calling a traced function in a loop is
+/// stopped just after the probe's rdtsc nearly every time). Returns how long every
+/// thread was stopped.
+fn restore_code(
+    attachment: &mut Attachment,
     process: &StoppedProcess,
-    tids: &[i32],
     undo: &[install::Undo],
-    session_at: u64,
-) -> Result<u64> {
+    keep: Option<i32>,
+) -> Result<Duration> {
+    let pid = process.pid();
+    attachment
+        .stop_all()
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let stopped = Instant::now();
+    let restored = install::uninstall(process, undo)
+        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")));
+    let held = stopped.elapsed();
+    for tid in attachment.tids() {
+        if Some(tid) != keep {
+            attachment.resume(tid);
+        }
+    }
+    restored?;
+    glass_target::test_hook("detach-code-restored");
+    // Long enough for a thread to finish the probe it was in.
+    std::thread::sleep(Duration::from_millis(1));
+    Ok(held)
+}
+
+/// The second half (after [`restore_code`]), with every thread stopped outside the
+/// runtime and the trampolines: gives every call in flight (the shadow stacks of the
+/// session the runtime mapped at `session_at`, read through the process's memory) its
+/// real return address, and clears each thread's area word. Returns the calls in flight.
+fn take_out(process: &StoppedProcess, tids: &[i32], session_at: u64) -> Result<u64> {
     use glass_trace::{area, header};
     let pid = process.pid();
-    install::uninstall(process, undo)
-        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")))?;
     let word = |at: u64| process.read_u64(at).unwrap_or(0);
     let stub = word(session_at + header::EXIT_STUB as u64);
     let areas = word(session_at + header::NEXT_AREA as u64)
@@ -1158,6 +1210,12 @@ fn recover(
                 end: start + len,
             })
             .collect();
+        let undo = [install::Undo {
+            restore: ledger.restore.clone(),
+            region: (0, 0),
+            moves: Vec::new(),
+        }];
+        restore_code(attachment, process, &undo, Some(process.tid()))?;
         let back = moves_back(ledger.moves.iter().copied());
         let inside = |rip: u64| within(&regions, rip);
         let leave = Leave {
@@ -1166,12 +1224,7 @@ fn recover(
             moves: &back,
         };
         stop_at_safe_points(attachment, &leave, Some(process.tid()))?;
-        let undo = [install::Undo {
-            restore: ledger.restore.clone(),
-            region: (0, 0),
-            moves: Vec::new(),
-        }];
-        take_out(process, &attachment.tids(), &undo, ledger.session)?;
+        take_out(process, &attachment.tids(), ledger.session)?;
     }
     // Ends the session if the runtime joined one (ENOENT if not).
     process
@@ -1230,9 +1283,9 @@ pub fn take_over(pid: i32) -> Result<Option<u64>> {
             process.reuse_landing(site.at) || process.place_landing(site.at).is_ok()
         });
         if !placed {
-            process.map_landing().map_err(|e| {
-                Failure::runtime(format!("cannot map a landing in pid {pid}: {e}"))
-            })?;
+            process
+                .map_landing()
+                .map_err(|e| Failure::runtime(format!("cannot map a landing in pid {pid}: {e}")))?;
         }
     }
     let taken = recover(&mut attachment, &process, &runtime_at);
@@ -1248,7 +1301,9 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
             "cannot stop pid {pid} to detach: {e}; its probes stay in place, recording nothing"
         ))
     })?;
-    let stopped = Instant::now();
+    let writer = StoppedProcess::for_thread(pid, pid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    let code_held = restore_code(&mut attachment, &writer, &attached.undo, None)?;
     let regions: Vec<Span> = attached
         .undo
         .iter()
@@ -1266,13 +1321,14 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
         moves: &back,
     };
     let moved = stop_at_safe_points(&mut attachment, &leave, None)?;
+    let stopped = Instant::now();
     glass_target::test_hook("detach-stopped");
     let tids = attachment.tids();
     let mut process = StoppedProcess::for_thread(pid, tids[0])
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(attached.libc);
     process.reuse_landing(attached.landing);
-    let in_flight = take_out(&process, &tids, &attached.undo, session_at)?;
+    let in_flight = take_out(&process, &tids, session_at)?;
     glass_target::test_hook("detach-restored");
     // Only the runtime's own state is left, which no thread can reach any more: the
     // others go now, and one stays to unmap the session and the ledger.
@@ -1286,7 +1342,7 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
     left?;
     attachment.release();
     Ok(Detached {
-        stopped_ns: all_stopped,
+        stopped_ns: all_stopped + code_held.as_nanos() as u64,
         unmap_ns: stopped.elapsed().as_nanos() as u64 - all_stopped,
         in_flight,
         moved,

@@ -253,9 +253,10 @@ pub fn prepare(
             continue;
         };
         let at = region + code.len() as u64;
-        let built = trampoline::build_with_moves(&plan, id, at, enter_slot).and_then(
-            |(bytes, moves)| trampoline::entry_patch(&plan, at).map(|patch| (bytes, moves, patch)),
-        );
+        let built =
+            trampoline::build_with_moves(&plan, id, at, enter_slot).and_then(|(bytes, moves)| {
+                trampoline::entry_patch(&plan, at).map(|patch| (bytes, moves, patch))
+            });
         match built {
             Ok((bytes, moves, patch)) => {
                 outcome.moves.extend(moves);
