@@ -51,6 +51,9 @@ pub(crate) fn relocate(displaced: &[Instruction], displaced_end: u64) -> Vec<Ins
     out
 }
 
+/// (original address, trampoline address) pairs: see [`build_with_moves`].
+pub type Moves = Vec<(u64, u64)>;
+
 /// Bytes of one function's trampoline at `address`.
 pub fn build(plan: &Plan, id: u32, address: u64, enter_slot: u64) -> Result<Vec<u8>, String> {
     build_with_moves(plan, id, address, enter_slot).map(|(bytes, _)| bytes)
@@ -69,7 +72,7 @@ pub fn build_with_moves(
     id: u32,
     address: u64,
     enter_slot: u64,
-) -> Result<(Vec<u8>, Vec<(u64, u64)>), String> {
+) -> Result<(Vec<u8>, Moves), String> {
     let mut instructions = vec![
         Instruction::with1(Code::Pushq_imm32, id as i32).map_err(|e| e.to_string())?,
         Instruction::with1(

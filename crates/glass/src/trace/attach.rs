@@ -539,6 +539,10 @@ impl Drop for GuardianDone {
 /// What the attachment set up, for the detach.
 struct Attached {
     undo: Vec<install::Undo>,
+    /// The unwinder's GOT slots sent to the runtime's hooks: they go back only with the
+    /// hijacked return addresses (an exception thrown in between would meet one the real
+    /// unwinder cannot read past).
+    hooks_undo: install::Undo,
     /// The ledger's mapping (address, length), and the runtime's word pointing to it.
     ledger_at: (u64, u64),
     ledger_slot: u64,
@@ -759,6 +763,7 @@ pub fn run(
                 .iter()
                 .flat_map(|o| o.moves.iter().copied())
                 .collect(),
+            unwinder_hooks: prepared.last().map_or(0, |o| o.patches.len() as u64),
         };
         let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
         process.unmap(provisional_at.0, provisional_at.1);
@@ -782,9 +787,19 @@ pub fn run(
         glass_target::test_hook("attach-stopped");
         let undo = super::commit_all(&process, &prepared)?;
         glass_target::test_hook("attach-patched");
-        Ok((installed, skipped, undo, runtime_text, ledger_at))
+        let mut undo = undo;
+        // The unwinder's GOT slots are the last module's patches (pushed last above).
+        let hooks_undo = undo.pop().expect("the unwinder hooks' patches");
+        Ok((
+            installed,
+            skipped,
+            undo,
+            hooks_undo,
+            runtime_text,
+            ledger_at,
+        ))
     };
-    let (installed, skipped, undo, runtime_text, ledger_at) = match patch() {
+    let (installed, skipped, undo, hooks_undo, runtime_text, ledger_at) = match patch() {
         Ok(done) => done,
         Err(failure) => {
             // Nothing is patched (commit_all undoes its part): the runtime lets the
@@ -808,6 +823,7 @@ pub fn run(
     }
     let attached = Attached {
         undo,
+        hooks_undo,
         landing: trap,
         libc: loader.calls,
         landing_word: runtime_at[LANDING],
@@ -1210,12 +1226,15 @@ fn recover(
                 end: start + len,
             })
             .collect();
-        let undo = [install::Undo {
-            restore: ledger.restore.clone(),
+        let late =
+            ledger.restore.len() - (ledger.unwinder_hooks as usize).min(ledger.restore.len());
+        let (code, hooks) = ledger.restore.split_at(late);
+        let undo = |restore: &[(u64, Vec<u8>)]| install::Undo {
+            restore: restore.to_vec(),
             region: (0, 0),
             moves: Vec::new(),
-        }];
-        restore_code(attachment, process, &undo, Some(process.tid()))?;
+        };
+        restore_code(attachment, process, &[undo(code)], Some(process.tid()))?;
         let back = moves_back(ledger.moves.iter().copied());
         let inside = |rip: u64| within(&regions, rip);
         let leave = Leave {
@@ -1224,6 +1243,8 @@ fn recover(
             moves: &back,
         };
         stop_at_safe_points(attachment, &leave, Some(process.tid()))?;
+        install::uninstall(process, &[undo(hooks)])
+            .map_err(|e| Failure::runtime(format!("cannot restore the GOT of pid {pid}: {e}")))?;
         take_out(process, &attachment.tids(), ledger.session)?;
     }
     // Ends the session if the runtime joined one (ENOENT if not).
@@ -1328,6 +1349,8 @@ fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(attached.libc);
     process.reuse_landing(attached.landing);
+    install::uninstall(&process, std::slice::from_ref(&attached.hooks_undo))
+        .map_err(|e| Failure::runtime(format!("cannot restore the GOT of pid {pid}: {e}")))?;
     let in_flight = take_out(&process, &tids, session_at)?;
     glass_target::test_hook("detach-restored");
     // Only the runtime's own state is left, which no thread can reach any more: the

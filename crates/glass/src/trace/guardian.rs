@@ -11,6 +11,7 @@
 //! 2. takes glass's probes out of the target, exactly as the next `glass trace --pid`
 //!    would on finding a dead glass's ledger (see `attach::take_over`), after waiting for
 //!    the kernel to release the target from the dead tracer.
+//!
 //! Every state a SIGKILL can leave is safe for the target without it: injected calls
 //! restore the thread themselves, and a thread is never single-stepped. The guardian
 //! only stops the probes from costing the target time and /dev/shm from holding space.

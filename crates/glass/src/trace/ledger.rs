@@ -10,7 +10,9 @@
 //! trap page address, region count, (start, length) per region, restore count, then per
 //! restore: address, length, the original bytes padded to whole words; then (version 2)
 //! the count of moves and per move its (original, trampoline) addresses, with which a
-//! thread found in a trampoline is taken back to the original code.
+//! thread found in a trampoline is taken back to the original code, and how many of the
+//! last restores are the unwinder's GOT slots (put back only with the hijacked return
+//! addresses).
 
 use std::io;
 
@@ -28,6 +30,7 @@ pub struct Ledger {
     pub regions: Vec<(u64, u64)>,
     pub restore: Vec<(u64, Vec<u8>)>,
     pub moves: Vec<(u64, u64)>,
+    pub unwinder_hooks: u64,
 }
 
 /// A process's start time (clock ticks after boot), if it exists.
@@ -69,6 +72,7 @@ impl Ledger {
         for &(from, to) in &self.moves {
             words.extend([from, to]);
         }
+        words.push(self.unwinder_hooks);
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
@@ -115,6 +119,7 @@ impl Ledger {
             for _ in 0..moves.min(1 << 24) {
                 ledger.moves.push((word()?, word()?));
             }
+            ledger.unwinder_hooks = word()?;
         }
         let len = (at.get() - address).next_multiple_of(4096);
         Ok(Some((ledger, len)))
@@ -160,6 +165,7 @@ mod tests {
                 (11, vec![1; 9]),
             ],
             moves: vec![(12, 13)],
+            unwinder_hooks: 1,
         };
         let bytes = ledger.encode();
         // This process's own memory stands in for the target's.
@@ -185,11 +191,12 @@ mod tests {
             regions: vec![(0x3000, 4096)],
             restore: vec![(0x4001, vec![1, 2, 3, 4, 5]), (0x5000, vec![9; 8])],
             moves: vec![(0x4001, 0x3010)],
+            unwinder_hooks: 0,
         };
         let bytes = ledger.encode();
         assert_eq!(bytes.len() % 8, 0);
         // magic..region count (7) + region (2) + count (1) + (2 + 1) + (2 + 1) + count
-        // (1) + move (2)
-        assert_eq!(bytes.len(), 8 * (7 + 2 + 1 + 3 + 3 + 1 + 2));
+        // (1) + move (2) + unwinder hooks (1)
+        assert_eq!(bytes.len(), 8 * (7 + 2 + 1 + 3 + 3 + 1 + 2 + 1));
     }
 }
