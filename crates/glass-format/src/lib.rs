@@ -344,7 +344,7 @@ pub struct TraceSkipped {
 }
 
 /// `glass trace`: probe records of one thread, in the order it wrote them (see
-/// `glass_trace` for the 8-byte layout: [`TRACE_TIME_BITS`] of time, then kind and
+/// `glass_probe_abi` for the 8-byte layout: [`TRACE_TIME_BITS`] of time, then kind and
 /// function id). Written packed (tag 13), read back as these words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceChunk {

@@ -32,19 +32,19 @@
 //! The probe path is hand-written assembly because it runs between a call and the
 //! function's first instruction: every register may hold an argument, the stack is the
 //! caller's, and nothing may allocate, lock or make a system call. Records go into the
-//! thread's ring in the session's shared memory (layout in `glass_trace`), published
-//! every [`glass_trace::PUBLISH_EVERY`] records; a full ring drops and counts.
+//! thread's ring in the session's shared memory (layout in `glass_probe_abi`), published
+//! every [`glass_probe_abi::PUBLISH_EVERY`] records; a full ring drops and counts.
 
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use glass_trace::{area, header, EXIT_BIT, FUNCTION_SHIFT, MAGIC, UNWOUND_BIT, VERSION};
+use glass_probe_abi::{area, header, EXIT_BIT, FUNCTION_SHIFT, MAGIC, UNWOUND_BIT, VERSION};
 
 /// The session's shared memory, once mapped.
 static SHM: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 
 const ENTRY_ID: usize = 16;
-const RESTORED: u64 = 1 << glass_trace::SHADOW_RESTORED_BIT;
+const RESTORED: u64 = 1 << glass_probe_abi::SHADOW_RESTORED_BIT;
 const EXIT_WORD: u64 = 1 << EXIT_BIT;
 const UNWOUND_WORD: u64 = (1 << EXIT_BIT) | (1 << UNWOUND_BIT);
 
@@ -112,7 +112,7 @@ core::arch::global_asm!(
     "xor eax, eax",
     "ret",
     // Hardware counters: each read from user space with rdpmc under the seqlock of the
-    // thread's perf_event page (see glass_trace::pmc); r8 = next word.
+    // thread's perf_event page (see glass_probe_abi::pmc); r8 = next word.
     "5:",
     "push r9",
     "push r10",
@@ -449,7 +449,7 @@ core::arch::global_asm!(
     mask = const area::MASK,
     lost = const area::LOST,
     records = const area::RECORDS,
-    publish_mask = const glass_trace::PUBLISH_EVERY - 1,
+    publish_mask = const glass_probe_abi::PUBLISH_EVERY - 1,
     busy = const area::BUSY,
     depth = const area::DEPTH,
     shadow = const area::SHADOW,
@@ -471,10 +471,10 @@ core::arch::global_asm!(
     claimed = const area::CLAIMED,
     record_words = const area::RECORD_WORDS,
     pmc_pages = const area::PMC_PAGES,
-    page_lock = const glass_trace::pmc::page::LOCK,
-    page_index = const glass_trace::pmc::page::INDEX,
-    page_offset = const glass_trace::pmc::page::OFFSET,
-    page_width = const glass_trace::pmc::page::PMC_WIDTH,
+    page_lock = const glass_probe_abi::pmc::page::LOCK,
+    page_index = const glass_probe_abi::pmc::page::INDEX,
+    page_offset = const glass_probe_abi::pmc::page::OFFSET,
+    page_width = const glass_probe_abi::pmc::page::PMC_WIDTH,
     counters = const header::COUNTERS,
     open_counters = sym open_counters,
     shm = sym SHM,
@@ -651,12 +651,12 @@ extern "C" fn open_counters(area: *mut u8) {
     unsafe {
         let shm = SHM.load(Ordering::Acquire);
         let count = (word(shm, header::COUNTERS).load(Ordering::Relaxed) as usize)
-            .min(glass_trace::MAX_COUNTERS);
+            .min(glass_probe_abi::MAX_COUNTERS);
         for i in 0..count {
             let kind = word(shm, header::COUNTER_CONFIG + 16 * i).load(Ordering::Relaxed);
             let config = word(shm, header::COUNTER_CONFIG + 16 * i + 8).load(Ordering::Relaxed);
             let page =
-                glass_trace::pmc::open_page(kind as u32, config).unwrap_or(BLANK_PAGE.0.as_ptr());
+                glass_probe_abi::pmc::open_page(kind as u32, config).unwrap_or(BLANK_PAGE.0.as_ptr());
             *field(area, area::PMC_PAGES + 8 * i) = page as u64;
         }
     }

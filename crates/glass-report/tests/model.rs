@@ -13,7 +13,7 @@ use glass_report::model::{Category, FrameKind, Model, ModelOptions, Source};
 use glass_report::{
     diff_folded, Exporter, Firefox, Folded, Format, Pprof, Profile, ReportError, Speedscope,
 };
-use glass_trace::{encode, EventKind};
+use glass_probe_abi::{encode, EventKind};
 
 const HZ: u32 = 100;
 const PERIOD: u64 = 10_000_000;

@@ -537,7 +537,7 @@ fn synthetic(
 /// Calls nested three deep with lost exits, recursion and unwinding, `counters` words
 /// after each record, starting just below a wrap of the records' 44 bits of time.
 fn nested_words(seed: u64, counters: usize, base: u64) -> Vec<u64> {
-    use glass_trace::{encode, EventKind::*};
+    use glass_probe_abi::{encode, EventKind::*};
     let mut words = Vec::new();
     let mut time = base;
     let mut value = 1000 * seed;
@@ -627,7 +627,7 @@ fn counters_time_wraps_and_summaries_written_only_at_the_end() {
 
 #[test]
 fn paths_of_equal_time_keep_the_order_of_their_first_calls() {
-    use glass_trace::{encode, EventKind::*};
+    use glass_probe_abi::{encode, EventKind::*};
     let dir = scratch("report_scan_ties");
     let base = 1u64 << 40;
     // Two threads call leaf and inner for exactly as long, in opposite orders: the

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use glass_format::Recording;
-use glass_trace::{EventKind, TscUnwrapper};
+use glass_probe_abi::{EventKind, TscUnwrapper};
 
 fn compile_trace_fixture(dir: &Path, source: &str, extra: &[&str]) -> PathBuf {
     let stem = source.split('.').next().unwrap();
@@ -563,7 +563,7 @@ fn hardware_counters_fall_back_to_time_and_say_why() {
     let said = stderr(&traced);
     let counted = counts(&recording);
     let summary = counted.recording.trace_summary.clone().unwrap();
-    match glass_trace::pmc::availability(&[glass_trace::pmc::Counter::Cycles]) {
+    match glass_probe_abi::pmc::availability(&[glass_probe_abi::pmc::Counter::Cycles]) {
         // This machine has no hardware counters: glass says so and records time.
         Err(why) => {
             assert!(said.contains("recording time only"), "{said}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
 
-use glass_trace::{EventKind, TscUnwrapper};
+use glass_probe_abi::{EventKind, TscUnwrapper};
 
 fn compile_nfd(dir: &Path, extra: &[&str]) -> PathBuf {
     let out = dir.join("nfd");
@@ -107,7 +107,7 @@ fn calls(recording: &Path) -> (BTreeMap<String, (u64, u64)>, glass_format::Trace
         .map(|f| (f.id, f.name.clone()))
         .collect();
     // Counted by function id (a debug build decodes millions of records here).
-    let mut by_id: Vec<(u64, u64)> = vec![(0, 0); glass_trace::MAX_FUNCTIONS as usize];
+    let mut by_id: Vec<(u64, u64)> = vec![(0, 0); glass_probe_abi::MAX_FUNCTIONS as usize];
     let mut unwrappers: BTreeMap<(u32, u32), TscUnwrapper> = BTreeMap::new();
     for chunk in &recording.trace_chunks {
         let unwrap = unwrappers

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use glass_format::Recording;
-use glass_trace::{EventKind, TscUnwrapper};
+use glass_probe_abi::{EventKind, TscUnwrapper};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -260,7 +260,7 @@ pub fn human_cycles(cycles: u64) -> String {
 #[cfg(test)]
 mod tests {
     use glass_format::{TraceChunk, TraceFunction, TraceSummary};
-    use glass_trace::{encode, EventKind::*};
+    use glass_probe_abi::{encode, EventKind::*};
 
     use super::*;
 

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 
 use glass_format::stream::{Item, Stream, TraceBytes};
 use glass_format::{FormatError, Recording};
-use glass_trace::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
+use glass_probe_abi::{EXIT_BIT, FUNCTION_SHIFT, TSC_BITS, UNWOUND_BIT};
 
 use super::calls::FunctionStats;
 use super::invocations::{root_id, Callees, Invocation, Invocations};

@@ -37,7 +37,7 @@ use glass_format::TraceSummary;
 use glass_target::attach::{registers, Attachment};
 use glass_target::inject::{CallArg, LibcCalls, StoppedProcess};
 use glass_target::procfs::Mapping;
-use glass_trace::session::SessionMemory;
+use glass_probe_abi::session::SessionMemory;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::ledger::{self, Ledger};
@@ -630,7 +630,7 @@ pub fn run(
     // leaves the guardian something to do.
     let _guardian = GuardianDone(Some(super::guardian::start(pid, session.path())?));
     let stop_signals = stop_signal_fd()?;
-    let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
+    let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
 
     // -- Attach ------------------------------------------------------------------------
     let mut attachment = Attachment::seize(pid).map_err(|e| {
@@ -1137,7 +1137,7 @@ fn restore_code(
 /// session the runtime mapped at `session_at`, read through the process's memory) its
 /// real return address, and clears each thread's area word. Returns the calls in flight.
 fn take_out(process: &StoppedProcess, tids: &[i32], session_at: u64) -> Result<u64> {
-    use glass_trace::{area, header};
+    use glass_probe_abi::{area, header};
     let pid = process.pid();
     let word = |at: u64| process.read_u64(at).unwrap_or(0);
     let stub = word(session_at + header::EXIT_STUB as u64);

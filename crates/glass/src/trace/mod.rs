@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use glass_format::{Meta, Record, TraceFunction, TraceSkipped, TraceSummary, Writer};
 use glass_target::inject::{shell_status, StoppedProcess};
-use glass_trace::session::SessionMemory;
+use glass_probe_abi::session::SessionMemory;
 
 use crate::error::{Failure, Result};
 use crate::TraceArgs;
@@ -111,7 +111,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         // overwritten by the loader at its first call.
         env.push(("LD_BIND_NOW".to_string(), "1".to_string()));
     }
-    let clock_start = (glass_trace::rdtsc(), monotonic_now_ns());
+    let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     let process = StoppedProcess::launch_to_entry(&args.command, &env).map_err(|e| {
         if e.is_bad_input() {
             Failure::bad_input(e.to_string())
@@ -223,7 +223,7 @@ fn start_output(
             reason: reason.clone(),
         }));
     }
-    let now = (glass_trace::rdtsc(), monotonic_now_ns());
+    let now = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     out.write(&Record::TraceSummary(TraceSummary {
         tsc_hz: ((now.0 - clock_start.0) as f64 * 1e9 / (now.1 - clock_start.1).max(1) as f64)
             as u64,
@@ -252,10 +252,10 @@ fn finish_output(
     counters: &[CounterChoice],
     counters_note: String,
 ) -> Result<()> {
-    let mut clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
+    let mut clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     if clock_end.1 - clock_start.1 < 50_000_000 {
         std::thread::sleep(Duration::from_millis(50));
-        clock_end = (glass_trace::rdtsc(), monotonic_now_ns());
+        clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     }
     summary.tsc_hz =
         ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64) as u64;
@@ -304,11 +304,11 @@ fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
     let Some(list) = &args.pmc else {
         return Ok((Vec::new(), String::new()));
     };
-    let wanted = glass_trace::pmc::parse_list(list).map_err(Failure::bad_input)?;
-    if wanted.len() > glass_trace::MAX_COUNTERS {
+    let wanted = glass_probe_abi::pmc::parse_list(list).map_err(Failure::bad_input)?;
+    if wanted.len() > glass_probe_abi::MAX_COUNTERS {
         return Err(Failure::bad_input(format!(
             "--pmc: at most {} counters at once",
-            glass_trace::MAX_COUNTERS
+            glass_probe_abi::MAX_COUNTERS
         )));
     }
     // Test hook: a machine without a PMU still runs the counter path end to end, each
@@ -325,7 +325,7 @@ fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
             String::new(),
         ));
     }
-    Ok(match glass_trace::pmc::availability(&wanted) {
+    Ok(match glass_probe_abi::pmc::availability(&wanted) {
         Ok(()) => (
             wanted
                 .iter()

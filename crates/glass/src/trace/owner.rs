@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use glass_trace::session::Owner;
+use glass_probe_abi::session::Owner;
 
 /// Who a process is to the kernel's permission checks on files: its filesystem uid and
 /// gid (the effective ones, unless it called setfsuid) and its supplementary groups.
