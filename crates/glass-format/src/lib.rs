@@ -340,7 +340,11 @@ pub struct TraceSkipped {
     pub module: String,
     pub address: u64,
     pub name: String,
+    /// Why, in full.
     pub reason: String,
+    /// The reason's kind, without its detail (glass-tracer's `SkipReason::kind`), for
+    /// grouping. Files written before it was recorded get it from the reason's text.
+    pub kind: String,
 }
 
 /// `glass trace`: probe records of one thread, in the order it wrote them (see

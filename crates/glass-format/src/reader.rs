@@ -320,6 +320,10 @@ impl<'a> Payload<'a> {
     fn string(&mut self) -> Result<String, &'static str> {
         Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
     }
+    /// Nothing left of the record (a field added later is absent).
+    fn is_empty(&self) -> bool {
+        self.pos == self.bytes.len()
+    }
     fn finish<T>(&self, value: T) -> Result<T, &'static str> {
         if self.pos == self.bytes.len() {
             Ok(value)
@@ -486,12 +490,29 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             size: p.u64()?,
             name: p.string()?,
         }),
-        tag::TRACE_SKIPPED => Record::TraceSkipped(TraceSkipped {
-            module: p.string()?,
-            address: p.u64()?,
-            name: p.string()?,
-            reason: p.string()?,
-        }),
+        tag::TRACE_SKIPPED => {
+            let module = p.string()?;
+            let address = p.u64()?;
+            let name = p.string()?;
+            let reason = p.string()?;
+            let kind = match p.is_empty() {
+                // Written before the kind was: the reason's text before any detail.
+                true => reason
+                    .split(['(', '`'])
+                    .next()
+                    .unwrap_or(&reason)
+                    .trim()
+                    .to_string(),
+                false => p.string()?,
+            };
+            Record::TraceSkipped(TraceSkipped {
+                module,
+                address,
+                name,
+                reason,
+                kind,
+            })
+        }
         tag::TRACE_CHUNK | tag::TRACE_PACKED => {
             let (pid, tid, count, start) = trace_head(tag, bytes)?;
             let rest = &bytes[start..];

@@ -223,6 +223,7 @@ impl<W: Write> Writer<W> {
         put_u64(b, s.address);
         put_str(b, &s.name);
         put_str(b, &s.reason);
+        put_str(b, &s.kind);
         self.emit(tag::TRACE_SKIPPED)
     }
 

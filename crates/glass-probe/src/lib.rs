@@ -655,8 +655,8 @@ extern "C" fn open_counters(area: *mut u8) {
         for i in 0..count {
             let kind = word(shm, header::COUNTER_CONFIG + 16 * i).load(Ordering::Relaxed);
             let config = word(shm, header::COUNTER_CONFIG + 16 * i + 8).load(Ordering::Relaxed);
-            let page =
-                glass_probe_abi::pmc::open_page(kind as u32, config).unwrap_or(BLANK_PAGE.0.as_ptr());
+            let page = glass_probe_abi::pmc::open_page(kind as u32, config)
+                .unwrap_or(BLANK_PAGE.0.as_ptr());
             *field(area, area::PMC_PAGES + 8 * i) = page as u64;
         }
     }

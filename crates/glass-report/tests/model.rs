@@ -9,11 +9,11 @@ use glass_format::{
     Meta, Module, Process, ProcessKind, Recording, Sample, Thread, TraceChunk, TraceFunction,
     TraceSummary, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_TRUNCATED,
 };
+use glass_probe_abi::{encode, EventKind};
 use glass_report::model::{Category, FrameKind, Model, ModelOptions, Source};
 use glass_report::{
     diff_folded, Exporter, Firefox, Folded, Format, Pprof, Profile, ReportError, Speedscope,
 };
-use glass_probe_abi::{encode, EventKind};
 
 const HZ: u32 = 100;
 const PERIOD: u64 = 10_000_000;

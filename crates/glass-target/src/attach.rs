@@ -1,7 +1,8 @@
 //! Holding every thread of a running process, for `glass trace --pid`: seize them all
-//! (threads that appear meanwhile included, through PTRACE_O_TRACECLONE), stop one or
-//! all of them, step a thread out of code about to change, and let them all go again,
-//! each with the signal it was about to receive.
+//! (threads that appear meanwhile included, through PTRACE_O_TRACECLONE; another
+//! tracer named), stop one or all of them, and let them all go again, each with the
+//! signal it was about to receive. Nothing here single-steps: a thread whose tracer
+//! dies during a step is killed by the kernel.
 //!
 //! Unlike the sampling backend ([`crate::ptrace`]), this holds the threads only for the
 //! short windows in which glass changes the process (attach and detach); in between,

@@ -1,8 +1,19 @@
 //! Changing a stopped process from outside, for `glass trace`: its memory is written
 //! through `/proc/PID/mem` (which may write read-only code pages, as a debugger's
 //! breakpoints do: the same effect as mprotect around the write, without changing the
-//! mapping's permissions), and system calls run in it by pointing a stopped thread at a
-//! `syscall` instruction with the arguments in its registers.
+//! mapping's permissions), and functions of its own are called in a stopped thread.
+//!
+//! In a running process (`glass trace --pid`) the rules are those of a process that
+//! must survive glass: system calls are made through the process's own `mmap` and
+//! `munmap` (a `syscall` written at the thread's pc would be run by any other thread
+//! returning from the same system call in that shared code), nothing is single-stepped,
+//! and every injected call returns to a landing that restores the thread by itself (see
+//! [`StoppedProcess::call`] and [`landing_code`]): a glass killed at any instant leaves
+//! each thread where it was, with all its registers. A thread stopped in an interrupted
+//! system call is put in the form the kernel gives it when it restarts the call
+//! ([`resumable`]), so the call is restarted exactly once. The launch mode's process has
+//! one thread, glass's own child stopped at its entry: there a `syscall` is written at
+//! its pc and stepped over.
 //!
 //! Launch mode stops the new program at its ELF entry point: by then the dynamic loader
 //! has mapped every library and run their constructors (the probe runtime's among them),
@@ -775,4 +786,108 @@ pub fn landing_code(kind: XstateKind) -> Vec<u8> {
     disp32(&mut code, CONTEXT_IRET);
     code.extend_from_slice(&[0x48, 0xcf]);
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(code: &[u8]) -> Vec<String> {
+        let decoder = iced_x86::Decoder::new(64, code, iced_x86::DecoderOptions::NONE);
+        let mut formatter = iced_x86::IntelFormatter::new();
+        decoder
+            .into_iter()
+            .map(|instruction| {
+                let mut text = String::new();
+                iced_x86::Formatter::format(&mut formatter, &instruction, &mut text);
+                text
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_landing_saves_the_result_stops_at_getpid_then_restores_everything() {
+        for kind in [XstateKind::Xsave, XstateKind::Fxsave] {
+            let code = landing_code(kind);
+            let text = decode(&code);
+            assert_eq!(
+                text[..3],
+                ["mov [rsp],rax", "mov eax,27h", "syscall"],
+                "{kind:?}"
+            );
+            // glass stops the thread at the syscall's end.
+            let catch = decode(&code[..LANDING_CATCH as usize]);
+            assert_eq!(catch.len(), 3);
+            let restore = match kind {
+                XstateKind::Xsave => {
+                    assert_eq!(text[3..5], ["mov eax,0FFFFFFFFh", "mov edx,0FFFFFFFFh"]);
+                    &text[5]
+                }
+                XstateKind::Fxsave => &text[3],
+            };
+            let wanted = match kind {
+                XstateKind::Xsave => "xrstor64 [rsp+0C0h]",
+                XstateKind::Fxsave => "fxrstor64 [rsp+0C0h]",
+            };
+            assert_eq!(restore, wanted);
+            let loads: Vec<&String> = text.iter().filter(|t| t.starts_with("mov r")).collect();
+            // The 15 general registers but rsp, each from its slot of the context.
+            assert_eq!(loads.len(), 15, "{text:?}");
+            assert!(!loads.iter().any(|t| t.starts_with("mov rsp")));
+            for (i, name) in ["rax", "rcx", "rdx", "rbx", "rbp", "rsi", "rdi"]
+                .iter()
+                .enumerate()
+            {
+                let slot = CONTEXT_REGISTERS + 8 * [0, 1, 2, 3, 4, 5, 6][i];
+                assert!(
+                    loads.contains(&&format!("mov {name},[rsp+{slot:X}h]"))
+                        || loads.contains(&&format!("mov {name},[rsp+{slot}]")),
+                    "{name} at {slot}: {loads:?}"
+                );
+            }
+            assert_eq!(text[text.len() - 2], "add rsp,80h");
+            assert_eq!(text[text.len() - 1], "iretq");
+        }
+    }
+
+    #[test]
+    fn the_context_holds_the_registers_in_the_landings_order() {
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        regs.rax = 1;
+        regs.rbx = 3;
+        regs.r15 = 15;
+        regs.rip = 0x401000;
+        regs.cs = 0x33;
+        regs.eflags = 0x246 | TRAP_FLAG;
+        regs.rsp = 0x7fff0000;
+        regs.ss = 0x2b;
+        let context = landing_context(&regs, &[0xaa; 64]);
+        let word = |at: usize| u64::from_le_bytes(context[at..at + 8].try_into().unwrap());
+        assert_eq!(word(CONTEXT_REGISTERS), 1);
+        assert_eq!(word(CONTEXT_REGISTERS + 8 * 3), 3);
+        assert_eq!(word(CONTEXT_REGISTERS + 8 * 14), 15);
+        assert_eq!(
+            [0, 1, 2, 3, 4].map(|i| word(CONTEXT_IRET + 8 * i)),
+            [0x401000, 0x33, 0x246, 0x7fff0000, 0x2b]
+        );
+        assert_eq!(&context[CONTEXT_XSTATE..], &[0xaa; 64]);
+    }
+
+    #[test]
+    fn a_restartable_system_call_is_put_in_its_restarted_form_once() {
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        regs.rip = 0x1002;
+        regs.orig_rax = 230;
+        regs.rax = (-516i64) as u64;
+        let once = resumable(regs);
+        assert_eq!((once.rip, once.rax, once.orig_rax), (0x1000, 219, u64::MAX));
+        assert_eq!(resumable(once).rip, 0x1000);
+        regs.rax = (-512i64) as u64;
+        let sys = resumable(regs);
+        assert_eq!((sys.rip, sys.rax), (0x1000, 230));
+        // Finished (or interrupted without a restart): left as it is.
+        regs.rax = (-4i64) as u64;
+        let eintr = resumable(regs);
+        assert_eq!((eintr.rip, eintr.rax as i64), (0x1002, -4));
+    }
 }

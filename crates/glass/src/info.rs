@@ -241,9 +241,7 @@ fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) 
     );
     let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
     for skipped in &recording.trace_skipped {
-        *reasons
-            .entry(crate::trace::reason_kind(&skipped.reason))
-            .or_default() += 1;
+        *reasons.entry(skipped.kind.as_str()).or_default() += 1;
     }
     for (reason, count) in reasons {
         println!("             {count} not patched: {reason}");

@@ -45,7 +45,7 @@ enum Command {
     Guardian(glass_record::guardian::GuardianArgs),
     /// Internal: started by `glass trace --pid`; takes the probes out if glass dies
     #[command(name = "__trace-guardian", hide = true)]
-    TraceGuardian(trace::guardian::TraceGuardianArgs),
+    TraceGuardian(trace::TraceGuardianArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -263,7 +263,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Guardian(args) => glass_record::guardian::run(&args),
-        Command::TraceGuardian(args) => trace::guardian::run(&args),
+        Command::TraceGuardian(args) => trace::guard(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -1,7 +1,8 @@
 //! The guardian of `glass trace --pid`: a small process that outlives glass and leaves
 //! the target as glass would have if glass dies (SIGKILL, the OOM killer) while attached.
 //!
-//! It is glass's own binary run again (`__trace-guardian`, hidden), started through
+//! It is glass's own binary run again (`__trace-guardian`, hidden, whose command line
+//! calls [`watch`] and prints what it did), started through
 //! glass-record's [`Guardian`] (see crates/glass-record/src/guardian.rs for why a re-run
 //! and not a fork, and how the pipe tells it that glass died). glass writes `done` once
 //! the target is detached and the recording written; EOF without it means glass died,
@@ -21,21 +22,10 @@ use std::time::{Duration, Instant};
 
 use glass_record::guardian::Guardian;
 
-use crate::error::{Failure, Result};
+use glass_record::{Failure, Result};
 
 /// How long the guardian waits for the kernel to release the target from the dead glass.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
-
-/// `glass __trace-guardian` (hidden): started by `glass trace --pid`, never by hand.
-#[derive(clap::Args, Debug, Clone)]
-pub struct TraceGuardianArgs {
-    /// The process glass attaches to
-    #[arg(long)]
-    pid: i32,
-    /// The session file glass created for it
-    #[arg(long)]
-    session: PathBuf,
-}
 
 /// Starts the guardian for `pid`, whose session file is `session`.
 pub fn start(pid: i32, session: &Path) -> Result<Guardian> {
@@ -55,8 +45,27 @@ pub fn start(pid: i32, session: &Path) -> Result<Guardian> {
     })
 }
 
-/// The guardian process.
-pub fn run(args: &TraceGuardianArgs) -> Result<i32> {
+/// What the guardian did when glass died.
+#[derive(Debug)]
+pub enum Watched {
+    /// glass said `done`: nothing to do.
+    Done,
+    /// glass died; `took_out`: the dead glass's probes were taken out (Some(ms)), or there
+    /// were none (None); `removed`: the session file it removed, if it was still there.
+    Died {
+        took_out: Option<f64>,
+        removed: Option<PathBuf>,
+    },
+    /// glass died and its probes could not be taken out (the next attach will).
+    Failed {
+        why: String,
+        removed: Option<PathBuf>,
+    },
+}
+
+/// The guardian process (`glass __trace-guardian`): waits for glass's `done` or death on
+/// its standard input, and undoes what a dead glass left in `pid`.
+pub fn watch(pid: i32, session: &Path) -> Watched {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: setting a disposition.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
@@ -74,38 +83,35 @@ pub fn run(args: &TraceGuardianArgs) -> Result<i32> {
         }
         input.extend_from_slice(&buf[..n as usize]);
         if input.split(|&b| b == b'\n').any(|line| line == b"done") {
-            return Ok(0);
+            return Watched::Done;
         }
     }
     // EOF without `done`: glass died.
     let died = Instant::now();
-    let pid = args.pid;
-    let removed = std::fs::remove_file(&args.session).is_ok();
-    let mut taken = super::attach::take_over(pid);
+    let removed = std::fs::remove_file(session)
+        .is_ok()
+        .then(|| session.to_path_buf());
+    let mut taken = crate::attach::take_over(pid);
     // The kernel lets the dead glass's tracees go only after it closed its files (the
     // pipe): until then they are still its own.
     while matches!(&taken, Err(e) if e.message.contains("already being traced by pid"))
         && died.elapsed() < RELEASE_WAIT
     {
         std::thread::sleep(Duration::from_millis(5));
-        taken = super::attach::take_over(pid);
+        taken = crate::attach::take_over(pid);
     }
-    let file = match removed {
-        true => format!(", removed {}", args.session.display()),
-        false => String::new(),
-    };
     match taken {
-        Ok(Some(_)) => eprintln!(
-            "glass: glass ended while tracing pid {pid}; its guardian took the probes out in {:.1} ms{file}",
-            died.elapsed().as_secs_f64() * 1e3
-        ),
-        Ok(None) => eprintln!(
-            "glass: glass ended while tracing pid {pid}; its guardian found nothing to take out{file}"
-        ),
-        Err(failure) => eprintln!(
-            "glass: glass ended while tracing pid {pid}; its guardian could not take the probes out: {} (the next glass trace --pid {pid} will){file}",
-            failure.message
-        ),
+        Ok(Some(_)) => Watched::Died {
+            took_out: Some(died.elapsed().as_secs_f64() * 1e3),
+            removed,
+        },
+        Ok(None) => Watched::Died {
+            took_out: None,
+            removed,
+        },
+        Err(failure) => Watched::Failed {
+            why: failure.message,
+            removed,
+        },
     }
-    Ok(0)
 }

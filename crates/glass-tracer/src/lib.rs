@@ -1,14 +1,19 @@
-//! `glass trace`: launch a program with the probe runtime preloaded, stop it at its
-//! entry point, patch the chosen functions (and GOT slots), let it run, and drain the
-//! per-thread rings into a `.glass` file until it exits.
+//! `glass trace` as a library, as glass-record is `glass record`'s: [`TraceOptions`] in,
+//! [`Traced`] out, and what the user should hear on the way through [`TraceNotes`] (the
+//! command line prints; this crate never does). Launch mode starts a program with the
+//! probe runtime preloaded, stops it at its entry point, patches the chosen functions
+//! (and GOT slots), lets it run, and drains the per-thread rings into a `.glass` file
+//! until it exits; `--pid` attaches to a running process, traces, and leaves it as it
+//! was (see `attach`).
 //!
-//! - `select`: which functions of each module, and why not the others;
+//! - `select`: which functions of each module, and why not the others ([`SkipReason`]);
 //! - `install`: writing trampolines and patches into the stopped process (and taking
 //!   them out);
-//! - `attach`: `--pid`, loading the runtime into a running process and leaving it as it
-//!   was; `owner`: the session file given to the process's user, and why it could not
-//!   map it when it cannot;
-//! - this file: the session from launch to the summary, and the drain loop.
+//! - `attach/`: `--pid`, in `seize`, `safe_point`, `runtime`, `detach` and `recover`;
+//!   `ledger`: what a glass that dies attached leaves for the next one; `guardian`: the
+//!   process that undoes it at once if glass dies; `owner`: the session file given to
+//!   the process's user, and why it could not map it when it cannot;
+//! - this file: the options, the session from launch to the summary, and the drain loop.
 
 mod attach;
 pub mod guardian;
@@ -17,31 +22,108 @@ mod ledger;
 mod owner;
 mod select;
 
+pub use install::Installed;
+pub use select::SkipReason;
+
+/// What to trace, and how (the command line's options, parsed).
+#[derive(Debug, Clone, Default)]
+pub struct TraceOptions {
+    /// The recording to write.
+    pub output: PathBuf,
+    /// Globs over function names.
+    pub functions: Vec<String>,
+    /// Globs over the library functions to time through the GOT.
+    pub libcalls: Vec<String>,
+    /// Globs over the file names of loaded libraries whose functions are patched too.
+    pub lib: Vec<String>,
+    /// Hardware counters to read per record (a comma-separated list).
+    pub pmc: Option<String>,
+    /// Records per thread's ring (a power of two of at least 1024).
+    pub ring_size: usize,
+    /// Threads that get a ring.
+    pub max_threads: u32,
+    /// Attach to this running process instead of launching `command`.
+    pub pid: Option<i32>,
+    /// With `pid`: detach after this many seconds.
+    pub duration: Option<f64>,
+    /// The program to launch, and its arguments.
+    pub command: Vec<String>,
+}
+
+/// What a trace did.
+#[derive(Debug, Clone)]
+pub struct Traced {
+    /// The launched program's exit status (0 for `--pid`).
+    pub exit_status: i32,
+    /// The recording's final summary.
+    pub summary: TraceSummary,
+    /// Call records written.
+    pub records: u64,
+}
+
+/// A function glass did not patch, and why.
+#[derive(Debug, Clone)]
+pub struct Skip {
+    pub module: String,
+    /// Its runtime address.
+    pub address: u64,
+    pub name: String,
+    pub reason: SkipReason,
+}
+
+/// How attaching went (`--pid`).
+#[derive(Debug, Clone)]
+pub struct AttachReport {
+    pub pid: i32,
+    /// Every thread was stopped this long to write the patches.
+    pub stopped_ns: u64,
+    /// Threads moved out of the bytes replaced.
+    pub moved: usize,
+    /// The thread the runtime was loaded in, and how much longer it was stopped.
+    pub loader_tid: i32,
+    pub loader_stopped_ns: u64,
+}
+
+/// How detaching went (`--pid`).
+#[derive(Debug, Clone)]
+pub struct DetachReport {
+    pub pid: i32,
+    /// What ended the trace: "the duration ran out", "SIGINT", ...
+    pub why: &'static str,
+    /// Every thread stopped (both halves), threads moved out of the trampolines, how
+    /// much longer one thread was stopped to unmap the rings, calls in flight.
+    pub stopped_ns: u64,
+    pub moved: usize,
+    pub unmap_ns: u64,
+    pub in_flight: u64,
+}
+
+/// What the user should hear while glass traces (the command line prints these).
+pub trait TraceNotes {
+    /// A warning or a fact, one line.
+    fn note(&mut self, line: &str);
+    /// What was instrumented and what was not, once the patches are written.
+    fn instrumented(&mut self, installed: &[Installed], skipped: &[Skip]);
+    /// `--pid`: attached (the target runs instrumented from now on).
+    fn attached(&mut self, report: &AttachReport);
+    /// `--pid`: detached (None: process `pid` exited while traced).
+    fn detached(&mut self, pid: i32, report: Option<&DetachReport>);
+}
+
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use glass_format::{Meta, Record, TraceFunction, TraceSkipped, TraceSummary, Writer};
-use glass_target::inject::{shell_status, StoppedProcess};
 use glass_probe_abi::session::SessionMemory;
+use glass_target::inject::{shell_status, StoppedProcess};
 
-use crate::error::{Failure, Result};
-use crate::TraceArgs;
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, error_text, monotonic_now_ns};
-
-fn split_list(list: &Option<String>) -> Vec<String> {
-    list.as_deref()
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
+use glass_record::{Failure, Result};
 
 /// The probe runtime, built beside the glass executable.
-fn probe_runtime() -> Result<PathBuf> {
+pub fn probe_runtime() -> Result<PathBuf> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::runtime(format!("cannot find the glass executable: {e}")))?;
     let path = exe.with_file_name("libglass_probe.so");
@@ -54,9 +136,10 @@ fn probe_runtime() -> Result<PathBuf> {
     Ok(path)
 }
 
-pub fn run(args: &TraceArgs) -> Result<i32> {
-    let patterns = split_list(&args.functions);
-    let libcalls = split_list(&args.libcalls);
+/// Traces as `args` say, telling `notes` what the user should hear on the way.
+pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
+    let patterns = args.functions.clone();
+    let libcalls = args.libcalls.clone();
     if patterns.is_empty() && libcalls.is_empty() {
         return Err(Failure::bad_input(
             "nothing to trace: give functions with -f (globs, e.g. -f 'parse_*,main') or --libcalls",
@@ -69,7 +152,15 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {
-        return attach::run(args, pid, &patterns, &libcalls, counters, counters_note);
+        return attach::run(
+            args,
+            notes,
+            pid,
+            &patterns,
+            &libcalls,
+            counters,
+            counters_note,
+        );
     }
     let program = glass_target::launch::resolve_command(&args.command[0])
         .map_err(|e| Failure::bad_input(e.to_string()))?;
@@ -88,7 +179,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         )));
     }
     if !counters_note.is_empty() {
-        eprintln!("glass: --pmc: {counters_note}; recording time only");
+        notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     let runtime = probe_runtime()?;
@@ -122,7 +213,15 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     let pid = process.pid();
     // The target has mapped the rings; nobody else needs the name.
     session.unlink();
-    let set_up = set_up(&process, &session, main_module, &patterns, &libcalls, args);
+    let set_up = set_up(
+        &process,
+        &session,
+        main_module,
+        &patterns,
+        &libcalls,
+        args,
+        notes,
+    );
     let (installed, skipped) = match set_up {
         Ok(done) => done,
         Err(failure) => {
@@ -136,9 +235,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     // Ctrl-C reaches the target too; glass drains until it has exited.
     // SAFETY: ignoring a signal in glass, after the target was started.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-    if !args.quiet {
-        print_instrumented(&installed, &skipped);
-    }
+    notes.instrumented(&installed, &skipped);
 
     let mut out = start_output(
         file,
@@ -156,7 +253,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         exit_status,
         ..TraceSummary::default()
     };
-    finish_output(
+    let (summary, records) = finish_output(
         args,
         out,
         &session,
@@ -167,7 +264,11 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         &counters,
         counters_note,
     )?;
-    Ok(exit_status.max(0))
+    Ok(Traced {
+        exit_status: exit_status.max(0),
+        summary,
+        records,
+    })
 }
 
 /// The recording's first records: what was instrumented and skipped, and a first
@@ -215,12 +316,13 @@ fn start_output(
             name: function.name.clone(),
         }));
     }
-    for (module, address, name, reason) in skipped {
+    for skip in skipped {
         out.write(&Record::TraceSkipped(TraceSkipped {
-            module: module.clone(),
-            address: *address,
-            name: name.clone(),
-            reason: reason.clone(),
+            module: skip.module.clone(),
+            address: skip.address,
+            name: skip.name.clone(),
+            reason: skip.reason.to_string(),
+            kind: skip.reason.kind().to_string(),
         }));
     }
     let now = (glass_probe_abi::rdtsc(), monotonic_now_ns());
@@ -239,10 +341,11 @@ fn start_output(
 }
 
 /// The final summary (`summary` brings what only the caller knows: the exit status,
-/// the stopped times of an attachment), the end, and the report on stderr.
+/// the stopped times of an attachment) and the end; returns the summary and the count
+/// of call records written.
 #[allow(clippy::too_many_arguments)]
 fn finish_output(
-    args: &TraceArgs,
+    args: &TraceOptions,
     mut out: Output,
     session: &SessionMemory,
     clock_start: (u64, u64),
@@ -251,7 +354,7 @@ fn finish_output(
     not_patched: usize,
     counters: &[CounterChoice],
     counters_note: String,
-) -> Result<()> {
+) -> Result<(TraceSummary, u64)> {
     let mut clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     if clock_end.1 - clock_start.1 < 50_000_000 {
         std::thread::sleep(Duration::from_millis(50));
@@ -290,17 +393,14 @@ fn finish_output(
             }
         )));
     }
-    if !args.quiet {
-        print_summary(args, &summary, out.records);
-    }
-    Ok(())
+    Ok((summary, out.records))
 }
 
 /// A counter to record: its name and perf_event (type, config).
 type CounterChoice = (String, (u32, u64));
 
 /// The counters `--pmc` asks for, if the machine has them; else why not.
-fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
+fn choose_counters(args: &TraceOptions) -> Result<(Vec<CounterChoice>, String)> {
     let Some(list) = &args.pmc else {
         return Ok((Vec::new(), String::new()));
     };
@@ -337,7 +437,7 @@ fn choose_counters(args: &TraceArgs) -> Result<(Vec<CounterChoice>, String)> {
     })
 }
 
-type Skipped = Vec<(String, u64, String, String)>;
+type Skipped = Vec<Skip>;
 
 /// The modules to patch: the program, and the loaded libraries `--lib` names.
 fn choose_modules(
@@ -345,7 +445,8 @@ fn choose_modules(
     main_module: select::ModuleChoice,
     patterns: &[String],
     libcalls: &[String],
-    args: &TraceArgs,
+    args: &TraceOptions,
+    notes: &mut dyn TraceNotes,
 ) -> Result<Vec<select::ModuleChoice>> {
     let mappings = glass_target::procfs::executable_mappings(pid)
         .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
@@ -370,10 +471,10 @@ fn choose_modules(
             modules.push(module);
         }
         if !found {
-            eprintln!(
-                "glass: warning: --lib {pattern}: no library of that name is loaded by {}",
+            notes.note(&format!(
+                "warning: --lib {pattern}: no library of that name is loaded by {}",
                 modules[0].path
-            );
+            ));
         }
     }
     if !args.lib.is_empty() && modules.len() == 1 {
@@ -426,7 +527,7 @@ fn prepare_all(
         let reasons: Vec<String> = skipped
             .iter()
             .take(5)
-            .map(|(_, _, name, reason)| format!("{name}: {reason}"))
+            .map(|skip| format!("{}: {}", skip.name, skip.reason))
             .collect();
         return Err(Failure::bad_input(format!(
             "none of the matching functions can be patched ({})",
@@ -464,7 +565,8 @@ fn set_up(
     main_module: select::ModuleChoice,
     patterns: &[String],
     libcalls: &[String],
-    args: &TraceArgs,
+    args: &TraceOptions,
+    notes: &mut dyn TraceNotes,
 ) -> Result<(Vec<install::Installed>, Skipped)> {
     let pid = process.pid();
     let Some((_, enter)) = session.runtime() else {
@@ -473,7 +575,7 @@ fn set_up(
             main_module.path
         )));
     };
-    let modules = choose_modules(pid, main_module, patterns, libcalls, args)?;
+    let modules = choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
     let biases = biases(pid, &modules)?;
     let (installed, skipped, prepared) = prepare_all(process, enter, &modules, &biases)?;
     commit_all(process, &prepared)?;
@@ -605,41 +707,4 @@ impl Output {
             }
         }
     }
-}
-
-fn print_instrumented(installed: &[install::Installed], skipped: &[(String, u64, String, String)]) {
-    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
-    for (_, _, _, reason) in skipped {
-        *reasons.entry(reason_kind(reason).to_string()).or_default() += 1;
-    }
-    let detail: Vec<String> = reasons.iter().map(|(k, n)| format!("{n} {k}")).collect();
-    eprintln!(
-        "glass: instrumented {} functions, skipped {}{}",
-        installed.len(),
-        skipped.len(),
-        if detail.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", detail.join(", "))
-        }
-    );
-}
-
-/// The kind of a reason a function was not patched: its text before any detail
-/// (addresses, sizes, the instruction), for grouping.
-pub(crate) fn reason_kind(reason: &str) -> &str {
-    reason.split(['(', '`']).next().unwrap_or(reason).trim()
-}
-
-fn print_summary(args: &TraceArgs, s: &TraceSummary, records: u64) {
-    let seconds = s.duration_ns as f64 / 1e9;
-    eprintln!(
-        "glass: {records} records from {} threads in {seconds:.2} s; {} lost, {} unwound, {} skipped; cycle rate {:.3} GHz; wrote {}",
-        s.threads,
-        s.lost + s.no_area_lost,
-        s.unwound,
-        s.skipped,
-        s.tsc_hz as f64 / 1e9,
-        args.output.display()
-    );
 }

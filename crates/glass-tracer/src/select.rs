@@ -14,7 +14,7 @@ pub struct ModuleChoice {
     /// Functions matched by a pattern, with their plan (addresses are the file's) and
     /// the bytes of padding after them the analysis may borrow.
     pub patchable: Vec<(Function, Plan, u64)>,
-    pub skipped: Vec<(Function, String)>,
+    pub skipped: Vec<(Function, SkipReason)>,
     /// Functions too short for the entry jump, traced at their direct call sites: the
     /// plan moves the whole function into the trampoline.
     pub redirected: Vec<(Function, Plan, Vec<DirectSite>)>,
@@ -54,6 +54,88 @@ const NEVER_PATCHED: &[(&str, &str)] = &[
 ];
 
 /// Why a function must not be patched whatever its code, if so.
+/// Why a function is not patched, typed from glass-patch's analysis to the recording:
+/// [`SkipReason::kind`] names the kind (the summary groups by it, and the recording
+/// keeps it), `Display` says it in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// glass-patch's analysis refused its first bytes.
+    Patch(glass_patch::Reason),
+    /// The program's entry point: never called, no return address.
+    EntryPoint,
+    /// Never patched, and why (the unwinder's own, or a function whose return address
+    /// the exit probe would take).
+    NeverPatched(String),
+    /// A cold part of another function, not entered by a call.
+    NotCalled,
+    /// A symbol without a size.
+    SizeUnknown,
+    /// The symbol's bytes are not in the file.
+    NoCode,
+    /// Code elsewhere branches inside the bytes the patch replaces.
+    BranchIntoPatch { target: u64 },
+    /// Shorter than the jump, with no filler after it and no direct call to redirect.
+    TooShortNoCallSite(glass_patch::Reason),
+    /// The code in memory is not what the file says (something, or an earlier glass,
+    /// patched it).
+    CodeDiffers,
+    /// Its trampoline could not be built or reached.
+    Trampoline(String),
+}
+
+impl SkipReason {
+    /// The kind, without the detail (addresses, sizes, the instruction): stable names
+    /// the summary groups by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SkipReason::Patch(glass_patch::Reason::TooShort { .. }) => "too short",
+            SkipReason::Patch(glass_patch::Reason::JumpIntoPatch { .. }) => {
+                "a branch lands inside the patched bytes"
+            }
+            SkipReason::Patch(glass_patch::Reason::Unrelocatable { .. }) => "cannot relocate",
+            SkipReason::Patch(glass_patch::Reason::Undecodable { .. }) => "undecodable bytes",
+            SkipReason::EntryPoint => "the program's entry point",
+            SkipReason::NeverPatched(_) => "never patched",
+            SkipReason::NotCalled => "not entered by a call",
+            SkipReason::SizeUnknown => "size unknown",
+            SkipReason::NoCode => "no code in the file",
+            SkipReason::BranchIntoPatch { .. } => {
+                "code elsewhere branches inside the patched bytes"
+            }
+            SkipReason::TooShortNoCallSite(_) => "too short, and no direct call to redirect",
+            SkipReason::CodeDiffers => "the code in memory differs from the file",
+            SkipReason::Trampoline(_) => "no trampoline",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SkipReason::Patch(reason) => write!(f, "{reason}"),
+            SkipReason::EntryPoint => {
+                f.write_str("the program's entry point (never called, no return address)")
+            }
+            SkipReason::NeverPatched(why) => f.write_str(why),
+            SkipReason::NotCalled => {
+                f.write_str("not entered by a call (a cold part of another function)")
+            }
+            SkipReason::SizeUnknown => f.write_str("size unknown (a symbol without a size)"),
+            SkipReason::NoCode => f.write_str("no code in the file"),
+            SkipReason::BranchIntoPatch { target } => write!(
+                f,
+                "code elsewhere branches inside the patched bytes (to {target:#x})"
+            ),
+            SkipReason::TooShortNoCallSite(reason) => write!(
+                f,
+                "{reason}, no filler after it, and no direct call to redirect"
+            ),
+            SkipReason::CodeDiffers => f.write_str("the code in memory differs from the file"),
+            SkipReason::Trampoline(why) => write!(f, "no trampoline: {why}"),
+        }
+    }
+}
+
 fn never_patched(module: &Path, name: &str) -> Option<String> {
     let file = module
         .file_name()
@@ -111,7 +193,7 @@ pub fn read_module(
     let entry = elf.entry();
     let targets = glass_patch::branch_targets(&elf, &all);
     // Functions shorter than the jump with no filler after them, and why not the jump.
-    let mut short: Vec<(Function, Plan, String)> = Vec::new();
+    let mut short: Vec<(Function, Plan, glass_patch::Reason)> = Vec::new();
     let not_called = glass_patch::not_call_entries(&elf);
     for (index, function) in all.iter().enumerate() {
         if !patterns.iter().any(|p| glob_match(p, &function.name)) {
@@ -120,34 +202,31 @@ pub fn read_module(
         choice.matched += 1;
         if function.address == entry && entry != 0 {
             // Nothing calls it: its stack starts with argc, not a return address.
-            choice.skipped.push((
-                function.clone(),
-                "the program's entry point (never called, no return address)".to_string(),
-            ));
+            choice
+                .skipped
+                .push((function.clone(), SkipReason::EntryPoint));
             continue;
         }
         if let Some(why) = never_patched(path, &function.name) {
-            choice.skipped.push((function.clone(), why));
+            choice
+                .skipped
+                .push((function.clone(), SkipReason::NeverPatched(why)));
             continue;
         }
         if not_called.contains(&function.address) || function.name.contains(".cold") {
-            choice.skipped.push((
-                function.clone(),
-                "not entered by a call (a cold part of another function)".to_string(),
-            ));
+            choice
+                .skipped
+                .push((function.clone(), SkipReason::NotCalled));
             continue;
         }
         if function.size == 0 {
-            choice.skipped.push((
-                function.clone(),
-                "size unknown (a symbol without a size)".to_string(),
-            ));
+            choice
+                .skipped
+                .push((function.clone(), SkipReason::SizeUnknown));
             continue;
         }
         let Some(code) = function_bytes(&elf, function) else {
-            choice
-                .skipped
-                .push((function.clone(), "no code in the file".to_string()));
+            choice.skipped.push((function.clone(), SkipReason::NoCode));
             continue;
         };
         let end = function.address + function.size;
@@ -167,12 +246,9 @@ pub fn read_module(
                     .range(function.address + 1..plan.patch_at + plan.overwritten)
                     .next()
                 {
-                    choice.skipped.push((
-                        function.clone(),
-                        format!(
-                            "code elsewhere branches inside the patched bytes (to {target:#x})"
-                        ),
-                    ));
+                    choice
+                        .skipped
+                        .push((function.clone(), SkipReason::BranchIntoPatch { target }));
                     continue;
                 }
                 choice
@@ -181,13 +257,15 @@ pub fn read_module(
             }
             Err(too_short @ glass_patch::Reason::TooShort { .. }) => {
                 match glass_patch::whole_function_plan(code, function.address) {
-                    Ok(plan) => short.push((function.clone(), plan, too_short.to_string())),
+                    Ok(plan) => short.push((function.clone(), plan, too_short)),
                     Err(_) => choice
                         .skipped
-                        .push((function.clone(), too_short.to_string())),
+                        .push((function.clone(), SkipReason::Patch(too_short))),
                 }
             }
-            Err(reason) => choice.skipped.push((function.clone(), reason.to_string())),
+            Err(reason) => choice
+                .skipped
+                .push((function.clone(), SkipReason::Patch(reason))),
         }
     }
     redirect_call_sites(&elf, &all, short, &mut choice);
@@ -205,7 +283,7 @@ pub fn read_module(
 fn redirect_call_sites(
     elf: &object::File,
     all: &[Function],
-    short: Vec<(Function, Plan, String)>,
+    short: Vec<(Function, Plan, glass_patch::Reason)>,
     choice: &mut ModuleChoice,
 ) {
     if short.is_empty() {
@@ -230,10 +308,9 @@ fn redirect_call_sites(
             })
             .collect();
         if usable.is_empty() {
-            choice.skipped.push((
-                function,
-                format!("{too_short}, no filler after it, and no direct call to redirect"),
-            ));
+            choice
+                .skipped
+                .push((function, SkipReason::TooShortNoCallSite(too_short)));
         } else {
             choice.redirected.push((function, plan, usable));
         }

@@ -7,9 +7,10 @@ use glass_patch::trampoline;
 use glass_target::inject::StoppedProcess;
 use glass_target::procfs::Mapping;
 
-use super::select::ModuleChoice;
+use super::select::{ModuleChoice, SkipReason};
 
 /// A function (or library call) glass instrumented, at its runtime address.
+#[derive(Debug, Clone)]
 pub struct Installed {
     pub id: u32,
     pub module: String,
@@ -20,8 +21,7 @@ pub struct Installed {
 
 pub struct Outcome {
     pub installed: Vec<Installed>,
-    /// (module, runtime address, name, reason).
-    pub skipped: Vec<(String, u64, String, String)>,
+    pub skipped: Vec<crate::Skip>,
     /// The patches still to write: (address, new bytes, the bytes there now).
     pub patches: Vec<(u64, Vec<u8>, Vec<u8>)>,
     /// The trampolines: (start, length); empty if nothing was patched.
@@ -189,12 +189,12 @@ pub fn prepare(
     };
     let module = choice.path.clone();
     for (function, reason) in &choice.skipped {
-        outcome.skipped.push((
-            module.clone(),
-            function.address.wrapping_add(bias),
-            function.name.clone(),
-            reason.clone(),
-        ));
+        outcome.skipped.push(crate::Skip {
+            module: module.clone(),
+            address: function.address.wrapping_add(bias),
+            name: function.name.clone(),
+            reason: reason.clone(),
+        });
     }
     let count = choice.patchable.len() + choice.redirected.len() + choice.libcalls.len();
     if count == 0 {
@@ -244,12 +244,12 @@ pub fn prepare(
                     && plan.patch_at == file_plan.patch_at.wrapping_add(bias)
             });
         let Some(plan) = plan else {
-            outcome.skipped.push((
-                module.clone(),
-                runtime_address,
-                function.name.clone(),
-                "the code in memory differs from the file".to_string(),
-            ));
+            outcome.skipped.push(crate::Skip {
+                module: module.clone(),
+                address: runtime_address,
+                name: function.name.clone(),
+                reason: SkipReason::CodeDiffers,
+            });
             continue;
         };
         let at = region + code.len() as u64;
@@ -272,12 +272,12 @@ pub fn prepare(
                 });
                 id += 1;
             }
-            Err(reason) => outcome.skipped.push((
-                module.clone(),
-                runtime_address,
-                function.name.clone(),
-                reason,
-            )),
+            Err(reason) => outcome.skipped.push(crate::Skip {
+                module: module.clone(),
+                address: runtime_address,
+                name: function.name.clone(),
+                reason: SkipReason::Trampoline(reason),
+            }),
         }
     }
     // Functions too short for the jump: a copy in the trampoline, reached from each
@@ -290,12 +290,12 @@ pub fn prepare(
             .and_then(|code| glass_patch::whole_function_plan(&code, runtime_address).ok())
             .filter(|plan| plan.displaced == file_plan.displaced);
         let Some(plan) = plan else {
-            outcome.skipped.push((
-                module.clone(),
-                runtime_address,
-                function.name.clone(),
-                "the code in memory differs from the file".to_string(),
-            ));
+            outcome.skipped.push(crate::Skip {
+                module: module.clone(),
+                address: runtime_address,
+                name: function.name.clone(),
+                reason: SkipReason::CodeDiffers,
+            });
             continue;
         };
         let at = region + code.len() as u64;
@@ -319,12 +319,14 @@ pub fn prepare(
             }
         }
         if rewrites.is_empty() {
-            outcome.skipped.push((
-                module.clone(),
-                runtime_address,
-                function.name.clone(),
-                "too short, and no direct call site could be redirected".to_string(),
-            ));
+            outcome.skipped.push(crate::Skip {
+                module: module.clone(),
+                address: runtime_address,
+                name: function.name.clone(),
+                reason: SkipReason::TooShortNoCallSite(glass_patch::Reason::TooShort {
+                    size: function.size,
+                }),
+            });
             continue;
         }
         code.extend_from_slice(&bytes);

@@ -1,0 +1,162 @@
+//! Detaching: in two halves. The entry jumps go first with the threads wherever they
+//! are; then, with no thread in the probes, the unwinder's GOT slots, the hijacked
+//! return addresses and the area words, and the runtime unmaps the session.
+
+use std::time::{Duration, Instant};
+
+use glass_target::attach::{registers, Attachment};
+use glass_target::inject::StoppedProcess;
+
+use super::*;
+
+/// What detaching took.
+pub(super) struct Detached {
+    /// Every thread stopped.
+    pub(super) stopped_ns: u64,
+    /// One thread stopped longer, to unmap the session.
+    pub(super) unmap_ns: u64,
+    /// Calls in flight, given their return addresses back.
+    pub(super) in_flight: u64,
+    /// Threads stepped out of the probes and trampolines.
+    pub(super) moved: usize,
+}
+
+/// The first half of taking instrumentation out: every thread stopped wherever it is,
+/// the bytes `undo` lists put back, every thread (but `keep`) let go again. No thread
+/// enters a probe after this but through a trampoline it was already in or the exit of
+/// a call in flight, so the second half finds the threads out of the probes at once
+/// (waiting for that with the entries still patched can take forever: on a machine
+/// whose rdtsc traps to the hypervisor, a thread calling a traced function in a loop is
+/// stopped just after the probe's rdtsc nearly every time). Returns how long every
+/// thread was stopped.
+pub(super) fn restore_code(
+    attachment: &mut Attachment,
+    process: &StoppedProcess,
+    undo: &[install::Undo],
+    keep: Option<i32>,
+) -> Result<Duration> {
+    let pid = process.pid();
+    attachment
+        .stop_all()
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let stopped = Instant::now();
+    let restored = install::uninstall(process, undo)
+        .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")));
+    let held = stopped.elapsed();
+    for tid in attachment.tids() {
+        if Some(tid) != keep {
+            attachment.resume(tid);
+        }
+    }
+    restored?;
+    glass_target::test_hook("detach-code-restored");
+    // Long enough for a thread to finish the probe it was in.
+    std::thread::sleep(Duration::from_millis(1));
+    Ok(held)
+}
+
+/// The second half (after [`restore_code`]), with every thread stopped outside the
+/// runtime and the trampolines: gives every call in flight (the shadow stacks of the
+/// session the runtime mapped at `session_at`, read through the process's memory) its
+/// real return address, and clears each thread's area word. Returns the calls in flight.
+pub(super) fn take_out(process: &StoppedProcess, tids: &[i32], session_at: u64) -> Result<u64> {
+    use glass_probe_abi::{area, header};
+    let pid = process.pid();
+    let word = |at: u64| process.read_u64(at).unwrap_or(0);
+    let stub = word(session_at + header::EXIT_STUB as u64);
+    let areas = word(session_at + header::NEXT_AREA as u64)
+        .min(word(session_at + header::AREA_COUNT as u64));
+    let stride = word(session_at + header::AREA_STRIDE as u64);
+    // Calls in flight return straight to their callers: the slots get their addresses
+    // back, the innermost first (tail calls share a slot; the outermost entry holds
+    // the real address).
+    let mut in_flight = 0;
+    for index in 0..areas {
+        let base = session_at + header::SIZE as u64 + index * stride;
+        if word(base + area::PID as u64) != pid as u64 {
+            continue;
+        }
+        let depth = word(base + area::DEPTH as u64).min(area::SHADOW_CAPACITY as u64);
+        let Ok(entries) = process.read(
+            base + area::SHADOW as u64,
+            depth as usize * area::SHADOW_ENTRY,
+        ) else {
+            continue;
+        };
+        in_flight += depth;
+        for entry in entries.chunks_exact(area::SHADOW_ENTRY).rev() {
+            let slot = u64::from_le_bytes(entry[..8].try_into().unwrap());
+            let real = &entry[8..16];
+            if word(slot) == stub {
+                let _ = process.write(slot, real);
+            }
+        }
+        let _ = process.write(base + area::DEPTH as u64, &0u64.to_le_bytes());
+    }
+    // Each thread claims a fresh area in the next session. (An offset of 0 would be the
+    // thread's own TCB pointer: never written.)
+    let offset = word(session_at + header::TLS_OFFSET as u64);
+    for &tid in tids.iter().filter(|_| offset != 0) {
+        if let Ok(regs) = registers(tid) {
+            let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
+        }
+    }
+    Ok(in_flight)
+}
+
+/// Takes the instrumentation out.
+pub(super) fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<Detached> {
+    let mut attachment = Attachment::seize(pid).map_err(|e| {
+        Failure::runtime(format!(
+            "cannot stop pid {pid} to detach: {e}; its probes stay in place, recording nothing"
+        ))
+    })?;
+    let writer = StoppedProcess::for_thread(pid, pid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    let code_held = restore_code(&mut attachment, &writer, &attached.undo, None)?;
+    let regions: Vec<Span> = attached
+        .undo
+        .iter()
+        .filter(|u| u.region.1 > 0)
+        .map(|u| Span {
+            start: u.region.0,
+            end: u.region.0 + u.region.1,
+        })
+        .collect();
+    let back = moves_back(attached.undo.iter().flat_map(|u| u.moves.iter().copied()));
+    let inside = |rip: u64| within(&regions, rip);
+    let leave = Leave {
+        inside: &inside,
+        spans: &attached.runtime_text,
+        moves: &back,
+    };
+    let moved = stop_at_safe_points(&mut attachment, &leave, None)?;
+    let stopped = Instant::now();
+    glass_target::test_hook("detach-stopped");
+    let tids = attachment.tids();
+    let mut process = StoppedProcess::for_thread(pid, tids[0])
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    process.use_libc(attached.libc);
+    process.reuse_landing(attached.landing);
+    install::uninstall(&process, std::slice::from_ref(&attached.hooks_undo))
+        .map_err(|e| Failure::runtime(format!("cannot restore the GOT of pid {pid}: {e}")))?;
+    let in_flight = take_out(&process, &tids, session_at)?;
+    glass_target::test_hook("detach-restored");
+    // Only the runtime's own state is left, which no thread can reach any more: the
+    // others go now, and one stays to unmap the session and the ledger.
+    attachment.release_all_but(tids[0]);
+    let all_stopped = stopped.elapsed().as_nanos() as u64;
+    let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
+    let (ledger_at, ledger_len) = attached.ledger_at;
+    process.unmap(ledger_at, ledger_len);
+    let left = leave_runtime(&process, attached.leave);
+    return_landing(&process, attached.landing_word);
+    left?;
+    attachment.release();
+    Ok(Detached {
+        stopped_ns: all_stopped + code_held.as_nanos() as u64,
+        unmap_ns: stopped.elapsed().as_nanos() as u64 - all_stopped,
+        in_flight,
+        moved,
+    })
+}

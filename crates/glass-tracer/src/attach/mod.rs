@@ -1,0 +1,501 @@
+//! `glass trace --pid`: instrument a running process, trace, and leave it as it was,
+//! whatever its threads are doing and whatever happens to glass.
+//!
+//! Attach (`seize`, `runtime`, `safe_point`):
+//! 1. start the guardian; seize every thread (without stopping them); pick one thread at
+//!    a *safe point* — in the program's own code, or waiting in a system call, never
+//!    inside the dynamic loader or elsewhere in libc, where it may hold the locks
+//!    `dlopen` takes — and stop only that one;
+//! 2. in it, with every call returning to the landing, call the process's own `dlopen`
+//!    on the probe runtime, leave a ledger naming this glass, and call the runtime's
+//!    `glass_probe_attach` on the session, while the other threads run on (a thread
+//!    holding a lock `dlopen` needs must be able to release it); build and write the
+//!    trampolines (unreachable yet) and the full ledger (see `ledger`);
+//! 3. stop every thread; move any thread whose instruction pointer (or pending system
+//!    call restart) lies strictly inside bytes about to be replaced to the same place
+//!    in the relocated copy; write the entry jumps; let every thread go. No thread can
+//!    return into replaced bytes: a call is only ever displaced as the last instruction,
+//!    so its return address is the end of the patch. x86 keeps instruction fetch
+//!    coherent with stores, and each thread re-enters user space through the kernel,
+//!    which serialises it.
+//!
+//! Detach (`detach`; at the end of `-d`, on SIGINT/SIGTERM/SIGHUP), in two halves:
+//! 1. stop every thread wherever it is; put back every patched byte but the unwinder's
+//!    GOT slots; let them run a moment (out of the probes: nothing enters them now);
+//! 2. stop every thread where none is in the runtime (threads in it run alone until
+//!    out; threads in a trampoline are moved back to the original code); put back the
+//!    unwinder's GOT slots, give every hijacked return address of a call in flight back
+//!    to its frame (those calls finish in the original code, their ends unrecorded);
+//!    clear each thread's area word; call `glass_probe_detach`, which unmaps the
+//!    session; give back the landing's bytes; let every thread go, and drain the rings.
+//!
+//! What glass may change in a thread's registers, and when:
+//! - only in a ptrace stop glass caused, and only (a) the loader thread's, for an
+//!   injected call, restored before the thread is let go (by glass, or by the landing
+//!   itself if glass dies: see `glass_target::inject`), and (b) any thread's
+//!   instruction pointer, moved between a patched function's original bytes and their
+//!   relocated copy at an instruction boundary the copy maps exactly;
+//! - never a single step (a thread whose tracer dies in one is killed by the kernel),
+//!   never code written where another thread may run it;
+//! - an interrupted system call the kernel is to restart is restarted exactly once: the
+//!   loader thread's registers are put in their restarted form before the first call.
+//!
+//! The trampolines stay mapped (a thread may be returning through one), and the runtime
+//! stays loaded: attaching again reuses it. Between attach and detach glass is not the
+//! process's tracer, so if glass dies there the process runs on untouched by ptrace; its
+//! probes find the rings full and drop records, and never wait; its guardian, or else
+//! the next glass to attach, finds the dead one's ledger and takes its probes out
+//! (`recover`).
+
+mod detach;
+mod recover;
+mod runtime;
+mod safe_point;
+mod seize;
+
+pub use recover::take_over;
+
+use detach::*;
+use recover::*;
+use runtime::*;
+use safe_point::*;
+use seize::*;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use glass_format::TraceSummary;
+use glass_probe_abi::session::SessionMemory;
+use glass_target::attach::Attachment;
+use glass_target::inject::{LibcCalls, StoppedProcess};
+
+use super::ledger::{self, Ledger};
+use super::owner::{self, Credentials};
+use super::{install, select, CounterChoice};
+use crate::{AttachReport, DetachReport, TraceNotes, TraceOptions, Traced};
+use glass_record::driver::{drive, Clock, Gathered, Sampler};
+use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, Outcome};
+use glass_record::{Failure, Result};
+
+/// Tells the guardian that glass leaves the target as it should (not on a panic, after
+/// which the guardian takes the probes out).
+struct GuardianDone(Option<glass_record::guardian::Guardian>);
+
+impl Drop for GuardianDone {
+    fn drop(&mut self) {
+        if let Some(guardian) = self.0.take().filter(|_| !std::thread::panicking()) {
+            guardian.done();
+        }
+    }
+}
+
+/// What the attachment set up, for the detach.
+struct Attached {
+    undo: Vec<install::Undo>,
+    /// The unwinder's GOT slots sent to the runtime's hooks: they go back only with the
+    /// hijacked return addresses (an exception thrown in between would meet one the real
+    /// unwinder cannot read past).
+    hooks_undo: install::Undo,
+    /// The ledger's mapping (address, length), and the runtime's word pointing to it.
+    ledger_at: (u64, u64),
+    ledger_slot: u64,
+    /// Where injected calls return to (see glass_target::inject::landing_code), and
+    /// the C library's functions they make system calls with.
+    landing: u64,
+    libc: LibcCalls,
+    /// The runtime's word that keeps the landing's address.
+    landing_word: u64,
+    /// The runtime's glass_probe_detach in the process.
+    leave: u64,
+    runtime_text: Vec<Span>,
+}
+
+pub fn run(
+    args: &TraceOptions,
+    notes: &mut dyn TraceNotes,
+    pid: i32,
+    patterns: &[String],
+    libcalls: &[String],
+    counters: Vec<CounterChoice>,
+    counters_note: String,
+) -> Result<Traced> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}/task")).exists() {
+        return Err(Failure::bad_input(format!("no process with pid {pid}")));
+    }
+    if pid == std::process::id() as i32 {
+        return Err(Failure::bad_input("glass cannot trace itself"));
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+        Failure::bad_input(format!(
+            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process this user may not trace)"
+        ))
+    })?;
+    let program = if exe.exists() {
+        exe.clone()
+    } else {
+        PathBuf::from(format!("/proc/{pid}/exe"))
+    };
+    let main_module =
+        select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
+    if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
+        return Err(Failure::bad_input(format!(
+            "no function of {} matches {}",
+            program.display(),
+            patterns.join(",")
+        )));
+    }
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::bad_input(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let Some(loader) = loader_functions(pid, &mappings) else {
+        return Err(Failure::bad_input(format!(
+            "pid {pid} ({}) has no dlopen to load the probe runtime with: it is statically linked, or its C library is not glibc 2.34 or later and it did not load libdl; it was not touched",
+            program.display()
+        )));
+    };
+    if !counters_note.is_empty() {
+        notes.note(&format!("--pmc: {counters_note}; recording time only"));
+    }
+    let modules = super::choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
+    let runtime = super::probe_runtime()?;
+    let runtime_symbols = FileSymbols::read(&runtime, &RUNTIME_SYMBOLS)
+        .filter(|s| s.addresses.iter().all(Option::is_some))
+        .ok_or_else(|| {
+            Failure::runtime(format!(
+                "{} lacks glass_probe_attach and the other entry points glass calls (a stale build?)",
+                runtime.display()
+            ))
+        })?;
+    let unwinder_slots = unwinder_slots(pid, &mappings);
+    let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
+    let file = create_output(&args.output)?;
+    // The session file is the process's user's (mode 0600): a worker that dropped
+    // root must still be able to open it.
+    let user = Credentials::of_process(pid)
+        .map_err(|e| Failure::bad_input(format!("cannot read who pid {pid} runs as: {e}")))?;
+    let session = SessionMemory::create(
+        args.max_threads as usize,
+        args.ring_size,
+        &configs,
+        Some(user.owner()),
+    )
+    .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
+    // Told `done` when this function returns, whatever it returns: by then nothing is
+    // patched or everything is taken out again. Only a glass that dies (or panics)
+    // leaves the guardian something to do.
+    let _guardian = GuardianDone(Some(super::guardian::start(pid, session.path())?));
+    let stop_signals = stop_signal_fd()?;
+    let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+
+    // -- Attach ------------------------------------------------------------------------
+    let mut attachment = Attachment::seize(pid).map_err(|e| {
+        if e.is_bad_input() {
+            Failure::bad_input(e.to_string())
+        } else {
+            Failure::runtime(e.to_string())
+        }
+    })?;
+    let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    glass_target::test_hook("attach-safe-point");
+    let loader_stopped = Instant::now();
+    let mut process = StoppedProcess::for_thread(pid, loader_tid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    process.use_libc(loader.calls);
+    let runtime_at = load_runtime(&process, &runtime_symbols, &loader)?;
+    glass_target::test_hook("attach-runtime");
+    let trap = process.landing();
+    let leave = runtime_at[1];
+    // A ledger is a predecessor's, alive (refused) or dead (its probes taken out).
+    if let Some(writer) = recover(&mut attachment, &process, &runtime_at)? {
+        notes.note(&format!(
+            "pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
+        ));
+    }
+    // From here on a ledger names this glass: if it dies, its guardian or the next glass
+    // knows whose session the runtime holds.
+    let provisional = Ledger {
+        writer_pid: std::process::id() as u64,
+        writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+        trap,
+        ..Ledger::default()
+    };
+    let provisional_at = leave_ledger(&process, &provisional, runtime_at[LEDGER])?;
+    let forget_provisional = || {
+        let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
+        process.unmap(provisional_at.0, provisional_at.1);
+    };
+    glass_target::test_hook("attach-ledger");
+    let joined =
+        join_session(&process, &runtime_at, &session).inspect_err(|_| forget_provisional())?;
+    if joined == -(libc::EBUSY as i64) {
+        forget_provisional();
+        return Err(Failure::bad_input(format!(
+            "pid {pid} is already being traced (its probe runtime has a session that no glass left a ledger for: a `glass trace` that launched it?)"
+        )));
+    }
+    if joined != 0 {
+        forget_provisional();
+        return Err(Failure::runtime(owner::refusal(
+            pid,
+            session.path(),
+            &user,
+            -joined as i32,
+        )));
+    }
+    // The target has mapped the rings; nobody else needs the name.
+    session.unlink();
+    let mut all_stopped = Instant::now();
+    let mut moved = 0;
+    let mut patch = || -> Result<_> {
+        let Some((_, enter)) = session.runtime() else {
+            return Err(Failure::runtime(
+                "the probe runtime did not join the session",
+            ));
+        };
+        let mappings = glass_target::procfs::executable_mappings(pid)
+            .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+        let runtime_text: Vec<Span> = mappings
+            .iter()
+            .filter(|m| m.path.contains("libglass_probe"))
+            .map(|m| Span {
+                start: m.start,
+                end: m.end,
+            })
+            .collect();
+        bind_lazy_slots(&process, &modules, &mappings, loader.dlsym)?;
+        let hooks = unwinder_hooks(&process, &unwinder_slots, &runtime_at, loader.dlsym)?;
+        let biases = super::biases(pid, &modules)?;
+        let ranges: Vec<(u64, u64)> = modules
+            .iter()
+            .zip(&biases)
+            .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
+            .collect();
+        // Trampolines are built and written while the other threads run; only the
+        // patches wait for every thread to stop.
+        let (installed, skipped, prepared) =
+            super::prepare_all(&process, enter, &modules, &biases)?;
+        // The unwinder's GOT slots are committed with the rest, as one more module's
+        // patches.
+        let mut prepared = prepared;
+        let mut hook_patches = Vec::new();
+        for (slot, hook) in hooks {
+            let original = process
+                .read(slot, 8)
+                .map_err(|e| Failure::runtime(format!("cannot read the GOT of pid {pid}: {e}")))?;
+            hook_patches.push((slot, hook.to_le_bytes().to_vec(), original));
+        }
+        prepared.push(install::Outcome {
+            installed: Vec::new(),
+            skipped: Vec::new(),
+            patches: hook_patches,
+            region: (0, 0),
+            moves: Vec::new(),
+        });
+        // What a later glass needs to take it all out should this one die attached.
+        let ledger = Ledger {
+            writer_pid: std::process::id() as u64,
+            writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+            session: session.mapped_at(),
+            trap,
+            regions: prepared
+                .iter()
+                .map(|o| o.region)
+                .filter(|r| r.1 > 0)
+                .collect(),
+            restore: prepared
+                .iter()
+                .flat_map(|o| {
+                    o.patches
+                        .iter()
+                        .map(|(at, _, original)| (*at, original.clone()))
+                })
+                .collect(),
+            moves: prepared
+                .iter()
+                .flat_map(|o| o.moves.iter().copied())
+                .collect(),
+            unwinder_hooks: prepared.last().map_or(0, |o| o.patches.len() as u64),
+        };
+        let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
+        process.unmap(provisional_at.0, provisional_at.1);
+        glass_target::test_hook("attach-prepared");
+        all_stopped = Instant::now();
+        let moves = prepared
+            .iter()
+            .flat_map(|o| o.moves.iter().copied())
+            .collect();
+        let inside = |rip: u64| {
+            ranges
+                .iter()
+                .any(|&(start, len)| rip > start && rip < start + len)
+        };
+        let leave = Leave {
+            inside: &inside,
+            spans: &[],
+            moves: &moves,
+        };
+        moved = stop_at_safe_points(&mut attachment, &leave, Some(loader_tid))?;
+        glass_target::test_hook("attach-stopped");
+        let undo = super::commit_all(&process, &prepared)?;
+        glass_target::test_hook("attach-patched");
+        let mut undo = undo;
+        // The unwinder's GOT slots are the last module's patches (pushed last above).
+        let hooks_undo = undo.pop().expect("the unwinder hooks' patches");
+        Ok((
+            installed,
+            skipped,
+            undo,
+            hooks_undo,
+            runtime_text,
+            ledger_at,
+        ))
+    };
+    let (installed, skipped, undo, hooks_undo, runtime_text, ledger_at) = match patch() {
+        Ok(done) => done,
+        Err(failure) => {
+            // Nothing is patched (commit_all undoes its part): the runtime lets the
+            // session go and stays loaded, idle.
+            let _ = leave_runtime(&process, leave);
+            attachment.release();
+            return Err(failure);
+        }
+    };
+    attachment.release();
+    let attach_stop_ns = all_stopped.elapsed().as_nanos() as u64;
+    let loader_stop_ns = (all_stopped - loader_stopped).as_nanos() as u64;
+    drop(process);
+    notes.instrumented(&installed, &skipped);
+    notes.attached(&AttachReport {
+        pid,
+        stopped_ns: attach_stop_ns,
+        moved,
+        loader_tid,
+        loader_stopped_ns: loader_stop_ns,
+    });
+    let attached = Attached {
+        undo,
+        hooks_undo,
+        landing: trap,
+        libc: loader.calls,
+        landing_word: runtime_at[LANDING],
+        leave,
+        runtime_text,
+        ledger_at,
+        ledger_slot: runtime_at[LEDGER],
+    };
+
+    let command: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = super::start_output(
+        file,
+        pid,
+        &command,
+        &installed,
+        &skipped,
+        &counters,
+        &counters_note,
+        &session,
+        clock_start,
+    );
+
+    // -- Trace -------------------------------------------------------------------------
+    let mut drain = AttachDrain {
+        session: &session,
+        pid,
+        words: Vec::with_capacity(1 << 16),
+    };
+    // Draining never fails (the file's errors are counted in `out`).
+    let outcome = drive(
+        &mut drain,
+        &mut out,
+        Some(&stop_signals),
+        Clock::None(super::DRAIN_WAKE),
+        args.duration,
+    )
+    .unwrap_or(Outcome::DurationElapsed);
+    let mut words = drain.words;
+    let why = match outcome {
+        Outcome::TargetExited => "the process exited",
+        Outcome::Signalled(libc::SIGINT) => "SIGINT",
+        Outcome::Signalled(libc::SIGTERM) => "SIGTERM",
+        Outcome::Signalled(_) => "SIGHUP",
+        _ => "the duration ran out",
+    };
+
+    // -- Detach ------------------------------------------------------------------------
+    let mut summary = TraceSummary {
+        exit_status: -1,
+        attach_stop_ns,
+        ..TraceSummary::default()
+    };
+    let detach_result = if process_gone(pid) {
+        Ok(None)
+    } else {
+        detach(pid, &attached, session.mapped_at()).map(|detached| {
+            summary.detach_stop_ns = detached.stopped_ns;
+            summary.in_flight_at_detach = detached.in_flight;
+            Some(detached)
+        })
+    };
+    super::drain_once(&session, true, &mut words, &mut out);
+    match &detach_result {
+        Ok(None) => notes.detached(pid, None),
+        Ok(Some(detached)) => notes.detached(
+            pid,
+            Some(&DetachReport {
+                pid,
+                why,
+                stopped_ns: detached.stopped_ns,
+                moved: detached.moved,
+                unmap_ns: detached.unmap_ns,
+                in_flight: detached.in_flight,
+            }),
+        ),
+        Err(_) => {}
+    }
+    let (summary, records) = super::finish_output(
+        args,
+        out,
+        &session,
+        clock_start,
+        summary,
+        installed.len(),
+        skipped.len(),
+        &counters,
+        counters_note,
+    )?;
+    detach_result?;
+    Ok(Traced {
+        exit_status: 0,
+        summary,
+        records,
+    })
+}
+
+/// An attached process's rings, drained until it exits, the duration runs out or a stop
+/// signal arrives (the shared loop of glass-record decides which).
+struct AttachDrain<'s> {
+    session: &'s SessionMemory,
+    pid: i32,
+    words: Vec<u64>,
+}
+
+impl Sampler<super::Output> for AttachDrain<'_> {
+    fn gather(&mut self, out: &mut super::Output) -> std::io::Result<Gathered> {
+        if process_gone(self.pid) {
+            return Ok(Gathered::ended_if(true));
+        }
+        let drained = super::drain_once(self.session, false, &mut self.words, out);
+        Ok(Gathered {
+            ended: None,
+            more: drained >= super::DRAIN_BUSY,
+        })
+    }
+}
