@@ -337,6 +337,9 @@ fn start_output(
         exit_status: -1,
         ..TraceSummary::default()
     }));
+    // On disk at once: a glass killed before its buffer fills leaves a readable file
+    // that names what it instrumented.
+    out.flush();
     out
 }
 
