@@ -295,8 +295,11 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     }
     // Its looks must come on time on a loaded machine (it sleeps between them, a few
     // microseconds of work each): a higher priority where permitted (root), else as is.
+    // With autogroup scheduling the guardian's session (its own, see `spawn`) is a
+    // group of its own, whose weight its nice value does not change: set both.
     // SAFETY: no memory arguments.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
+    let _ = std::fs::write("/proc/self/autogroup", "-10");
     // Mapped now, while glass certainly holds its end.
     let mark = StopMark::inherit(args.stop_mark).map_err(|e| {
         crate::Failure::runtime(format!("guardian: cannot map glass's stop mark: {e}"))
