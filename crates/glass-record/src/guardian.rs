@@ -349,7 +349,8 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
         };
         // SAFETY: one valid pollfd.
         let ready = unsafe { libc::poll(&mut poll, 1, look_every.as_millis() as i32) };
-        if ready == 0 {
+        if ready <= 0 {
+            // Nothing yet (or an interrupted poll): look at the mark again.
             continue;
         }
         // SAFETY: reads into our buffer from standard input (the pipe).

@@ -132,7 +132,7 @@ pub(super) fn sample_guest<'a>(
     if matches!(outcome, Outcome::StubLost) {
         // The VM may have been stopped when the connection broke, and QEMU leaves it
         // stopped: connect again (the handshake resumes it) and detach. Not marked:
-        // glass does here what its guardian would do, with the same retries.
+        // glass does here what its guardian would do.
         drop(backend);
         match Client::connect(address).and_then(|mut again| again.detach()) {
             Ok(()) => sink
@@ -466,7 +466,8 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
         let resumed = self.backend.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
         // Also after a failure: the VM went away, or the connection broke and
-        // `sample_guest` reconnects (marked again) to let it run.
+        // `sample_guest` reconnects to let it run (unmarked: the guardian would do the
+        // same).
         if let Some(mark) = self.stop_mark {
             mark.end();
         }
