@@ -24,6 +24,7 @@ use glass_mem::TranslationCache;
 use glass_target::gdbstub::backend::GdbBackend;
 use glass_target::gdbstub::client::{Client, StubError};
 use glass_target::guest::{paging_of, GuestBackend, GuestError, VcpuRegs};
+use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
@@ -62,9 +63,12 @@ pub fn record(
     }
     let ram = args.guest_memory.clone();
     // Before the first connection stops the VM: from here on, a glass that dies leaves
-    // the VM to the guardian, which lets it run.
-    let guardian = super::guardian::Guardian::start(&address, false, false)?;
-    let sampled = sample_guest(sink, &address, ram, &symbols, stop_signals, None);
+    // the VM to the guardian, which lets it run, and a glass that holds it stopped past
+    // the stop bound is killed by the guardian (which then lets it run).
+    let mark = StopMark::create().map_err(TargetError::Io)?;
+    let guardian =
+        super::guardian::Guardian::start(&address, false, false, &mark, sink.stop_bound)?;
+    let sampled = sample_guest(sink, &address, ram, &symbols, stop_signals, None, &mark);
     // Every way out of sample_guest leaves the VM running (or never stopped it).
     guardian.done();
     let (sink, outcome) = sampled?;
@@ -85,7 +89,9 @@ fn map_ram(path: &std::path::Path, arch: Arch) -> std::result::Result<GuestRam, 
 }
 
 /// Connects, samples until the end, and lets the guest go. `vm` is the QEMU glass
-/// launched, whose exit ends the recording.
+/// launched, whose exit ends the recording. Every moment glass holds the VM stopped
+/// (the connection's handshake, each sample, the detach) is marked in `mark` for the
+/// guardian.
 pub(super) fn sample_guest<'a>(
     mut sink: Sink<'a>,
     address: &str,
@@ -93,13 +99,17 @@ pub(super) fn sample_guest<'a>(
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
     vm: Option<&mut std::process::Child>,
+    mark: &StopMark,
 ) -> std::result::Result<(Sink<'a>, Outcome), TargetError> {
     let mut image = GuestImage::load(symbols)?;
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
-    let client = Client::connect(address).map_err(stub_failed)?;
+    // The handshake stops the VM and ends by letting it run.
+    let client = Client::connect_marked(address, Some(mark));
+    mark.end();
+    let client = client.map_err(stub_failed)?;
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
     let ram = match ram {
@@ -114,13 +124,15 @@ pub(super) fn sample_guest<'a>(
         symbols,
         stop_signals,
         vm,
+        Some(mark),
     ) {
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
     };
     if matches!(outcome, Outcome::StubLost) {
         // The VM may have been stopped when the connection broke, and QEMU leaves it
-        // stopped: connect again (the handshake resumes it) and detach.
+        // stopped: connect again (the handshake resumes it) and detach. Not marked:
+        // glass does here what its guardian would do.
         drop(backend);
         match Client::connect(address).and_then(|mut again| again.detach()) {
             Ok(()) => sink
@@ -132,8 +144,10 @@ pub(super) fn sample_guest<'a>(
         }
     } else {
         // Whatever else ended the recording, the guest runs on.
+        mark.begin();
         let _ = backend.detach();
     }
+    mark.end();
     Ok((sink, outcome))
 }
 
@@ -240,6 +254,7 @@ pub(super) fn run(
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
     vm: Option<&mut std::process::Child>,
+    stop_mark: Option<&StopMark>,
 ) -> std::io::Result<Outcome> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -317,6 +332,11 @@ pub(super) fn run(
         image,
         vm,
         no_idle: args.no_idle,
+        stop_mark,
+        ticks: 0,
+        stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
+            .ok()
+            .and_then(|n| n.parse().ok()),
     };
     let outcome = drive(
         &mut sampler,
@@ -402,6 +422,14 @@ struct GuestSampler<'s, 'b> {
     image: &'s mut GuestImage,
     vm: Option<&'s mut std::process::Child>,
     no_idle: bool,
+    /// Marks each sample for the guardian, where the backend does not itself (Xen's
+    /// marks its pause).
+    stop_mark: Option<&'s StopMark>,
+    /// Ticks taken, and GLASS_TEST_STOP_IN_SAMPLE=N (tests only): at tick N glass stops
+    /// itself (SIGSTOP) right after it stopped the VM, so that a test finds glass
+    /// stopped inside a sample by construction.
+    ticks: u64,
+    stop_in_sample: Option<u64>,
 }
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
@@ -425,10 +453,24 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
         sink.missed_deadlines += missed;
         let (vcpus, source, image) = (&mut *self.vcpus, &mut *self.source, &mut *self.image);
         // The stopped window: registers and stack copies only.
+        self.ticks += 1;
+        if let Some(mark) = self.stop_mark {
+            mark.begin();
+        }
         let stopped_at = Instant::now();
         let taken = take_sample(self.backend, source, image, vcpus, self.no_idle);
+        if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
+            // SAFETY: raising a signal at ourselves (the test hook above).
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
         let resumed = self.backend.resume();
         let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
+        // Also after a failure: the VM went away, or the connection broke and
+        // `sample_guest` reconnects to let it run (unmarked: the guardian would do the
+        // same).
+        if let Some(mark) = self.stop_mark {
+            mark.end();
+        }
         if let Err(error) = taken.and(resumed) {
             // The backend lost the VM: it powered off, or the connection broke.
             let powered_off = self.vm.as_deref_mut().is_some_and(|vm| {

@@ -32,6 +32,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use glass_format::{Backend, Writer};
 use glass_target::TargetError;
@@ -132,6 +133,33 @@ pub enum Outcome {
     WriteFailed(std::io::Error),
 }
 
+/// The longest glass may hold its target stopped in one stop (a sample, the handshake
+/// with a GDB stub, a detach) unless GLASS_STOP_BOUND_MS says otherwise. Past it, glass's
+/// guardian frees the target by killing glass (see [`guardian`]).
+pub const DEFAULT_STOP_BOUND: Duration = Duration::from_millis(50);
+/// The environment variable that sets the stop bound, in milliseconds.
+pub const STOP_BOUND_VARIABLE: &str = "GLASS_STOP_BOUND_MS";
+/// The bounds of the bound: below 5 ms a loaded machine's scheduling alone would trip it.
+const STOP_BOUND_MS: std::ops::RangeInclusive<u64> = 5..=60_000;
+
+/// The stop bound: GLASS_STOP_BOUND_MS (whole milliseconds, 5 to 60000), else
+/// [`DEFAULT_STOP_BOUND`].
+pub fn stop_bound() -> Result<Duration> {
+    let Some(value) = std::env::var_os(STOP_BOUND_VARIABLE) else {
+        return Ok(DEFAULT_STOP_BOUND);
+    };
+    let text = value.to_string_lossy();
+    match text.trim().parse::<u64>() {
+        Ok(ms) if STOP_BOUND_MS.contains(&ms) => Ok(Duration::from_millis(ms)),
+        _ => Err(Failure::bad_input(format!(
+            "{STOP_BOUND_VARIABLE}={text}: the stop bound must be a whole number of milliseconds from {} to {} (default {})",
+            STOP_BOUND_MS.start(),
+            STOP_BOUND_MS.end(),
+            DEFAULT_STOP_BOUND.as_millis()
+        ))),
+    }
+}
+
 /// Records as `args` says, into the file `args.output` names; notes go to `notes`.
 pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     let backend = prepare(args, notes)?;
@@ -173,6 +201,7 @@ pub fn record_to<'a>(
 
 /// Checks what can be checked before anything starts; the backend to use.
 fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice> {
+    stop_bound()?;
     if let Some(cpu) = args.sampler_cpu {
         // Check the CPU before starting anything; pin only after launching, so the
         // target does not inherit the sampler's core.
@@ -221,7 +250,8 @@ fn start<'a>(
     notes: &'a mut dyn Notes,
     stop_signals: &SignalFd,
 ) -> Result<Recorded> {
-    let sink = Sink::new(args, output, notes);
+    let mut sink = Sink::new(args, output, notes);
+    sink.stop_bound = stop_bound()?;
     let start_failed = |error: TargetError| {
         if let Some(file) = file {
             let _ = std::fs::remove_file(file);

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_target::ptrace::{Capture, ProcessTarget, TargetEvent, Tick};
+use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
@@ -31,6 +32,12 @@ pub fn record(
     if let Some(limit) = args.stack_size {
         target.set_stack_limit(limit as usize);
     }
+    // Before the first tick: a glass that holds threads stopped past the stop bound
+    // (stopped itself, or stalled) is killed by its guardian, and the kernel lets them
+    // run. Started after the target, so the guardian never inherits anything of it.
+    let mark = StopMark::create().map_err(TargetError::Io)?;
+    let guardian = super::guardian::Guardian::start_ptrace(&mark, sink.stop_bound)?;
+    target.set_stop_mark(mark, sink.stop_bound);
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
@@ -40,6 +47,7 @@ pub fn record(
     };
     let _ = sink.refresh_thread_names(&target.threads());
     target.detach();
+    guardian.done();
     let _ = write_events(&mut sink, &mut target);
     Ok(finish(
         sink,

@@ -66,11 +66,12 @@ pub fn record(
     let _ = std::fs::remove_file(&socket);
     let address = socket.to_string_lossy().into_owned();
     // Before QEMU exists: from the moment it does, a killed glass is covered.
-    let guardian = Guardian::start(&address, true, args.keep_vm)?;
+    let mark = glass_target::stop_mark::StopMark::create().map_err(TargetError::Io)?;
+    let guardian = Guardian::start(&address, true, args.keep_vm, &mark, sink.stop_bound)?;
     let result = launch_and_sample(
         sink,
         stop_signals,
-        &guardian,
+        (&guardian, &mark),
         &socket,
         (&ram, ram_mib),
         &symbols,
@@ -83,7 +84,7 @@ pub fn record(
 fn launch_and_sample(
     sink: Sink,
     stop_signals: &SignalFd,
-    guardian: &Guardian,
+    (guardian, mark): (&Guardian, &glass_target::stop_mark::StopMark),
     socket: &std::path::Path,
     (ram_fd, ram_mib): (&OwnedFd, u64),
     symbols: &std::path::Path,
@@ -155,6 +156,7 @@ fn launch_and_sample(
         symbols,
         stop_signals,
         Some(&mut child),
+        mark,
     );
     let qemu_cpu = process_cpu_ns(child.id())
         .zip(qemu_cpu_before)

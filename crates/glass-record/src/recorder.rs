@@ -222,6 +222,9 @@ pub struct Recorder<'a> {
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
     last_flush: Instant,
+    /// The longest one stop of the target may last before the guardian frees it
+    /// (GLASS_STOP_BOUND_MS; see `crate::stop_bound`).
+    pub stop_bound: std::time::Duration,
 }
 
 impl<'a> Recorder<'a> {
@@ -259,6 +262,7 @@ impl<'a> Recorder<'a> {
             jitdumps_mapped: Vec::new(),
             read_words: Vec::new(),
             last_flush: Instant::now(),
+            stop_bound: crate::DEFAULT_STOP_BOUND,
         }
     }
 

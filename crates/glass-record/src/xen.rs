@@ -6,7 +6,8 @@
 //! pause happen; every way out of the loop unpauses before the guardian is told `done`.
 
 use glass_format::{Arch, Backend};
-use glass_target::xen::{Hypervisor, PauseMark, XenBackend};
+use glass_target::stop_mark::StopMark;
+use glass_target::xen::{Hypervisor, XenBackend};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
@@ -26,8 +27,8 @@ pub fn record(
     image.check_arch(&symbols, Arch::X86_64)?;
     let mut hypervisor = Hypervisor::open()?;
     let (info, name) = hypervisor.find(&spec)?;
-    let mark = PauseMark::create().map_err(TargetError::Io)?;
-    let guardian = super::guardian::Guardian::start_xen(info.domid, &mark)?;
+    let mark = StopMark::create().map_err(TargetError::Io)?;
+    let guardian = super::guardian::Guardian::start_xen(info.domid, &mark, sink.stop_bound)?;
     let mut backend = XenBackend::new(hypervisor, info, Some(mark))?;
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -44,6 +45,8 @@ pub fn record(
         &mut image,
         &symbols,
         stop_signals,
+        None,
+        // The backend marks its own pauses.
         None,
     ) {
         Ok(outcome) => outcome,

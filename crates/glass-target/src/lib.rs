@@ -15,6 +15,7 @@ pub mod perf;
 pub mod procfs;
 pub mod ptrace;
 mod regs;
+pub mod stop_mark;
 pub mod xen;
 
 pub use regs::SampleRegs;

@@ -9,6 +9,16 @@
 //! so that the target behaves exactly as it would untraced: signals are re-delivered,
 //! job-control stops stay stopped (`PTRACE_LISTEN`), exits are noticed.
 //!
+//! The stop bound: glass's own `PTRACE_INTERRUPT` cannot be undone by another process,
+//! but the kernel releases every tracee of a tracer that dies. So each tick is marked in
+//! a [`StopMark`] shared with glass's guardian (from just before the first interrupt to
+//! after the last resume), and a tick waits for its threads to stop at most half the
+//! bound (50 ms by default, GLASS_STOP_BOUND_MS): a tick ends within the bound by
+//! design, and a glass that does not end one (stopped by SIGSTOP or Ctrl-Z, stalled) is
+//! SIGKILLed by the guardian once the bound has passed, which lets the threads run.
+//! Between ticks glass holds nothing of its own; a thread that needs its tracer then
+//! (a signal, a clone, an exec) waits for glass to serve it.
+//!
 //! Raw libc calls rather than nix's wrappers: nix's `Signal` cannot carry real-time
 //! signals, and a profiler must re-deliver every signal it intercepts.
 
@@ -22,6 +32,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::regs;
+use crate::stop_mark::StopMark;
 use crate::TargetError;
 
 const OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE
@@ -30,7 +41,8 @@ const OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEEXEC;
 
 /// A thread that does not stop within this time is skipped for this tick (counted as a
-/// lost sample); its stop is handled whenever it arrives.
+/// lost sample); its stop is handled whenever it arrives. With a stop mark, at most half
+/// the stop bound (see [`ProcessTarget::set_stop_mark`]).
 const STOP_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long to poll for a stop before sleeping until one is reported.
 const SPIN_BUDGET: Duration = Duration::from_micros(30);
@@ -209,6 +221,16 @@ pub struct ProcessTarget {
     cpus: usize,
     /// The most a thread's stack copy grows to.
     stack_limit: usize,
+    /// Says to the guardian when a tick began holding threads stopped (see
+    /// [`ProcessTarget::set_stop_mark`]).
+    stop_mark: Option<StopMark>,
+    /// How long a tick waits for its threads to stop.
+    stop_wait: Duration,
+    /// Ticks taken so far, and GLASS_TEST_STOP_IN_SAMPLE=N (tests only): at tick N glass
+    /// stops itself (SIGSTOP) as soon as a thread is stopped, so that a test finds glass
+    /// stopped inside a sample by construction.
+    ticks: u64,
+    stop_in_sample: Option<u64>,
 }
 
 fn errno() -> i32 {
@@ -290,6 +312,12 @@ impl ProcessTarget {
             detached: false,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             stack_limit: MAX_STACK_COPY,
+            stop_mark: None,
+            stop_wait: STOP_TIMEOUT,
+            ticks: 0,
+            stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
+                .ok()
+                .and_then(|n| n.parse().ok()),
         })
     }
 
@@ -423,6 +451,16 @@ impl ProcessTarget {
         }
     }
 
+    /// Marks every tick in `mark` (shared with glass's guardian, which kills a glass that
+    /// holds threads stopped for longer than `bound`: the kernel then releases them), and
+    /// keeps ticks within the bound by design: a tick waits for its threads to stop at
+    /// most half of it (a thread in an uninterruptible sleep stops only when the sleep
+    /// ends; it is counted as a lost sample and resumed whenever its stop arrives).
+    pub fn set_stop_mark(&mut self, mark: StopMark, bound: Duration) {
+        self.stop_mark = Some(mark);
+        self.stop_wait = STOP_TIMEOUT.min(bound / 2);
+    }
+
     /// The first process's exit status, once it has exited.
     pub fn leader_status(&self) -> Option<i32> {
         self.leader_status
@@ -437,6 +475,11 @@ impl ProcessTarget {
         tick.lost = 0;
         tick.stopped_ns = 0;
         self.awaiting.clear();
+        self.ticks += 1;
+        let mut stop_here = self.stop_in_sample == Some(self.ticks);
+        if let Some(mark) = &self.stop_mark {
+            mark.begin();
+        }
         let first_interrupt = Instant::now();
         for (&tid, thread) in &self.threads {
             if thread.run == RunState::Running && ptrace_raw(libc::PTRACE_INTERRUPT, tid, 0).is_ok()
@@ -445,7 +488,7 @@ impl ProcessTarget {
             }
         }
         let mut last_resume = first_interrupt;
-        let deadline = first_interrupt + STOP_TIMEOUT;
+        let deadline = first_interrupt + self.stop_wait;
         while !self.awaiting.is_empty() {
             let Some((tid, status)) = self.next_status(deadline) else {
                 tick.lost += self.awaiting.len() as u32;
@@ -459,6 +502,10 @@ impl ProcessTarget {
                 resume(tid, 0);
                 continue;
             };
+            if std::mem::take(&mut stop_here) {
+                // SAFETY: raising a signal at ourselves (the test hook above).
+                unsafe { libc::raise(libc::SIGSTOP) };
+            }
             let Some(thread) = self.threads.get_mut(&tid) else {
                 resume(tid, 0);
                 continue;
@@ -517,6 +564,9 @@ impl ProcessTarget {
                     tick.lost += 1;
                 }
             }
+        }
+        if let Some(mark) = &self.stop_mark {
+            mark.end();
         }
         tick.stopped_ns = last_resume
             .saturating_duration_since(first_interrupt)

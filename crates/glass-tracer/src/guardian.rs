@@ -37,6 +37,7 @@ pub fn start(pid: i32, session: &Path) -> Result<Guardian> {
             "--session".to_string(),
             session.display().to_string(),
         ],
+        None,
     )
     .map_err(|e| {
         Failure::runtime(format!(

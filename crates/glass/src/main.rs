@@ -40,7 +40,8 @@ enum Command {
     /// record` samples), refreshed every second; --batch prints it as text
     #[command(mut_arg("output", top::optional_output))]
     Top(top::TopArgs),
-    /// Internal: started by `glass record --gdb/--vm`; lets the VM run if glass dies
+    /// Internal: started by `glass record` (ptrace, VM guests, Xen); frees the target if
+    /// glass dies or holds it stopped past the stop bound (GLASS_STOP_BOUND_MS)
     #[command(name = "__guardian", hide = true)]
     Guardian(glass_record::guardian::GuardianArgs),
     /// Internal: started by `glass trace --pid`; takes the probes out if glass dies

@@ -65,14 +65,17 @@ struct Recorder {
     child: Child,
     text: Arc<Mutex<String>>,
     eof: Arc<AtomicBool>,
-    /// The stub its guardian would detach through (names the guardian among processes).
-    stub: String,
 }
 
 impl Recorder {
     fn start(args: &[&str], tmpdir: &Path) -> Recorder {
+        Self::start_with_env(args, tmpdir, &[])
+    }
+
+    fn start_with_env(args: &[&str], tmpdir: &Path, env: &[(&str, &str)]) -> Recorder {
         let mut child = Command::new(GLASS)
             .args(args)
+            .envs(env.iter().copied())
             .env("TMPDIR", tmpdir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -96,16 +99,7 @@ impl Recorder {
             }
             eof_in.store(true, Ordering::SeqCst);
         });
-        let stub = match args.iter().position(|&a| a == "--gdb") {
-            Some(i) => args[i + 1].to_string(),
-            None => format!("glass-vm-{}.sock", child.id()),
-        };
-        Recorder {
-            child,
-            text,
-            eof,
-            stub,
-        }
+        Recorder { child, text, eof }
     }
 
     fn pid(&self) -> i32 {
@@ -117,8 +111,9 @@ impl Recorder {
         unsafe { libc::kill(self.pid(), signal) };
     }
 
-    /// Whether a guardian for this glass's stub is still there.
+    /// Whether this glass's guardian (`__guardian ... --glass PID`) is still there.
     fn guardian_alive(&self) -> bool {
+        let mine = format!("\0--glass\0{}\0", self.pid());
         std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
@@ -127,9 +122,7 @@ impl Recorder {
             .any(|e| {
                 let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
                 let cmdline = String::from_utf8_lossy(&cmdline);
-                cmdline.contains("__guardian")
-                    && cmdline.contains(&self.stub)
-                    && !gone_path(&e.path())
+                cmdline.contains("__guardian") && cmdline.contains(&mine) && !gone_path(&e.path())
             })
     }
 
@@ -721,5 +714,489 @@ fn a_killed_recording_keeps_all_but_its_last_second() {
         &dir,
         "gdbstub",
     );
+    vm.assert_running();
+}
+
+/// The default stop bound (GLASS_STOP_BOUND_MS unset).
+const BOUND: Duration = Duration::from_millis(50);
+/// What the bound's enforcement may add on a loaded 2-core machine: the guardian's look
+/// every 5 ms, SIGKILL and the exit of glass, the kernel releasing its tracees or the
+/// guardian's detach through the stub, and the test's own 1 ms polling.
+const SLACK: Duration = Duration::from_millis(150);
+
+/// A process's state letter (R, S, T for stopped, t for a ptrace stop, Z), if it exists.
+fn state_of(stat: &Path) -> Option<char> {
+    let stat = std::fs::read_to_string(stat).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits (polling every ms) until glass `pid` is stopped (`T`); the moment it was seen.
+fn seen_stopped(pid: i32, what: &str) -> Instant {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if state_of(Path::new(&format!("/proc/{pid}/stat"))) == Some('T') {
+            return Instant::now();
+        }
+        assert!(Instant::now() < until, "{what}: glass never stopped itself");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The process glass launched: the one running `program` (a fixture in the test's own
+/// directory; found also once glass is gone and it has another parent).
+fn launched(program: &Path) -> i32 {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+                (std::fs::read_link(e.path().join("exe")).ok()? == program).then_some(pid)
+            });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(
+            Instant::now() < until,
+            "glass did not launch {}",
+            program.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The state letters of every thread of `pid`.
+fn thread_states(pid: i32) -> String {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| state_of(&task.path().join("stat")))
+        .collect()
+}
+
+/// CPU time (clock ticks) the threads of `pid` have used.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0)
+}
+
+/// Waits until no thread of `pid` is in a ptrace stop; the moment, if within `limit`.
+fn threads_released(pid: i32, limit: Duration) -> Option<Instant> {
+    let until = Instant::now() + limit;
+    loop {
+        let states = thread_states(pid);
+        if !states.is_empty() && !states.contains('t') {
+            return Some(Instant::now());
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether glass was killed by SIGKILL (its guardian's doing here).
+fn killed(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(libc::SIGKILL)
+}
+
+/// `glass record --backend ptrace` of the two-thread fixture with the test hook that
+/// makes glass stop itself (SIGSTOP) inside sample `sample`, right after the first thread
+/// stopped. Returns glass, the target's pid and the moment glass was seen stopped.
+fn ptrace_stopped_in_sample(
+    dir: &Path,
+    threads: &Path,
+    name: &str,
+    sample: u32,
+    env: &[(&str, &str)],
+) -> (Recorder, i32, Instant) {
+    let recording = dir.join(format!("{name}.glass"));
+    let sample = sample.to_string();
+    let mut env = env.to_vec();
+    env.push(("GLASS_TEST_STOP_IN_SAMPLE", &sample));
+    let recorder = Recorder::start_with_env(
+        &[
+            "record",
+            "--backend",
+            "ptrace",
+            "-F",
+            "999",
+            "-o",
+            recording.to_str().unwrap(),
+            "--",
+            threads.to_str().unwrap(),
+            "100000000",
+        ],
+        dir,
+        &env,
+    );
+    let target = launched(threads);
+    let stopped = seen_stopped(recorder.pid(), name);
+    (recorder, target, stopped)
+}
+
+/// Ends the launched fixture (glass is gone; the fixture runs on, as when glass dies).
+fn end_target(pid: i32) {
+    // SAFETY: the fixture this test launched through glass.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = wait_gone(pid, Duration::from_secs(5));
+}
+
+#[test]
+fn a_stopped_glass_does_not_hold_a_traced_process_stopped() {
+    let _alone = exclusive();
+    let dir = scratch("guardian_ptrace_bound");
+    let threads = compile(&dir, "threads.c", "threads", &["-pthread"]);
+    let mut released_ms = Vec::new();
+    for iteration in 0..8u32 {
+        let what = format!("ptrace iteration {iteration}");
+        let (mut recorder, target, stopped) =
+            ptrace_stopped_in_sample(&dir, &threads, &what, 20 + 13 * iteration, &[]);
+        let _end = EndOnDrop(target);
+        // Every thread of the target runs again within the bound: the guardian killed
+        // glass, and the kernel released the tracees of the dead tracer.
+        let released = threads_released(target, Duration::from_secs(5));
+        let status = recorder.exit_status();
+        let states = thread_states(target);
+        // The launched program was not killed: it runs, and uses its CPU (within 2 s:
+        // the clock ticks are 10 ms, and the machine may be loaded).
+        let cpu_before = cpu_ticks(target);
+        let until = Instant::now() + Duration::from_secs(2);
+        while cpu_ticks(target) == cpu_before && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let cpu_after = cpu_ticks(target);
+        let states_after = thread_states(target);
+        end_target(target);
+        let stderr = recorder.finish(&what).1;
+        let released = released.unwrap_or_else(|| {
+            panic!("{what}: threads still stopped 5 s after glass stopped ({states}); {stderr}")
+        });
+        let took = released.duration_since(stopped);
+        released_ms.push(took.as_secs_f64() * 1e3);
+        assert!(
+            took <= BOUND + SLACK,
+            "{what}: threads released {took:?} after glass was seen stopped; {stderr}"
+        );
+        assert!(killed(status), "{what}: {status}; {stderr}");
+        assert!(
+            cpu_after > cpu_before,
+            "{what}: the target made no progress in 2 s (threads {states_after})"
+        );
+        assert!(
+            stderr.contains("past the stop bound of 50 ms (GLASS_STOP_BOUND_MS)")
+                && stderr.contains("the kernel let its threads run"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(
+            stderr.matches("its guardian").count(),
+            1,
+            "{what}: one line from the guardian: {stderr}"
+        );
+        // What glass flushed stays readable.
+        let kept =
+            glass_format::read_file(&dir.join(format!("{what}.glass"))).expect("a readable prefix");
+        assert!(!kept.complete, "{what}");
+    }
+    released_ms.sort_by(f64::total_cmp);
+    eprintln!(
+        "ptrace: glass stopped inside a sample 8 times; every thread ran again p50 {:.0} ms, max {:.0} ms after glass was seen stopped (bound 50 ms)",
+        percentile(&released_ms, 0.5),
+        percentile(&released_ms, 1.0)
+    );
+}
+
+#[test]
+fn the_stop_bound_is_glass_stop_bound_ms() {
+    let _alone = exclusive();
+    let dir = scratch("guardian_bound_setting");
+    let threads = compile(&dir, "threads.c", "threads", &["-pthread"]);
+    // A bound of a minute: the hook does hold the threads stopped (what the guardian
+    // is there for), until glass is killed.
+    let (mut recorder, target, _) = ptrace_stopped_in_sample(
+        &dir,
+        &threads,
+        "long-bound",
+        30,
+        &[("GLASS_STOP_BOUND_MS", "60000")],
+    );
+    let _end = EndOnDrop(target);
+    assert!(
+        threads_released(target, Duration::from_millis(700)).is_none(),
+        "with a bound of 60 s the threads ran while glass was stopped in a sample: {}",
+        thread_states(target)
+    );
+    recorder.kill(libc::SIGKILL);
+    assert!(threads_released(target, Duration::from_secs(2)).is_some());
+    end_target(target);
+    let (_, stderr) = recorder.finish("long-bound");
+    assert!(!stderr.contains("its guardian"), "{stderr}");
+    // 300 ms: released after the bound, not before.
+    let (mut recorder, target, stopped) = ptrace_stopped_in_sample(
+        &dir,
+        &threads,
+        "300ms",
+        30,
+        &[("GLASS_STOP_BOUND_MS", "300")],
+    );
+    let _end_too = EndOnDrop(target);
+    let released = threads_released(target, Duration::from_secs(5));
+    let status = recorder.exit_status();
+    end_target(target);
+    let (_, stderr) = recorder.finish("300ms");
+    let took = released.expect("released").duration_since(stopped);
+    assert!(
+        took >= Duration::from_millis(250) && took <= Duration::from_millis(300) + SLACK,
+        "bound 300 ms: released after {took:?}; {stderr}"
+    );
+    assert!(killed(status), "{status}");
+    assert!(stderr.contains("past the stop bound of 300 ms"), "{stderr}");
+    // Bad values: one line, exit 2, before anything starts.
+    for bad in ["", "abc", "0", "4", "-50", "60001", "50ms", "1e3"] {
+        let output = Command::new(GLASS)
+            .args(["record", "--backend", "ptrace", "-o"])
+            .arg(dir.join("bad.glass"))
+            .args(["--", threads.to_str().unwrap(), "1"])
+            .env("GLASS_STOP_BOUND_MS", bad)
+            .output()
+            .unwrap();
+        assert_clean_failure(
+            &output,
+            2,
+            &format!(
+                "GLASS_STOP_BOUND_MS={bad}: the stop bound must be a whole number of milliseconds from 5 to 60000 (default 50)"
+            ),
+        );
+        assert!(!dir.join("bad.glass").exists(), "{bad:?}: a file was left");
+    }
+}
+
+#[test]
+fn a_stopped_glass_does_not_hold_the_vm_stopped() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_vm_bound"));
+    let vm = Vm::start_with(&dir, "guest-fp.img", "bound", 1);
+    vm.assert_running();
+    let elf = dir.join("guest-fp.elf");
+    let image = dir.join("guest-fp.img");
+    let mut resumed_ms = Vec::new();
+    // --gdb five times, --vm --keep-vm twice, --vm once (that VM is ended, as when
+    // glass dies).
+    for iteration in 0..8u32 {
+        let mode = match iteration {
+            0..5 => "gdb",
+            5..7 => "keep-vm",
+            _ => "vm",
+        };
+        let what = format!("{mode} iteration {iteration}");
+        let recording = dir.join(format!("vm-bound-{iteration}.glass"));
+        let serial = dir.join(format!("vm-bound-{iteration}.serial"));
+        let pidfile = dir.join(format!("vm-bound-{iteration}.pid"));
+        let serial_arg = format!("file:{}", serial.display());
+        let mut args = vec![
+            "record",
+            "-F",
+            "997",
+            "--symbols",
+            elf.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ];
+        if mode == "gdb" {
+            args.extend([
+                "--gdb",
+                vm.socket.to_str().unwrap(),
+                "--guest-memory",
+                vm.ram.to_str().unwrap(),
+            ]);
+        } else {
+            args.push("--vm");
+            if mode == "keep-vm" {
+                args.push("--keep-vm");
+            }
+            args.extend(qemu_args(
+                image.to_str().unwrap(),
+                &serial_arg,
+                pidfile.to_str().unwrap(),
+            ));
+        }
+        let sample = (40 + 17 * iteration).to_string();
+        let mut recorder =
+            Recorder::start_with_env(&args, &dir, &[("GLASS_TEST_STOP_IN_SAMPLE", &sample)]);
+        let qemu = (mode != "gdb").then(|| {
+            qemu_pid(&pidfile, Duration::from_secs(20))
+                .unwrap_or_else(|| panic!("{what}: QEMU did not start"))
+        });
+        let _end = qemu.map(EndOnDrop);
+        let serial = if mode == "gdb" {
+            vm.serial.clone()
+        } else {
+            serial
+        };
+        let stopped = seen_stopped(recorder.pid(), &what);
+        let status = recorder.exit_status();
+        let exited = Instant::now();
+        let before = progress(&serial);
+        recorder.wait_guardian(&what);
+        let ran_on =
+            (mode != "vm").then(|| progress_within(&serial, before, Duration::from_secs(2)));
+        if let Some(qemu) = qemu {
+            if mode == "keep-vm" {
+                // SAFETY: QEMU is ours to end now (SIGTERM: it removes its socket).
+                unsafe { libc::kill(qemu, libc::SIGTERM) };
+            }
+            assert!(
+                wait_gone(qemu, Duration::from_secs(5)),
+                "{what}: QEMU still runs"
+            );
+        }
+        let stderr = recorder.stderr(&what);
+        assert!(killed(status), "{what}: {status}; {stderr}");
+        assert!(
+            stderr.contains("glass held the VM stopped for ")
+                && stderr.contains("past the stop bound of 50 ms (GLASS_STOP_BOUND_MS)"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(
+            stderr.matches("its guardian killed it").count(),
+            1,
+            "{what}: one line from the guardian: {stderr}"
+        );
+        if mode == "vm" {
+            assert!(stderr.contains("shut the VM down"), "{what}: {stderr}");
+            continue;
+        }
+        assert!(
+            ran_on.flatten().is_some(),
+            "{what}: the guest made no progress after glass was killed; {stderr}"
+        );
+        // The VM runs again when the guardian's detach is done: glass's exit plus the
+        // time the guardian says the detach took.
+        let detach = guardian_ms(&stderr).unwrap_or_else(|| panic!("{what}: {stderr}"));
+        let took = exited.duration_since(stopped) + Duration::from_secs_f64(detach / 1e3);
+        resumed_ms.push(took.as_secs_f64() * 1e3);
+        assert!(
+            took <= BOUND + SLACK,
+            "{what}: the VM ran again {took:?} after glass was seen stopped; {stderr}"
+        );
+    }
+    vm.assert_running();
+    resumed_ms.sort_by(f64::total_cmp);
+    eprintln!(
+        "VM: glass stopped inside a sample 7 times (--gdb, --vm --keep-vm); the VM ran again p50 {:.0} ms, max {:.0} ms after glass was seen stopped (bound 50 ms)",
+        percentile(&resumed_ms, 0.5),
+        percentile(&resumed_ms, 1.0)
+    );
+}
+
+#[test]
+fn a_vm_held_by_a_stopped_glass_stays_stopped_only_under_a_long_bound() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_vm_long_bound"));
+    let vm = Vm::start_with(&dir, "guest-fp.img", "longbound", 1);
+    vm.assert_running();
+    let elf = dir.join("guest-fp.elf");
+    let recording = dir.join("long.glass");
+    let mut recorder = Recorder::start_with_env(
+        &[
+            "record",
+            "-F",
+            "997",
+            "--gdb",
+            vm.socket.to_str().unwrap(),
+            "--symbols",
+            elf.to_str().unwrap(),
+            "--guest-memory",
+            vm.ram.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ],
+        &dir,
+        &[
+            ("GLASS_TEST_STOP_IN_SAMPLE", "60"),
+            ("GLASS_STOP_BOUND_MS", "60000"),
+        ],
+    );
+    seen_stopped(recorder.pid(), "long bound");
+    // The hook holds the VM stopped (the guest prints nothing) until glass dies.
+    let before = vm.progress();
+    assert!(
+        progress_within(&vm.serial, before, Duration::from_millis(1500)).is_none(),
+        "the guest ran while glass was stopped inside a sample"
+    );
+    recorder.kill(libc::SIGKILL);
+    let (_, stderr) = recorder.finish("long bound");
+    assert!(
+        stderr.contains("glass ended without finishing the recording; its guardian let the VM run"),
+        "{stderr}"
+    );
+    vm.assert_running();
+}
+
+#[test]
+fn a_glass_waiting_for_a_stopped_vmm_is_not_killed() {
+    let _alone = exclusive();
+    let dir = build_guest(&scratch("guardian_slow_vmm"));
+    let vm = Vm::start_with(&dir, "guest-fp.img", "slowvmm", 1);
+    vm.assert_running();
+    let elf = dir.join("guest-fp.elf");
+    let recording = dir.join("slow.glass");
+    let recorder = Recorder::start(
+        &[
+            "record",
+            "-F",
+            "997",
+            "-d",
+            "3",
+            "--gdb",
+            vm.socket.to_str().unwrap(),
+            "--symbols",
+            elf.to_str().unwrap(),
+            "--guest-memory",
+            vm.ram.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    // QEMU itself stops answering for 400 ms, three times: glass's stop of the VM then
+    // lasts that long, but glass is waiting for the stub (asleep, not stalled), and
+    // killing it would not end the stop sooner; it is left alone.
+    let qemu = vm.child.id() as i32;
+    std::thread::sleep(Duration::from_millis(800));
+    for _ in 0..3 {
+        // SAFETY: the QEMU this test started.
+        unsafe { libc::kill(qemu, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: as above.
+        unsafe { libc::kill(qemu, libc::SIGCONT) };
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (status, stderr) = recorder.finish("slow VMM");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("its guardian"), "{stderr}");
+    let summary = glass_format::read_file(&recording).expect("a whole recording");
+    assert!(summary.complete);
+    // The recording saw those long stops (its maximum stopped time per sample).
+    let max_us: f64 = stderr
+        .split("stopped per sample: ")
+        .nth(1)
+        .and_then(|rest| rest.split("max ").nth(1))
+        .and_then(|rest| rest.split(" us").next())
+        .and_then(|us| us.parse().ok())
+        .unwrap_or_else(|| panic!("no maximum stopped time: {stderr}"));
+    assert!(max_us > 300_000.0, "max stopped {max_us} us: {stderr}");
     vm.assert_running();
 }

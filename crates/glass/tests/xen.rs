@@ -346,6 +346,21 @@ fn the_domain_runs_after_every_ending_of_glass() {
     assert!(!after.is_empty() && !after.contains('p'), "{held}");
     let err = read(out, "kill.held.err");
     assert!(err.contains("guardian unpaused Xen domain"), "{err}");
+    // The stop bound: glass stopped inside the pause was killed by its guardian (137:
+    // SIGKILL), which unpaused the domain and said so in one line.
+    let bound = lines
+        .iter()
+        .find(|l| l.starts_with("BOUND"))
+        .unwrap_or_else(|| panic!("no BOUND line: {endings}"));
+    assert!(bound.contains("status=137"), "{bound}");
+    let after = bound.split("after=").nth(1).unwrap_or("");
+    assert!(!after.is_empty() && !after.contains('p'), "{bound}");
+    let err = read(out, "bound.err");
+    assert!(
+        err.contains("past the stop bound of 50 ms (GLASS_STOP_BOUND_MS): its guardian killed it")
+            && err.contains("guardian unpaused Xen domain"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::packet::{encode, hex_bytes, Decoder, Event};
 use super::target_xml::{parse, Layout, Register};
 pub use crate::arch::{Arch, VcpuRegs};
+use crate::stop_mark::StopMark;
 
 /// How long one reply may take before the stub is considered gone.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,6 +92,15 @@ impl Client {
     /// Connects to `address`: `host:port` for TCP, or a path (or `unix:PATH`) for a unix
     /// socket. Reads the target description and the vCPU list, then lets the VM run.
     pub fn connect(address: &str) -> Result<Self, StubError> {
+        Self::connect_marked(address, None)
+    }
+
+    /// [`Client::connect`], saying in `mark` that glass holds the VM stopped from the
+    /// stub's first answer (the stub is alive; it stopped the VM when it took the
+    /// connection) on. The caller ends the mark once this returns: the handshake ends
+    /// by letting the VM run. A stub that never answers is not a stop glass holds: it
+    /// ends in [`REPLY_TIMEOUT`] with an error.
+    pub fn connect_marked(address: &str, mark: Option<&StopMark>) -> Result<Self, StubError> {
         let stream: Box<dyn Stream> = match address
             .strip_prefix("unix:")
             .or(address.starts_with('/').then_some(address))
@@ -122,14 +132,17 @@ impl Client {
             p_packets: Vec::new(),
             owed_acks: 0,
         };
-        client.handshake()?;
+        client.handshake(mark)?;
         Ok(client)
     }
 
-    fn handshake(&mut self) -> Result<(), StubError> {
+    fn handshake(&mut self, mark: Option<&StopMark>) -> Result<(), StubError> {
         // The stub stops the VM when we connect; a stale stop reply may be queued.
         let supported =
             self.request(b"qSupported:multiprocess+;xmlRegisters=i386;qXfer:features:read+")?;
+        if let Some(mark) = mark {
+            mark.begin();
+        }
         self.packet_size = String::from_utf8_lossy(&supported)
             .split(';')
             .find_map(|feature| feature.strip_prefix("PacketSize="))

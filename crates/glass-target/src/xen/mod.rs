@@ -27,16 +27,15 @@
 //! skips the caller (the stub keeps no frame), and the page has no CFI.
 //!
 //! Safety of the domain: glass counts as holding the domain paused from just before the
-//! pause hypercall until the unpause returned, and says so in a [`PauseMark`] shared
-//! with its guardian process, which unpauses the domain if glass dies holding it.
+//! pause hypercall until the unpause returned, and says so in a [`StopMark`] shared
+//! with its guardian process, which unpauses the domain if glass dies holding it, and
+//! kills a glass that holds it paused past the stop bound (then unpauses it).
 
 pub mod abi;
 pub mod frames;
 pub mod libs;
 
 use std::ffi::c_void;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use glass_format::Backend;
@@ -44,6 +43,7 @@ use glass_mem::{PagingMode, PhysicalMemory, TranslationCache, X86Paging};
 
 use crate::arch::x86_64::X86Regs;
 use crate::guest::{Arch, GuestBackend, GuestError, VcpuRegs};
+use crate::stop_mark::StopMark;
 use crate::TargetError;
 use abi::*;
 use frames::ForeignFrames;
@@ -297,79 +297,6 @@ impl Drop for Hypervisor {
     }
 }
 
-/// "glass holds the domain paused", in a page shared with the guardian (a memfd the
-/// guardian maps after exec). Set just before the pause hypercall, cleared once the
-/// unpause returned: a glass killed at any moment in between leaves it set.
-pub struct PauseMark {
-    fd: OwnedFd,
-    word: *const AtomicU32,
-}
-
-impl PauseMark {
-    pub fn create() -> std::io::Result<PauseMark> {
-        // SAFETY: a name and flags; no close-on-exec: the guardian inherits it.
-        let fd = unsafe { libc::memfd_create(c"glass-xen-pause".as_ptr(), 0) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sizing our own memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Self::map(fd)
-    }
-
-    /// The guardian's side: the mark inherited as descriptor `fd`.
-    pub fn inherit(fd: RawFd) -> std::io::Result<PauseMark> {
-        // SAFETY: the caller passes the descriptor glass handed down.
-        Self::map(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    fn map(fd: OwnedFd) -> std::io::Result<PauseMark> {
-        // SAFETY: mapping one shared page of a memfd we hold.
-        let pointer = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if pointer == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(PauseMark {
-            fd,
-            word: pointer as *const AtomicU32,
-        })
-    }
-
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    pub fn set(&self, held: bool) {
-        // SAFETY: the mapping lives as long as self.
-        unsafe { &*self.word }.store(u32::from(held), Ordering::SeqCst);
-    }
-
-    pub fn held(&self) -> bool {
-        // SAFETY: as above.
-        unsafe { &*self.word }.load(Ordering::SeqCst) != 0
-    }
-}
-
-impl Drop for PauseMark {
-    fn drop(&mut self) {
-        // SAFETY: the page mapped in `map`.
-        unsafe { libc::munmap(self.word as *mut c_void, 4096) };
-    }
-}
-
 /// A PV domain as a [`GuestBackend`].
 pub struct XenBackend {
     hv: Hypervisor,
@@ -389,7 +316,7 @@ pub struct XenBackend {
     online: Vec<bool>,
     /// vCPUs seen inside a hypercall stub and sampled at its caller.
     in_hypercall: Vec<u64>,
-    mark: Option<PauseMark>,
+    mark: Option<StopMark>,
     /// Between the pause and the unpause.
     paused: bool,
     /// GLASS_XEN_STOP_WHILE_PAUSED (tests only): glass stops itself (SIGSTOP) once while
@@ -403,7 +330,7 @@ impl XenBackend {
     pub fn new(
         hv: Hypervisor,
         info: DomainInfo,
-        mark: Option<PauseMark>,
+        mark: Option<StopMark>,
     ) -> Result<XenBackend, TargetError> {
         let vcpus = info.max_vcpu_id as usize + 1;
         let io = TargetError::Io;
@@ -494,7 +421,7 @@ impl XenBackend {
             }
         }
         if let Some(mark) = &self.mark {
-            mark.set(true);
+            mark.begin();
         }
         self.paused = true;
         let call = self.hv.call;
@@ -550,7 +477,7 @@ impl XenBackend {
         if paused != 0 {
             self.paused = false;
             if let Some(mark) = &self.mark {
-                mark.set(false);
+                mark.end();
             }
             return Err(self.failed("pause", -paused as i32));
         }
@@ -700,7 +627,7 @@ impl GuestBackend for XenBackend {
             Ok(()) => {
                 self.paused = false;
                 if let Some(mark) = &self.mark {
-                    mark.set(false);
+                    mark.end();
                 }
                 Ok(())
             }
