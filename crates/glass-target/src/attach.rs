@@ -104,6 +104,17 @@ fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// Whether thread `tid` of `pid` is gone or exiting (a zombie or dead task).
+fn exiting(pid: i32, tid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X" || state == "x"),
+        Err(_) => true,
+    }
+}
+
 fn process_name(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|name| name.trim().to_string())
@@ -157,6 +168,9 @@ impl Attachment {
                     Ok(_) => {}
                     Err(libc::ESRCH) if tid != pid => continue,
                     Err(libc::ESRCH) => return Err(TargetError::NoSuchProcess(pid)),
+                    // A thread on its way out cannot be seized any more: it is no
+                    // thread to hold.
+                    Err(libc::EPERM) if tid != pid && exiting(pid, tid) => continue,
                     Err(libc::EPERM) => match tracer_of(pid, tid) {
                         // Created meanwhile by a thread seized already: seized with it
                         // (PTRACE_O_TRACECLONE), and it stops on its own as it starts.

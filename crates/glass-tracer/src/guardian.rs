@@ -7,8 +7,10 @@
 //! and not a fork, and how the pipe tells it that glass died). glass writes `done` once
 //! the target is detached and the recording written; EOF without it means glass died,
 //! and the guardian then
-//! 1. removes the session file glass created in /dev/shm, if the runtime had not yet
-//!    mapped it and glass not yet unlinked it (a sparse file of up to the rings' size);
+//! 1. removes the session files glass created in /dev/shm (or /tmp), known by glass's
+//!    pid in their name, if glass had not yet unlinked them (a sparse file of up to the
+//!    rings' size); a glass whose guardian died with it leaves them to the next glass
+//!    trace --pid, which removes those of glasses that no longer run;
 //! 2. takes glass's probes out of the target, exactly as the next `glass trace --pid`
 //!    would on finding a dead glass's ledger (see `attach::take_over`), after waiting for
 //!    the kernel to release the target from the dead tracer.
@@ -17,7 +19,7 @@
 //! restore the thread themselves, and a thread is never single-stepped. The guardian
 //! only stops the probes from costing the target time and /dev/shm from holding space.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use glass_record::guardian::Guardian;
@@ -27,15 +29,16 @@ use glass_record::{Failure, Result};
 /// How long the guardian waits for the kernel to release the target from the dead glass.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
-/// Starts the guardian for `pid`, whose session file is `session`.
-pub fn start(pid: i32, session: &Path) -> Result<Guardian> {
+/// Starts the guardian for `pid`. It knows this glass's session files by their name
+/// (`glass-trace-<glass pid>-…`), so it is started before they exist.
+pub fn start(pid: i32) -> Result<Guardian> {
     Guardian::spawn(
         "__trace-guardian",
         &[
             "--pid".to_string(),
             pid.to_string(),
-            "--session".to_string(),
-            session.display().to_string(),
+            "--glass".to_string(),
+            std::process::id().to_string(),
         ],
         None,
     )
@@ -46,27 +49,67 @@ pub fn start(pid: i32, session: &Path) -> Result<Guardian> {
     })
 }
 
+/// Where session files are made (see glass_probe_abi::session).
+const SESSION_DIRS: [&str; 2] = ["/dev/shm", "/tmp"];
+
+/// The session files of glass `glass_pid` (`glass-trace-<pid>-…`), and their glass's pid.
+fn session_files(glass_pid: Option<u32>) -> Vec<(PathBuf, u32)> {
+    let mut found = Vec::new();
+    for dir in SESSION_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("glass-trace-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if glass_pid.is_none_or(|wanted| wanted == pid) {
+                found.push((entry.path(), pid));
+            }
+        }
+    }
+    found
+}
+
+/// Removes the session files of glasses that no longer run (their guardian was killed
+/// with them): a target that mapped one keeps its mapping; the name only holds space.
+pub fn remove_dead_sessions() {
+    for (file, pid) in session_files(None) {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let dead = state.as_deref().is_none_or(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|s| s == "Z" || s == "X")
+        });
+        if dead {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
 /// What the guardian did when glass died.
 #[derive(Debug)]
 pub enum Watched {
     /// glass said `done`: nothing to do.
     Done,
     /// glass died; `took_out`: the dead glass's probes were taken out (Some(ms)), or there
-    /// were none (None); `removed`: the session file it removed, if it was still there.
+    /// were none (None); `removed`: the session files of glass it removed.
     Died {
         took_out: Option<f64>,
-        removed: Option<PathBuf>,
+        removed: Vec<PathBuf>,
     },
     /// glass died and its probes could not be taken out (the next attach will).
-    Failed {
-        why: String,
-        removed: Option<PathBuf>,
-    },
+    Failed { why: String, removed: Vec<PathBuf> },
 }
 
-/// The guardian process (`glass __trace-guardian`): waits for glass's `done` or death on
-/// its standard input, and undoes what a dead glass left in `pid`.
-pub fn watch(pid: i32, session: &Path) -> Watched {
+/// The guardian process (`glass __trace-guardian`): waits for glass's (`glass_pid`)
+/// `done` or death on its standard input, and undoes what a dead glass left in `pid`.
+pub fn watch(pid: i32, glass_pid: u32) -> Watched {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: setting a disposition.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
@@ -89,9 +132,11 @@ pub fn watch(pid: i32, session: &Path) -> Watched {
     }
     // EOF without `done`: glass died.
     let died = Instant::now();
-    let removed = std::fs::remove_file(session)
-        .is_ok()
-        .then(|| session.to_path_buf());
+    let removed: Vec<PathBuf> = session_files(Some(glass_pid))
+        .into_iter()
+        .filter(|(file, _)| std::fs::remove_file(file).is_ok())
+        .map(|(file, _)| file)
+        .collect();
     let mut taken = crate::attach::take_over(pid);
     // The kernel lets the dead glass's tracees go only after it closed its files (the
     // pipe): until then they are still its own.

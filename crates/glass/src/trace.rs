@@ -122,20 +122,22 @@ pub struct TraceGuardianArgs {
     /// The process glass attaches to
     #[arg(long)]
     pid: i32,
-    /// The session file glass created for it
+    /// The glass it watches (whose session files it removes)
     #[arg(long)]
-    session: PathBuf,
+    glass: u32,
 }
 
 /// The guardian: waits for glass, and says in one line what it did if glass died.
 pub fn guard(args: &TraceGuardianArgs) -> Result<i32> {
     use glass_tracer::guardian::Watched;
     let pid = args.pid;
-    let removed = |file: &Option<PathBuf>| match file {
-        Some(file) => format!(", removed {}", file.display()),
-        None => String::new(),
+    let removed = |files: &[PathBuf]| {
+        files
+            .iter()
+            .map(|file| format!(", removed {}", file.display()))
+            .collect::<String>()
     };
-    match glass_tracer::guardian::watch(pid, &args.session) {
+    match glass_tracer::guardian::watch(pid, args.glass) {
         Watched::Done => {}
         Watched::Died {
             took_out: Some(ms),

@@ -255,10 +255,21 @@ fn a_glass_killed_at_any_step_leaves_the_target_whole_and_the_next_attach_works(
     // A glass killed while it takes out a dead one's probes: its guardian finishes.
     kill_glass_at(pid, "attach-patched", &recording, false);
     kill_glass_at(pid, "recover", &recording, true);
+    // A session file left by a glass that died with its guardian: the next glass
+    // removes it (its glass no longer runs).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead_pid = gone.id();
+    gone.wait().unwrap();
+    let left = PathBuf::from(format!("/dev/shm/glass-trace-{dead_pid}-1-0"));
+    std::fs::write(&left, b"").unwrap();
     let output = attach(pid, &next, "0.1");
     let err = stderr(&output);
     assert!(output.status.success(), "{err}");
     assert!(!err.contains("died attached"), "{err}");
+    assert!(
+        !left.exists(),
+        "a dead glass's session file was left in /dev/shm"
+    );
     target.finish();
 }
 

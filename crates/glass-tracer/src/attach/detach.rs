@@ -146,10 +146,14 @@ pub(super) fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<D
     // others go now, and one stays to unmap the session and the ledger.
     attachment.release_all_but(tids[0]);
     let all_stopped = stopped.elapsed().as_nanos() as u64;
-    let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
-    let (ledger_at, ledger_len) = attached.ledger_at;
-    process.unmap(ledger_at, ledger_len);
+    // The session ends before the ledger goes: a glass killed in between leaves a
+    // ledger whose recovery only repeats what is done, never a session without one.
     let left = leave_runtime(&process, attached.leave);
+    if left.is_ok() {
+        let _ = process.write(attached.ledger_slot, &0u64.to_le_bytes());
+        let (ledger_at, ledger_len) = attached.ledger_at;
+        process.unmap(ledger_at, ledger_len);
+    }
     return_landing(&process, attached.landing_word);
     left?;
     attachment.release();

@@ -172,6 +172,12 @@ pub fn run(
     // root must still be able to open it.
     let user = Credentials::of_process(pid)
         .map_err(|e| Failure::bad_input(format!("cannot read who pid {pid} runs as: {e}")))?;
+    // Started before the session file exists (it removes this glass's files by name):
+    // told `done` when this function returns, whatever it returns: by then nothing is
+    // patched or everything is taken out again. Only a glass that dies (or panics)
+    // leaves the guardian something to do.
+    super::guardian::remove_dead_sessions();
+    let _guardian = GuardianDone(Some(super::guardian::start(pid)?));
     let session = SessionMemory::create(
         args.max_threads as usize,
         args.ring_size,
@@ -179,10 +185,6 @@ pub fn run(
         Some(user.owner()),
     )
     .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
-    // Told `done` when this function returns, whatever it returns: by then nothing is
-    // patched or everything is taken out again. Only a glass that dies (or panics)
-    // leaves the guardian something to do.
-    let _guardian = GuardianDone(Some(super::guardian::start(pid, session.path())?));
     let stop_signals = stop_signal_fd()?;
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
 
@@ -226,8 +228,9 @@ pub fn run(
         process.unmap(provisional_at.0, provisional_at.1);
     };
     glass_target::test_hook("attach-ledger");
-    let joined =
-        join_session(&process, &runtime_at, &session).inspect_err(|_| forget_provisional())?;
+    // A join that failed as a call (it did not return in time) may still join: the
+    // ledger stays, so whoever comes next can end that session.
+    let joined = join_session(&process, &runtime_at, &session)?;
     if joined == -(libc::EBUSY as i64) {
         forget_provisional();
         return Err(Failure::bad_input(format!(
