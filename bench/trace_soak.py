@@ -22,7 +22,8 @@ of every glass (/dev/shm/glass-trace-<glass pid>-*) must be gone once the cycle 
 own has ended. Every 100 cycles the target is ended with SIGTERM: it must print "errors:
 0" (nfd: the same round checksum as an untraced run) and exit 0. glass's own account of
 every attach and detach (the time every thread was held stopped) is collected as it goes.
-GLASS_SOAK_LOG=PATH keeps one JSON line per cycle.
+GLASS_SOAK_LOG=PATH keeps one JSON line per cycle (and the rest of the results last);
+`python3 bench/trace_soak.py --render PATH` rewrites the section from it.
 """
 
 import ctypes
@@ -500,10 +501,9 @@ def soak(work):
                 path.unlink(missing_ok=True)
         reap_orphans(set())
     results = {"records": records, "broken": broken, "left": left, "targets": targets,
-               "minutes": (time.monotonic() - started) / 60}
+               "minutes": (time.monotonic() - started) / 60, "seed": seed()}
     if log:
-        log.write(json.dumps({k: v for k, v in results.items() if k != "records"}) + "\n")
-        log.close()
+        results["log"] = log
     return results
 
 
@@ -515,12 +515,25 @@ def run(work):
     results = soak(work)
     load.append(os.getloadavg()[0])
     results["load"] = load
+    results["measured"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    log = results.pop("log", None)
+    if log:
+        # The last line: the rest of the results, so that `--render LOG` can redo the section.
+        log.write(json.dumps({k: v for k, v in results.items() if k != "records"}) + "\n")
+        log.close()
     print(f"soak: {summary_line(results)}", file=sys.stderr)
     write_section(markdown(results))
 
 
 def write_section(text):
     section.replace(BEGIN, END, text)
+
+
+def render(path):
+    """Rewrites the section from a GLASS_SOAK_LOG of a whole run, without running it again."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    results = dict(lines[-1], records=lines[:-1])
+    write_section(markdown(results))
 
 
 def summary_line(results):
@@ -535,7 +548,9 @@ def describe(record):
     if record["kind"] == "normal" or not record["killed"]:
         return "left alone"
     how = "killed at random" if record["kind"] == "random" else f"killed at {record['step']}"
-    return how + (" with its guardian" if record["guardian_killed"] else "")
+    if record["guardian_killed"]:
+        return how + " with its guardian"
+    return how + f" (its guardian: {record['guardian']})"
 
 
 def stall_row(label, values):
@@ -560,14 +575,18 @@ def markdown(results):
     for r in failures:
         for line in dict.fromkeys(r["failure"]):
             first_seen.setdefault(line, r)
-            after.setdefault(line, Counter())[describe(records[r["cycle"] - 1]) if r["cycle"] else "none"] += 1
+            before = records[r["cycle"] - 1] if r["cycle"] else None
+            same = before and before["target"] == r["target"]
+            after.setdefault(line, Counter())[describe(before) if same else "none (the target's first cycle)"] += 1
     patched = [r for r in records if r.get("code_left_patched")]
+    spells = refusal_spells(records)
     lines = [BEGIN, "## glass trace --pid soak: attach and detach again and again, glass killed at random", ""]
     lines.append(
-        f"Measured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} on {machine()} (2 cores shared "
+        f"Measured {results['measured']} on {machine()} (2 cores shared "
         f"with other work: load average {results['load'][0]:.1f} at the start, {results['load'][1]:.1f} at the "
         f"end); `./x bench trace-soak` (or `bench/run trace-soak` after `cargo build --release -p glass -p "
-        f"glass-probe`; `bench/trace_soak.py`), GLASS_SOAK_CYCLES={len(records)}, GLASS_SOAK_SEED={seed()}, "
+        f"glass-probe`; `bench/trace_soak.py`), GLASS_SOAK_CYCLES={len(records)}, "
+        f"GLASS_SOAK_SEED={results.get('seed', seed())}, "
         f"{results['minutes']:.0f} minutes. Not part of the full `./x bench`.")
     lines += [
         "",
@@ -584,13 +603,13 @@ def markdown(results):
         "`errors: 0` (nfd: the untraced run's round checksum) and exit 0. A glass's session file "
         "(`/dev/shm/glass-trace-<its pid>-*`) must be gone once the next cycle has ended.",
         "",
-        "| cycles | left alone | killed at random | (glass had already ended) | killed at a step | guardian killed too: before glass / while taking out |",
+        "| cycles | left alone | killed at random | random kill too late (glass had ended) | killed at a step | guardian killed too: before glass / while taking out |",
         "|---|---|---|---|---|---|",
         f"| {len(records)} | {kinds['normal']} | {random_kills} | {too_late} | {step_kills} | "
         f"{guardian_first} / {guardian_during} |",
         "",
         "| targets broken (died, wrong output, left traced or stopped) | code left patched | session files left | "
-        "attaches that failed | dead glasses' probes taken out by the next glass |",
+        "attaches that failed (and guardians that could not take out) | dead glasses' probes taken out by the next glass |",
         "|---|---|---|---|---|",
         f"| **{len(broken)}** | {len(patched)} | {len(left)} | {len(failures)} | {count(lambda r: r['recovered'])} |",
         "",
@@ -618,7 +637,7 @@ def markdown(results):
     slow = [r for r in records if (r["guardian_ms"] or 0) > 1000]
     if slow:
         lines += ["", f"Guardians that took more than a second to take the probes out: {len(slow)} ("
-                  + ", ".join(f"cycle {r['cycle']}, {r['workload']}, {describe(r)}: {r['guardian_ms'] / 1000:.1f} s, "
+                  + "; ".join(f"cycle {r['cycle']}, {r['workload']}, {describe(r)}: {r['guardian_ms'] / 1000:.1f} s, "
                               f"a thread seen stopped up to {r['held_after_kill_ms']:.0f} ms" for r in slow[:10]) + ")."]
     if broken:
         lines += ["", "Targets broken:", ""]
@@ -626,21 +645,71 @@ def markdown(results):
             how = b["kind"] + (f" at {b['step']}" if b["step"] else "") + (", guardian killed" if b["guardian_killed"] else "")
             lines.append(f"- cycle {b['cycle']} ({b['workload']}, {how}): {b['why']}")
     if patched:
-        lines += ["", "Code left patched a second after the cycle (cycles): "
-                  + ", ".join(f"{r['cycle']} ({r['kind']}{' at ' + r['step'] if r['step'] else ''})"
-                              for r in patched[:20])]
+        cycles_named = ", ".join(f"{r['cycle']} ({describe(r)})" for r in patched[:20])
+        recovered = all(records[r["cycle"] + 1]["recovered"] for r in patched if r["cycle"] + 1 < len(records))
+        lines += ["", f"Code left patched a second after the cycle, in cycles {cycles_named}"
+                  + ("; each time the next glass took the probes out." if recovered else ".")]
     if left:
         by = Counter((l["kind"], l["guardian_killed"]) for l in left)
         lines += ["", "Session files left after the next cycle, by the cycle of the glass that made them: "
                   + ", ".join(f"{n} from {kind} kills{' with the guardian killed' if g else ''}"
                               for (kind, g), n in by.most_common()) + "."]
     if groups:
-        lines += ["", "Attaches that failed, grouped by message (digits as N), with the workloads they failed "
-                  "on and what the cycle before was:", ""]
+        lines += ["", "Attaches that failed (and guardians that could not take out), grouped by message (digits as N), with the workloads they failed "
+                  "on and what the cycle before was (on the same target):", ""]
         for line, n in groups.most_common():
             on = Counter(r["workload"] for r in failures if line in r["failure"])
-            lines.append(f"- {n} x `{line}` (first in cycle {first_seen[line]['cycle']}; on "
-                         + ", ".join(f"{name} {k}" for name, k in on.most_common()) + "; after "
+            lines.append(f"- {n} x `` {line} `` (first in cycle {first_seen[line]['cycle']}; on "
+                         + ", ".join(f"{name} {k}" for name, k in on.most_common()) + "; the cycle before: "
                          + ", ".join(f"{k} {what}" for what, k in after[line].most_common()) + ")")
+    if spells:
+        lines += ["", "Targets no glass could attach to for a while (from a failed attach to the next glass that "
+                  "attached and detached; the cycles between were all refused or killed):", ""]
+        for first, last, refused, success in spells:
+            line = (f"- cycles {first['cycle']}-{last['cycle']} ({first['workload']}): {refused} attaches failed, "
+                    f"the first with `` {first['failure'][0]} ``")
+            before = records[first["cycle"] - 1] if first["cycle"] else None
+            if before and before["target"] == first["target"]:
+                line += f" (the cycle before: {describe(before)})"
+            else:
+                line += " (the target's first cycle)"
+            if success is None:
+                line += "; no attach worked again before the target's end"
+            else:
+                between = records[last["cycle"] + 1:success["cycle"]]
+                if between:
+                    line += "; then " + "; ".join(f"cycle {r['cycle']} {describe(r)}" for r in between)
+                line += f"; the attach of cycle {success['cycle']} worked"
+            lines.append(line)
     lines += ["", END]
     return "\n".join(lines)
+
+
+def refusal_spells(records):
+    """Runs of three or more failed attaches on one target (killed cycles between them
+    aside): (first failed cycle, last failed cycle, failures, the next cycle whose glass
+    ran its course, or None if the target ended first)."""
+    spells, current = [], None
+    for r in records:
+        if current and r["target"] != current[0]["target"]:
+            if current[2] >= 3:
+                spells.append((*current, None))
+            current = None
+        if r["killed"]:
+            continue
+        if r.get("failure") and r["ended"]:
+            current = [current[0], r, current[2] + 1] if current else [r, r, 1]
+        elif r["rc"] == 0 and current:
+            if current[2] >= 3:
+                spells.append((*current, r))
+            current = None
+    if current and current[2] >= 3:
+        spells.append((*current, None))
+    return spells
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--render"] and len(sys.argv) == 3:
+        render(sys.argv[2])
+    else:
+        sys.exit("usage: bench/trace_soak.py --render GLASS_SOAK_LOG (the soak itself: bench/run trace-soak)")
