@@ -96,7 +96,7 @@ pub fn wait_thread(tid: i32, deadline: Instant) -> io::Result<Option<i32>> {
 }
 
 /// The tracer of thread `tid` of `pid` (0: none), from its status file.
-fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
+pub(crate) fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
     status
         .lines()
@@ -105,7 +105,7 @@ fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
 }
 
 /// Whether thread `tid` of `pid` is gone or exiting (a zombie or dead task).
-fn exiting(pid: i32, tid: i32) -> bool {
+pub(crate) fn exiting(pid: i32, tid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(')')
@@ -115,7 +115,7 @@ fn exiting(pid: i32, tid: i32) -> bool {
     }
 }
 
-fn process_name(pid: i32) -> String {
+pub(crate) fn process_name(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|name| name.trim().to_string())
         .unwrap_or_else(|_| "gone".to_string())

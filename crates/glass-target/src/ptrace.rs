@@ -374,6 +374,23 @@ impl ProcessTarget {
                     Ok(()) => {}
                     Err(libc::ESRCH) if tid != pid => continue,
                     Err(libc::ESRCH) => return Err(TargetError::NoSuchProcess(pid)),
+                    // On its way out: no thread to sample.
+                    Err(libc::EPERM) if tid != pid && crate::attach::exiting(pid, tid) => continue,
+                    Err(libc::EPERM) => match crate::attach::tracer_of(pid, tid) {
+                        // Created meanwhile by a thread seized already: the kernel seized
+                        // it (TRACECLONE), and its clone event brings it in.
+                        Some(tracer) if tid != pid && tracer == std::process::id() as i32 => {
+                            continue
+                        }
+                        Some(tracer) if tracer > 0 && tracer != std::process::id() as i32 => {
+                            return Err(TargetError::TracedBy(
+                                pid,
+                                tracer,
+                                crate::attach::process_name(tracer),
+                            ))
+                        }
+                        _ => return Err(TargetError::Attach(pid, libc::EPERM)),
+                    },
                     Err(code) => return Err(TargetError::Attach(pid, code)),
                 }
                 new += 1;

@@ -522,14 +522,13 @@ fn threads_inside_the_replaced_bytes_or_the_trampolines_are_moved_out() {
     let recording = dir.join("spin.glass");
     let (mut at_attach, mut at_detach) = (0, 0);
     // By construction (tests/fixtures/trace/spin.c): one thread is almost always blocked
-    // in a 1 ms poll whose restart point is strictly inside park's replaced bytes, so
-    // attaching must move it out; while attached it blocks inside park's trampoline, so
-    // detaching must move it out of the trampoline. It escapes only while it runs the ~15
-    // instructions between two polls or is being woken from one: in soaks of 1840
-    // attach/detach cycles on a 2-core VM with a load average of 9, 3 attaches and no
-    // detach found nothing to move out (the two `edge` threads add chances of their
-    // own). With p < 5e-3 per attempt, a count stays 0 over 6 attempts with
-    // p < (5e-3)^6 = 1.6e-14.
+    // in a 50 ms poll whose restart point is strictly inside park's replaced bytes, so
+    // attaching must move it into park's trampoline; while attached it blocks inside the
+    // trampoline, longer than the 1 ms detaching lets threads run between its halves, so
+    // detaching must move it back. It escapes only while it runs the ~15 instructions
+    // between two polls or is being woken from one (a poll ending in that 1 ms: p =
+    // 1/50 per detach; p < 5e-3 per attach, measured in soaks of 1840 cycles with 1 ms
+    // polls). A count stays 0 over 6 attempts with p < 0.02^6 = 6.4e-11.
     for attempt in 0..6 {
         let output = attach(pid, &recording, "edge,park", "0.2");
         let err = stderr(&output);
