@@ -105,7 +105,10 @@ pub fn build_with_moves(
     let offsets = &encoded.new_instruction_offsets;
     // Only the last displaced instruction can be a call, which becomes several: each
     // displaced instruction starts at index 2 + its own.
-    let mut moves: Vec<(u64, u32)> = vec![(plan.patch_at, offsets[0])];
+    // The patch's start maps to the trampoline's (a thread about to enter the probe) and,
+    // read backwards only, the relocated first instruction to it too (a thread the
+    // probe has just returned to); a forward move never starts at the patch's start.
+    let mut moves: Vec<(u64, u32)> = vec![(plan.patch_at, offsets[2]), (plan.patch_at, offsets[0])];
     moves.extend(
         plan.instructions
             .iter()
@@ -165,18 +168,23 @@ mod tests {
         let at = 0x40_1000 + 0x10_0000;
         let (bytes, moves) = build_with_moves(&plan, 7, at, at - 8).unwrap();
         assert_eq!(decode(&bytes, at)[3], "syscall");
-        assert_eq!(moves.len(), 4);
-        assert_eq!(moves[0], (0x40_1000, at));
-        let (syscall_at, relocated_syscall) = moves[1];
+        assert_eq!(moves.len(), 5);
+        assert_eq!(moves[1], (0x40_1000, at));
+        assert_eq!(moves[0].0, 0x40_1000);
+        assert_eq!(
+            decode(&bytes[(moves[0].1 - at) as usize..], moves[0].1)[0],
+            "xor eax,eax"
+        );
+        let (syscall_at, relocated_syscall) = moves[2];
         assert_eq!(syscall_at, 0x40_1002);
         assert_eq!(
             &bytes[(relocated_syscall - at) as usize..][..2],
             &[0x0f, 0x05]
         );
         // What follows the relocated syscall is where the kernel's 2 bytes back start.
-        assert_eq!(moves[2], (0x40_1004, relocated_syscall + 2));
-        assert_eq!(moves[3].0, 0x40_1006);
-        assert_eq!(bytes[(moves[3].1 - at) as usize], 0xe9);
+        assert_eq!(moves[3], (0x40_1004, relocated_syscall + 2));
+        assert_eq!(moves[4].0, 0x40_1006);
+        assert_eq!(bytes[(moves[4].1 - at) as usize], 0xe9);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub(super) fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
 /// How many times glass stops every thread looking for a moment when none is where it
 /// must not be (inside the probe runtime or the trampolines, at detach), letting them
 /// run 1 ms between tries. The probes never block, so a thread is seldom there twice.
-pub(super) const SAFE_POINT_TRIES: usize = 500;
+pub(super) const SAFE_POINT_TRIES: usize = 2000;
 
 /// Places threads must not resume in, and where each place of them moves a thread to.
 pub(super) struct Leave<'a> {
