@@ -313,21 +313,6 @@ fn the_target_finishes_its_work_when_glass_is_killed_while_attached_and_a_later_
     assert!(!recording.trace_functions.is_empty());
 }
 
-/// The `glass __trace-guardian` watching glass's attachment to `pid`.
-fn trace_guardian_of(pid: i32) -> Option<i32> {
-    let wanted = format!("__trace-guardian\0--pid\0{pid}\0");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let command = std::fs::read(entry.path().join("cmdline")).ok()?;
-            String::from_utf8_lossy(&command)
-                .contains(&wanted)
-                .then_some(candidate)
-        })
-}
-
 /// A glass SIGKILLed while attached, its guardian alive: the guardian takes the probes
 /// out at once, and the next glass finds nothing of the dead one's.
 #[test]

@@ -132,21 +132,6 @@ fn assert_clean_refusal(output: &std::process::Output, round: usize) {
     );
 }
 
-/// The `glass __trace-guardian` watching glass's attachment to `pid`.
-fn trace_guardian_of(pid: i32) -> Option<i32> {
-    let wanted = format!("__trace-guardian\0--pid\0{pid}\0");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let command = std::fs::read(entry.path().join("cmdline")).ok()?;
-            String::from_utf8_lossy(&command)
-                .contains(&wanted)
-                .then_some(candidate)
-        })
-}
-
 fn session_files_of(glass_pid: u32) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .unwrap()

@@ -215,3 +215,18 @@ pub fn perf_event_paranoid() -> i32 {
         .and_then(|t| t.trim().parse().ok())
         .unwrap_or(2)
 }
+
+/// The `glass __trace-guardian` watching glass's attachment to `pid`.
+pub fn trace_guardian_of(pid: i32) -> Option<i32> {
+    let wanted = format!("__trace-guardian\0--pid\0{pid}\0");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let candidate: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let command = std::fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&command)
+                .contains(&wanted)
+                .then_some(candidate)
+        })
+}
