@@ -26,7 +26,10 @@ use crate::UNKNOWN_FRAME;
 /// Every how many samples the report looks for the modules to prepare (see
 /// `Symbolizer::prepare`): a module missed is prepared when first met, in turn.
 const PREPARE_STRIDE: usize = 8;
-use crate::{FIRMWARE_FRAME, HALTED_FRAME, KERNEL_MODULE, OFF_CPU_FRAME, TRUNCATED_FRAME};
+use crate::{
+    DEEPER_FRAME, FIRMWARE_FRAME, HALTED_FRAME, KERNEL_MODULE, MAX_DEPTH, OFF_CPU_FRAME,
+    TRUNCATED_FRAME,
+};
 
 pub type StringIndex = u32;
 pub type ModuleIndex = u32;
@@ -79,6 +82,8 @@ pub enum FrameKind {
     Firmware,
     /// The root of a stack where a thread blocked (`[off-cpu]`).
     OffCpu,
+    /// Every frame deeper than [`MAX_DEPTH`] (`[deeper than 1024 frames]`).
+    Deeper,
 }
 
 /// Where a frame's code runs, for the Firefox Profiler's categories.
@@ -223,6 +228,68 @@ pub struct Model {
     stack_index: FxHashMap<StackRow, StackIndex>,
 }
 
+/// A sample as a recorder writes it, for [`Model::add_sample`].
+pub struct SampleIn<'a> {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// For an off-CPU sample, the nanoseconds it was blocked.
+    pub stopped_ns: u32,
+    pub flags: u8,
+    /// Innermost first.
+    pub frames: &'a [u64],
+}
+
+/// What names the frames of the samples appended to a model: the symbolizer, and the
+/// frames each (module, address) was named as, so that an address costs a lookup once.
+pub struct Namer {
+    pub symbolizer: Symbolizer,
+    guest: bool,
+    /// The caller's module key -> its row.
+    module_rows: FxHashMap<usize, ModuleIndex>,
+    /// (module key, pid, address, is a return address) -> its frames, outermost first.
+    resolved: FxHashMap<(usize, u32, u64, bool), Vec<FrameIndex>>,
+    kernel_module: Option<ModuleIndex>,
+    /// Per thread, the blocked time already turned into whole samples: an off-CPU
+    /// sample weighs its time in sampling periods, carried so short blocks add up.
+    off_cpu_carry: HashMap<u32, u64>,
+    thread_rows: FxHashMap<(u32, u32, StringIndex), usize>,
+    /// A sample's frames while it is appended (reused).
+    frames: Vec<FrameIndex>,
+}
+
+impl Namer {
+    pub fn new(meta: Option<&glass_format::Meta>) -> Namer {
+        Namer {
+            symbolizer: Symbolizer::new(),
+            guest: meta.is_some_and(|m| m.backend.is_guest()),
+            module_rows: FxHashMap::default(),
+            resolved: FxHashMap::default(),
+            kernel_module: None,
+            off_cpu_carry: HashMap::new(),
+            thread_rows: FxHashMap::default(),
+            frames: Vec::with_capacity(64),
+        }
+    }
+
+    /// The recording's meta came (the live view learns it after the first records).
+    pub fn set_meta(&mut self, meta: &glass_format::Meta) {
+        self.guest = meta.backend.is_guest();
+    }
+
+    fn code_category(&self, path: &str, address: u64) -> Category {
+        if self.guest {
+            Category::Guest
+        } else if address >= 0xffff_8000_0000_0000 {
+            Category::Kernel
+        } else if is_jit(path) {
+            Category::Jit
+        } else {
+            Category::User
+        }
+    }
+}
+
 /// The name a process or thread had last (threads often name themselves after start).
 fn last_names(recording: &Recording) -> (HashMap<u32, String>, HashMap<u32, String>) {
     let mut processes = HashMap::new();
@@ -250,7 +317,7 @@ fn is_jit(path: &str) -> bool {
 }
 
 impl Model {
-    fn empty(source: Source, unit: Unit) -> Model {
+    pub(crate) fn empty(source: Source, unit: Unit) -> Model {
         Model {
             source,
             unit,
@@ -344,7 +411,12 @@ impl Model {
         index
     }
 
-    fn special_frame(&mut self, kind: FrameKind, name: &str, category: Category) -> FrameIndex {
+    pub(crate) fn special_frame(
+        &mut self,
+        kind: FrameKind,
+        name: &str,
+        category: Category,
+    ) -> FrameIndex {
         let function = self.strings.intern(name);
         self.intern_frame(FrameRow {
             kind,
@@ -356,26 +428,24 @@ impl Model {
         })
     }
 
-    /// The model of a sampled recording (`glass record`).
+    /// The model of a sampled recording (`glass record`), built once: modules found by
+    /// the recording's timeline, the symbol indexes the samples need built first on all
+    /// cores, then every sample appended as [`LiveModel`](crate::live::LiveModel)
+    /// appends them one by one.
     pub fn build(recording: &Recording, options: &ModelOptions) -> Model {
         let mut model = Model::empty(Source::Samples, Unit::Nanoseconds);
-        let meta = recording.meta.as_ref();
-        let guest = meta.is_some_and(|m| m.backend.is_guest());
-        model.period = meta
-            .map(|m| m.frequency_hz)
-            .filter(|&hz| hz > 0)
-            .map_or(0, |hz| 1_000_000_000 / u64::from(hz));
-        model.start_unix_ns = meta.map_or(0, |m| m.start_unix_ns);
-
+        model.set_meta(recording.meta.as_ref());
         let timeline = ModuleTimeline::new(recording);
-        let mut symbolizer = Symbolizer::new();
+        let mut namer = Namer::new(recording.meta.as_ref());
         // JIT code: the copies of the JIT files the recorder kept name it; else the
         // files themselves (the jitdump files runtimes map are among the modules).
         for map in &recording.jit_maps {
-            symbolizer.add_jit_bytes(map.pid, &map.name, map.text.clone().into_bytes());
+            namer
+                .symbolizer
+                .add_jit_bytes(map.pid, &map.name, map.text.clone().into_bytes());
         }
         for module in &recording.modules {
-            symbolizer.note_module(module.pid, &module.path);
+            namer.symbolizer.note_module(module.pid, &module.path);
         }
         let (process_names, thread_names) = last_names(recording);
         // The process name at each exec: a sample is named after the program it ran.
@@ -386,28 +456,11 @@ impl Model {
                 .or_default()
                 .push((process.time_ns, process.name.clone()));
         }
-        let mut thread_rows: FxHashMap<(u32, u32, StringIndex), usize> = FxHashMap::default();
-        let mut module_rows: FxHashMap<*const glass_format::Module, ModuleIndex> =
-            FxHashMap::default();
-        let mut resolved: FxHashMap<
-            (*const glass_format::Module, u32, u64, bool),
-            Vec<FrameIndex>,
-        > = FxHashMap::default();
         let mut module_at: FxHashMap<(u32, Option<u64>, u64), Option<&glass_format::Module>> =
             FxHashMap::default();
-        let code_category = |path: &str, address: u64| {
-            if guest {
-                Category::Guest
-            } else if address >= 0xffff_8000_0000_0000 {
-                Category::Kernel
-            } else if is_jit(path) {
-                Category::Jit
-            } else {
-                Category::User
-            }
-        };
         let unwound = crate::raw::unwind_snapshots(recording);
-        let has_kernel_symbols = !recording.kernel_symbols.symbols.is_empty();
+        let kernel =
+            (!recording.kernel_symbols.symbols.is_empty()).then_some(&recording.kernel_symbols);
         // The modules the samples run in (every few samples find the ones that matter),
         // so that the symbol indexes a first report builds are built on all cores.
         let mut touched: FxHashMap<*const glass_format::Module, ModuleRef> = FxHashMap::default();
@@ -423,7 +476,7 @@ impl Model {
                 continue;
             }
             let epoch = timeline.epoch(sample.pid, sample.time_ns);
-            let named_by_kernel = |a: u64| has_kernel_symbols && is_kernel_address(a);
+            let named_by_kernel = |a: u64| kernel.is_some() && is_kernel_address(a);
             for &address in sample.frames.iter().filter(|&&a| !named_by_kernel(a)) {
                 let module = *module_at
                     .entry((sample.pid, epoch, address))
@@ -438,21 +491,13 @@ impl Model {
                 }
             }
         }
-        symbolizer.prepare(touched.into_values());
-        let mut frames: Vec<FrameIndex> = Vec::with_capacity(64);
-        // Kernel frames are named from the symbols the recording kept, in a module of
-        // their own (made at the first kernel frame: the program's stays the first).
-        let mut kernel_module: Option<ModuleIndex> = None;
-        // Per thread, the blocked time already turned into whole samples: an off-CPU
-        // sample weighs its time in sampling periods, carried so short blocks add up.
-        let mut off_cpu_carry: HashMap<u32, u64> = HashMap::new();
+        namer.symbolizer.prepare(touched.into_values());
         for sample in recording.samples.iter().chain(&unwound) {
             if options.tid.is_some_and(|tid| tid != sample.tid)
                 || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
             {
                 continue;
             }
-            frames.clear();
             let process = exec_names
                 .get(&sample.pid)
                 .and_then(|names| {
@@ -466,54 +511,104 @@ impl Model {
                 .filter(|name| !name.is_empty())
                 .or_else(|| process_names.get(&sample.pid).cloned())
                 .unwrap_or_else(|| format!("pid {}", sample.pid));
-            let process = model.strings.intern(&process);
             let thread_name = thread_names
                 .get(&sample.tid)
                 .map_or("thread", String::as_str);
-            let thread_name = model.strings.intern(thread_name);
-            let off_cpu = sample.flags & SAMPLE_OFF_CPU != 0;
-            if off_cpu {
-                frames.push(model.special_frame(
-                    FrameKind::OffCpu,
-                    OFF_CPU_FRAME,
-                    Category::OffCpu,
-                ));
-            }
-            if sample.flags & SAMPLE_TRUNCATED != 0 {
-                model.truncated_samples += 1;
-                frames.push(model.special_frame(
-                    FrameKind::Truncated,
-                    TRUNCATED_FRAME,
-                    Category::Other,
-                ));
-            }
-            // A vCPU still in its firmware runs no code of the image: its addresses
-            // name nothing.
-            let addresses = if sample.flags & SAMPLE_FIRMWARE != 0 {
-                frames.push(model.special_frame(
-                    FrameKind::Firmware,
-                    FIRMWARE_FRAME,
-                    Category::GuestFirmware,
-                ));
-                &[][..]
-            } else {
-                &sample.frames[..]
-            };
             let epoch = timeline.epoch(sample.pid, sample.time_ns);
-            // Outermost frame first.
-            for (index, &address) in addresses.iter().enumerate().rev() {
-                let is_return = index > 0;
-                let lookup = if is_return {
-                    address.saturating_sub(1)
-                } else {
-                    address
-                };
-                let symbol = (has_kernel_symbols && is_kernel_address(address))
-                    .then(|| recording.kernel_symbols.find(lookup))
-                    .flatten();
-                if let Some(symbol) = symbol {
-                    let module = *kernel_module.get_or_insert_with(|| {
-                        model.intern_module(&glass_format::Module {
+            // The mappings in force depend only on the process and its epoch: each
+            // address of an address space is looked up once.
+            let mut module_of = |address: u64| {
+                module_at
+                    .entry((sample.pid, epoch, address))
+                    .or_insert_with(|| timeline.find(sample.pid, sample.time_ns, address))
+                    .map(|m| (m as *const glass_format::Module as usize, m))
+            };
+            model.add_sample(
+                &mut namer,
+                &SampleIn {
+                    time_ns: sample.time_ns,
+                    pid: sample.pid,
+                    tid: sample.tid,
+                    stopped_ns: sample.stopped_ns,
+                    flags: sample.flags,
+                    frames: &sample.frames,
+                },
+                &process,
+                thread_name,
+                kernel,
+                &mut module_of,
+            );
+        }
+        for thread in &mut model.threads {
+            thread.samples.sort_by_key(|s| s.time);
+        }
+        model.warnings = std::mem::take(&mut namer.symbolizer.warnings);
+        model
+    }
+
+    /// The sampling period and start time a recording's meta gives.
+    pub(crate) fn set_meta(&mut self, meta: Option<&glass_format::Meta>) {
+        self.period = meta
+            .map(|m| m.frequency_hz)
+            .filter(|&hz| hz > 0)
+            .map_or(0, |hz| 1_000_000_000 / u64::from(hz));
+        self.start_unix_ns = meta.map_or(0, |m| m.start_unix_ns);
+    }
+
+    /// Appends one sample: its frames named (kernel frames from `kernel`, the others in
+    /// the module `module_of` finds for them, each distinct address once), glass's own
+    /// frames added, the stack cut at [`MAX_DEPTH`](crate::MAX_DEPTH), an off-CPU sample
+    /// weighed by its blocked time. `module_of` returns a module with a key that stays
+    /// the module's while the model lives. Returns the thread row it went to.
+    pub(crate) fn add_sample<'m>(
+        &mut self,
+        namer: &mut Namer,
+        sample: &SampleIn,
+        process: &str,
+        thread_name: &str,
+        kernel: Option<&glass_format::KernelSymbols>,
+        module_of: &mut dyn FnMut(u64) -> Option<(usize, &'m glass_format::Module)>,
+    ) -> usize {
+        let mut frames = std::mem::take(&mut namer.frames);
+        frames.clear();
+        let process = self.strings.intern(process);
+        let thread_name = self.strings.intern(thread_name);
+        let off_cpu = sample.flags & SAMPLE_OFF_CPU != 0;
+        if off_cpu {
+            frames.push(self.special_frame(FrameKind::OffCpu, OFF_CPU_FRAME, Category::OffCpu));
+        }
+        if sample.flags & SAMPLE_TRUNCATED != 0 {
+            self.truncated_samples += 1;
+            frames.push(self.special_frame(FrameKind::Truncated, TRUNCATED_FRAME, Category::Other));
+        }
+        // A vCPU still in its firmware runs no code of the image: its addresses
+        // name nothing.
+        let addresses = if sample.flags & SAMPLE_FIRMWARE != 0 {
+            frames.push(self.special_frame(
+                FrameKind::Firmware,
+                FIRMWARE_FRAME,
+                Category::GuestFirmware,
+            ));
+            &[][..]
+        } else {
+            sample.frames
+        };
+        // Outermost frame first.
+        for (index, &address) in addresses.iter().enumerate().rev() {
+            let is_return = index > 0;
+            let lookup = if is_return {
+                address.saturating_sub(1)
+            } else {
+                address
+            };
+            let symbol = kernel
+                .filter(|_| is_kernel_address(address))
+                .and_then(|kernel| kernel.find(lookup));
+            if let Some(symbol) = symbol {
+                let module = match namer.kernel_module {
+                    Some(module) => module,
+                    None => {
+                        let module = self.intern_module(&glass_format::Module {
                             time_ns: 0,
                             pid: 0,
                             start: 0xffff_8000_0000_0000,
@@ -521,149 +616,134 @@ impl Model {
                             file_offset: 0,
                             build_id: Vec::new(),
                             path: KERNEL_MODULE.into(),
-                        })
-                    });
-                    let name = crate::kernel_frame_name(symbol);
-                    if !model.function_modules.contains_key(&name) {
-                        model
-                            .function_modules
-                            .insert(name.clone(), KERNEL_MODULE.to_string());
+                        });
+                        namer.kernel_module = Some(module);
+                        module
                     }
-                    let function = model.strings.intern(&name);
-                    frames.push(model.intern_frame(FrameRow {
-                        kind: FrameKind::Code,
-                        module: Some(module),
-                        address: lookup,
-                        function,
-                        inline_depth: 0,
-                        category: Category::Kernel,
-                    }));
-                    continue;
+                };
+                let name = crate::kernel_frame_name(symbol);
+                if !self.function_modules.contains_key(&name) {
+                    self.function_modules
+                        .insert(name.clone(), KERNEL_MODULE.to_string());
                 }
-                // The mappings in force depend only on the process and its epoch: each
-                // address of an address space is looked up once.
-                let module = *module_at
-                    .entry((sample.pid, epoch, address))
-                    .or_insert_with(|| timeline.find(sample.pid, sample.time_ns, address));
-                match module {
-                    Some(module) => {
-                        // An address of a module is symbolized and interned once (per
-                        // process: its JIT files name anonymous code).
-                        let key = (
-                            module as *const glass_format::Module,
-                            sample.pid,
-                            address,
-                            is_return,
-                        );
-                        if let Some(cached) = resolved.get(&key) {
-                            frames.extend_from_slice(cached);
-                            continue;
-                        }
-                        let first = frames.len();
-                        let module_ref = ModuleRef {
-                            path: &module.path,
-                            build_id: &module.build_id,
-                            start: module.start,
-                            file_offset: module.file_offset,
-                        };
-                        let module_index = match module_rows.get(&(module as *const _)) {
-                            Some(&index) => index,
-                            None => {
-                                let index = model.intern_module(module);
-                                module_rows.insert(module as *const _, index);
-                                index
-                            }
-                        };
-                        let lookup = if is_return {
-                            address.saturating_sub(1)
-                        } else {
-                            address
-                        };
-                        let category = code_category(&module.path, address);
-                        // Anonymous code is named from the process's perf map or jitdump.
-                        let symbolized =
-                            symbolizer.symbolize_in(sample.pid, &module_ref, address, is_return);
-                        for (depth, frame) in symbolized.iter().enumerate() {
-                            if !model.function_modules.contains_key(&frame.function) {
-                                model
-                                    .function_modules
-                                    .insert(frame.function.clone(), frame.module.clone());
-                            }
-                            let function = model.strings.intern(&frame.function);
-                            frames.push(model.intern_frame(FrameRow {
-                                kind: FrameKind::Code,
-                                module: Some(module_index),
-                                address: lookup,
-                                function,
-                                inline_depth: if frame.inlined { depth as u32 } else { 0 },
-                                category,
-                            }));
-                        }
-                        resolved.insert(key, frames[first..].to_vec());
+                let function = self.strings.intern(&name);
+                frames.push(self.intern_frame(FrameRow {
+                    kind: FrameKind::Code,
+                    module: Some(module),
+                    address: lookup,
+                    function,
+                    inline_depth: 0,
+                    category: Category::Kernel,
+                }));
+                continue;
+            }
+            match module_of(address) {
+                Some((key, module)) => {
+                    // An address of a module is symbolized and interned once (per
+                    // process: its JIT files name anonymous code).
+                    let cache_key = (key, sample.pid, address, is_return);
+                    if let Some(cached) = namer.resolved.get(&cache_key) {
+                        frames.extend_from_slice(cached);
+                        continue;
                     }
-                    None => {
-                        let function = model.strings.intern(UNKNOWN_FRAME);
-                        frames.push(model.intern_frame(FrameRow {
-                            kind: FrameKind::Unknown,
-                            module: None,
-                            address,
+                    let first = frames.len();
+                    let module_ref = ModuleRef {
+                        path: &module.path,
+                        build_id: &module.build_id,
+                        start: module.start,
+                        file_offset: module.file_offset,
+                    };
+                    let module_index = match namer.module_rows.get(&key) {
+                        Some(&index) => index,
+                        None => {
+                            let index = self.intern_module(module);
+                            namer.module_rows.insert(key, index);
+                            index
+                        }
+                    };
+                    let category = namer.code_category(&module.path, address);
+                    // Anonymous code is named from the process's perf map or jitdump.
+                    let symbolized =
+                        namer
+                            .symbolizer
+                            .symbolize_in(sample.pid, &module_ref, address, is_return);
+                    for (depth, frame) in symbolized.iter().enumerate() {
+                        if !self.function_modules.contains_key(&frame.function) {
+                            self.function_modules
+                                .insert(frame.function.clone(), frame.module.clone());
+                        }
+                        let function = self.strings.intern(&frame.function);
+                        frames.push(self.intern_frame(FrameRow {
+                            kind: FrameKind::Code,
+                            module: Some(module_index),
+                            address: lookup,
                             function,
-                            inline_depth: 0,
-                            category: Category::Other,
+                            inline_depth: if frame.inlined { depth as u32 } else { 0 },
+                            category,
                         }));
                     }
+                    namer.resolved.insert(cache_key, frames[first..].to_vec());
+                }
+                None => {
+                    let function = self.strings.intern(UNKNOWN_FRAME);
+                    frames.push(self.intern_frame(FrameRow {
+                        kind: FrameKind::Unknown,
+                        module: None,
+                        address,
+                        function,
+                        inline_depth: 0,
+                        category: Category::Other,
+                    }));
                 }
             }
-            if sample.flags & SAMPLE_HALTED != 0 {
-                frames.push(model.special_frame(
-                    FrameKind::Halted,
-                    HALTED_FRAME,
-                    Category::GuestHalted,
-                ));
-            }
-            let mut stack = None;
-            for &frame in &frames {
-                stack = Some(model.intern_stack(stack, frame));
-            }
-            let row = *thread_rows
-                .entry((sample.pid, sample.tid, process))
-                .or_insert_with(|| {
-                    model.threads.push(ThreadRow {
-                        pid: sample.pid,
-                        tid: sample.tid,
-                        process,
-                        name: thread_name,
-                        samples: Vec::new(),
-                        events: Vec::new(),
-                    });
-                    model.threads.len() - 1
+        }
+        if sample.flags & SAMPLE_HALTED != 0 {
+            frames.push(self.special_frame(FrameKind::Halted, HALTED_FRAME, Category::GuestHalted));
+        }
+        if frames.len() > MAX_DEPTH {
+            frames.truncate(MAX_DEPTH);
+            frames.push(self.special_frame(FrameKind::Deeper, DEEPER_FRAME, Category::Other));
+        }
+        let mut stack = None;
+        for &frame in &frames {
+            stack = Some(self.intern_stack(stack, frame));
+        }
+        namer.frames = frames;
+        let row = *namer
+            .thread_rows
+            .entry((sample.pid, sample.tid, process))
+            .or_insert_with(|| {
+                self.threads.push(ThreadRow {
+                    pid: sample.pid,
+                    tid: sample.tid,
+                    process,
+                    name: thread_name,
+                    samples: Vec::new(),
+                    events: Vec::new(),
                 });
-            let (weight, cost) = if off_cpu {
-                let blocked = u64::from(sample.stopped_ns);
-                let carry = off_cpu_carry.entry(sample.tid).or_insert(0);
-                let period = model.period.max(1);
-                let weight = (*carry + blocked) / period - *carry / period;
-                *carry += blocked;
-                model.off_cpu_ns += blocked;
-                model.off_cpu_weight += weight;
-                (weight, blocked)
-            } else {
-                (1, model.period)
-            };
-            model.threads[row].samples.push(SampleRow {
-                time: sample.time_ns,
-                stack,
-                weight,
-                cost,
+                self.threads.len() - 1
             });
-            model.end = model.end.max(sample.time_ns);
-            model.samples += 1;
-        }
-        for thread in &mut model.threads {
-            thread.samples.sort_by_key(|s| s.time);
-        }
-        model.warnings = std::mem::take(&mut symbolizer.warnings);
-        model
+        let (weight, cost) = if off_cpu {
+            let blocked = u64::from(sample.stopped_ns);
+            let carry = namer.off_cpu_carry.entry(sample.tid).or_insert(0);
+            let period = self.period.max(1);
+            let weight = (*carry + blocked) / period - *carry / period;
+            *carry += blocked;
+            self.off_cpu_ns += blocked;
+            self.off_cpu_weight += weight;
+            (weight, blocked)
+        } else {
+            (1, self.period)
+        };
+        self.threads[row].samples.push(SampleRow {
+            time: sample.time_ns,
+            stack,
+            weight,
+            cost,
+        });
+        self.end = self.end.max(sample.time_ns);
+        self.samples += 1;
+        row
     }
 
     /// The model of a `glass trace` recording: one sample per call at its start (weight
@@ -735,6 +815,7 @@ impl Model {
             function_frames.insert(function.id, frame);
         }
         let unknown = model.special_frame(FrameKind::Unknown, UNKNOWN_FRAME, Category::Other);
+        let deeper = model.special_frame(FrameKind::Deeper, DEEPER_FRAME, Category::Other);
         for &(pid, tid) in &trace.threads {
             let process = process_names
                 .get(&pid)
@@ -763,7 +844,14 @@ impl Model {
                 .copied()
                 .unwrap_or(unknown);
             let parent = call.parent.map(|p| call_stacks[p]);
-            let stack = model.intern_stack(parent, frame);
+            // Calls deeper than the bound are all the one frame below it; only the
+            // first of them opens and closes it on the timeline.
+            let depth = call.depth as usize;
+            let (frame, stack) = match depth.cmp(&MAX_DEPTH) {
+                std::cmp::Ordering::Less => (frame, model.intern_stack(parent, frame)),
+                std::cmp::Ordering::Equal => (deeper, model.intern_stack(parent, deeper)),
+                std::cmp::Ordering::Greater => (deeper, parent.unwrap_or_default()),
+            };
             call_stacks.push(stack);
             let thread = &mut model.threads[call.thread];
             // Calls come in entry order: the ones open that are not this call's
@@ -774,17 +862,21 @@ impl Model {
                     break;
                 }
                 pending.pop();
+                if trace.calls[top].depth as usize <= MAX_DEPTH {
+                    thread.events.push(Event {
+                        time: time(trace.calls[top].end),
+                        open: false,
+                        frame: model.stacks[call_stacks[top] as usize].frame,
+                    });
+                }
+            }
+            if depth <= MAX_DEPTH {
                 thread.events.push(Event {
-                    time: time(trace.calls[top].end),
-                    open: false,
-                    frame: model.stacks[call_stacks[top] as usize].frame,
+                    time: time(call.start),
+                    open: true,
+                    frame,
                 });
             }
-            thread.events.push(Event {
-                time: time(call.start),
-                open: true,
-                frame,
-            });
             pending.push(index);
             let cost = if trace.tsc_hz == 0 {
                 call.self_cycles()
@@ -802,6 +894,9 @@ impl Model {
         }
         for (thread, pending) in open.iter_mut().enumerate() {
             while let Some(top) = pending.pop() {
+                if trace.calls[top].depth as usize > MAX_DEPTH {
+                    continue;
+                }
                 model.threads[thread].events.push(Event {
                     time: time(trace.calls[top].end),
                     open: false,

@@ -130,21 +130,52 @@ impl PathTree {
     }
 
     /// Folded stacks weighted by self time, in nanoseconds at `tsc_hz` (cycles when 0),
-    /// paths of the same names merged, weights under one unit left out, sorted.
+    /// paths of the same names merged, weights under one unit left out, sorted. Paths
+    /// are written from a walk of the tree with one path buffer, and end at
+    /// [`MAX_DEPTH`](crate::MAX_DEPTH): a node there is drawn as
+    /// [`DEEPER_FRAME`](crate::DEEPER_FRAME) with its whole subtree's time, so the lines
+    /// take at most `MAX_DEPTH` names each, whatever the depth of the calls.
     pub fn folded(&self, name: impl Fn(u32) -> String, tsc_hz: u64) -> Vec<String> {
-        let mut paths: Vec<String> = Vec::with_capacity(self.nodes.len());
-        paths.push(String::new());
-        let mut weights: FxHashMap<&str, u64> = FxHashMap::default();
-        for node in &self.nodes[1..] {
-            let name = name(node.function);
-            paths.push(if node.parent == ROOT {
-                name
-            } else {
-                format!("{};{name}", paths[node.parent as usize])
-            });
+        let mut children: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+            children[node.parent as usize].push(i as u32);
         }
-        for (node, path) in self.nodes.iter().zip(&paths).skip(1) {
-            *weights.entry(path).or_default() += node.self_time;
+        let mut names: FxHashMap<u32, String> = FxHashMap::default();
+        let mut weights: FxHashMap<String, u64> = FxHashMap::default();
+        let mut path = String::new();
+        // (node, its depth (0 under the root), the path's length before its name)
+        let mut stack: Vec<(u32, usize, usize)> = children[ROOT as usize]
+            .iter()
+            .rev()
+            .map(|&n| (n, 0, 0))
+            .collect();
+        while let Some((node, depth, before)) = stack.pop() {
+            path.truncate(before);
+            if depth > 0 {
+                path.push(';');
+            }
+            let n = &self.nodes[node as usize];
+            let weight = if depth == crate::MAX_DEPTH {
+                path.push_str(crate::DEEPER_FRAME);
+                n.total
+            } else {
+                let name = names.entry(n.function).or_insert_with(|| name(n.function));
+                path.push_str(name);
+                let below = path.len();
+                stack.extend(
+                    children[node as usize]
+                        .iter()
+                        .rev()
+                        .map(|&c| (c, depth + 1, below)),
+                );
+                n.self_time
+            };
+            match weights.get_mut(path.as_str()) {
+                Some(sum) => *sum += weight,
+                None => {
+                    weights.insert(path.clone(), weight);
+                }
+            }
         }
         let mut lines: Vec<String> = weights
             .into_iter()
@@ -157,9 +188,13 @@ impl PathTree {
                 (path, weight)
             })
             .filter(|(_, w)| *w >= 1.0)
-            .map(|(path, w)| format!("{path} {}", w.round() as u64))
+            .map(|(mut path, w)| {
+                path.push(' ');
+                path.push_str(&(w.round() as u64).to_string());
+                path
+            })
             .collect();
-        lines.sort();
+        lines.sort_unstable();
         lines
     }
 }

@@ -1,5 +1,8 @@
 //! `--format tree`: the call tree, calls merged by path (as `uftrace graph` shows it):
-//! total time and calls per node, children by total time.
+//! total time and calls per node, children by total time. Calls deeper than
+//! [`MAX_DEPTH`](crate::MAX_DEPTH) are one line, [`DEEPER_FRAME`](crate::DEEPER_FRAME),
+//! with their time and calls (an indentation as deep as the calls would make the text
+//! grow with the square of the depth).
 
 use std::io::{self, Write};
 
@@ -37,12 +40,29 @@ pub fn write_tree(
             "  ".repeat(depth),
             context.name(n.function)
         )?;
-        stack.extend(
-            children[node as usize]
-                .iter()
-                .rev()
-                .map(|&c| (c, depth + 1)),
-        );
+        let below = &children[node as usize];
+        if depth + 1 == crate::MAX_DEPTH && !below.is_empty() {
+            // Everything deeper, as one line (the calls of its first level).
+            let (total, calls) = below.iter().fold((0, 0), |(t, c), &b| {
+                let b = &tree.nodes[b as usize];
+                (t + b.total, c + b.calls)
+            });
+            if lines == limit {
+                writeln!(out, "... (more lines: raise --limit)")?;
+                break;
+            }
+            lines += 1;
+            writeln!(
+                out,
+                "{:>11} {:>10}  {}{}",
+                context.duration(total),
+                calls,
+                "  ".repeat(depth + 1),
+                crate::DEEPER_FRAME
+            )?;
+            continue;
+        }
+        stack.extend(below.iter().rev().map(|&c| (c, depth + 1)));
     }
     Ok(())
 }
