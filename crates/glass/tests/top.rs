@@ -886,7 +886,7 @@ fn vm_guests_launched_end_and_attached_run_on() {
 }
 
 #[test]
-fn kernel_frames_are_named_live_and_off_cpu_is_refused() {
+fn kernel_frames_are_named_live() {
     let _exclusive = exclusive();
     let dir = scratch("top_kernel");
     let binary = compile(&dir, "kernel/syscalls.c", "syscalls", &[]);
@@ -942,6 +942,73 @@ fn kernel_frames_are_named_live_and_off_cpu_is_refused() {
         !table.iter().any(|r| r.function == "[unknown]"),
         "unnamed frames: {last}"
     );
-    let output = glass(&["top", "--batch", "--off-cpu", "--", "true"]);
-    assert_clean_failure(&output, 2, "--off-cpu is for glass record");
+}
+
+/// `glass top --off-cpu` shows blocked time as the report shows it (one sample model):
+/// `[off-cpu]` and the function that blocks have the same shares in the last table as
+/// in `glass report` of the recording it wrote with -o.
+#[test]
+fn off_cpu_is_shown_live_as_the_report_shows_it() {
+    let _exclusive = exclusive();
+    let dir = scratch("top_off_cpu");
+    let binary = compile(&dir, "kernel/blocking.c", "blocking", &["-pthread"]);
+    let recording = dir.join("b.glass");
+    let output = glass(&[
+        "top",
+        "--batch",
+        "--window",
+        "600",
+        "--frequency",
+        "999",
+        "--limit",
+        "1000",
+        "--backend",
+        "perf",
+        "--off-cpu",
+        "-o",
+        recording.to_str().unwrap(),
+        "--",
+        binary.to_str().unwrap(),
+        "40",
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}\n{text}", stderr(&output));
+    let last = text.rsplit("glass top: ").next().unwrap();
+    let live = rows(last);
+    let report = stdout(&glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--limit",
+        "1000",
+    ]));
+    // The report's rows: self%, total%, self, total, function, module.
+    let reported: Vec<(f64, f64, String)> = report
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let share = |w: &str| w.strip_suffix('%')?.parse::<f64>().ok();
+            Some((
+                share(words.first()?)?,
+                share(words.get(1)?)?,
+                words.get(4)?.to_string(),
+            ))
+        })
+        .collect();
+    for function in ["[off-cpu]", "wait_for_data", "compute"] {
+        let live = live
+            .iter()
+            .find(|r| r.function == function)
+            .unwrap_or_else(|| panic!("no {function} live: {last}"));
+        let (self_share, total_share, _) = reported
+            .iter()
+            .find(|r| r.2 == function)
+            .unwrap_or_else(|| panic!("no {function} in the report: {report}"));
+        assert!(
+            (live.total_share - total_share).abs() < 0.5
+                && (live.self_share - self_share).abs() < 0.5,
+            "{function}: live {live:?}, report {self_share}/{total_share}\n{last}\n{report}"
+        );
+    }
+    let off_cpu = live.iter().find(|r| r.function == "[off-cpu]").unwrap();
+    assert!(off_cpu.total_share > 20.0, "{last}");
 }

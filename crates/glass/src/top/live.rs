@@ -1,14 +1,13 @@
 //! The live side of `glass top`: the recorder's [`Output`] that hands every record to the
 //! view thread (and, with `-o`, to the file as well), and the model that thread keeps.
 //!
-//! The model is `glass report`'s top table kept up to date instead of built once: the
-//! records arrive in time order, so each process's module map is simply the mappings
-//! seen so far (replaced at an exec, copied at a fork) rather than the time-indexed
-//! `ModuleTimeline` a finished recording needs. Addresses are named by
-//! `glass_symbols::Symbolizer` as the report names them, behind a cache per (module,
-//! address) holding the interned functions, so a sample costs a few hash lookups once its
-//! addresses were seen. The table is recomputed from the samples of the sliding window at
-//! each refresh (a window holds at most seconds of samples).
+//! The model is the report's own: glass-report's `LiveModel` appends each sample to the
+//! same `Model` `glass report` builds (named, cut and weighed as there, off-CPU samples
+//! included), with each process's module map as seen so far, and drops the samples that
+//! fell out of the sliding window. What a stack counts for in the table (its self
+//! function, its functions once) is worked out once per distinct stack; the table is
+//! recomputed from the window's samples at each refresh (a window holds at most seconds
+//! of samples).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -18,14 +17,11 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use glass_format::{
-    Backend, JitMap, Meta, Module, Process, ProcessKind, Snapshot, Summary, Thread, ThreadExit,
-    SAMPLE_FIRMWARE, SAMPLE_HALTED,
-};
+use glass_format::{Backend, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
-use glass_report::{FIRMWARE_FRAME, HALTED_FRAME, UNKNOWN_FRAME};
-use glass_symbols::{ModuleRef, Symbolizer};
+use glass_report::model::{FrameKind, SampleIn, StackIndex, StringIndex};
+use glass_report::LiveModel;
 
 /// What the recording thread tells the view thread.
 pub enum Message {
@@ -51,6 +47,8 @@ pub struct Sample {
     pub time_ns: u64,
     pub pid: u32,
     pub tid: u32,
+    /// An off-CPU sample's blocked nanoseconds.
+    pub stopped_ns: u32,
     pub flags: u8,
     /// `frames[0]` is the instruction pointer.
     pub frames: Box<[u64]>,
@@ -125,6 +123,7 @@ impl Output for LiveOutput<'_> {
             time_ns,
             pid,
             tid,
+            stopped_ns,
             flags,
             frames: frames.into(),
         }));
@@ -207,17 +206,6 @@ pub struct Function {
     pub module: String,
 }
 
-/// One sample of the window, symbolized.
-#[derive(Clone)]
-struct WindowSample {
-    time_ns: u64,
-    tid: u32,
-    /// The innermost function that was not inlined (None for a sample without frames).
-    self_function: Option<FunctionId>,
-    /// Every function on the stack, once.
-    functions: Box<[FunctionId]>,
-}
-
 /// How the table splits the samples by thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThreadView {
@@ -256,7 +244,8 @@ pub struct Row {
 /// The window's table and what the header shows.
 pub struct Table {
     pub rows: Vec<Row>,
-    /// Samples the shares are of.
+    /// Samples the shares are of (an off-CPU sample counts its blocked time in
+    /// sampling periods, as in the report).
     pub samples: u64,
     /// Samples in the window, all threads.
     pub window_samples: u64,
@@ -269,27 +258,45 @@ pub struct Table {
     pub missed_deadlines: u64,
 }
 
+/// A sample of the window: its thread and its row of the model's stack table.
+#[derive(Clone, Copy)]
+struct WindowSample {
+    tid: u32,
+    stack: Option<StackIndex>,
+    weight: u64,
+}
+
 /// The window as it was when the user paused the view.
 struct Frozen {
-    samples: VecDeque<WindowSample>,
+    samples: Vec<WindowSample>,
     ticks: VecDeque<(u64, u64)>,
     now_ns: u64,
     progress: Progress,
 }
 
+/// What a stack counts for in the table.
+struct Counted {
+    /// The innermost function that was not inlined (None for a stack without one).
+    self_function: Option<FunctionId>,
+    /// Every function on the stack, once.
+    functions: Box<[FunctionId]>,
+}
+
+/// Appends past this many samples since the last prune drop the old ones (the table
+/// prunes as well): the window's memory stays that of its samples.
+const PRUNE_EVERY: u32 = 4096;
+
 pub struct Live {
     pub meta: Option<Meta>,
     frozen: Option<Frozen>,
     window_ns: u64,
-    symbolizer: Symbolizer,
+    /// The report's sample model, appended to as records arrive (glass-report's
+    /// `LiveModel`), holding the window's samples.
+    model: LiveModel,
     pub functions: Vec<Function>,
-    function_ids: HashMap<(String, String), FunctionId>,
-    modules: Vec<Module>,
-    /// Per process, its mappings (indexes into `modules`) sorted by start.
-    spaces: HashMap<u32, Vec<usize>>,
-    /// (module, address, is a return address) -> its functions, outermost first.
-    names: HashMap<(usize, u64, bool), Rc<[FunctionId]>>,
-    samples: VecDeque<WindowSample>,
+    function_ids: HashMap<(StringIndex, StringIndex), FunctionId>,
+    /// What each stack of the model counts for, worked out once per stack.
+    counted: HashMap<Option<StackIndex>, Rc<Counted>>,
     /// (time, how long the target was stopped) per tick.
     ticks: VecDeque<(u64, u64)>,
     pub thread_names: BTreeMap<u32, String>,
@@ -302,25 +309,19 @@ pub struct Live {
     /// recording starts its clock before the guest has booted).
     first_ns: Option<u64>,
     ended: bool,
-    unknown: FunctionId,
-    kernel_symbols: Option<glass_format::KernelSymbols>,
-    halted: FunctionId,
-    firmware: FunctionId,
+    since_prune: u32,
 }
 
 impl Live {
     pub fn new(window_ns: u64) -> Self {
-        let mut live = Live {
+        Live {
             meta: None,
             frozen: None,
             window_ns,
-            symbolizer: Symbolizer::new(),
+            model: LiveModel::new(Box::new(glass_target::perf::all_kernel_symbols)),
             functions: Vec::new(),
             function_ids: HashMap::new(),
-            modules: Vec::new(),
-            spaces: HashMap::new(),
-            names: HashMap::new(),
-            samples: VecDeque::new(),
+            counted: HashMap::new(),
             ticks: VecDeque::new(),
             thread_names: BTreeMap::new(),
             progress: Progress::default(),
@@ -328,32 +329,8 @@ impl Live {
             latest_at: Instant::now(),
             first_ns: None,
             ended: false,
-            unknown: 0,
-            kernel_symbols: None,
-            halted: 0,
-            firmware: 0,
-        };
-        live.unknown = live.function(UNKNOWN_FRAME, "");
-        live.halted = live.function(HALTED_FRAME, "");
-        live.firmware = live.function(FIRMWARE_FRAME, "");
-        live
-    }
-
-    fn function(&mut self, name: &str, module: &str) -> FunctionId {
-        // By name and module (the report's top table merges by name alone): the
-        // `main` of a program and of the one its child execs are two rows here, as are
-        // two static functions of one name in different files.
-        let key = (name.to_string(), module.to_string());
-        if let Some(&id) = self.function_ids.get(&key) {
-            return id;
+            since_prune: 0,
         }
-        let id = self.functions.len() as FunctionId;
-        self.functions.push(Function {
-            name: key.0.clone(),
-            module: key.1.clone(),
-        });
-        self.function_ids.insert(key, id);
-        id
     }
 
     /// The recording is over: the window stops moving.
@@ -384,26 +361,30 @@ impl Live {
         match message {
             Message::Meta(meta) => {
                 self.latest_at = Instant::now();
+                self.model.meta(&meta);
                 self.meta = Some(meta);
             }
-            Message::Process(process) => match process.kind {
-                ProcessKind::Forked => {
-                    let inherited = self
-                        .spaces
-                        .get(&process.parent_pid)
-                        .cloned()
-                        .unwrap_or_default();
-                    self.spaces.insert(process.pid, inherited);
-                }
-                ProcessKind::Exec | ProcessKind::Attached => {
-                    self.spaces.insert(process.pid, Vec::new());
-                }
-            },
-            Message::Module(module) => self.add_module(module),
+            Message::Process(process) => self.model.process(&process),
+            Message::Module(module) => self.model.module(module),
             Message::Thread(thread) => {
+                self.model.thread(thread.tid, &thread.name);
                 self.thread_names.insert(thread.tid, thread.name);
             }
-            Message::Sample(sample) => self.add_sample(&sample),
+            Message::Sample(sample) => {
+                self.saw_time(sample.time_ns);
+                self.model.sample(&SampleIn {
+                    time_ns: sample.time_ns,
+                    pid: sample.pid,
+                    tid: sample.tid,
+                    stopped_ns: sample.stopped_ns,
+                    flags: sample.flags,
+                    frames: &sample.frames,
+                });
+                self.since_prune += 1;
+                if self.since_prune >= PRUNE_EVERY {
+                    self.prune();
+                }
+            }
             Message::Progress(progress) => {
                 self.saw_time(progress.time_ns);
                 if let Some(stopped) = progress.tick_stopped_ns {
@@ -415,110 +396,6 @@ impl Live {
         }
     }
 
-    fn add_module(&mut self, module: Module) {
-        self.symbolizer.note_module(module.pid, &module.path);
-        let index = self.modules.len();
-        let (pid, start, end) = (module.pid, module.start, module.end);
-        self.modules.push(module);
-        let modules = &self.modules;
-        let space = self.spaces.entry(pid).or_default();
-        // An unmapped and reused range: the older mapping gives way.
-        space.retain(|&m| modules[m].end <= start || modules[m].start >= end);
-        let at = space.partition_point(|&m| modules[m].start < start);
-        space.insert(at, index);
-    }
-
-    fn module_of(&self, pid: u32, address: u64) -> Option<usize> {
-        let space = self.spaces.get(&pid)?;
-        let at = space.partition_point(|&m| self.modules[m].start <= address);
-        let index = *space.get(at.checked_sub(1)?)?;
-        (address < self.modules[index].end).then_some(index)
-    }
-
-    /// The functions at `address` of process `pid`, outermost first.
-    fn name(&mut self, pid: u32, address: u64, is_return: bool) -> Rc<[FunctionId]> {
-        if glass_format::is_kernel_address(address) {
-            return self.kernel_name(address, is_return);
-        }
-        let Some(module) = self.module_of(pid, address) else {
-            return Rc::from([self.unknown]);
-        };
-        if let Some(ids) = self.names.get(&(module, address, is_return)) {
-            return ids.clone();
-        }
-        let m = &self.modules[module];
-        let module_ref = ModuleRef {
-            path: &m.path,
-            build_id: &m.build_id,
-            start: m.start,
-            file_offset: m.file_offset,
-        };
-        let frames = self
-            .symbolizer
-            .symbolize_in(pid, &module_ref, address, is_return);
-        let ids: Rc<[FunctionId]> = frames
-            .iter()
-            .map(|frame| self.function(&frame.function, &frame.module))
-            .collect();
-        self.names.insert((module, address, is_return), ids.clone());
-        ids
-    }
-
-    /// A kernel frame (the perf backend's callchain), named from /proc/kallsyms, read
-    /// once at the first one.
-    fn kernel_name(&mut self, address: u64, is_return: bool) -> Rc<[FunctionId]> {
-        let lookup = if is_return {
-            address.saturating_sub(1)
-        } else {
-            address
-        };
-        let kernel = self
-            .kernel_symbols
-            .get_or_insert_with(glass_target::perf::all_kernel_symbols);
-        let id = match kernel.find(lookup) {
-            Some(symbol) => {
-                let name = glass_report::kernel_frame_name(symbol);
-                self.function(&name, glass_report::KERNEL_MODULE)
-            }
-            None => self.unknown,
-        };
-        Rc::from([id])
-    }
-
-    fn add_sample(&mut self, sample: &Sample) {
-        self.saw_time(sample.time_ns);
-        let mut functions = Vec::with_capacity(sample.frames.len() + 1);
-        let mut self_function = None;
-        if sample.flags & SAMPLE_FIRMWARE != 0 {
-            // A vCPU still in its firmware runs no code of the image.
-            self_function = Some(self.firmware);
-            functions.push(self.firmware);
-        } else {
-            for (index, &address) in sample.frames.iter().enumerate() {
-                let ids = self.name(sample.pid, address, index > 0);
-                if index == 0 {
-                    // Self time goes to the innermost function that was not inlined.
-                    self_function = ids.first().copied();
-                }
-                functions.extend_from_slice(&ids);
-            }
-        }
-        if sample.flags & SAMPLE_HALTED != 0 {
-            self_function = Some(self.halted);
-            functions.push(self.halted);
-        }
-        // A truncated stack counts for the functions it holds, as in the report.
-        functions.sort_unstable();
-        functions.dedup();
-        self.samples.push_back(WindowSample {
-            time_ns: sample.time_ns,
-            tid: sample.tid,
-            self_function,
-            functions: functions.into(),
-        });
-        self.prune();
-    }
-
     fn window_start(&self) -> u64 {
         self.now_ns().saturating_sub(self.window_ns)
     }
@@ -526,12 +403,27 @@ impl Live {
     /// Drops what fell out of the window.
     fn prune(&mut self) {
         let start = self.window_start();
-        while self.samples.front().is_some_and(|s| s.time_ns < start) {
-            self.samples.pop_front();
-        }
+        self.model.prune(start);
         while self.ticks.front().is_some_and(|&(t, _)| t < start) {
             self.ticks.pop_front();
         }
+        self.since_prune = 0;
+    }
+
+    /// The samples of the live window.
+    fn window(&self) -> Vec<WindowSample> {
+        self.model
+            .model
+            .threads
+            .iter()
+            .flat_map(|thread| {
+                thread.samples.iter().map(|s| WindowSample {
+                    tid: thread.tid,
+                    stack: s.stack,
+                    weight: s.weight,
+                })
+            })
+            .collect()
     }
 
     /// From now on the table shows the window as it is now (sorting and thread views
@@ -539,7 +431,7 @@ impl Live {
     pub fn freeze(&mut self) {
         self.prune();
         self.frozen = Some(Frozen {
-            samples: self.samples.clone(),
+            samples: self.window(),
             ticks: self.ticks.clone(),
             now_ns: self.now_ns(),
             progress: self.progress,
@@ -552,18 +444,15 @@ impl Live {
     }
 
     /// The window the table shows: samples, ticks, its end, the counts.
-    fn shown(
-        &self,
-    ) -> (
-        &VecDeque<WindowSample>,
-        &VecDeque<(u64, u64)>,
-        u64,
-        Progress,
-    ) {
-        let now_ns = self.now_ns();
+    fn shown(&self) -> (Vec<WindowSample>, VecDeque<(u64, u64)>, u64, Progress) {
         match &self.frozen {
-            Some(f) => (&f.samples, &f.ticks, f.now_ns, f.progress),
-            None => (&self.samples, &self.ticks, now_ns, self.progress),
+            Some(f) => (f.samples.clone(), f.ticks.clone(), f.now_ns, f.progress),
+            None => (
+                self.window(),
+                self.ticks.clone(),
+                self.now_ns(),
+                self.progress,
+            ),
         }
     }
 
@@ -590,25 +479,84 @@ impl Live {
             .is_some_and(|m| m.backend == Backend::Perf)
     }
 
+    fn function(&mut self, name: StringIndex, module: StringIndex) -> FunctionId {
+        // By name and module (the report's top table merges by name alone): the
+        // `main` of a program and of the one its child execs are two rows here, as are
+        // two static functions of one name in different files.
+        if let Some(&id) = self.function_ids.get(&(name, module)) {
+            return id;
+        }
+        let id = self.functions.len() as FunctionId;
+        let strings = &self.model.model.strings;
+        self.functions.push(Function {
+            name: strings.get(name).to_string(),
+            module: strings.get(module).to_string(),
+        });
+        self.function_ids.insert((name, module), id);
+        id
+    }
+
+    /// What a stack counts for, as the report's top table counts it: self time to the
+    /// innermost frame that was not inlined, totals once per function, `[truncated]`
+    /// in neither.
+    fn counted(&mut self, stack: Option<StackIndex>) -> Rc<Counted> {
+        if let Some(counted) = self.counted.get(&stack) {
+            return counted.clone();
+        }
+        let mut frames = Vec::new();
+        self.model.model.stack_frames(stack, &mut frames);
+        let no_module = self.model.model.strings.len() as StringIndex;
+        let mut keys = Vec::with_capacity(frames.len());
+        let mut self_key = None;
+        for &frame in &frames {
+            let model = &self.model.model;
+            let row = &model.frames[frame as usize];
+            if row.kind == FrameKind::Truncated {
+                continue;
+            }
+            let module = model.module_of(frame).map_or(no_module, |m| m.name);
+            if row.inline_depth == 0 {
+                self_key = Some((row.function, module));
+            }
+            keys.push((row.function, module));
+        }
+        // Glass's own frames have no module: an empty name.
+        let empty = self.model.model.strings.intern("");
+        let id = |live: &mut Live, (name, module): (StringIndex, StringIndex)| {
+            live.function(name, if module == no_module { empty } else { module })
+        };
+        let self_function = self_key.map(|key| id(self, key));
+        let mut functions: Vec<FunctionId> = keys.into_iter().map(|key| id(self, key)).collect();
+        functions.sort_unstable();
+        functions.dedup();
+        let counted = Rc::new(Counted {
+            self_function,
+            functions: functions.into(),
+        });
+        self.counted.insert(stack, counted.clone());
+        counted
+    }
+
     /// The window's table, `view` and `sort` as the user chose.
     pub fn table(&mut self, view: ThreadView, sort: SortKey) -> Table {
         self.prune();
         let (window, ticks, now_ns, progress) = self.shown();
         let mut counts: HashMap<(Option<u32>, FunctionId), (u64, u64)> = HashMap::new();
         let mut samples = 0;
-        for sample in window {
+        for sample in &window {
             let thread = match view {
                 ThreadView::All => None,
                 ThreadView::Split => Some(sample.tid),
                 ThreadView::One(tid) if tid == sample.tid => Some(tid),
                 ThreadView::One(_) => continue,
             };
-            samples += 1;
-            if let Some(function) = sample.self_function {
-                counts.entry((thread, function)).or_default().0 += 1;
+            samples += sample.weight;
+            let counted = self.counted(sample.stack);
+            if let Some(function) = counted.self_function {
+                counts.entry((thread, function)).or_default().0 += sample.weight;
             }
-            for &function in sample.functions.iter() {
-                counts.entry((thread, function)).or_default().1 += 1;
+            for &function in counted.functions.iter() {
+                counts.entry((thread, function)).or_default().1 += sample.weight;
             }
         }
         let mut rows: Vec<Row> = counts
@@ -634,10 +582,10 @@ impl Live {
             }
         });
         let stopped_total_ns: u64 = ticks.iter().map(|&(_, s)| s).sum();
-        let table = Table {
-            rows: Vec::new(),
+        Table {
+            rows,
             samples,
-            window_samples: window.len() as u64,
+            window_samples: window.iter().map(|s| s.weight).sum(),
             span_ns: now_ns
                 .saturating_sub(self.first_ns.unwrap_or(0))
                 .min(self.window_ns),
@@ -648,20 +596,22 @@ impl Live {
             stopped_total_ns,
             lost: progress.lost,
             missed_deadlines: progress.missed_deadlines,
-        };
-        Table { rows, ..table }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use glass_format::SAMPLE_HALTED;
+    use glass_report::{HALTED_FRAME, UNKNOWN_FRAME};
 
     fn sample(time_s: u64, tid: u32, flags: u8) -> Message {
         Message::Sample(Sample {
             time_ns: time_s * 1_000_000_000,
             pid: 7,
             tid,
+            stopped_ns: 0,
             flags,
             frames: vec![0x1000, 0x2000].into(),
         })

@@ -83,13 +83,6 @@ pub fn run(args: &TopArgs) -> Result<i32> {
             "glass top shows unwound stacks: --capture raw is for glass record",
         ));
     }
-    if record.off_cpu {
-        // The table counts samples; off-CPU samples stand for blocked time, which only
-        // the report weighs (glass record --off-cpu, then glass report).
-        return Err(Failure::bad_input(
-            "glass top shows on-CPU time: --off-cpu is for glass record (then glass report)",
-        ));
-    }
     if !args.batch && !std::io::stdout().is_terminal() {
         return Err(Failure::bad_input(
             "standard output is not a terminal (glass top draws its view there): use --batch for a text table every interval",
