@@ -1,12 +1,17 @@
-//! Calls rebuilt from a `glass trace` recording: each thread's records, decoded to full
-//! timestamps, replayed against a stack. An exit closes the innermost open call of its
+//! Calls rebuilt from a `glass trace` recording: each thread's records replayed against
+//! a stack by the scan's replay (one state machine for every trace format), their
+//! timestamps made whole. An exit closes the innermost open call of its
 //! function (calls above it whose exit was lost are closed with it, marked incomplete);
 //! an unwound record closes a call that ended by longjmp or an exception.
 
 use std::collections::HashMap;
 
 use glass_format::Recording;
-use glass_probe_abi::{EventKind, TscUnwrapper};
+use glass_probe_abi::TSC_BITS;
+
+use super::scan::{Sums, ThreadState};
+
+const TSC_MASK: u64 = (1 << TSC_BITS) - 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -54,6 +59,9 @@ pub struct CallTrace {
 }
 
 impl CallTrace {
+    /// Every call of a recording: each thread's records replayed by
+    /// [`scan`](super::scan)'s one replay (`ThreadState`), keeping the calls, their
+    /// times made absolute again from the session's start.
     pub fn build(recording: &Recording) -> CallTrace {
         let summary = recording.trace_summary.clone().unwrap_or_default();
         let mut trace = CallTrace {
@@ -78,92 +86,50 @@ impl CallTrace {
             }
             chunks.entry(key).or_default().push(&chunk.words);
         }
-        let stride = 1 + trace.counter_names.len();
-        let mut record = Vec::with_capacity(stride);
+        let counters = trace.counter_names.len();
+        let stride = 1 + counters;
+        let mut sums = Sums::calls(counters);
         for key in order {
             let thread = trace.threads.len();
             trace.threads.push(key);
-            let mut unwrap = TscUnwrapper::new(summary.tsc_start);
-            let mut stack: Vec<usize> = Vec::new();
-            let mut now = summary.tsc_start;
-            let counters = trace.counter_names.len();
-            // Counter values at each open call's entry, and at the latest record.
-            let mut at_entry: Vec<u64> = Vec::new();
+            let first_call = sums.calls.as_ref().map_or(0, |sink| sink.calls.len());
             // Records in order; one split across two chunks is put together, a partial
             // one at the end is dropped.
-            let mut words = chunks[&key].iter().flat_map(|words| words.iter().copied());
-            loop {
-                record.clear();
-                record.extend(words.by_ref().take(stride));
-                if record.len() < stride {
-                    break;
-                }
-                let (word, values) = (record[0], &record[1..]);
-                let event = unwrap.decode(word);
-                now = event.tsc;
-                trace.first = trace.first.min(now);
-                match event.kind {
-                    EventKind::Entry => {
-                        let index = trace.calls.len();
-                        trace.calls.push(Call {
-                            function: event.function,
-                            thread,
-                            start: now,
-                            end: now,
-                            depth: stack.len() as u32,
-                            parent: stack.last().copied(),
-                            children: 0,
-                            unwound: false,
-                            incomplete: false,
-                        });
-                        stack.push(index);
-                        at_entry.extend_from_slice(values);
-                        trace
-                            .counter_deltas
-                            .extend(std::iter::repeat_n(0, counters));
-                    }
-                    EventKind::Exit | EventKind::Unwound => {
-                        let Some(position) = stack
-                            .iter()
-                            .rposition(|&i| trace.calls[i].function == event.function)
-                        else {
-                            continue; // its entry was lost
-                        };
-                        while stack.len() > position {
-                            let index = stack.pop().unwrap();
-                            let matched = stack.len() == position;
-                            trace.close(index, now);
-                            let entry = at_entry.split_off(at_entry.len() - counters);
-                            for (i, (&start, &end)) in entry.iter().zip(values).enumerate() {
-                                trace.counter_deltas[index * counters + i] =
-                                    end.wrapping_sub(start);
-                            }
-                            let call = &mut trace.calls[index];
-                            call.unwound = matched && event.kind == EventKind::Unwound;
-                            call.incomplete = !matched;
-                        }
+            let mut state = ThreadState::new(thread as u32, stride);
+            for words in &chunks[&key] {
+                for &word in words.iter() {
+                    if stride == 1 {
+                        state.record(word, &[], &mut sums);
+                    } else {
+                        state.word(word, &mut sums);
                     }
                 }
             }
-            while let Some(index) = stack.pop() {
-                trace.close(index, now);
-                at_entry.truncate(at_entry.len() - counters);
-                trace.calls[index].incomplete = true;
+            state.finish(&mut sums);
+            let Some(low) = state.first_low else {
+                trace.last = trace.last.max(summary.tsc_start);
+                continue;
+            };
+            // The first value at or after the session's start with these bits.
+            let base = summary
+                .tsc_start
+                .wrapping_add(low.wrapping_sub(summary.tsc_start) & TSC_MASK);
+            trace.first = trace.first.min(base);
+            trace.last = trace.last.max(base.wrapping_add(state.now));
+            if let Some(sink) = &mut sums.calls {
+                for call in &mut sink.calls[first_call..] {
+                    call.start = base.wrapping_add(call.start);
+                    call.end = base.wrapping_add(call.end);
+                }
             }
-            trace.last = trace.last.max(now);
         }
         if trace.first == u64::MAX {
             trace.first = 0;
         }
+        let sink = sums.calls.take().unwrap_or_default();
+        trace.calls = sink.calls;
+        trace.counter_deltas = sink.counter_deltas;
         trace
-    }
-
-    fn close(&mut self, index: usize, now: u64) {
-        self.calls[index].end = now;
-        if let Some(parent) = self.calls[index].parent {
-            let cycles = self.calls[index].cycles();
-            self.calls[parent].children += cycles;
-        }
     }
 
     /// The counters' increase over call `index`.

@@ -17,7 +17,11 @@
 //! Times are kept relative to each thread's first record: the base the 44 bits of a
 //! record are extended from (the session's full counter at its start) is in the trace
 //! summary, written again at the end of the file, and only the header's span needs it.
-//! The replay is that of [`super::CallTrace::build`], which the tests hold it to.
+//! [`ThreadState`] is the one replay of a thread's records (a state machine: entries
+//! open calls, an exit closes the innermost open call of its function with the calls
+//! above it whose exits were lost, an unwound record closes one that ended by longjmp or
+//! an exception); [`super::CallTrace::build`] runs it too, keeping every call
+//! ([`CallSink`]) where the scan only sums.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -379,8 +383,18 @@ impl Engine {
     }
 }
 
+/// Every call, kept (for [`super::CallTrace`]), with times relative to its thread's
+/// first record.
+#[derive(Default)]
+pub(crate) struct CallSink {
+    pub calls: Vec<super::Call>,
+    /// Per call, the counters' increase over it (`counters` values per call).
+    pub counter_deltas: Vec<u64>,
+    pub counters: usize,
+}
+
 /// What a worker sums its threads' calls into.
-struct Sums {
+pub(crate) struct Sums {
     /// By function id.
     functions: Vec<FunctionStats>,
     paths: Option<PathTree>,
@@ -388,6 +402,25 @@ struct Sums {
     invocations: Vec<Found>,
     /// The callees of `invocations`, packed.
     callees: Callees,
+    /// Every call, when kept.
+    pub calls: Option<CallSink>,
+}
+
+impl Sums {
+    /// Sums that keep every call and nothing else.
+    pub(crate) fn calls(counters: usize) -> Sums {
+        Sums {
+            functions: Vec::new(),
+            paths: None,
+            root: None,
+            invocations: Vec::new(),
+            callees: Callees::default(),
+            calls: Some(CallSink {
+                counters,
+                ..CallSink::default()
+            }),
+        }
+    }
 }
 
 /// An invocation of the root as a worker found it.
@@ -432,6 +465,7 @@ impl Worker {
                 root: config.root,
                 invocations: Vec::new(),
                 callees: Callees::default(),
+                calls: None,
             },
             words: 0,
             error: None,
@@ -462,10 +496,7 @@ impl Worker {
     /// Closes the calls still open at each thread's last record.
     fn finish(&mut self) {
         for state in self.threads.values_mut() {
-            while let Some(open) = state.stack.pop() {
-                let now = state.now;
-                state.close(open, now, None, false, &mut self.sums);
-            }
+            state.finish(&mut self.sums);
         }
     }
 }
@@ -485,19 +516,21 @@ struct Open {
     /// Inside an invocation of the root, the outermost call of its function there: its
     /// time is the function's in the invocation.
     counted: bool,
+    /// Its index in the [`CallSink`], when calls are kept.
+    call: usize,
 }
 
 /// One traced thread's replay.
-struct ThreadState {
+pub(crate) struct ThreadState {
     /// Its index among the recording's threads.
     thread: u32,
     /// Calls entered so far.
     entries: u64,
     stride: usize,
     /// The low bits of the first record, and the time since it.
-    first_low: Option<u64>,
+    pub first_low: Option<u64>,
     last_low: u64,
-    now: u64,
+    pub now: u64,
     stack: Vec<Open>,
     /// Per function id, its calls on the stack.
     open: Vec<u32>,
@@ -516,7 +549,7 @@ struct ThreadState {
 }
 
 impl ThreadState {
-    fn new(thread: u32, stride: usize) -> ThreadState {
+    pub fn new(thread: u32, stride: usize) -> ThreadState {
         ThreadState {
             thread,
             entries: 0,
@@ -535,8 +568,16 @@ impl ThreadState {
         }
     }
 
+    /// The calls still open at the thread's last record end there, incomplete.
+    pub fn finish(&mut self, sums: &mut Sums) {
+        while let Some(open) = self.stack.pop() {
+            let now = self.now;
+            self.close(open, now, None, false, false, sums);
+        }
+    }
+
     /// A word of a record that carries counters.
-    fn word(&mut self, word: u64, sums: &mut Sums) {
+    pub fn word(&mut self, word: u64, sums: &mut Sums) {
         self.partial.push(word);
         if self.partial.len() == self.stride {
             let record = std::mem::take(&mut self.partial);
@@ -547,7 +588,7 @@ impl ThreadState {
     }
 
     #[inline]
-    fn record(&mut self, word: u64, values: &[u64], sums: &mut Sums) {
+    pub fn record(&mut self, word: u64, values: &[u64], sums: &mut Sums) {
         let low = word & TSC_MASK;
         match self.first_low {
             Some(_) => self.now += low.wrapping_sub(self.last_low) & TSC_MASK,
@@ -584,6 +625,25 @@ impl ThreadState {
                     ordinal: self.entries,
                 });
             }
+            let call = match &mut sums.calls {
+                Some(sink) => {
+                    sink.calls.push(super::Call {
+                        function,
+                        thread: self.thread as usize,
+                        start: now,
+                        end: now,
+                        depth: self.stack.len() as u32,
+                        parent: self.stack.last().map(|o| o.call),
+                        children: 0,
+                        unwound: false,
+                        incomplete: false,
+                    });
+                    let counters = sink.counters;
+                    sink.counter_deltas.extend(std::iter::repeat_n(0, counters));
+                    sink.calls.len() - 1
+                }
+                None => 0,
+            };
             self.entries += 1;
             self.stack.push(Open {
                 function,
@@ -592,6 +652,7 @@ impl ThreadState {
                 children: 0,
                 node,
                 counted,
+                call,
             });
             self.at_entry.extend_from_slice(values);
             return;
@@ -609,7 +670,7 @@ impl ThreadState {
         while self.stack.len() > position {
             let open = self.stack.pop().unwrap();
             let matched = self.stack.len() == position;
-            self.close(open, now, Some(values), matched && unwound, sums);
+            self.close(open, now, Some(values), matched, matched && unwound, sums);
         }
     }
 
@@ -619,10 +680,26 @@ impl ThreadState {
         open: Open,
         end: u64,
         values: Option<&[u64]>,
+        matched: bool,
         unwound: bool,
         sums: &mut Sums,
     ) {
         let cycles = end - open.start;
+        let counters = self.stride - 1;
+        if let Some(sink) = &mut sums.calls {
+            let call = &mut sink.calls[open.call];
+            call.end = end;
+            call.children = open.children;
+            call.unwound = unwound;
+            call.incomplete = !matched;
+            if let Some(values) = values {
+                let entry = self.at_entry.len() - counters;
+                let deltas = &mut sink.counter_deltas[open.call * counters..][..counters];
+                for (i, delta) in deltas.iter_mut().enumerate() {
+                    *delta = values[i].wrapping_sub(self.at_entry[entry + i]);
+                }
+            }
+        }
         if let Some(parent) = self.stack.last_mut() {
             parent.children += cycles;
         }
@@ -673,7 +750,6 @@ impl ThreadState {
         stats.self_time += cycles.saturating_sub(open.children);
         stats.durations.add(cycles);
         stats.unwound += unwound as u64;
-        let counters = self.stride - 1;
         let entry = self.at_entry.len() - counters;
         if !open.nested {
             stats.total += cycles;
