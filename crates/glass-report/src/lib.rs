@@ -1,6 +1,9 @@
 //! From a recording to what a person reads: one interned, timed [`Model`] (string,
 //! module, frame and stack tables; per-thread samples with time and weight) built once,
-//! and one module per output format, each an [`Exporter`] from the model to bytes.
+//! and one module per output format, each an [`Exporter`] from the model to bytes;
+//! [`report`] chooses among them (and between the whole model and a trace streamed)
+//! as `glass report` asks. [`LiveModel`] keeps the same model up to date while a
+//! recording runs (`glass top`).
 
 pub mod calltrace;
 mod diff;
@@ -14,6 +17,7 @@ mod modules;
 mod pprof;
 mod profile;
 mod raw;
+pub mod report;
 mod speedscope;
 mod top;
 
