@@ -123,6 +123,65 @@ fn a_4000_deep_trace_is_drawn_in_bounded_memory_and_time() {
     ]);
     eprintln!("4000-deep trace: pprof {} MB peak, {took:?}", rss >> 20);
     assert!(rss < 120 << 20, "pprof took {} MB", rss >> 20);
+
+    // Damage of the kind that took 3.7 GB (a corrupted trace whose calls never close):
+    // the same records without a single exit, so every call stays open inside the
+    // ones before it, 80,001 deep.
+    let full = glass_format::read_file(&recording).unwrap();
+    let mut writer = glass_format::Writer::new(Vec::new()).unwrap();
+    let meta = full.meta.clone().map(glass_format::Record::Meta);
+    let summary = full.trace_summary.clone().unwrap();
+    for record in meta
+        .into_iter()
+        .chain([glass_format::Record::TraceSummary(summary.clone())])
+    {
+        writer.write(&record).unwrap();
+    }
+    for function in &full.trace_functions {
+        writer
+            .write(&glass_format::Record::TraceFunction(function.clone()))
+            .unwrap();
+    }
+    for chunk in &full.trace_chunks {
+        let mut entries = chunk.clone();
+        entries.words = chunk
+            .words
+            .iter()
+            .filter(|&&w| w & (1 << glass_probe_abi::EXIT_BIT) == 0)
+            .copied()
+            .collect();
+        writer
+            .write(&glass_format::Record::TraceChunk(entries))
+            .unwrap();
+    }
+    writer
+        .write(&glass_format::Record::TraceSummary(summary))
+        .unwrap();
+    writer.write(&glass_format::Record::End).unwrap();
+    let unclosed = dir.join("unclosed.glass");
+    std::fs::write(&unclosed, writer.into_inner()).unwrap();
+    for format in ["flamegraph", "speedscope"] {
+        let (rss, took) = glass_measured(&[
+            "report",
+            unclosed.to_str().unwrap(),
+            "--format",
+            format,
+            "-o",
+            dir.join(format!("unclosed.{format}")).to_str().unwrap(),
+        ]);
+        eprintln!(
+            "80,001 calls never closed: {format} {} MB peak, {took:?}",
+            rss >> 20
+        );
+        assert!(rss < 120 << 20, "{format} took {} MB", rss >> 20);
+        assert!(took < Duration::from_secs(30), "{format} took {took:?}");
+    }
+    let tree = report(&unclosed, &["--format", "tree", "--limit", "5000"]);
+    assert!(
+        tree.trim_end().ends_with(DEEPER_FRAME),
+        "{:.300}",
+        &tree[tree.len() - 300..]
+    );
 }
 
 #[test]
