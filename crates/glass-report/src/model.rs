@@ -815,7 +815,6 @@ impl Model {
             function_frames.insert(function.id, frame);
         }
         let unknown = model.special_frame(FrameKind::Unknown, UNKNOWN_FRAME, Category::Other);
-        let deeper = model.special_frame(FrameKind::Deeper, DEEPER_FRAME, Category::Other);
         for &(pid, tid) in &trace.threads {
             let process = process_names
                 .get(&pid)
@@ -849,8 +848,16 @@ impl Model {
             let depth = call.depth as usize;
             let (frame, stack) = match depth.cmp(&MAX_DEPTH) {
                 std::cmp::Ordering::Less => (frame, model.intern_stack(parent, frame)),
-                std::cmp::Ordering::Equal => (deeper, model.intern_stack(parent, deeper)),
-                std::cmp::Ordering::Greater => (deeper, parent.unwrap_or_default()),
+                std::cmp::Ordering::Equal => {
+                    // (Made at the first such call: other traces' tables stay as they were.)
+                    let deeper =
+                        model.special_frame(FrameKind::Deeper, DEEPER_FRAME, Category::Other);
+                    (deeper, model.intern_stack(parent, deeper))
+                }
+                std::cmp::Ordering::Greater => {
+                    let stack = parent.unwrap_or_default();
+                    (model.stacks[stack as usize].frame, stack)
+                }
             };
             call_stacks.push(stack);
             let thread = &mut model.threads[call.thread];
