@@ -1011,4 +1011,10 @@ fn off_cpu_is_shown_live_as_the_report_shows_it() {
     }
     let off_cpu = live.iter().find(|r| r.function == "[off-cpu]").unwrap();
     assert!(off_cpu.total_share > 20.0, "{last}");
+    // The window (the whole run) weighs as many samples as the report: on-CPU samples
+    // and blocked time in sampling periods.
+    let shown = number_after(last, "s: ").unwrap_or_else(|| panic!("{last}"));
+    let on_cpu = number_after(&report, "on-CPU: ").unwrap_or_else(|| panic!("{report}"));
+    let blocked = number_after(&report, "weighed as ").unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(shown, on_cpu + blocked, "{last}\n{report}");
 }
