@@ -538,17 +538,17 @@ fn unhook(qmp: Option<&str>, libvirt: Option<&str>) -> std::result::Result<Strin
         }
     };
     let status = monitor.status().map_err(|e| e.to_string())?;
+    // glass began with the VM running (it refuses any other state); QEMU's stub stops
+    // it as `paused` (an interrupt, a new connection) or `debug` (a breakpoint): a VM
+    // found so after glass died was stopped by glass. It runs first, then the stub goes.
+    let resumed = status == "paused" || status == "debug";
+    if resumed {
+        monitor.hmp("cont").map_err(|e| e.to_string())?;
+    }
     let stubs = monitor.hmp("info chardev").unwrap_or_default();
     let had_stub = glass_target::qmp::existing_stub(&stubs).is_some();
     if had_stub {
         monitor.hmp("gdbserver none").map_err(|e| e.to_string())?;
-    }
-    // glass began with the VM running (it refuses any other state); QEMU's stub stops
-    // it as `paused` (an interrupt, a new connection) or `debug` (a breakpoint): a VM
-    // found so after glass died was stopped by glass.
-    let resumed = status == "paused" || status == "debug";
-    if resumed {
-        monitor.hmp("cont").map_err(|e| e.to_string())?;
     }
     Ok(match (had_stub, resumed) {
         (true, true) => "removed the GDB stub glass enabled and let the VM run (cont)",

@@ -78,6 +78,7 @@ pub fn record(
         None => {}
     }
     let pid = monitor.qemu_pid();
+    may_trace(pid, &named)?;
     // QEMU creates the socket (with its user and umask: only its user and root can
     // connect); glass reaches it through QEMU's own root, which is the same path unless
     // QEMU runs in a mount namespace of its own.
@@ -167,4 +168,23 @@ fn enable_and_sample(
         Backend::GdbStub,
         Some(fate),
     ))
+}
+
+/// glass reads QEMU's memory and connects to the stub QEMU creates (with QEMU's user
+/// and umask): it must be QEMU's user or root. Said before anything is enabled.
+fn may_trace(pid: i32, named: &str) -> std::result::Result<(), TargetError> {
+    // SAFETY: geteuid has no arguments.
+    let me = unsafe { libc::geteuid() };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let owner: Option<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|uids| uids.split_whitespace().nth(1))
+        .and_then(|euid| euid.parse().ok());
+    match owner {
+        Some(owner) if me != 0 && owner != me => Err(TargetError::BadInput(format!(
+            "{named}: QEMU (pid {pid}) runs as uid {owner}: glass may not read its memory or use its stub as uid {me}; run glass as QEMU's user or as root"
+        ))),
+        _ => Ok(()),
+    }
 }
