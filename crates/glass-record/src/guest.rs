@@ -1,10 +1,11 @@
 //! The VM-guest loop: sample a guest through a [`GuestBackend`] (its VMM's GDB stub for
-//! `--gdb` and `--vm`), whatever the guest's architecture.
+//! `--gdb`, `--vm`, `--qmp` and `--libvirt`), whatever the guest's architecture.
 //!
 //! At each tick: stop the VM, read each vCPU's registers, copy the top of each vCPU's
 //! stack — from the guest's RAM through glass's own page-table walk (x86-64 or AArch64)
-//! and translation cache where the backend maps RAM (`--guest-memory`, `--vm`), through
-//! the backend's own reads otherwise — and let the VM run. Unwinding (DWARF CFI from the guest ELF, frame
+//! and translation cache where the backend has RAM (`--guest-memory`, `--vm`; QEMU's own
+//! memory for `--qmp`/`--libvirt`), through the backend's own reads otherwise — and let
+//! the VM run. Unwinding (DWARF CFI from the guest ELF, frame
 //! pointers where there is none) and writing happen after the guest runs again, in the
 //! same sink as for processes. A vCPU is recorded as thread `vcpuN` (tid N+1) of one
 //! process named after the guest ELF.

@@ -721,3 +721,36 @@ impl Drop for Client {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::exit_packet;
+
+    #[test]
+    fn exit_packets_are_told_from_replies() {
+        assert_eq!(exit_packet(b"W00").as_deref(), Some("W00"));
+        assert_eq!(exit_packet(b"X09").as_deref(), Some("X09"));
+        assert_eq!(
+            exit_packet(b"W01;process:1").as_deref(),
+            Some("W01;process:1")
+        );
+        // Replies that are not: hex memory, OK, errors, stop replies, odd lengths.
+        for reply in [
+            &b"00ff"[..],
+            b"OK",
+            b"E01",
+            b"T05thread:p01.01;",
+            b"W",
+            b"W0",
+            b"Wzz",
+            b"",
+        ] {
+            assert_eq!(
+                exit_packet(reply),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+    }
+}
