@@ -55,6 +55,10 @@ pub fn record(
     stop_signals: &SignalFd,
 ) -> std::result::Result<Result<Recorded>, TargetError> {
     let args = sink.args;
+    // A bad --symbols is said before anything in QEMU changes.
+    super::guest_image::GuestImage::load(
+        args.symbols.as_deref().unwrap_or(std::path::Path::new("")),
+    )?;
     let (mut monitor, guardian_args) = open_monitor(args.qmp.as_deref(), args.libvirt.as_deref())?;
     let named = monitor.describe();
     let status = monitor.status().map_err(target_error)?;
