@@ -187,7 +187,7 @@ fn a_running_qemu_is_profiled_through_its_qmp_socket_and_left_as_found() {
     let stacks = folded(&recording, &["--threads"]);
     let [alpha, beta, gamma, _] = guest_split(&vm.serial);
     let busy = under(&stacks, "vcpu0/", "dispatch");
-    assert!(busy > 800, "{busy} busy samples: {stacks:?}");
+    assert!(busy > 300, "{busy} busy samples: {stacks:?}");
     for (function, truth) in [("alpha", alpha), ("beta", beta), ("gamma", gamma)] {
         let share = under(&stacks, "vcpu0/", function) as f64 * 100.0 / busy as f64;
         let tolerance = share_tolerance(truth, busy, 3.0);
