@@ -30,7 +30,7 @@
  * alpha/beta/gamma are shares of busy TSC cycles (each function's inclusive time, from
  * rdtsc around its call in dispatch), halted is the share of all TSC cycles since run
  * started spent between sti;hlt and the wake-up; both cumulative.
- * Powers off (isa-debug-exit, port 0x501 or 0xf4; QEMU exits 1) after ROUNDS rounds, or
+ * Powers off (isa-debug-exit, port 0x501 or 0xf4: QEMU exits 1; else ACPI S5: QEMU exits 0) after ROUNDS rounds, or
  * runs forever if ROUNDS is 0. */
 #include <stdint.h>
 #include "../demo/serial.h"
@@ -212,10 +212,14 @@ static void setup_interrupts(void) {
 
 /* isa-debug-exit at its default port (0x501, "-device isa-debug-exit") and at the
  * demo's (0xf4, "-device isa-debug-exit,iobase=0xf4,iosize=0x04"): QEMU exits with
- * status (code << 1) | 1. A write to the port without the device is ignored. */
+ * status (code << 1) | 1. A write to the port without the device is ignored. Without
+ * it, an ACPI soft-off (S5: SLP_TYP 0 with SLP_EN into PM1a_CNT, which QEMU's PIIX4 PM
+ * has at 0x604 once SeaBIOS enabled it): QEMU shuts down as for any guest power-off
+ * (the QMP SHUTDOWN event, its GDB stub's W00) and exits 0. */
 static void power_off(uint8_t code) {
     outb(0x501, code);
     outb(0xf4, code);
+    __asm__ volatile("outw %0, %1" : : "a"((uint16_t)0x2000), "Nd"((uint16_t)0x604));
 }
 
 /* Called by entry.S's fault stubs (interrupts off): reports and powers off. */

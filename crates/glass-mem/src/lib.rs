@@ -1,5 +1,5 @@
 //! Guest memory seen from outside the guest: its RAM (a read-only mapping of the file
-//! QEMU backs it with), the guest's own page tables walked by glass, and a translation
+//! QEMU backs it with, or QEMU's own memory read with process_vm_readv), the guest's own page tables walked by glass, and a translation
 //! cache.
 //!
 //! Why a walker of our own: the alternative is asking the VMM (a GDB stub round trip
@@ -12,12 +12,14 @@
 
 pub mod aarch64;
 pub mod cache;
+pub mod process;
 pub mod ram;
 pub mod walk;
 pub mod x86_64;
 
 pub use aarch64::Aarch64Paging;
 pub use cache::TranslationCache;
+pub use process::{HostRange, ProcessRam};
 pub use ram::{GuestRam, PhysicalMemory};
 pub use walk::{GuestPaging, LeafEntry, PageWalk, Translation, WalkError};
 pub use x86_64::{PagingMode, X86Paging};

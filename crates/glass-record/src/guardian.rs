@@ -98,6 +98,12 @@ pub struct GuardianArgs {
     /// glass's pid (the guardian's parent)
     #[arg(long)]
     glass: i32,
+    /// glass enabled the stub through this QMP socket (`--qmp`): the guardian removes it
+    #[arg(long, requires = "stub", conflicts_with = "libvirt")]
+    qmp: Option<String>,
+    /// glass enabled the stub through libvirt (`--libvirt`): the guardian removes it
+    #[arg(long, requires = "stub")]
+    libvirt: Option<String>,
     /// glass launches the VM (`--vm`): QEMU's process writes `vm PID` into the pipe
     #[arg(long)]
     launched: bool,
@@ -131,6 +137,25 @@ impl Guardian {
             args.push("--keep-vm".into());
         }
         Self::start_with(args, mark, bound, "lets the VM run if glass dies")
+    }
+
+    /// Starts the guardian for a QEMU glass attached through its monitor (`--qmp`,
+    /// `--libvirt`, given in `monitor_args`), whose stub at `stub` glass enables: if glass
+    /// dies, the guardian removes the stub and lets the VM run.
+    pub fn start_monitored(
+        stub: &str,
+        monitor_args: Vec<String>,
+        mark: &StopMark,
+        bound: Duration,
+    ) -> Result<Guardian, TargetError> {
+        let mut args = vec!["--stub".to_string(), stub.to_string()];
+        args.extend(monitor_args);
+        Self::start_with(
+            args,
+            mark,
+            bound,
+            "removes the GDB stub glass enables and lets the VM run if glass dies",
+        )
     }
 
     /// Starts the guardian for Xen domain `domid`: if glass dies while `mark` says it
@@ -405,6 +430,18 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     }
     let cause = ending.cause("the VM", bound);
     let stub = args.stub.clone().unwrap_or_default();
+    if args.qmp.is_some() || args.libvirt.is_some() {
+        match unhook(args.qmp.as_deref(), args.libvirt.as_deref()) {
+            Ok(what) => eprintln!(
+                "glass: {cause}; its guardian {what} in {:.1} ms",
+                died.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(error) => eprintln!(
+                "glass: {cause}; its guardian could not remove the GDB stub glass enabled or let the VM run: {error} (HMP: gdbserver none, then cont)"
+            ),
+        }
+        return Ok(0);
+    }
     if args.launched {
         let Some((pid, pidfd)) = vm else {
             // glass died before launching QEMU: there is no VM.
@@ -485,6 +522,43 @@ fn unpause_xen(
     }
 }
 
+/// glass died attached through QEMU's monitor: removes the stub glass enabled (QEMU
+/// closes it and its socket) and, if the VM is still stopped (`paused` or `debug`),
+/// lets it run with `cont`. The monitor, not the stub: no new stub connection
+/// to wait for, and it works whether glass died before, during or after enabling it.
+/// Retried for a bounded time: QEMU's QMP socket takes a new client once it has seen
+/// glass's connection close. Returns what it did.
+fn unhook(qmp: Option<&str>, libvirt: Option<&str>) -> std::result::Result<String, String> {
+    let until = Instant::now() + CONNECT_FOR;
+    let mut monitor = loop {
+        match crate::monitor::open_monitor(qmp, libvirt) {
+            Ok((monitor, _)) => break monitor,
+            Err(error) if Instant::now() > until => return Err(error.to_string()),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let status = monitor.status().map_err(|e| e.to_string())?;
+    // glass began with the VM running (it refuses any other state); QEMU's stub stops
+    // it as `paused` (an interrupt, a new connection) or `debug` (a breakpoint): a VM
+    // found so after glass died was stopped by glass. It runs first, then the stub goes.
+    let resumed = status == "paused" || status == "debug";
+    if resumed {
+        monitor.hmp("cont").map_err(|e| e.to_string())?;
+    }
+    let stubs = monitor.hmp("info chardev").unwrap_or_default();
+    let had_stub = glass_target::qmp::existing_stub(&stubs).is_some();
+    if had_stub {
+        monitor.hmp("gdbserver none").map_err(|e| e.to_string())?;
+    }
+    Ok(match (had_stub, resumed) {
+        (true, true) => "removed the GDB stub glass enabled and let the VM run (cont)",
+        (true, false) => "removed the GDB stub glass enabled (the VM was running)",
+        (false, true) => "let the VM run (cont; no GDB stub was left)",
+        (false, false) => "found no GDB stub left and the VM running",
+    }
+    .to_string())
+}
+
 /// Connects to the stub and detaches (the VM runs), retrying for a bounded time: QEMU
 /// takes the new connection once it has seen the dead one close. Gives up early if the
 /// launched QEMU is gone.
@@ -563,7 +637,7 @@ fn state_of(pid: i32, tid: i32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open has no memory arguments.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     // SAFETY: a fresh descriptor we own.
@@ -584,7 +658,7 @@ fn pidfd_signal(pidfd: &OwnedFd, signal: i32) {
 }
 
 /// Whether the process ended (its pidfd polls readable) within `timeout_ms`.
-fn exited(pidfd: &OwnedFd, timeout_ms: i32) -> bool {
+pub(crate) fn exited(pidfd: &OwnedFd, timeout_ms: i32) -> bool {
     let mut poll = libc::pollfd {
         fd: pidfd.as_raw_fd(),
         events: libc::POLLIN,

@@ -1,10 +1,11 @@
 //! The VM-guest loop: sample a guest through a [`GuestBackend`] (its VMM's GDB stub for
-//! `--gdb` and `--vm`), whatever the guest's architecture.
+//! `--gdb`, `--vm`, `--qmp` and `--libvirt`), whatever the guest's architecture.
 //!
 //! At each tick: stop the VM, read each vCPU's registers, copy the top of each vCPU's
 //! stack — from the guest's RAM through glass's own page-table walk (x86-64 or AArch64)
-//! and translation cache where the backend maps RAM (`--guest-memory`, `--vm`), through
-//! the backend's own reads otherwise — and let the VM run. Unwinding (DWARF CFI from the guest ELF, frame
+//! and translation cache where the backend has RAM (`--guest-memory`, `--vm`; QEMU's own
+//! memory for `--qmp`/`--libvirt`), through the backend's own reads otherwise — and let
+//! the VM run. Unwinding (DWARF CFI from the guest ELF, frame
 //! pointers where there is none) and writing happen after the guest runs again, in the
 //! same sink as for processes. A vCPU is recorded as thread `vcpuN` (tid N+1) of one
 //! process named after the guest ELF.
@@ -20,10 +21,11 @@ use std::time::{Duration, Instant};
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_mem::ram::{qemu_arm_virt_layout, qemu_x86_layout, GuestRam};
-use glass_mem::TranslationCache;
+use glass_mem::{PhysicalMemory, TranslationCache};
 use glass_target::gdbstub::backend::GdbBackend;
 use glass_target::gdbstub::client::{Client, StubError};
-use glass_target::guest::{paging_of, GuestBackend, GuestError, VcpuRegs};
+use glass_target::guest::{paging_of, GuestBackend, GuestError, Lost, VcpuRegs};
+use glass_target::qmp::Monitor;
 use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
@@ -61,17 +63,31 @@ pub fn record(
         std::fs::metadata(path)
             .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
     }
-    let ram = args.guest_memory.clone();
+    let ram = match args.guest_memory.clone() {
+        Some(path) => RamSource::File(path),
+        None => RamSource::Stub,
+    };
     // Before the first connection stops the VM: from here on, a glass that dies leaves
     // the VM to the guardian, which lets it run, and a glass that holds it stopped past
     // the stop bound is killed by the guardian (which then lets it run).
     let mark = StopMark::create().map_err(TargetError::Io)?;
     let guardian =
         super::guardian::Guardian::start(&address, false, false, &mark, sink.stop_bound)?;
-    let sampled = sample_guest(sink, &address, ram, &symbols, stop_signals, None, &mark);
+    let sampled = sample_guest(
+        sink,
+        &address,
+        ram,
+        &symbols,
+        stop_signals,
+        Vmm::Stub,
+        &mark,
+    );
     // Every way out of sample_guest leaves the VM running (or never stopped it).
     guardian.done();
-    let (sink, outcome) = sampled?;
+    let (sink, outcome, fate) = sampled?;
+    if let Some(fate) = fate {
+        sink.notes.warn(&fate);
+    }
     Ok(finish(sink, outcome, None, Backend::GdbStub))
 }
 
@@ -95,12 +111,12 @@ fn map_ram(path: &std::path::Path, arch: Arch) -> std::result::Result<GuestRam, 
 pub(super) fn sample_guest<'a>(
     mut sink: Sink<'a>,
     address: &str,
-    ram: Option<std::path::PathBuf>,
+    ram: RamSource,
     symbols: &std::path::Path,
     stop_signals: &SignalFd,
-    vm: Option<&mut std::process::Child>,
+    mut vmm: Vmm<'_>,
     mark: &StopMark,
-) -> std::result::Result<(Sink<'a>, Outcome), TargetError> {
+) -> std::result::Result<(Sink<'a>, Outcome, Option<String>), TargetError> {
     let mut image = GuestImage::load(symbols)?;
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
@@ -112,22 +128,29 @@ pub(super) fn sample_guest<'a>(
     let client = client.map_err(stub_failed)?;
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
-    let ram = match ram {
-        Some(path) => Some(map_ram(&path, arch)?),
-        None => None,
+    let (ram, memory) = match ram {
+        RamSource::File(path) => {
+            let ram = map_ram(&path, arch)?;
+            let said = format!("the RAM file {} ({} MiB)", path.display(), ram.size() >> 20);
+            (Some(Box::new(ram) as Box<dyn PhysicalMemory>), said)
+        }
+        RamSource::Process(ram, said) => (Some(ram), said),
+        RamSource::Stub => (None, "the GDB stub's m packets".to_string()),
     };
-    let mut backend = GdbBackend::new(client, ram);
-    let outcome = match run(
+    sink.notes
+        .figure(&format!("guest memory read from {memory}"));
+    let mut backend = GdbBackend::with_memory(client, ram);
+    let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
         &mut image,
         symbols,
         stop_signals,
-        vm,
+        &mut vmm,
         Some(mark),
     ) {
-        Ok(outcome) => outcome,
-        Err(error) => Outcome::WriteFailed(error),
+        Ok(ended) => ended,
+        Err(error) => (Outcome::WriteFailed(error), None),
     };
     if matches!(outcome, Outcome::StubLost) {
         // The VM may have been stopped when the connection broke, and QEMU leaves it
@@ -148,7 +171,86 @@ pub(super) fn sample_guest<'a>(
         let _ = backend.detach();
     }
     mark.end();
-    Ok((sink, outcome))
+    Ok((sink, outcome, fate))
+}
+
+/// Where the VM's RAM is read from, besides the stub.
+pub(super) enum RamSource {
+    /// Only through the stub (`m` packets).
+    Stub,
+    /// A file QEMU backs the RAM with (`--guest-memory`, `--vm`'s memfd).
+    File(std::path::PathBuf),
+    /// QEMU's own memory, and how the summary names it.
+    Process(Box<dyn PhysicalMemory>, String),
+}
+
+/// What holds the VM besides its GDB stub: how glass learns that it ended, and how.
+pub(super) enum Vmm<'a> {
+    /// `--gdb`: the stub alone.
+    Stub,
+    /// `--vm`: the QEMU glass launched (its exit status says how it ended).
+    Launched(&'a mut std::process::Child),
+    /// `--qmp`, `--libvirt`: QEMU's monitor, and a pidfd of QEMU.
+    Monitored {
+        monitor: &'a mut dyn Monitor,
+        pidfd: Option<std::os::fd::OwnedFd>,
+    },
+}
+
+/// How long QEMU has to exit once its stub connection broke: QEMU closes the stub in
+/// its clean-up, then ends (it took up to 122 ms under load here; 10 s is for a machine
+/// swapping). Only a QEMU that closed the stub and still runs (its stub removed by
+/// someone) waits this long.
+const QEMU_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+impl Vmm<'_> {
+    /// Between samples: the VM has ended (QEMU exited).
+    fn ended(&mut self) -> bool {
+        match self {
+            Vmm::Stub => false,
+            Vmm::Launched(child) => matches!(child.try_wait(), Ok(Some(_))),
+            Vmm::Monitored { monitor, pidfd } => {
+                monitor.drain();
+                pidfd
+                    .as_ref()
+                    .is_some_and(|fd| super::guardian::exited(fd, 0))
+            }
+        }
+    }
+
+    /// After the backend lost the VM: `Some(how it ended)` if it ended, decided by what
+    /// QEMU did (its exit status, the stub's exit packet, the monitor's SHUTDOWN event),
+    /// never by a fixed wait; `None` if QEMU runs on (the connection broke).
+    fn after_loss(&mut self, lost: &Lost) -> Option<String> {
+        let gone = lost.exit_packet.is_some() || lost.closed;
+        match self {
+            Vmm::Stub => lost
+                .exit_packet
+                .as_ref()
+                .map(|packet| format!("the VM ended (its GDB stub's last packet: {packet})")),
+            Vmm::Launched(child) => {
+                let until = Instant::now() + if gone { QEMU_EXIT_WAIT } else { Duration::ZERO };
+                loop {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        return Some(format!("QEMU exited ({status})"));
+                    }
+                    if Instant::now() >= until {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Vmm::Monitored { monitor, .. } => monitor.ending(),
+        }
+    }
+
+    /// How the VM ended, once [`Vmm::ended`] said it did.
+    fn fate(&mut self) -> Option<String> {
+        match self {
+            Vmm::Monitored { monitor, .. } => monitor.ending(),
+            _ => None,
+        }
+    }
 }
 
 /// What the loop keeps per vCPU: the last registers and stack copy, the copy's size, and
@@ -256,6 +358,33 @@ pub(super) fn run(
     vm: Option<&mut std::process::Child>,
     stop_mark: Option<&StopMark>,
 ) -> std::io::Result<Outcome> {
+    let mut vmm = match vm {
+        Some(child) => Vmm::Launched(child),
+        None => Vmm::Stub,
+    };
+    run_with(
+        sink,
+        backend,
+        image,
+        symbols,
+        stop_signals,
+        &mut vmm,
+        stop_mark,
+    )
+    .map(|(outcome, _)| outcome)
+}
+
+/// [`run`], with how the VM ended when it did (`Outcome::TargetExited`) and the monitor
+/// or stub said so.
+fn run_with(
+    sink: &mut Sink,
+    backend: &mut dyn GuestBackend,
+    image: &mut GuestImage,
+    symbols: &std::path::Path,
+    stop_signals: &SignalFd,
+    vmm: &mut Vmm<'_>,
+    stop_mark: Option<&StopMark>,
+) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
     if let Some(warning) = &image.naming_warning {
@@ -330,7 +459,8 @@ pub(super) fn run(
         backend,
         source: &mut source,
         image,
-        vm,
+        vmm,
+        fate: None,
         no_idle: args.no_idle,
         stop_mark,
         ticks: 0,
@@ -347,6 +477,7 @@ pub(super) fn run(
     );
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
+    let fate = sampler.fate.take();
     let times = &mut source.registers_ns;
     times.sort_unstable();
     sink.notes.figure(&format!(
@@ -367,7 +498,7 @@ pub(super) fn run(
         ));
     }
     outside.judge(symbols, sink.notes);
-    outcome
+    outcome.map(|outcome| (outcome, fate))
 }
 
 /// The per-vCPU figures: the VM stops as a whole (the stopped time per sample is in the
@@ -414,13 +545,15 @@ fn percentile(sorted_ns: &[u64], p: f64) -> f64 {
 
 /// The guest loop's side of the shared poll loop: the whole VM is one target, stopped
 /// at each tick; its vCPUs are its threads.
-struct GuestSampler<'s, 'b> {
+struct GuestSampler<'s, 'b, 'v> {
     vcpus: &'s mut [Vcpu],
     outside: OutsideText,
     backend: &'b mut dyn GuestBackend,
     source: &'s mut StackSource,
     image: &'s mut GuestImage,
-    vm: Option<&'s mut std::process::Child>,
+    vmm: &'s mut Vmm<'v>,
+    /// How the VM ended, where the monitor or the stub said.
+    fate: Option<String>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -432,12 +565,12 @@ struct GuestSampler<'s, 'b> {
     stop_in_sample: Option<u64>,
 }
 
-impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
+impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
-        let exited = self
-            .vm
-            .as_deref_mut()
-            .is_some_and(|vm| matches!(vm.try_wait(), Ok(Some(_))));
+        let exited = self.vmm.ended();
+        if exited {
+            self.fate = self.vmm.fate();
+        }
         Ok(Gathered::ended_if(exited))
     }
 
@@ -472,21 +605,25 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
             mark.end();
         }
         if let Err(error) = taken.and(resumed) {
-            // The backend lost the VM: it powered off, or the connection broke.
-            let powered_off = self.vm.as_deref_mut().is_some_and(|vm| {
-                std::thread::sleep(Duration::from_millis(100));
-                matches!(vm.try_wait(), Ok(Some(_)))
-            });
+            // The backend lost the VM: it powered off, or the connection broke. Told
+            // apart by what QEMU did, not by a wait (issue 23: a fixed 100 ms called 2
+            // power-offs in 10 under load a lost connection).
             if self.backend.gone() {
                 sink.notes
                     .warn(&format!("{error}; the recording ends there"));
                 return Ok(Err(Outcome::TargetExited));
             }
-            if !powered_off {
-                sink.notes.warn(&format!("{error}; ending the recording"));
-                return Ok(Err(Outcome::StubLost));
-            }
-            return Ok(Err(Outcome::TargetExited));
+            let lost = self.backend.lost();
+            return Ok(Err(match self.vmm.after_loss(&lost) {
+                Some(fate) => {
+                    self.fate = Some(fate);
+                    Outcome::TargetExited
+                }
+                None => {
+                    sink.notes.warn(&format!("{error}; ending the recording"));
+                    Outcome::StubLost
+                }
+            }));
         }
         sink.tick(stopped_ns);
         source.registers_ns.push(source.last_registers_ns);

@@ -10,6 +10,8 @@
 //!   stub for `--gdb`); [`qemu`] launches QEMU for `--vm` and samples it with the same
 //!   loop; [`guardian`] outlives glass and lets the VM run (or ends the QEMU `--vm`
 //!   launched) if glass is killed.
+//! - [`monitor`]: `--qmp`/`--libvirt`, a QEMU that runs already, through its monitor
+//!   (a GDB stub enabled for the recording, RAM read from QEMU's memory), same loop.
 //! - [`xen`]: a Xen guest from dom0 through the hypervisor
 //!   (`glass_target::xen::XenBackend`), sampled by the same loop as `guest`.
 //!
@@ -22,6 +24,7 @@ pub mod event;
 pub mod guardian;
 mod guest;
 mod guest_image;
+mod monitor;
 mod perf;
 mod ptrace;
 mod qemu;
@@ -51,6 +54,10 @@ pub struct RecordOptions {
     pub max_depth: u32,
     pub pid: Option<i32>,
     pub gdb: Option<String>,
+    /// A running QEMU's QMP socket (`--qmp`): attached without a restart.
+    pub qmp: Option<String>,
+    /// A running libvirt domain (`--libvirt`): its QEMU attached without a restart.
+    pub libvirt: Option<String>,
     /// A Xen domain (id or name) to sample from dom0.
     pub xen: Option<String>,
     pub symbols: Option<PathBuf>,
@@ -220,7 +227,11 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
     };
-    let guest = args.vm || args.gdb.is_some() || args.xen.is_some();
+    let guest = args.vm
+        || args.gdb.is_some()
+        || args.xen.is_some()
+        || args.qmp.is_some()
+        || args.libvirt.is_some();
     let kernel_options = match (args.off_cpu, args.kernel) {
         (true, _) => Some("--off-cpu"),
         (false, Some(true)) => Some("--kernel"),
@@ -270,6 +281,9 @@ fn start<'a>(
     }
     if args.xen.is_some() {
         return xen::record(sink, stop_signals).map_err(start_failed)?;
+    }
+    if args.qmp.is_some() || args.libvirt.is_some() {
+        return monitor::record(sink, stop_signals).map_err(start_failed)?;
     }
     match backend {
         BackendChoice::Perf => perf::record(sink, stop_signals).map_err(start_failed)?,

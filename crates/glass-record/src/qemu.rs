@@ -20,7 +20,7 @@ use nix::sys::signalfd::SignalFd;
 
 use super::finish_with;
 use super::guardian::{report_vm_pid, Guardian, QEMU_GRACE};
-use super::guest::sample_guest;
+use super::guest::{sample_guest, RamSource, Vmm};
 use super::recorder::Recorder as Sink;
 use crate::{Recorded, Result};
 
@@ -152,16 +152,16 @@ fn launch_and_sample(
     let result = sample_guest(
         sink,
         &address,
-        Some(ram),
+        RamSource::File(ram),
         symbols,
         stop_signals,
-        Some(&mut child),
+        Vmm::Launched(&mut child),
         mark,
     );
     let qemu_cpu = process_cpu_ns(child.id())
         .zip(qemu_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
-    let result = result.map(|(sink, outcome)| {
+    let result = result.map(|(sink, outcome, _)| {
         let stopped_ns = sink.summary(None).stopped_total_ns;
         let running_ns = (sampling_started.elapsed().as_nanos() as u64).saturating_sub(stopped_ns);
         if let Some(warning) = qemu_cpu.and_then(|cpu| oversubscribed_warning(cpu, running_ns)) {

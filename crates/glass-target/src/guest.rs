@@ -15,6 +15,15 @@ pub use crate::arch::{Arch, VcpuRegs};
 #[error("{0}")]
 pub struct GuestError(pub String);
 
+/// What a backend saw when it lost the VM: the GDB stub's last packet, an exit packet
+/// (`W00`: QEMU sends it as it shuts down), and whether the connection is gone (closed,
+/// reset) rather than merely silent.
+#[derive(Debug, Default, Clone)]
+pub struct Lost {
+    pub exit_packet: Option<String>,
+    pub closed: bool,
+}
+
 pub trait GuestBackend {
     /// The guest's architecture.
     fn arch(&self) -> Arch;
@@ -58,6 +67,11 @@ pub trait GuestBackend {
     /// The guest no longer exists (after an error: it ended, it was destroyed).
     fn gone(&self) -> bool {
         false
+    }
+
+    /// After a failure: what the backend saw of the VM's end (see [`Lost`]).
+    fn lost(&mut self) -> Lost {
+        Lost::default()
     }
 
     /// The backend's own figures for the summary.

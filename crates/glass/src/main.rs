@@ -111,11 +111,20 @@ pub struct RecordArgs {
     /// Sample a VM guest through its VMM's GDB stub (host:port, or a unix socket path)
     #[arg(long, conflicts_with_all = ["command", "pid"], requires = "symbols")]
     pub gdb: Option<String>,
+    /// Sample a running QEMU through its QMP socket (-qmp unix:PATH,server=on,wait=off),
+    /// without a restart: glass enables a GDB stub for the recording and removes it
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["command", "pid", "gdb", "vm", "xen", "libvirt"], requires = "symbols")]
+    pub qmp: Option<String>,
+    /// Sample a running libvirt domain's QEMU (as virsh names it), without a restart or a
+    /// change to its XML
+    #[arg(long, value_name = "DOMAIN", conflicts_with_all = ["command", "pid", "gdb", "vm", "xen"], requires = "symbols")]
+    pub libvirt: Option<String>,
     /// Sample a Xen guest from dom0 through the hypervisor (its domain id or name, as
     /// `xl list` shows them); the domain runs on when the recording ends
     #[arg(long, value_name = "DOMID|NAME", conflicts_with_all = ["command", "pid", "gdb", "vm"], requires = "symbols")]
     pub xen: Option<String>,
-    /// The guest's ELF image, for symbols and unwind tables (with --gdb, --vm or --xen)
+    /// The guest's ELF image, for symbols and unwind tables (with --gdb, --vm, --qmp,
+    /// --libvirt or --xen)
     #[arg(long)]
     pub symbols: Option<PathBuf>,
     /// The file backing the guest's RAM (QEMU memory-backend-file or memfd with
@@ -178,7 +187,7 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
     /// The command to launch and sample
-    #[arg(last = true, required_unless_present_any = ["pid", "gdb", "xen"])]
+    #[arg(last = true, required_unless_present_any = ["pid", "gdb", "xen", "qmp", "libvirt"])]
     pub command: Vec<String>,
 }
 

@@ -48,6 +48,8 @@ pub fn options(args: &RecordArgs) -> RecordOptions {
         max_depth: args.max_depth,
         pid: args.pid,
         gdb: args.gdb.clone(),
+        qmp: args.qmp.clone(),
+        libvirt: args.libvirt.clone(),
         xen: args.xen.clone(),
         symbols: args.symbols.clone(),
         guest_memory: args.guest_memory.clone(),

@@ -1,15 +1,15 @@
 //! The GDB stub as a [`GuestBackend`]: the [`Client`]'s pipelined stop-and-registers
 //! exchange, `m` packets for memory, and the guest's RAM where QEMU shares it (a file
-//! or memfd glass maps read-only), laid out as the machine does.
+//! or memfd glass maps read-only, laid out as the machine does; or QEMU's own memory).
 
 use glass_mem::{GuestRam, PhysicalMemory};
 
 use super::client::{Client, StubError};
-use crate::guest::{paging_of, Arch, GuestBackend, GuestError, VcpuRegs};
+use crate::guest::{paging_of, Arch, GuestBackend, GuestError, Lost, VcpuRegs};
 
 pub struct GdbBackend {
     pub client: Client,
-    ram: Option<GuestRam>,
+    ram: Option<Box<dyn PhysicalMemory>>,
     /// The registers of the last stop, and the vCPU the stub has selected since: an
     /// `m` read through another vCPU with the same page tables needs no `Hg`.
     last_regs: Vec<VcpuRegs>,
@@ -24,6 +24,12 @@ impl From<StubError> for GuestError {
 
 impl GdbBackend {
     pub fn new(client: Client, ram: Option<GuestRam>) -> Self {
+        Self::with_memory(client, ram.map(|r| Box::new(r) as Box<dyn PhysicalMemory>))
+    }
+
+    /// With any guest-physical memory: a RAM file, or QEMU's own memory
+    /// ([`glass_mem::ProcessRam`]).
+    pub fn with_memory(client: Client, ram: Option<Box<dyn PhysicalMemory>>) -> Self {
         let vcpus = client.vcpus.len();
         GdbBackend {
             client,
@@ -67,7 +73,7 @@ impl GuestBackend for GdbBackend {
     }
 
     fn physical_memory(&self) -> Option<&dyn PhysicalMemory> {
-        self.ram.as_ref().map(|ram| ram as &dyn PhysicalMemory)
+        self.ram.as_deref()
     }
 
     /// Whole packets until `buf` is full or the stub returns less (an unmapped page).
@@ -107,5 +113,15 @@ impl GuestBackend for GdbBackend {
 
     fn read_unit(&self) -> usize {
         self.client.max_memory_read()
+    }
+
+    /// What is left on the connection is read (for at most 2 s, until QEMU closes it):
+    /// QEMU sends `W00` just before it closes its stub as it shuts down.
+    fn lost(&mut self) -> Lost {
+        let exit_packet = self.client.last_words(std::time::Duration::from_secs(2));
+        Lost {
+            exit_packet,
+            closed: self.client.is_closed(),
+        }
     }
 }

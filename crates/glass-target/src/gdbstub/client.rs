@@ -26,6 +26,10 @@ pub enum StubError {
     Closed,
     #[error("the GDB stub did not answer within {0:?}")]
     Timeout(Duration),
+    /// The stub's last packet: the target exited (`W` with its status, `X` with the
+    /// signal that ended it). QEMU sends `W00` as it shuts down.
+    #[error("the VM ended (its GDB stub's last packet: {0})")]
+    Exited(String),
     #[error("the GDB stub sent a malformed reply: {0}")]
     Protocol(String),
     #[error("the GDB stub refused {0}: {1}")]
@@ -86,6 +90,10 @@ pub struct Client {
     p_packets: Vec<Vec<u8>>,
     /// Replies read but not yet acknowledged (sent with the next `c`).
     owed_acks: usize,
+    /// The exit packet (`W..`/`X..`) the stub sent, if it did.
+    exit_packet: Option<String>,
+    /// The stub closed the connection (or the socket broke).
+    closed: bool,
 }
 
 impl Client {
@@ -131,6 +139,8 @@ impl Client {
             sources: Vec::new(),
             p_packets: Vec::new(),
             owed_acks: 0,
+            exit_packet: None,
+            closed: false,
         };
         client.handshake(mark)?;
         Ok(client)
@@ -623,6 +633,12 @@ impl Client {
                     .push(b)
                     .map_err(|e| StubError::Protocol(format!("{e:?}")))?
                 {
+                    if let Event::Packet(payload) = &event {
+                        if let Some(exit) = exit_packet(payload) {
+                            self.exit_packet = Some(exit.clone());
+                            return Err(StubError::Exited(exit));
+                        }
+                    }
                     return Ok(event);
                 }
             }
@@ -633,7 +649,10 @@ impl Client {
             self.stream.set_read_deadline(Some(left))?;
             let mut chunk = [0u8; 4096];
             match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(StubError::Closed),
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(StubError::Closed);
+                }
                 Ok(n) => self.buffer.extend(&chunk[..n]),
                 Err(e)
                     if matches!(
@@ -644,10 +663,52 @@ impl Client {
                     return Err(StubError::Timeout(REPLY_TIMEOUT));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.closed |= broken(&e);
+                    return Err(e.into());
+                }
             }
         }
     }
+
+    /// After a failure: the exit packet the stub sent before it closed the connection
+    /// (`W00`: QEMU shut down), read from what is left on the socket if it was not read
+    /// yet (a write that failed because QEMU had gone leaves its last words unread).
+    /// Reads until the stub closes the connection, for at most `wait`.
+    pub fn last_words(&mut self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        while self.exit_packet.is_none() && !self.closed && Instant::now() < deadline {
+            match self.next_event(deadline) {
+                Ok(_) => {}
+                Err(StubError::Timeout(_)) => break,
+                Err(StubError::Io(e)) if !broken(&e) => break,
+                Err(_) => {}
+            }
+        }
+        self.exit_packet.clone()
+    }
+
+    /// Whether the connection is gone (closed by the stub, reset, or broken on write).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// An exit packet: `W` or `X` and two hex digits, optionally `;process:PID`.
+fn exit_packet(payload: &[u8]) -> Option<String> {
+    let (&kind, rest) = payload.split_first()?;
+    let code = rest.split(|&b| b == b';').next()?;
+    (matches!(kind, b'W' | b'X') && code.len() == 2 && code.iter().all(u8::is_ascii_hexdigit))
+        .then(|| String::from_utf8_lossy(payload).into_owned())
+}
+
+fn broken(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
 }
 
 impl Drop for Client {
@@ -657,6 +718,39 @@ impl Drop for Client {
             // Fire and forget: a stub that has stopped answering must not hold glass.
             encode(b"c", &mut self.framed);
             let _ = self.stream.write_all(&self.framed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exit_packet;
+
+    #[test]
+    fn exit_packets_are_told_from_replies() {
+        assert_eq!(exit_packet(b"W00").as_deref(), Some("W00"));
+        assert_eq!(exit_packet(b"X09").as_deref(), Some("X09"));
+        assert_eq!(
+            exit_packet(b"W01;process:1").as_deref(),
+            Some("W01;process:1")
+        );
+        // Replies that are not: hex memory, OK, errors, stop replies, odd lengths.
+        for reply in [
+            &b"00ff"[..],
+            b"OK",
+            b"E01",
+            b"T05thread:p01.01;",
+            b"W",
+            b"W0",
+            b"Wzz",
+            b"",
+        ] {
+            assert_eq!(
+                exit_packet(reply),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(reply)
+            );
         }
     }
 }

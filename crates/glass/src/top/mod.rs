@@ -91,6 +91,8 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     let options = crate::record::options(record);
     let launched = record.pid.is_none()
         && record.gdb.is_none()
+        && record.qmp.is_none()
+        && record.libvirt.is_none()
         && record.xen.is_none()
         && !record.vm
         && !record.command.is_empty();
@@ -222,6 +224,12 @@ fn target_name(record: &RecordArgs) -> String {
     }
     if let Some(domain) = &record.xen {
         return format!("Xen domain {domain} ({symbols})");
+    }
+    if let Some(socket) = &record.qmp {
+        return format!("QEMU at {socket} ({symbols})");
+    }
+    if let Some(domain) = &record.libvirt {
+        return format!("libvirt domain {domain} ({symbols})");
     }
     let program = record.command.first().map_or(String::new(), |c| base(c));
     if record.vm {

@@ -1,0 +1,268 @@
+//! Debian's libvirt with a `type='qemu'` domain (TCG) running the demo unikernel:
+//! `glass record --libvirt DOMAIN` profiles it with no change to the domain's XML, and
+//! the domain runs on, with no GDB stub left, after every ending of glass (issue 23).
+//! libvirt is installed and its daemons started by ./x test (`need_libvirt`); run alone,
+//! the test starts the daemons itself where they are installed but not running.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn virsh(args: &[&str]) -> std::process::Output {
+    Command::new("virsh")
+        .args(["-q", "-c", "qemu:///system"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("virsh is installed (./x test installs libvirt-clients)")
+}
+
+fn virsh_text(args: &[&str]) -> String {
+    let output = virsh(args);
+    assert!(
+        output.status.success(),
+        "virsh {args:?}: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// libvirtd answers; started here (virtlogd, then libvirtd, as daemons: these machines
+/// have no systemd) if it does not.
+fn libvirtd_running() {
+    if virsh(&["version"]).status.success() {
+        return;
+    }
+    for daemon in ["virtlogd", "libvirtd"] {
+        let status = Command::new(daemon)
+            .arg("-d")
+            .status()
+            .unwrap_or_else(|e| panic!("{daemon}: {e} (./x test installs libvirt-daemon-system)"));
+        assert!(status.success(), "{daemon} -d failed");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !virsh(&["version"]).status.success() {
+        assert!(Instant::now() < deadline, "libvirtd did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A transient domain (`virsh create`): it exists while it runs, and is destroyed when
+/// the test ends, whatever happens.
+struct Domain {
+    name: String,
+    serial: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let _ = virsh(&["destroy", &self.name]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Domain {
+    /// The unikernel `image` as a `type='qemu'` domain, its serial port in a file. The
+    /// files live in a directory under /tmp, which QEMU's user (libvirt-qemu) can reach.
+    fn create(image: &Path) -> Domain {
+        let name = format!("glass-test-{}", std::process::id());
+        let dir = PathBuf::from(format!("/tmp/{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Command::new("chmod").arg("755").arg(&dir).status().unwrap();
+        let kernel = dir.join("uk.img");
+        std::fs::copy(image, &kernel).unwrap();
+        let serial = dir.join("uk.serial");
+        let xml = format!(
+            "<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><kernel>{}</kernel></os>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <serial type='file'><source path='{}'/><target port='0'/></serial>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+",
+            kernel.display(),
+            serial.display()
+        );
+        let xml_path = dir.join("domain.xml");
+        std::fs::write(&xml_path, xml).unwrap();
+        let domain = Domain { name, serial, dir };
+        virsh_text(&["create", xml_path.to_str().unwrap()]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while domain.progress() < 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the domain's guest did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        domain
+    }
+
+    fn progress(&self) -> usize {
+        std::fs::read_to_string(&self.serial)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("rate"))
+            .count()
+    }
+
+    fn hmp(&self, command: &str) -> String {
+        virsh_text(&["qemu-monitor-command", &self.name, "--hmp", command])
+    }
+
+    /// Running (libvirt and QEMU agree), no GDB stub left, the guest making progress:
+    /// waited for (15 s at most), since a guardian may still be cleaning up.
+    fn assert_as_found(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let state = virsh_text(&["domstate", &self.name]);
+            let status = self.hmp("info status");
+            let chardevs = self.hmp("info chardev");
+            if state.trim() == "running"
+                && status.contains("VM status: running")
+                && !chardevs.contains("gdb: filename")
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the domain is not as glass found it: {state} / {status} / {chardevs}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let before = self.progress();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.progress() <= before {
+            assert!(Instant::now() < deadline, "the guest makes no progress");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_libvirt_domain_is_profiled_by_name_and_left_as_found() {
+    let _alone = exclusive();
+    libvirtd_running();
+    let dir = scratch("libvirt");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/unikernel/build.sh");
+    let built = Command::new(script)
+        .arg(&dir)
+        .arg("0")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(built.success(), "guests/unikernel/build.sh failed");
+    let elf = dir.join("uk.elf");
+    let domain = Domain::create(&dir.join("uk.img"));
+    let xml_before = virsh_text(&["dumpxml", &domain.name]);
+
+    let recording = dir.join("libvirt.glass");
+    let output = glass(&[
+        "record",
+        "-F",
+        "997",
+        "-d",
+        "6",
+        "--libvirt",
+        &domain.name,
+        "--symbols",
+        elf.to_str().unwrap(),
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    assert!(
+        err.contains("guest memory read from QEMU's own memory (pid"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "duration elapsed; VM running, the GDB stub glass enabled removed (libvirt domain"
+        ),
+        "{err}"
+    );
+    domain.assert_as_found();
+    // The domain's definition is libvirt's own: glass changed nothing in it.
+    assert_eq!(virsh_text(&["dumpxml", &domain.name]), xml_before);
+
+    let stacks = folded(&recording, &["--threads"]);
+    let [alpha, beta, gamma, _] = guest_split(&domain.serial);
+    let busy = under(&stacks, "vcpu0/", "dispatch");
+    assert!(busy > 200, "{busy} busy samples: {stacks:?}");
+    for (function, truth) in [("alpha", alpha), ("beta", beta), ("gamma", gamma)] {
+        let share = under(&stacks, "vcpu0/", function) as f64 * 100.0 / busy as f64;
+        let tolerance = share_tolerance(truth, busy, 3.0);
+        assert!(
+            (share - truth).abs() <= tolerance,
+            "{function}: {share:.1}% of {busy} samples, the guest measured {truth}% ({tolerance:.1} points allowed)"
+        );
+    }
+
+    // Ended by SIGINT, SIGTERM, SIGKILL, and killed by its guardian while it holds the
+    // VM stopped inside a sample: the domain runs on, no stub left.
+    for (signal, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGKILL, "SIGKILL"),
+    ] {
+        let ended = dir.join(format!("{name}.glass"));
+        let child = Command::new(GLASS)
+            .args(["record", "-F", "499", "-d", "60", "--libvirt", &domain.name])
+            .arg("--symbols")
+            .arg(&elf)
+            .arg("-o")
+            .arg(&ended)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_recording(&ended, 8 << 10);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let output = child.wait_with_output().unwrap();
+        let err = stderr(&output);
+        if signal == libc::SIGKILL {
+            assert_eq!(output.status.code(), None, "{err}");
+        } else {
+            assert!(output.status.success(), "{name}: {err}");
+        }
+        domain.assert_as_found();
+    }
+    let held = dir.join("held.glass");
+    let output = Command::new(GLASS)
+        .args(["record", "-F", "499", "-d", "60", "--libvirt", &domain.name])
+        .arg("--symbols")
+        .arg(&elf)
+        .arg("-o")
+        .arg(&held)
+        .env("GLASS_TEST_STOP_IN_SAMPLE", "100")
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), None, "killed by its guardian: {err}");
+    domain.assert_as_found();
+    assert_eq!(virsh_text(&["dumpxml", &domain.name]), xml_before);
+
+    // No such domain: one line, exit 2, naming the running ones.
+    let missing = glass(&[
+        "record",
+        "--libvirt",
+        "glass-no-such-domain",
+        "--symbols",
+        elf.to_str().unwrap(),
+        "-o",
+        dir.join("none.glass").to_str().unwrap(),
+    ]);
+    assert_clean_failure(&missing, 2, "no such domain (running: ");
+}
