@@ -11,7 +11,10 @@
 //!
 //! Each vCPU's stack copy is sized from what the unwinder wanted last time (as the
 //! ptrace backend does), up to `--stack-size`; copies that were too short are counted
-//! per vCPU. A vCPU that has not yet run the image and is not in long mode (firmware,
+//! per vCPU. Where the backend maps guest RAM, a vCPU's first copy runs from its stack
+//! pointer to the end of the stack's mapping (the page walk's first unmapped page, or
+//! `--stack-size`), so a deep stack is whole on its first sample; later copies shrink
+//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not in long mode (firmware,
 //! boot loader, an application processor the guest never started) is recorded with its
 //! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
 //! image is flagged `HALTED` (left out with `--no-idle`).
@@ -165,6 +168,10 @@ struct Vcpu {
     last_sample_ns: u64,
     /// Bytes copied at this sample.
     copied: usize,
+    /// The next copy is the first with a stack: it runs to the end of the mapping.
+    first_copy: bool,
+    /// This sample's copy was that first one.
+    top_copy: bool,
     /// The vCPU has executed inside the image (so it is past its firmware).
     ran_image: bool,
     /// At this sample: still in firmware (not yet in long mode nor in the image).
@@ -189,6 +196,8 @@ impl Vcpu {
             deepest: first_copy.min(limit),
             last_sample_ns: 0,
             copied: 0,
+            first_copy: true,
+            top_copy: false,
             ran_image: false,
             in_firmware: false,
             last_read_ns: 0,
@@ -210,8 +219,11 @@ impl Vcpu {
     /// that stopped short of its size met the end of the mapped stack: not cut either.
     ///
     /// The size follows the deepest recent walk with a quarter more room, the deepest
-    /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate):
-    /// a vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
+    /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate),
+    /// but by at most 1/64 per sample (half in no fewer than 44 samples): where glass
+    /// gets few stops a second (a loaded host), a deep phase a third of the time would
+    /// otherwise decay away between two of its samples and be cut at the next one.
+    /// A vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
     /// while one whose deep phase is over stops paying for it (which matters most through
     /// `m` packets, one round trip per packet). A cut copy grows fourfold, so a deep
     /// stack is reached in one or two samples.
@@ -219,11 +231,18 @@ impl Vcpu {
         const FRAME: usize = 4096;
         const DECAY_NS: u64 = 2_000_000_000;
         let limit = self.stack.len();
-        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS) as u128 / DECAY_NS as u128)
-            as usize;
+        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS / 64) as u128
+            / DECAY_NS as u128) as usize;
         self.deepest -= decay;
+        let asked = if self.top_copy {
+            // Later copies shrink from the mapping's end, not from the first walk.
+            self.deepest = self.deepest.max(self.copied);
+            limit
+        } else {
+            self.copy_len
+        };
         let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
-        if ran_out && self.copied == self.copy_len {
+        if ran_out && self.copied == asked {
             self.cut += 1;
             self.deepest = self.deepest.max(self.copy_len * 4);
         }
@@ -338,6 +357,7 @@ pub(super) fn run(
             .ok()
             .and_then(|n| n.parse().ok()),
     };
+    let (cpu_began, began) = (own_cpu_us(), Instant::now());
     let outcome = drive(
         &mut sampler,
         sink,
@@ -345,6 +365,9 @@ pub(super) fn run(
         Clock::Running(args.frequency),
         args.duration,
     );
+    let cpu_end = own_cpu_us();
+    let (user_us, system_us) = (cpu_end.0 - cpu_began.0, cpu_end.1 - cpu_began.1);
+    let seconds = began.elapsed().as_secs_f64();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
     let times = &mut source.registers_ns;
@@ -354,6 +377,18 @@ pub(super) fn run(
         vcpus.len(),
         percentile(times, 0.5),
         percentile(times, 0.99)
+    ));
+    // glass's own CPU, stops and everything between them (unwinding, writing): in a
+    // Xen dom0 the system part includes the hypercalls' time in Xen (a pause waits
+    // there until every vCPU of the domain is descheduled).
+    let stops = times.len().max(1) as f64;
+    sink.notes.figure(&format!(
+        "stops taken: {} in {seconds:.1} s ({:.1}/s, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system",
+        times.len(),
+        times.len() as f64 / seconds.max(1e-9),
+        args.frequency,
+        user_us as f64 / stops,
+        system_us as f64 / stops
     ));
     print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
     for figure in backend_figures {
@@ -401,6 +436,18 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn 
             vcpu.cut
         ));
     }
+}
+
+/// This process's CPU time so far, user and system, in microseconds.
+fn own_cpu_us() -> (u64, u64) {
+    // SAFETY: a plain struct of integers, which getrusage fills.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return (0, 0);
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(usage.ru_utime), us(usage.ru_stime))
 }
 
 /// The `p` quantile of sorted nanoseconds, in microseconds.
@@ -564,17 +611,27 @@ fn take_sample(
             && backend
                 .halted(index)
                 .unwrap_or_else(|| image.halted_at(r.ip()));
+        vcpu.top_copy = false;
         vcpu.copied = if vcpu.in_firmware || left_out {
             // Nothing of its stack is recorded.
             0
         } else {
-            copy_stack(
+            // The first copy from mapped RAM: up to the first unmapped page.
+            vcpu.top_copy = vcpu.first_copy && backend.physical_memory().is_some();
+            let len = if vcpu.top_copy {
+                vcpu.stack.len()
+            } else {
+                vcpu.copy_len
+            };
+            let copied = copy_stack(
                 backend,
                 &mut source.cache,
                 index,
                 &r,
-                &mut vcpu.stack[..vcpu.copy_len],
-            )?
+                &mut vcpu.stack[..len],
+            )?;
+            vcpu.first_copy &= copied == 0;
+            copied
         };
         vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }
