@@ -220,9 +220,11 @@ impl Vcpu {
     ///
     /// The size follows the deepest recent walk with a quarter more room, the deepest
     /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate),
-    /// but by at most 1/64 per sample (half in no fewer than 44 samples): where glass
+    /// but by at most 1/32 per sample (half in no fewer than 22 samples): where glass
     /// gets few stops a second (a loaded host), a deep phase a third of the time would
-    /// otherwise decay away between two of its samples and be cut at the next one.
+    /// otherwise decay away between two of its samples and be cut at the next one. (At
+    /// 1/64, a shallow vCPU kept copying 40-60 KiB for half a minute at 10 stops/s:
+    /// stopped time spent on nothing.)
     /// A vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
     /// while one whose deep phase is over stops paying for it (which matters most through
     /// `m` packets, one round trip per packet). A cut copy grows fourfold, so a deep
@@ -231,7 +233,7 @@ impl Vcpu {
         const FRAME: usize = 4096;
         const DECAY_NS: u64 = 2_000_000_000;
         let limit = self.stack.len();
-        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS / 64) as u128
+        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS / 32) as u128
             / DECAY_NS as u128) as usize;
         self.deepest -= decay;
         let asked = if self.top_copy {
