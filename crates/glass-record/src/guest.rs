@@ -43,6 +43,8 @@ const GUEST_PID: i32 = 1;
 /// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
 /// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
 const FIRST_STACK_COPY: usize = 16 << 10;
+/// How many of a vCPU's last walks its stack copy is sized for at least.
+const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
 const DEFAULT_STACK_LIMIT: usize = 256 << 10;
 /// QEMU's i440fx keeps RAM below 3.5 GiB under 4 GiB (the PCI hole above it).
@@ -164,6 +166,8 @@ struct Vcpu {
     copy_len: usize,
     /// The deepest recent walk's need in bytes, decaying (see [`Vcpu::walked`]).
     deepest: usize,
+    /// The last walks' needs in bytes (a ring indexed by the sample count).
+    recent: [u32; RECENT_WALKS],
     /// When the last walk's sample was taken (ns since the recording's start).
     last_sample_ns: u64,
     /// Bytes copied at this sample.
@@ -194,6 +198,7 @@ impl Vcpu {
             stack: vec![0; limit],
             copy_len: first_copy.min(limit),
             deepest: first_copy.min(limit),
+            recent: [0; RECENT_WALKS],
             last_sample_ns: 0,
             copied: 0,
             first_copy: true,
@@ -218,13 +223,15 @@ impl Vcpu {
     /// nothing about the stack's depth and is neither counted nor copied for. A copy
     /// that stopped short of its size met the end of the mapped stack: not cut either.
     ///
-    /// The size follows the deepest recent walk with a quarter more room, the deepest
-    /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate),
-    /// but by at most 1/32 per sample (half in no fewer than 22 samples): where glass
-    /// gets few stops a second (a loaded host), a deep phase a third of the time would
-    /// otherwise decay away between two of its samples and be cut at the next one. (At
-    /// 1/64, a shallow vCPU kept copying 40-60 KiB for half a minute at 10 stops/s:
-    /// stopped time spent on nothing.)
+    /// The size follows the deepest recent walk with a quarter more room: the deepest
+    /// decays by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate),
+    /// but never below the deepest of the last [`RECENT_WALKS`] walks. At high rates the
+    /// decay governs; where glass gets few stops a second (a loaded host: 10-20), a
+    /// decay in time alone let a deep phase a third of the time fade between two of its
+    /// samples and be cut at the next (2 cuts in 30 s seen), while a bound on the decay
+    /// per sample kept a shallow vCPU copying 40-60 KiB for tens of seconds after its
+    /// first copy (stopped time spent on nothing). The window holds both: a deep phase
+    /// is in it, a finished one leaves it after that many samples.
     /// A vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
     /// while one whose deep phase is over stops paying for it (which matters most through
     /// `m` packets, one round trip per packet). A cut copy grows fourfold, so a deep
@@ -233,8 +240,8 @@ impl Vcpu {
         const FRAME: usize = 4096;
         const DECAY_NS: u64 = 2_000_000_000;
         let limit = self.stack.len();
-        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS / 32) as u128
-            / DECAY_NS as u128) as usize;
+        let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS) as u128 / DECAY_NS as u128)
+            as usize;
         self.deepest -= decay;
         let asked = if self.top_copy {
             // Later copies shrink from the mapping's end, not from the first walk.
@@ -248,9 +255,14 @@ impl Vcpu {
             self.cut += 1;
             self.deepest = self.deepest.max(self.copy_len * 4);
         }
-        if wanted <= self.copied + FRAME {
-            self.deepest = self.deepest.max(wanted);
-        }
+        // A walk gone astray says nothing of the depth: its slot holds no need.
+        self.recent[self.samples as usize % RECENT_WALKS] = if wanted <= self.copied + FRAME {
+            wanted as u32
+        } else {
+            0
+        };
+        let recent = self.recent.iter().copied().max().unwrap_or(0) as usize;
+        self.deepest = self.deepest.max(recent);
         self.copy_len = (self.deepest + self.deepest / 4 + 512)
             .next_multiple_of(512)
             .clamp(512, limit);
