@@ -8,7 +8,9 @@
 #   floor.MODE.HZ.R   bench/xen_floor's result line
 #   xenctx.vV.txt     the last xenctx output per vCPU
 #   tsc.txt           Xen's "Detected N MHz processor" line (the guest's TSC rate)
-# The host writes $GLASS_OUT/env first: GLASS, PV_ELF, FLOOR, SYMS, ROUNDS, IDLE (seconds
+#   glass.pvh.HZ.R.err, floor.pvh.ctx.HZ.R
+#                     the same for the unikernel's PVH build, after the PV rounds
+# The host writes $GLASS_OUT/env first: GLASS, PV_ELF, HVM_ELF, FLOOR, SYMS, ROUNDS, IDLE (seconds
 # per window without any tool), GLASS_SECONDS, XENCTX (runs per vCPU per round),
 # FLOOR_SECONDS (per floor run, at most FLOOR_N samples).
 # A round (odd rounds take the rates and the blocks the other way round):
@@ -21,6 +23,10 @@ source "$GLASS_OUT/env"
 OUT="$GLASS_OUT"
 export PATH="/usr/lib/xen-4.17/bin:$PATH"
 LOG=/var/log/xen/console/guest-uk.log
+# As in crates/glass/tests/xen_dom0.sh: under nested TCG on a loaded host one pause can
+# take hundreds of ms (Xen waits for the guest's vCPUs to be descheduled), which the
+# default stop bound (50 ms) would end as a stalled glass.
+export GLASS_STOP_BOUND_MS=1000
 
 xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
 xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
@@ -126,9 +132,46 @@ for round in $(seq 0 $((ROUNDS - 1))); do
         idle "$round.c"
     fi
 done
-event done
 sleep 0.5
 kill "$stamper" 2>/dev/null
 echo "rate lines: $(rates); guest state: $(xl list uk | awk 'NR == 2 { print $5 }')"
 xl destroy uk
+
+# The unikernel's PVH build, placed alike: the floor (xc_vcpu_getcontext serves PVH too)
+# and glass at each rate, in every round.
+cat >/run/pvh.cfg <<EOF
+name = "pvh"
+type = "pvh"
+kernel = "$HVM_ELF"
+memory = 32
+vcpus = 2
+cpus = ["1", "0"]
+tsc_mode = "native"
+on_poweroff = "destroy"
+on_crash = "preserve"
+EOF
+xl create -q /run/pvh.cfg || { echo "xl create pvh failed"; exit 1; }
+DOMID="$(xl domid pvh)"
+PVH_LOG=/var/log/xen/console/guest-pvh.log
+limit=$(($(date +%s) + 120))
+while [ "$(tr -d '\r' <"$PVH_LOG" 2>/dev/null | grep -c '^rate ')" -lt 1 ]; do
+    [ "$(date +%s)" -lt "$limit" ] || { echo "the PVH unikernel printed no rate line"; cat "$PVH_LOG"; exit 1; }
+    sleep 0.2
+done
+echo "pvh is domain $DOMID"
+for round in $(seq 0 $((ROUNDS - 1))); do
+    for hz in 101 997; do
+        event floor-start pvh "$hz" "$round"
+        "$FLOOR" "$DOMID" ctx "$FLOOR_N" "$hz" "$FLOOR_SECONDS" >"$OUT/floor.pvh.ctx.$hz.$round" 2>&1
+        event floor-end pvh "$hz" "$round"
+        cat "$OUT/floor.pvh.ctx.$hz.$round"
+        event glass-start pvh "$hz" "$round"
+        "$GLASS" record --xen pvh -F "$hz" -d "$GLASS_SECONDS" --symbols "$HVM_ELF" -o "/tmp/bench.pvh.glass" 2>&1 \
+            >/dev/null | stamp >"$OUT/glass.pvh.$hz.$round.err"
+        event glass-end pvh "$hz" "$round"
+        cut -d' ' -f2- "$OUT/glass.pvh.$hz.$round.err"
+    done
+done
+xl destroy pvh
+event done
 exit 0

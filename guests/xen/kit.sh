@@ -21,8 +21,10 @@ fresh() {
 }
 
 # --- 1. packages -----------------------------------------------------------------------
+# qemu-system-xen: the device model of HVM guests (xl's device_model_override=
+# /usr/libexec/xen-qemu-system-i386); PV and PVH guests need none.
 PKGS=(xen-hypervisor-4.17-amd64 xen-utils-4.17 libxen-dev busybox-static qemu-system-x86
-      kmod cpio gzip gcc libc6-dev binutils)
+      qemu-system-xen kmod cpio gzip gcc libc6-dev binutils)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -31,7 +33,7 @@ apt_updated=0
 apt_update() { [ $apt_updated = 1 ] || { log "apt-get update"; apt-get update -qq; apt_updated=1; }; }
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
-    # --no-install-recommends: xen-utils recommends qemu-system-xen, which is not fetchable here.
+    # --no-install-recommends: nothing else xen-utils recommends is needed.
     "$HERE/../../scripts/apt-install" --no-install-recommends "${missing[@]}"
 fi
 

@@ -16,25 +16,44 @@
 #
 # The script checks the result with readelf/nm and fails if the Xen notes, the symbols,
 # the entry point, DWARF or .eh_frame/.eh_frame_hdr are not as expected.
-# Usage: guests/xenpv/build.sh OUT [ROUNDS]     (ROUNDS 0 = run forever)
+# Usage: guests/xenpv/build.sh OUT [ROUNDS] [pv|hvm]     (ROUNDS 0 = run forever)
+#
+# hvm builds OUT/uk-hvm.elf instead: the same work as a PVH/HVM guest (-DXEN_HVM), loaded
+# by physical address from 1 MiB and entered at pvh_start in 32-bit protected mode
+# (XEN_ELFNOTE_PHYS32_ENTRY): xl type="pvh" kernel=uk-hvm.elf, or type="hvm" with
+# firmware_override=uk-hvm.elf (it then runs in place of hvmloader). It makes its own
+# page tables (physical 0-4 GiB at 0 and 0-2 GiB at VIRT_BASE, 2 MiB pages), fills its
+# hypercall page through Xen's CPUID/MSR interface (vmcall/vmmcall stubs), prints to
+# the PV console where the toolstack gave one (HVM_PARAM_CONSOLE_PFN) and to Xen's
+# debug port 0xe9 otherwise, waits in SCHEDOP_poll with a timeout instead of
+# SCHEDOP_block, and starts vCPU1 in long mode (VCPUOP_initialise, VCPU_HVM_MODE_64B).
 set -euo pipefail
 # (No `grep -q` at the end of a pipe: it stops reading at the first match, the writer
 # dies of SIGPIPE, and pipefail turns that into a failure now and then.)
 here="$(cd "$(dirname "$0")" && pwd)"
-out="$1"; rounds="${2:-0}"
+out="$1"; rounds="${2:-0}"; mode="${3:-pv}"
 mkdir -p "$out"
+case "$mode" in
+pv) defs=(); name=uk-pv; script="$here/link.ld" ;;
+hvm)
+    defs=(-DXEN_HVM); name=uk-hvm; script="$out/uk-hvm.ld"
+    sed -e 's/^LOAD_PHYS = 0;/LOAD_PHYS = 0x100000;/' -e 's/^ENTRY(_start)/ENTRY(pvh_start)/' \
+        "$here/link.ld" >"$script"
+    ;;
+*) echo "usage: $0 OUT [ROUNDS] [pv|hvm]" >&2; exit 2 ;;
+esac
 
 gcc -O2 -g -ffreestanding -fno-pic -fno-pie -mcmodel=kernel -mno-red-zone -fno-stack-protector \
     -mno-sse -mno-mmx -mno-80387 -fno-omit-frame-pointer -fcf-protection=none \
-    -Wall -Wextra -DROUNDS="$rounds" \
-    -c "$here/kernel.c" -o "$out/uk-pv-kernel.o"
-gcc -g -c "$here/head.S" -Wa,--noexecstack -o "$out/uk-pv-head.o"
-ld -nostdlib -z max-page-size=4096 --eh-frame-hdr --build-id -T "$here/link.ld" \
-    -o "$out/uk-pv.elf" "$out/uk-pv-head.o" "$out/uk-pv-kernel.o"
+    -Wall -Wextra -DROUNDS="$rounds" "${defs[@]}" \
+    -c "$here/kernel.c" -o "$out/$name-kernel.o"
+gcc -g "${defs[@]}" -c "$here/head.S" -Wa,--noexecstack -o "$out/$name-head.o"
+ld -nostdlib -z max-page-size=4096 --eh-frame-hdr --build-id -T "$script" \
+    -o "$out/$name.elf" "$out/$name-head.o" "$out/$name-kernel.o"
 
 # --- checks ---------------------------------------------------------------------------
 fail() { echo "guests/xenpv/build.sh: $*" >&2; exit 1; }
-elf="$out/uk-pv.elf"
+elf="$out/$name.elf"
 readelf -h "$elf" | grep 'Class: *ELF64' >/dev/null || fail "not ELF64"
 readelf -h "$elf" | grep 'Machine: *Advanced Micro Devices X86-64' >/dev/null || fail "not x86-64"
 readelf -l -W "$elf" | grep '^ *NOTE ' >/dev/null || fail "no PT_NOTE program header"
@@ -61,6 +80,8 @@ addr() {
     [ -n "$a" ] || fail "no symbol $1"
     echo "$a"
 }
+le32() { local v="${1#0x}" r="" i; v="$(printf '%08x' "$((16#$v))")"; for i in 6 4 2 0; do r+="${v:$i:2}"; done; echo "$r"; }
+if [ "$mode" = pv ]; then
 [ "$(note 6)" = "$(hexstr glass-pv)" ] || fail "XEN_ELFNOTE_GUEST_OS is not glass-pv: $(note 6)"
 [ "$(note 5)" = "$(hexstr xen-3.0)" ] || fail "XEN_ELFNOTE_XEN_VERSION is not xen-3.0"
 [ "$(note 8)" = "$(hexstr generic)" ] || fail "XEN_ELFNOTE_LOADER is not generic"
@@ -78,6 +99,14 @@ if [ -x "$readnotes" ]; then
     "$readnotes" "$elf" | grep 'GUEST_OS: glass-pv' >/dev/null || fail "Xen's readnotes does not parse the notes"
 fi
 
+else
+[ "$(note 6)" = "$(hexstr glass-hvm)" ] || fail "XEN_ELFNOTE_GUEST_OS is not glass-hvm: $(note 6)"
+pvh="$(addr pvh_start)"
+pvh_phys="$(printf '%x' $((16#$pvh - 0xffffffff80000000)))"
+[ "$(note 18)" = "$(le32 "$pvh_phys")" ] || fail "XEN_ELFNOTE_PHYS32_ENTRY is not pvh_start's physical address ($pvh_phys): $(note 18)"
+readelf -l -W "$elf" | awk '$1 == "LOAD" { print $4 }' | grep -x '0x0*100000' >/dev/null \
+    || fail "the image is not loaded at physical 1 MiB"
+fi
 # The functions: symbols, each covered by an FDE in .eh_frame.
 fdes="$(readelf --debug-dump=frames "$elf" | awk '
     /^Contents of the \.eh_frame section/ { sec = "eh_frame" }
@@ -90,8 +119,9 @@ covered() {
     done <<< "$fdes"
     return 1
 }
-for f in kmain run dispatch alpha beta gamma descend idle_wait checkpoint delta ap_main do_event \
-         mix_block _start ap_entry hypervisor_callback failsafe_callback; do
+if [ "$mode" = pv ]; then entries=(kmain _start); else entries=(kmain_hvm pvh_high); fi
+for f in "${entries[@]}" run dispatch alpha beta gamma descend idle_wait checkpoint delta ap_main do_event \
+         mix_block ap_entry hypervisor_callback failsafe_callback; do
     covered eh_frame "$(addr "$f")" || fail "$f has no FDE in .eh_frame"
 done
 # the C functions keep a frame pointer: push %rbp, later mov %rsp,%rbp, before any call
@@ -104,4 +134,4 @@ done
 # idle_wait blocks through the hypercall page, as Linux and Mini-OS do
 objdump -d --no-show-raw-insn --disassemble=idle_wait "$elf" | grep 'call.*hypercall_page' >/dev/null \
     || fail "idle_wait does not call into the hypercall page"
-echo "guests/xenpv/build.sh: $elf ok (entry $entry, hypercall page 0x$hpage)"
+echo "guests/xenpv/build.sh: $elf ok (entry $(readelf -h "$elf" | awk '/Entry point address/ { print $NF }'), hypercall page 0x$(addr hypercall_page))"

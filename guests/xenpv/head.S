@@ -21,6 +21,7 @@
 4:  .balign 4;                              \
     .popsection
 
+#ifndef XEN_HVM
 ELFNOTE(XEN_ELFNOTE_GUEST_OS,       .asciz "glass-pv")
 ELFNOTE(XEN_ELFNOTE_GUEST_VERSION,  .asciz "1")
 ELFNOTE(XEN_ELFNOTE_XEN_VERSION,    .asciz "xen-3.0")
@@ -34,6 +35,17 @@ ELFNOTE(XEN_ELFNOTE_ENTRY,          .quad _start)
 ELFNOTE(XEN_ELFNOTE_HYPERCALL_PAGE, .quad hypercall_page)
 /* No XEN_ELFNOTE_FEATURES: the guest needs none of the optional features (it keeps
  * Xen's default PV page-table handling: page tables are read-only, updated by hypercall). */
+#else
+/* The PVH/HVM build (build.sh hvm): loaded by physical address (p_paddr = p_vaddr -
+ * VIRT_BASE, from 1 MiB), entered at pvh_start in 32-bit protected mode with paging off,
+ * as PVH enters a kernel (XEN_ELFNOTE_PHYS32_ENTRY) and as an HVM domain enters the
+ * firmware it was given (xl's firmware_override). */
+ELFNOTE(XEN_ELFNOTE_GUEST_OS,       .asciz "glass-hvm")
+ELFNOTE(XEN_ELFNOTE_GUEST_VERSION,  .asciz "1")
+ELFNOTE(XEN_ELFNOTE_XEN_VERSION,    .asciz "xen-3.0")
+ELFNOTE(XEN_ELFNOTE_LOADER,         .asciz "generic")
+ELFNOTE(XEN_ELFNOTE_PHYS32_ENTRY,   .long pvh_start - VIRT_BASE)
+#endif
 
 /* Xen writes the hypercall stubs (32 bytes each) into this page when it builds the
  * domain; `ret` until then. */
@@ -47,6 +59,7 @@ hypercall_page:
 
     .text
 
+#ifndef XEN_HVM
 /* vCPU0 enters here with rsi = the start_info page (virtual), rsp = the builder's boot
  * stack page: move onto boot_stack (kernel.c) and call kmain(start_info). */
     .globl _start
@@ -62,6 +75,108 @@ _start:
     ud2
     .cfi_endproc
     .size _start, . - _start
+#endif
+
+#ifdef XEN_HVM
+/* The 32-bit entry (physical addresses: the symbols minus VIRT_BASE), ebx = the PVH
+ * start_info (unused). Builds page tables that map physical 0-4 GiB twice, at 0 (the
+ * entry itself, and the console ring and other pages Xen puts below 4 GiB) and at
+ * VIRT_BASE (the image, 2 GiB of it), in 2 MiB pages; turns on PAE, long mode and
+ * paging; far-jumps to 64-bit code. Events and interrupts stay off: no IDT. */
+#define PA(x) ((x) - VIRT_BASE)
+    .section .text.boot32, "ax", @progbits
+    .code32
+    .globl pvh_start
+    .type pvh_start, @function
+pvh_start:
+    cli
+    cld
+    /* pd0..pd3: 2048 entries of 2 MiB pages, present + writable + large */
+    movl $PA(boot_pd), %edi
+    xorl %ecx, %ecx
+1:  movl %ecx, %eax
+    shll $21, %eax
+    orl $0x83, %eax
+    movl %eax, (%edi,%ecx,8)
+    movl $0, 4(%edi,%ecx,8)
+    incl %ecx
+    cmpl $2048, %ecx
+    jb 1b
+    /* the low directory pointer table: 4 GiB */
+    movl $PA(boot_pdpt_low), %edi
+    movl $PA(boot_pd) + 3, %eax
+    movl %eax, 0(%edi)
+    addl $4096, %eax
+    movl %eax, 8(%edi)
+    addl $4096, %eax
+    movl %eax, 16(%edi)
+    addl $4096, %eax
+    movl %eax, 24(%edi)
+    /* the high one: entries 510 and 511 (VIRT_BASE) map physical 0-2 GiB */
+    movl $PA(boot_pdpt_high), %edi
+    movl $PA(boot_pd) + 3, %eax
+    movl %eax, 510 * 8(%edi)
+    addl $4096, %eax
+    movl %eax, 511 * 8(%edi)
+    movl $PA(boot_pml4), %edi
+    movl $PA(boot_pdpt_low) + 3, %eax
+    movl %eax, 0(%edi)
+    movl $PA(boot_pdpt_high) + 3, %eax
+    movl %eax, 511 * 8(%edi)
+    movl %cr4, %eax
+    orl $0x20, %eax                 /* PAE */
+    movl %eax, %cr4
+    movl %edi, %cr3
+    movl $0xc0000080, %ecx          /* EFER */
+    rdmsr
+    orl $0x100, %eax                /* LME */
+    wrmsr
+    movl %cr0, %eax
+    orl $0x80000001, %eax           /* PG, PE */
+    movl %eax, %cr0
+    lgdt PA(boot_gdt_desc)
+    ljmp $0x08, $PA(pvh_long)
+    .code64
+pvh_long:
+    movabsq $pvh_high, %rax
+    jmp *%rax
+    .size pvh_start, . - pvh_start
+
+    .section .rodata
+    .balign 16
+boot_gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff        /* 0x08: 64-bit code */
+    .quad 0x00cf92000000ffff        /* 0x10: data */
+boot_gdt_desc:
+    .word boot_gdt_desc - boot_gdt - 1
+    .long PA(boot_gdt)
+
+    .section .bss
+    .balign 4096
+boot_pml4:      .skip 4096
+boot_pdpt_low:  .skip 4096
+boot_pdpt_high: .skip 4096
+boot_pd:        .skip 4 * 4096
+
+    .text
+/* Now at VIRT_BASE: onto boot_stack (kernel.c) and kmain_hvm(). */
+    .type pvh_high, @function
+    .align 16
+pvh_high:
+    .cfi_startproc
+    .cfi_undefined %rip
+    movl $0x10, %eax
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    leaq boot_stack_top(%rip), %rsp
+    xorl %ebp, %ebp
+    call kmain_hvm
+    ud2
+    .cfi_endproc
+    .size pvh_high, . - pvh_high
+#endif
 
 /* vCPU1 enters here (VCPUOP_initialise in kernel.c sets rip and rsp = ap_stack_top). */
     .globl ap_entry

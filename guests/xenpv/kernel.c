@@ -102,7 +102,9 @@ static long sched_op(int cmd, void *arg) { return HYPERCALL3(__HYPERVISOR_sched_
 static long vcpu_op(int cmd, unsigned vcpu, void *arg) { return HYPERCALL3(__HYPERVISOR_vcpu_op, cmd, vcpu, arg); }
 static long evtchn_op(int cmd, void *arg) { return HYPERCALL3(__HYPERVISOR_event_channel_op, cmd, arg, 0); }
 
+#ifndef XEN_HVM
 static struct start_info *start_info;
+#endif
 static volatile struct shared_info *shared;
 static volatile struct xencons_interface *cons;
 static uint32_t cons_port, timer_port;
@@ -138,8 +140,19 @@ static void cons_flush(void) {
     line_len = 0;
 }
 
+#ifdef XEN_HVM
+/* Xen's debug port for HVM/PVH guests: each line lands in Xen's console as "(dN) ...". */
+static void debug_port_flush(void) {
+    for (unsigned i = 0; i < line_len; i++) __asm__ volatile("outb %0, $0xe9" : : "a"(line[i]));
+    line_len = 0;
+}
+#endif
+
 static void cons_putc(char c) {
     line[line_len++] = c;
+#ifdef XEN_HVM
+    if (!cons && (c == '\n' || line_len == sizeof line)) { debug_port_flush(); return; }
+#endif
     if (c == '\n' || line_len == sizeof line) cons_flush();
 }
 static void cons_puts(const char *s) { while (*s) cons_putc(*s++); }
@@ -279,10 +292,18 @@ __attribute__((noinline, noclone)) uint64_t dispatch(uint64_t round) {
 __attribute__((noinline, noclone)) void idle_wait(uint64_t ns) {
     uint64_t deadline = xen_now() + ns;
     do {
+#ifdef XEN_HVM
+        /* No event channel to wait for: SCHEDOP_poll on none, with the deadline as its
+         * timeout (no callback vector, no IDT needed). */
+        struct sched_poll poll = { 0, 0, deadline };
+        uint64_t t0 = rdtsc();
+        sched_op(SCHEDOP_poll, &poll);
+#else
         struct vcpu_set_singleshot_timer timer = { deadline, 0 };
         vcpu_op(VCPUOP_set_singleshot_timer, 0, &timer);
         uint64_t t0 = rdtsc();
         sched_op(SCHEDOP_block, 0);
+#endif
         cycles_halted += rdtsc() - t0;
     } while (xen_now() < deadline);
     work_sink++;
@@ -362,6 +383,7 @@ void ap_main(void) {
     delta(7);
 }
 
+#ifndef XEN_HVM
 static struct vcpu_guest_context ap_context;
 
 /* The page-table base for a new vCPU: the mfn of the builder's L4 (start_info->pt_base is
@@ -406,7 +428,10 @@ static void start_vcpu1(void) {
     cons_puts(ap_started ? "vcpu1 up (delta)\n" : "vcpu1 up but not running yet\n");
 }
 
+#endif
+
 /* --- boot ---------------------------------------------------------------------------- */
+#ifndef XEN_HVM
 static long setup_events(void) {
     long rc = HYPERCALL3(__HYPERVISOR_update_va_mapping, (uint64_t)shared_info_page,
                          start_info->shared_info | 7 /* present, rw, user */, UVMF_INVLPG);
@@ -454,3 +479,106 @@ void kmain(struct start_info *si) {
     run();
     shutdown(SHUTDOWN_poweroff);
 }
+#endif
+
+#ifdef XEN_HVM
+/* --- the PVH/HVM build: head.S's pvh_start turned on long mode and calls kmain_hvm ---- */
+static uint64_t boot_cr3;
+
+static long hvm_op(int op, void *arg) { return HYPERCALL3(__HYPERVISOR_hvm_op, op, arg, 0); }
+
+static uint64_t hvm_param(uint32_t index) {
+    struct xen_hvm_param p = { DOMID_SELF, 0, index, 0 };
+    return hvm_op(HVMOP_get_param, &p) ? 0 : p.value;
+}
+
+static inline void wrmsr(uint32_t msr, uint64_t v) {
+    __asm__ volatile("wrmsr" : : "c"(msr), "a"((uint32_t)v), "d"((uint32_t)(v >> 32)));
+}
+
+/* Xen's CPUID leaves (0x40000000, or 0x40000100 when it also offers Viridian): leaf +2
+ * gives the MSR into which the guest writes the physical address of a page for Xen to
+ * fill with its hypercall stubs (vmcall or vmmcall, as the CPU has). */
+static int hypercall_page_init(void) {
+    for (uint32_t base = 0x40000000; base < 0x40010000; base += 0x100) {
+        uint32_t a, b, c, d;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(base), "c"(0));
+        if (b == 0x566e6558 && c == 0x65584d4d && d == 0x4d4d566e && a >= base + 2) {
+            __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(base + 2), "c"(0));
+            wrmsr(b, (uint64_t)hypercall_page - VIRT_BASE);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static long setup_hvm(void) {
+    /* shared_info over our own page: vCPU0's time info (xen_now) */
+    struct xen_add_to_physmap map = { DOMID_SELF, 0, XENMAPSPACE_shared_info, 0,
+                                      ((uint64_t)shared_info_page - VIRT_BASE) / PAGE_SIZE };
+    long rc = HYPERCALL3(__HYPERVISOR_memory_op, XENMEM_add_to_physmap, &map, 0);
+    if (rc) return rc;
+    shared = (volatile struct shared_info *)shared_info_page;
+    uint64_t runstate_area = (uint64_t)&runstate0;
+    return vcpu_op(VCPUOP_register_runstate_memory_area, 0, &runstate_area);
+}
+
+/* vCPU1 straight into long mode on our page tables (VCPU_HVM_MODE_64B: flat segments). */
+static struct vcpu_hvm_context ap_hvm;
+
+static void start_vcpu1(void) {
+    ap_hvm.mode = VCPU_HVM_MODE_64B;
+    ap_hvm.x86_64.rip = (uint64_t)ap_entry;
+    ap_hvm.x86_64.rsp = (uint64_t)ap_stack + sizeof ap_stack;
+    ap_hvm.x86_64.rflags = 0x2;
+    ap_hvm.x86_64.cr0 = 0x80050033;     /* PG, WP, NE, ET, MP, PE */
+    ap_hvm.x86_64.cr3 = boot_cr3;
+    ap_hvm.x86_64.cr4 = 0x20;           /* PAE */
+    ap_hvm.x86_64.efer = 0x500;         /* LME, LMA */
+    long rc = vcpu_op(VCPUOP_initialise, 1, &ap_hvm);
+    if (rc) {
+        cons_puts("vcpu1 failed: VCPUOP_initialise rc=");
+        cons_puti(rc);
+        cons_puts(" (is vcpus=2 set?); continuing on one vCPU\n");
+        return;
+    }
+    rc = vcpu_op(VCPUOP_up, 1, 0);
+    if (rc) {
+        cons_puts("vcpu1 failed: VCPUOP_up rc=");
+        cons_puti(rc);
+        cons_puts("; continuing on one vCPU\n");
+        return;
+    }
+    for (uint64_t t0 = rdtsc(); !ap_started && rdtsc() - t0 < 10000000000ULL;) sched_op(SCHEDOP_yield, 0);
+    cons_puts(ap_started ? "vcpu1 up (delta)\n" : "vcpu1 up but not running yet\n");
+}
+
+void kmain_hvm(void) {
+    stack_top = (uint64_t)__builtin_dwarf_cfa();
+    __asm__ volatile("mov %%cr3, %0" : "=r"(boot_cr3));
+    if (hypercall_page_init()) {
+        cons_puts("no Xen CPUID leaves: not a Xen HVM/PVH guest\n");
+        for (;;) __asm__ volatile("hlt");
+    }
+    /* The PV console, where the toolstack gave one (PVH: always): its ring lies below
+     * 4 GiB, which the boot page tables map at the same address. */
+    uint64_t pfn = hvm_param(HVM_PARAM_CONSOLE_PFN);
+    if (pfn && pfn < (4UL << 30) / PAGE_SIZE) {
+        cons = (volatile struct xencons_interface *)(pfn * PAGE_SIZE);
+        cons_port = (uint32_t)hvm_param(HVM_PARAM_CONSOLE_EVTCHN);
+    }
+    cons_puts("glass xenpv guest (PVH/HVM build): alpha 60% beta 30% gamma 10% (busy time; beta "
+              "at the bottom of descend x80, gamma in mix_block), polling in idle_wait between "
+              "rounds on vCPU0; delta on vCPU1\n");
+    long rc = setup_hvm();
+    if (rc) {
+        cons_puts("setup failed rc=");
+        cons_puti(rc);
+        cons_puts("\n");
+        shutdown(SHUTDOWN_crash);
+    }
+    start_vcpu1();
+    run();
+    shutdown(SHUTDOWN_poweroff);
+}
+#endif

@@ -17,6 +17,7 @@
 #define XEN_ELFNOTE_GUEST_VERSION   7
 #define XEN_ELFNOTE_LOADER          8
 #define XEN_ELFNOTE_FEATURES       10
+#define XEN_ELFNOTE_PHYS32_ENTRY   18
 
 /* xen.h: hypercall numbers (each is a 32-byte stub in the hypercall page). */
 #define __HYPERVISOR_set_callbacks        4
@@ -25,6 +26,8 @@
 #define __HYPERVISOR_vcpu_op             24
 #define __HYPERVISOR_sched_op            29
 #define __HYPERVISOR_event_channel_op    32
+#define __HYPERVISOR_memory_op           12
+#define __HYPERVISOR_hvm_op              34
 
 #define VIRQ_TIMER        0
 #define UVMF_INVLPG       2           /* update_va_mapping: flush only this entry */
@@ -43,6 +46,7 @@
 #define SCHEDOP_yield     0
 #define SCHEDOP_block     1
 #define SCHEDOP_shutdown  2
+#define SCHEDOP_poll      3
 #define SHUTDOWN_poweroff 0
 #define SHUTDOWN_crash    3
 
@@ -193,6 +197,44 @@ struct xencons_interface {
     XENCONS_RING_IDX out_cons, out_prod;
 };
 #define MASK_XENCONS_IDX(idx, ring) ((idx) & (sizeof(ring) - 1))
+
+/* SCHEDOP_poll: wait for one of `ports` or Xen system time `timeout` (0: none). */
+struct sched_poll {
+    uint32_t *ports;
+    unsigned int nr_ports;
+    uint64_t timeout;
+};
+
+/* HVM/PVH only: HVMOP_get_param, XENMEM_add_to_physmap, VCPUOP_initialise's context. */
+#define DOMID_SELF 0x7ff0
+#define HVMOP_get_param 1
+#define HVM_PARAM_CONSOLE_PFN 17
+#define HVM_PARAM_CONSOLE_EVTCHN 18
+struct xen_hvm_param {
+    uint16_t domid;
+    uint16_t pad;
+    uint32_t index;
+    uint64_t value;
+};
+#define XENMEM_add_to_physmap 7
+#define XENMAPSPACE_shared_info 0
+struct xen_add_to_physmap {
+    uint16_t domid;
+    uint16_t size;
+    unsigned int space;
+    unsigned long idx;
+    unsigned long gpfn;
+};
+#define VCPU_HVM_MODE_64B 1
+struct vcpu_hvm_context {
+    uint32_t mode;
+    uint32_t pad;
+    struct {
+        uint64_t rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi, rip, rflags;
+        uint64_t cr0, cr3, cr4, efer;
+    } x86_64;
+    uint8_t rest[256];  /* the union's 32-bit member is larger: Xen reads its size */
+};
 
 _Static_assert(sizeof(struct vcpu_info) == 64, "vcpu_info");
 _Static_assert(sizeof(struct cpu_user_regs) == 200, "cpu_user_regs");

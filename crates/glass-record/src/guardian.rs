@@ -500,11 +500,26 @@ fn unpause_xen(
     }
     let unpaused = Hypervisor::open()
         .map_err(|e| e.to_string())
-        .and_then(|mut hv| {
-            hv.unpause(domid)
-                .map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string())
+        .and_then(|mut hv| match hv.unpause(domid) {
+            // Xen refuses an unpause with no controller pause outstanding: glass was
+            // killed between marking the pause and the pause taking effect (a pause
+            // can wait long in Xen, for the domctl lock or for the vCPUs to be
+            // descheduled). Nothing of glass's is held; whether the domain runs is
+            // Xen's word, not the mark's.
+            Err(libc::EINVAL) => match hv.domain_info(domid) {
+                Ok(info) if info.domid == domid && !info.paused() => Err(String::new()),
+                _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL).to_string()),
+            },
+            other => other.map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string()),
         });
     match unpaused {
+        Err(error) if error.is_empty() => {
+            mark.end();
+            eprintln!(
+                "glass: {cause}; its pause had not taken effect: Xen domain {domid} was not paused, and runs"
+            );
+            0
+        }
         Ok(()) => {
             mark.end();
             eprintln!(

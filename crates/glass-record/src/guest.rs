@@ -12,7 +12,10 @@
 //!
 //! Each vCPU's stack copy is sized from what the unwinder wanted last time (as the
 //! ptrace backend does), up to `--stack-size`; copies that were too short are counted
-//! per vCPU. A vCPU that has not yet run the image and is not in long mode (firmware,
+//! per vCPU. Where the backend maps guest RAM, a vCPU's first copy runs from its stack
+//! pointer to the end of the stack's mapping (the page walk's first unmapped page, or
+//! `--stack-size`), so a deep stack is whole on its first sample; later copies shrink
+//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not in long mode (firmware,
 //! boot loader, an application processor the guest never started) is recorded with its
 //! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
 //! image is flagged `HALTED` (left out with `--no-idle`).
@@ -42,6 +45,8 @@ const GUEST_PID: i32 = 1;
 /// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
 /// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
 const FIRST_STACK_COPY: usize = 16 << 10;
+/// How many of a vCPU's last walks its stack copy is sized for at least.
+const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
 const DEFAULT_STACK_LIMIT: usize = 256 << 10;
 /// QEMU's i440fx keeps RAM below 3.5 GiB under 4 GiB (the PCI hole above it).
@@ -263,10 +268,16 @@ struct Vcpu {
     copy_len: usize,
     /// The deepest recent walk's need in bytes, decaying (see [`Vcpu::walked`]).
     deepest: usize,
+    /// The last walks' needs in bytes (a ring indexed by the sample count).
+    recent: [u32; RECENT_WALKS],
     /// When the last walk's sample was taken (ns since the recording's start).
     last_sample_ns: u64,
     /// Bytes copied at this sample.
     copied: usize,
+    /// The next copy is the first with a stack: it runs to the end of the mapping.
+    first_copy: bool,
+    /// This sample's copy was that first one.
+    top_copy: bool,
     /// The vCPU has executed inside the image (so it is past its firmware).
     ran_image: bool,
     /// At this sample: still in firmware (not yet in long mode nor in the image).
@@ -289,8 +300,11 @@ impl Vcpu {
             stack: vec![0; limit],
             copy_len: first_copy.min(limit),
             deepest: first_copy.min(limit),
+            recent: [0; RECENT_WALKS],
             last_sample_ns: 0,
             copied: 0,
+            first_copy: true,
+            top_copy: false,
             ran_image: false,
             in_firmware: false,
             last_read_ns: 0,
@@ -311,9 +325,16 @@ impl Vcpu {
     /// nothing about the stack's depth and is neither counted nor copied for. A copy
     /// that stopped short of its size met the end of the mapped stack: not cut either.
     ///
-    /// The size follows the deepest recent walk with a quarter more room, the deepest
-    /// decaying by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate):
-    /// a vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
+    /// The size follows the deepest recent walk with a quarter more room: the deepest
+    /// decays by half in about 1.4 s of sampling (`since_last_ns`, whatever the rate),
+    /// but never below the deepest of the last [`RECENT_WALKS`] walks. At high rates the
+    /// decay governs; where glass gets few stops a second (a loaded host: 10-20), a
+    /// decay in time alone let a deep phase a third of the time fade between two of its
+    /// samples and be cut at the next (2 cuts in 30 s seen), while a bound on the decay
+    /// per sample kept a shallow vCPU copying 40-60 KiB for tens of seconds after its
+    /// first copy (stopped time spent on nothing). The window holds both: a deep phase
+    /// is in it, a finished one leaves it after that many samples.
+    /// A vCPU that alternates shallow and deep stacks keeps a copy for the deep ones,
     /// while one whose deep phase is over stops paying for it (which matters most through
     /// `m` packets, one round trip per packet). A cut copy grows fourfold, so a deep
     /// stack is reached in one or two samples.
@@ -324,14 +345,26 @@ impl Vcpu {
         let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS) as u128 / DECAY_NS as u128)
             as usize;
         self.deepest -= decay;
+        let asked = if self.top_copy {
+            // Later copies shrink from the mapping's end, not from the first walk.
+            self.deepest = self.deepest.max(self.copied);
+            limit
+        } else {
+            self.copy_len
+        };
         let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
-        if ran_out && self.copied == self.copy_len {
+        if ran_out && self.copied == asked {
             self.cut += 1;
             self.deepest = self.deepest.max(self.copy_len * 4);
         }
-        if wanted <= self.copied + FRAME {
-            self.deepest = self.deepest.max(wanted);
-        }
+        // A walk gone astray says nothing of the depth: its slot holds no need.
+        self.recent[self.samples as usize % RECENT_WALKS] = if wanted <= self.copied + FRAME {
+            wanted as u32
+        } else {
+            0
+        };
+        let recent = self.recent.iter().copied().max().unwrap_or(0) as usize;
+        self.deepest = self.deepest.max(recent);
         self.copy_len = (self.deepest + self.deepest / 4 + 512)
             .next_multiple_of(512)
             .clamp(512, limit);
@@ -468,6 +501,7 @@ fn run_with(
             .ok()
             .and_then(|n| n.parse().ok()),
     };
+    let (cpu_began, began) = (own_cpu_us(), Instant::now());
     let outcome = drive(
         &mut sampler,
         sink,
@@ -475,6 +509,9 @@ fn run_with(
         Clock::Running(args.frequency),
         args.duration,
     );
+    let cpu_end = own_cpu_us();
+    let (user_us, system_us) = (cpu_end.0 - cpu_began.0, cpu_end.1 - cpu_began.1);
+    let seconds = began.elapsed().as_secs_f64();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
     let fate = sampler.fate.take();
@@ -485,6 +522,18 @@ fn run_with(
         vcpus.len(),
         percentile(times, 0.5),
         percentile(times, 0.99)
+    ));
+    // glass's own CPU, stops and everything between them (unwinding, writing): in a
+    // Xen dom0 the system part includes the hypercalls' time in Xen (a pause waits
+    // there until every vCPU of the domain is descheduled).
+    let stops = times.len().max(1) as f64;
+    sink.notes.figure(&format!(
+        "stops taken: {} in {seconds:.1} s ({:.1}/s, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system",
+        times.len(),
+        times.len() as f64 / seconds.max(1e-9),
+        args.frequency,
+        user_us as f64 / stops,
+        system_us as f64 / stops
     ));
     print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
     for figure in backend_figures {
@@ -532,6 +581,18 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn 
             vcpu.cut
         ));
     }
+}
+
+/// This process's CPU time so far, user and system, in microseconds.
+fn own_cpu_us() -> (u64, u64) {
+    // SAFETY: a plain struct of integers, which getrusage fills.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return (0, 0);
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(usage.ru_utime), us(usage.ru_stime))
 }
 
 /// The `p` quantile of sorted nanoseconds, in microseconds.
@@ -701,17 +762,27 @@ fn take_sample(
             && backend
                 .halted(index)
                 .unwrap_or_else(|| image.halted_at(r.ip()));
+        vcpu.top_copy = false;
         vcpu.copied = if vcpu.in_firmware || left_out {
             // Nothing of its stack is recorded.
             0
         } else {
-            copy_stack(
+            // The first copy from mapped RAM: up to the first unmapped page.
+            vcpu.top_copy = vcpu.first_copy && backend.physical_memory().is_some();
+            let len = if vcpu.top_copy {
+                vcpu.stack.len()
+            } else {
+                vcpu.copy_len
+            };
+            let copied = copy_stack(
                 backend,
                 &mut source.cache,
                 index,
                 &r,
-                &mut vcpu.stack[..vcpu.copy_len],
-            )?
+                &mut vcpu.stack[..len],
+            )?;
+            vcpu.first_copy &= copied == 0;
+            copied
         };
         vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }

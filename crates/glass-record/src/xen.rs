@@ -34,10 +34,11 @@ pub fn record(
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
     sink.notes.figure(&format!(
-        "Xen domain {name} (id {}): {} vCPUs ({} online), 64-bit PV",
+        "Xen domain {name} (id {}): {} vCPUs ({} online), {}",
         info.domid,
         info.max_vcpu_id + 1,
-        info.online_vcpus
+        info.online_vcpus,
+        info.kind()
     ));
     let outcome = match super::guest::run(
         &mut sink,

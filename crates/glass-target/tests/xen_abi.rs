@@ -26,6 +26,7 @@ fn offsets_and_sizes_match_xens_headers() {
 #include <xen/domctl.h>
 #include <xen/sched.h>
 #include <xen/foreign/x86_64.h>
+#include <xen/hvm/save.h>
 #define D(f) offsetof(struct xen_domctl, f)
 #define C(f) offsetof(vcpu_guest_context_x86_64_t, f)
 int main(void) {
@@ -42,6 +43,11 @@ int main(void) {
            C(ctrlreg), VGCF_in_kernel);
     printf("%zu %d %d %zu\n", sizeof(struct multicall_entry), SCHEDOP_block, SCHEDOP_poll,
            offsetof(struct xen_domctl, u.address_size.size));
+#define H(f) offsetof(struct hvm_hw_cpu, f)
+    printf("%d %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", XEN_DOMCTL_gethvmcontext_partial,
+           D(u.hvmcontext_partial.type), D(u.hvmcontext_partial.instance), D(u.hvmcontext_partial.bufsz),
+           D(u.hvmcontext_partial.buffer), HVM_SAVE_CODE(CPU), sizeof(struct hvm_hw_cpu), H(rbp), H(rdi),
+           H(rsp), H(rip), H(cr0), H(cr3), H(cr4), H(msr_efer));
     return 0;
 }
 "#,
@@ -105,6 +111,21 @@ int main(void) {
         SCHEDOP_BLOCK,
         SCHEDOP_POLL,
         ADDRESS_SIZE_SIZE as u64,
+        DOMCTL_GETHVMCONTEXT_PARTIAL as u64,
+        HVMCONTEXT_TYPE as u64,
+        HVMCONTEXT_INSTANCE as u64,
+        HVMCONTEXT_BUFSZ as u64,
+        HVMCONTEXT_BUFFER as u64,
+        HVM_SAVE_CPU as u64,
+        HVM_CPU_SIZE as u64,
+        HVM_CPU_RBP as u64,
+        HVM_CPU_RDI as u64,
+        HVM_CPU_RSP as u64,
+        HVM_CPU_RIP as u64,
+        HVM_CPU_CR0 as u64,
+        HVM_CPU_CR3 as u64,
+        HVM_CPU_CR4 as u64,
+        HVM_CPU_EFER as u64,
     ];
     assert_eq!(
         numbers, ours,

@@ -1,8 +1,9 @@
 //! `glass record --xen` on a real Xen: Xen 4.17 and a Debian dom0 boot under QEMU TCG
 //! (guests/xen: kit.sh builds the boot kit, run.sh boots it and runs a script in dom0),
-//! and `xen_dom0.sh` drives glass there against two PV guests: the demo unikernel's PV
-//! build (guests/xenpv, 2 vCPUs) and Debian's kernel as a PV domU running a known split
-//! (guests/xen/linux). The boot takes minutes, so it happens once for this file: the
+//! and `xen_dom0.sh` drives glass there against the demo unikernel (guests/xenpv, 2
+//! vCPUs) as a PV, a PVH and an HVM guest, and Debian's kernel as a PV domU running a
+//! known split (guests/xen/linux). Xen is booted on `-cpu max,-smap`, which gives it
+//! SVM with nested paging under TCG (`virt_caps: pv hvm hap`). The boot takes minutes, so it happens once for this file: the
 //! first test to need it boots, and every test checks its part of what the dom0 script
 //! left in the output directory.
 
@@ -66,12 +67,23 @@ fn boot_and_run() -> Result<PathBuf, String> {
     if !built.success() {
         return Err("guests/xenpv/build.sh failed".into());
     }
+    let built = Command::new(repo().join("guests/xenpv/build.sh"))
+        .arg(&pv)
+        .arg("0")
+        .arg("hvm")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("guests/xenpv/build.sh hvm: {e}"))?;
+    if !built.success() {
+        return Err("guests/xenpv/build.sh hvm failed".into());
+    }
     std::fs::write(
         out.join("env"),
         format!(
-            "GLASS={}\nPV_ELF={}\n",
+            "GLASS={}\nPV_ELF={}\nHVM_ELF={}\n",
             glass.display(),
-            pv.join("uk-pv.elf").display()
+            pv.join("uk-pv.elf").display(),
+            pv.join("uk-hvm.elf").display()
         ),
     )
     .unwrap();
@@ -85,6 +97,8 @@ fn boot_and_run() -> Result<PathBuf, String> {
         // dom0 on one vCPU, pinned (the script gives it pCPU 0).
         .env("GLASS_XEN_DOM0_VCPUS", "1")
         .env("GLASS_XEN_ARGS", "dom0_vcpus_pin")
+        // SVM with nested paging for the PVH and HVM guests (SMAP on crashes dom0).
+        .env("GLASS_XEN_CPU", "max,-smap")
         .status()
         .map_err(|e| format!("guests/xen/run.sh: {e}"))?;
     let log = std::fs::read_to_string(out.join("script.log")).unwrap_or_default();
@@ -215,21 +229,7 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
     let own = own_split(&read(out, "pv.console.before"), &read(out, "pv.console"));
     eprintln!("the guest's own split over the recording: {own:?}");
     assert_split(&stacks, own);
-    // vCPU 1 runs delta only, and none of vCPU 0's work shows there.
-    let vcpu1 = under(&stacks, "vcpu1/", "delta");
-    assert!(vcpu1 >= 100, "{stacks:?}");
-    assert_eq!(under(&stacks, "vcpu0/", "delta"), 0);
-    assert_eq!(under(&stacks, "vcpu1/", "alpha"), 0);
-    // Whole stacks from the ELF's symbols: busy samples rooted where the guest starts.
-    let busy = under(&stacks, "vcpu0/", "dispatch");
-    let rooted = under(&stacks, "vcpu0/", "run");
-    assert!(rooted * 100 >= busy * 97, "{rooted} of {busy}: {stacks:?}");
-    // beta's 80-deep recursion unwound whole.
-    let deep = stacks
-        .iter()
-        .filter(|(frames, _)| frames.iter().filter(|f| *f == "descend").count() >= 80)
-        .map(|(_, n)| n)
-        .sum::<u64>();
+    let deep = check_unikernel_stacks(&stacks);
     let beta = under(&stacks, "vcpu0/", "beta");
     assert!(
         deep * 10 >= beta * 9,
@@ -242,6 +242,131 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
         .unwrap();
     let info = stdout(&info);
     assert!(info.contains("Xen guest"), "{info}");
+}
+
+/// The unikernel's vCPUs apart (vCPU 1 runs delta only, none of vCPU 0's work shows
+/// there), busy samples rooted where the guest starts (whole stacks from the ELF's
+/// symbols); returns how many samples hold beta's 80-deep recursion whole.
+fn check_unikernel_stacks(stacks: &[(Vec<String>, u64)]) -> u64 {
+    assert!(under(stacks, "vcpu1/", "delta") >= 100, "{stacks:?}");
+    assert_eq!(under(stacks, "vcpu0/", "delta"), 0);
+    assert_eq!(under(stacks, "vcpu1/", "alpha"), 0);
+    let busy = under(stacks, "vcpu0/", "dispatch");
+    let rooted = under(stacks, "vcpu0/", "run");
+    assert!(rooted * 100 >= busy * 97, "{rooted} of {busy}: {stacks:?}");
+    stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().filter(|f| *f == "descend").count() >= 80)
+        .map(|(_, n)| n)
+        .sum::<u64>()
+}
+
+/// vCPU 0 halted at times, and only ever inside idle_wait (the hypercall stub stepped
+/// out of).
+fn check_halted_in_idle_wait(stacks: &[(Vec<String>, u64)]) {
+    let halted = under(stacks, "vcpu0/", "[halted]");
+    assert!(halted > 0, "no halted samples: {stacks:?}");
+    let in_idle = stacks
+        .iter()
+        .filter(|(frames, _)| frames.last().is_some_and(|f| f == "[halted]"))
+        .filter(|(frames, _)| frames.iter().any(|f| f == "idle_wait"))
+        .map(|(_, n)| n)
+        .sum::<u64>();
+    assert_eq!(
+        in_idle, halted,
+        "halted samples outside idle_wait: {stacks:?}"
+    );
+}
+
+/// How many of vCPU `vcpu`'s stacks were longer than glass's copy, from its summary.
+fn cut_stacks(err: &str, vcpu: usize) -> u64 {
+    err.lines()
+        .find(|l| l.contains(&format!("vcpu{vcpu}: ")) && l.contains("stacks longer than the copy"))
+        .and_then(|l| {
+            l.split(", ")
+                .find_map(|part| part.strip_suffix(" stacks longer than the copy"))
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no stack-copy figure for vcpu{vcpu}: {err}"))
+}
+
+/// The PVH or HVM build of the unikernel (`kind`): its split against its own, its
+/// vCPUs apart, deep stacks whole from the first sample on, idle shown halted in its
+/// idle function.
+fn check_hvm_unikernel(kind: &str) {
+    let out = xen_run();
+    let err = read(out, &format!("{kind}.err"));
+    assert_eq!(read(out, &format!("{kind}.rc")).trim(), "0", "{err}");
+    assert!(err.contains("HVM/PVH"), "{err}");
+    assert!(err.contains("HVM CPU records"), "{err}");
+    let recording = out.join(format!("{kind}.glass"));
+    let stacks = folded(&recording, &["--threads"]);
+    let own = own_split(
+        &read(out, &format!("{kind}.console.before")),
+        &read(out, &format!("{kind}.console")),
+    );
+    eprintln!("{kind}: the guest's own split over the recording: {own:?}");
+    assert_split(&stacks, own);
+    // beta at the bottom of 80 frames (48 KiB), unwound whole (a few samples fall in
+    // descend's way down or up), and no stack longer than glass's copy, the first sample
+    // included (the first copy runs to the end of the stack's mapping).
+    let deep = check_unikernel_stacks(&stacks);
+    let beta = under(&stacks, "vcpu0/", "beta");
+    assert!(
+        beta > 0 && deep * 10 >= beta * 9,
+        "{deep} of {beta} beta samples 80 deep"
+    );
+    assert_eq!(cut_stacks(&err, 0), 0, "{err}");
+    // Idle: SCHEDOP_poll through the hypercall page's vmmcall stub, shown at idle_wait.
+    check_halted_in_idle_wait(&stacks);
+    // Endings: the domain runs on after SIGINT, SIGTERM and SIGKILL of glass.
+    let endings = read(out, &format!("endings.{kind}.txt"));
+    for line in endings.lines() {
+        let state = line.split("state=").nth(1).unwrap_or("");
+        let state = state.split_whitespace().next().unwrap_or("");
+        assert!(!state.is_empty() && !state.contains('p'), "{kind}: {line}");
+        if line.starts_with("INT") || line.starts_with("TERM") {
+            assert!(
+                line.contains("rc=0") && line.contains("progressed=yes"),
+                "{kind}: {line}"
+            );
+        }
+    }
+    assert_eq!(
+        endings.lines().filter(|l| l.starts_with("KILL")).count(),
+        3,
+        "{endings}"
+    );
+    assert!(
+        endings
+            .lines()
+            .any(|l| l.starts_with("after-kills") && l.contains("progressed=yes")),
+        "{endings}"
+    );
+}
+
+#[test]
+fn the_pvh_unikernel_is_profiled_as_the_pv_one_is() {
+    check_hvm_unikernel("pvh");
+}
+
+#[test]
+fn the_hvm_unikernel_is_profiled_as_the_pv_one_is() {
+    check_hvm_unikernel("hvm");
+}
+
+#[test]
+fn an_hvm_vcpu_before_paging_is_shown_in_firmware() {
+    let out = xen_run();
+    let err = read(out, "hvm.fw.err");
+    assert_eq!(read(out, "hvm.fw.rc").trim(), "0", "{err}");
+    let stacks = folded(&out.join("hvm.fw.glass"), &["--threads"]);
+    let all = total(&stacks);
+    let firmware = under(&stacks, "vcpu0/", "[firmware]");
+    assert!(firmware > 0, "{stacks:?}");
+    // Nothing walked: no frame of the image on a vCPU that never paged.
+    assert_eq!(under(&stacks, "vcpu0/", "kmain_hvm"), 0, "{stacks:?}");
+    assert!(all > 0);
 }
 
 #[test]
@@ -260,18 +385,7 @@ fn without_the_multicall_each_domctl_is_its_own_hypercall_and_samples_alike() {
 fn an_idle_pv_vcpu_is_shown_halted_in_its_idle_function() {
     let out = xen_run();
     let stacks = folded(&out.join("pv.glass"), &["--threads"]);
-    let halted = under(&stacks, "vcpu0/", "[halted]");
-    assert!(halted > 0, "no halted samples: {stacks:?}");
-    let in_idle = stacks
-        .iter()
-        .filter(|(frames, _)| frames.last().is_some_and(|f| f == "[halted]"))
-        .filter(|(frames, _)| frames.iter().any(|f| f == "idle_wait"))
-        .map(|(_, n)| n)
-        .sum::<u64>();
-    assert_eq!(
-        in_idle, halted,
-        "halted samples outside idle_wait: {stacks:?}"
-    );
+    check_halted_in_idle_wait(&stacks);
     // The unikernel blocks through the hypercall page: its blocked vCPU is sampled at
     // the stub's caller, idle_wait.
     let err = read(out, "pv.err");

@@ -9,7 +9,15 @@
 #   bad.NAME.txt                        bad input: exit code, then stderr
 #   linux.glass, linux.err, linux.console   Debian's kernel as a PV domU running a known split
 #   gone.txt, gone.glass, gone.err      a domain destroyed while glass records it
-# The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel).
+#   KIND.glass, KIND.err, KIND.console(.before), endings.KIND.txt
+#                                       the unikernel's PVH/HVM build (guests/xenpv/build.sh
+#                                       hvm) as KIND = pvh (type="pvh") and hvm (type="hvm",
+#                                       in place of hvmloader, with Debian's qemu-system-xen
+#                                       as device model), 2 vCPUs, and its endings
+#   hvm.fw.glass, hvm.fw.err            the HVM domain created paused: both vCPUs before
+#                                       the guest's first instruction (paging off)
+# The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel, HVM_ELF:
+# its PVH/HVM build). Xen must offer hvm (run.sh with GLASS_XEN_CPU=max,-smap).
 # Placement (Xen has 2 pCPUs here): dom0's one vCPU alone on pCPU 0 (the monitor on a
 # core of its own, as SplitX asks: a guest vCPU woken by the unpause would otherwise take
 # dom0's pCPU and glass would count its own wait as the guest's stopped time), both guest
@@ -142,6 +150,77 @@ bad not-root setpriv --reuid=65534 --regid=65534 --clear-groups "$GLASS" record 
 for f in "$OUT"/bad.*.txt; do echo "$f: $(tr '\n' ' ' <"$f")"; done
 echo "bad input done; uk state=$(state uk)" >>"$OUT/endings.txt"
 xl destroy uk
+
+# The PVH/HVM build of the unikernel: the same checks as for PV, then its endings.
+for kind in pvh hvm; do
+    echo "== $kind demo unikernel"
+    if [ "$kind" = pvh ]; then
+        boot="type = \"pvh\"
+kernel = \"$HVM_ELF\""
+    else
+        boot="type = \"hvm\"
+firmware_override = \"$HVM_ELF\"
+device_model_version = \"qemu-xen\"
+device_model_override = \"/usr/libexec/xen-qemu-system-i386\"
+vga = \"none\"
+vnc = 0"
+    fi
+    # tsc_mode native: TCG delivers RDTSCP as an RDTSC intercept, which Xen's emulation
+    # refuses, killing the guest.
+    cat >"/run/$kind.cfg" <<EOF
+name = "$kind"
+$boot
+memory = 64
+vcpus = 2
+cpus = ["1", "1"]
+tsc_mode = "native"
+on_poweroff = "destroy"
+on_crash = "preserve"
+EOF
+    if [ "$kind" = hvm ]; then
+        # Created paused: both vCPUs are where the guest has not yet run (vCPU 0 at its
+        # 32-bit entry, paging off; vCPU 1 down). glass's pauses nest in the toolstack's.
+        xl create -q -p "/run/$kind.cfg" || { echo "xl create -p $kind failed"; exit 1; }
+        "$GLASS" record --xen "$kind" -F 99 -d 2 --symbols "$HVM_ELF" -o "$OUT/hvm.fw.glass" 2>"$OUT/hvm.fw.err"
+        echo "$?" >"$OUT/hvm.fw.rc"
+        cat "$OUT/hvm.fw.err"
+        xl unpause "$kind"
+    else
+        xl create -q "/run/$kind.cfg" || { echo "xl create $kind failed"; exit 1; }
+    fi
+    wait_lines "$kind" 120 1 || { echo "$kind printed no split line"; cat "$(console "$kind")"; xl dmesg | tail -40; exit 1; }
+    echo "$kind is domain $(xl domid "$kind")"
+    tr -d '\r' <"$(console "$kind")" >"$OUT/$kind.console.before"
+    "$GLASS" record --xen "$kind" -F 499 -d 30 --symbols "$HVM_ELF" -o "$OUT/$kind.glass" 2>"$OUT/$kind.err"
+    echo "$?" >"$OUT/$kind.rc"
+    tr -d '\r' <"$(console "$kind")" >"$OUT/$kind.console"
+    cat "$OUT/$kind.err"
+    : >"$OUT/endings.$kind.txt"
+    for signal in INT TERM; do
+        "$GLASS" record --xen "$kind" -F 499 --symbols "$HVM_ELF" -o "$OUT/end.$kind.$signal.glass" 2>"$OUT/end.$kind.$signal.err" &
+        pid=$!
+        sleep 3
+        kill -"$signal" "$pid"
+        wait "$pid"
+        rc=$?
+        wait_lines "$kind" 30 1 && progressed=yes || progressed=no
+        echo "$signal rc=$rc state=$(state "$kind") progressed=$progressed" >>"$OUT/endings.$kind.txt"
+    done
+    for i in 1 2 3; do
+        delay=$(awk -v i="$i" 'BEGIN { printf "%.2f", 0.5 + i * 0.6 }')
+        "$GLASS" record --xen "$kind" -F 997 --symbols "$HVM_ELF" -o "$OUT/kill.$kind.$i.glass" 2>"$OUT/kill.$kind.$i.err" &
+        pid=$!
+        sleep "$delay"
+        kill -KILL "$pid"
+        wait "$pid" 2>/dev/null
+        sleep 1
+        echo "KILL$i delay=$delay state=$(state "$kind")" >>"$OUT/endings.$kind.txt"
+    done
+    wait_lines "$kind" 60 1 && progressed=yes || progressed=no
+    echo "after-kills state=$(state "$kind") progressed=$progressed" >>"$OUT/endings.$kind.txt"
+    cat "$OUT/endings.$kind.txt"
+    xl destroy "$kind"
+done
 
 echo "== Linux PV domU"
 # The domU's ramdisk with glass appended (a second archive: the kernel unpacks both), so

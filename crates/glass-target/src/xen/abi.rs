@@ -18,6 +18,7 @@ pub const DOMCTL_GETDOMAININFO: u32 = 5;
 pub const DOMCTL_GETVCPUCONTEXT: u32 = 13;
 pub const DOMCTL_GETVCPUINFO: u32 = 14;
 pub const DOMCTL_GET_ADDRESS_SIZE: u32 = 36;
+pub const DOMCTL_GETHVMCONTEXT_PARTIAL: u32 = 55;
 
 /// `sizeof(struct xen_domctl)` and its fields.
 pub const DOMCTL_SIZE: usize = 144;
@@ -38,6 +39,24 @@ pub const VCPUINFO_ONLINE: usize = 20;
 pub const VCPUINFO_BLOCKED: usize = 21;
 /// `u.address_size.size`: the guest's address size in bits.
 pub const ADDRESS_SIZE_SIZE: usize = 16;
+/// `u.hvmcontext_partial`: one save record (type, instance) into a guest handle.
+pub const HVMCONTEXT_TYPE: usize = 16;
+pub const HVMCONTEXT_INSTANCE: usize = 20;
+pub const HVMCONTEXT_BUFSZ: usize = 24;
+pub const HVMCONTEXT_BUFFER: usize = 32;
+
+/// `HVM_SAVE_CODE(CPU)`: an HVM/PVH vCPU's registers as `struct hvm_hw_cpu`, which
+/// `getvcpucontext` lacks EFER of (long mode or not).
+pub const HVM_SAVE_CPU: u32 = 2;
+pub const HVM_CPU_SIZE: usize = 1032;
+pub const HVM_CPU_RBP: usize = 544;
+pub const HVM_CPU_RDI: usize = 560;
+pub const HVM_CPU_RSP: usize = 568;
+pub const HVM_CPU_RIP: usize = 640;
+pub const HVM_CPU_CR0: usize = 656;
+pub const HVM_CPU_CR3: usize = 672;
+pub const HVM_CPU_CR4: usize = 680;
+pub const HVM_CPU_EFER: usize = 992;
 
 /// `XEN_DOMINF_*` flags of `getdomaininfo`.
 pub const DOMINF_DYING: u32 = 1 << 0;
@@ -73,6 +92,16 @@ pub const HYPERCALL_STUB: [u8; 14] = [
 ];
 /// Where a vCPU inside a hypercall has its instruction pointer: after the `syscall`.
 pub const HYPERCALL_STUB_RETURN: usize = 10;
+/// The stub Xen writes for an HVM/PVH guest (`mov $NR,%eax; vmcall|vmmcall; ret`), with
+/// the hypercall number at bytes 1..5 and the third byte of the call instruction
+/// Intel's `c1` (vmcall) or AMD's `d9` (vmmcall). It pushes nothing: the return
+/// address is at the stack pointer.
+pub const HVM_HYPERCALL_STUB: [u8; 9] = [0xb8, 0, 0, 0, 0, 0x0f, 0x01, 0xc1, 0xc3];
+pub const HVM_VMCALL: u8 = 0xc1;
+pub const HVM_VMMCALL: u8 = 0xd9;
+/// After the vmcall/vmmcall: where Xen leaves the instruction pointer of a vCPU blocked
+/// in the hypercall.
+pub const HVM_HYPERCALL_STUB_RETURN: usize = 8;
 
 pub fn read_u16(buf: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(buf[at..at + 2].try_into().unwrap())

@@ -8,14 +8,17 @@
 //! The hypercall buffers are allocated once (libxencall's locked pages), so nothing is
 //! allocated while the domain is paused.
 //!
-//! Guests: 64-bit PV, the kind that runs everywhere, including nested under TCG. For PV,
+//! Guests: 64-bit PV, and HVM/PVH (Xen marks both with the HVM flag: one path). For PV,
 //! CR3 and the page tables hold machine frame numbers and privcmd maps PV frames by MFN,
 //! so glass-mem's x86-64 walk runs unchanged; a vCPU in guest-user mode is walked from
-//! its user page table (`ctrlreg[1]`). HVM/PVH guests are refused with a clear message
-//! for now: their registers would come from `XEN_DOMCTL_gethvmcontext_partial`
-//! (HVM_SAVE_CODE(CPU), CR3 a guest-physical address) and their frames map by GFN
-//! through the same [`frames`] code; these machines cannot run them (no VT-x/SVM under
-//! TCG) to test it.
+//! its user page table (`ctrlreg[1]`). For HVM/PVH, each vCPU's registers come from
+//! `XEN_DOMCTL_gethvmcontext_partial` (HVM_SAVE_CODE(CPU), in the same multicall where
+//! PV's come from `getvcpucontext`): the same RIP/RSP/RBP/CR3/CR4 as getvcpucontext gives,
+//! plus CR0 and EFER, which say whether the vCPU pages in long mode. CR3 is then a
+//! guest-physical address and the frames map by GFN through the same [`frames`] code
+//! (xenforeignmemory takes GFNs for them). A vCPU not paging in long mode (real mode:
+//! firmware, hvmloader, SeaBIOS; a PVH entry before it turned paging on) is reported
+//! with its instruction pointer only, which the loop records as `[firmware]`.
 //!
 //! Idle vCPUs: the same multicall asks `XEN_DOMCTL_getvcpuinfo` of every vCPU, and a
 //! vCPU Xen reports blocked (waiting for an event: `SCHEDOP_block`/`poll`, the PV idle
@@ -24,7 +27,9 @@
 //! `syscall` of Xen's stub, with the stub's two pushes on its stack: glass recognises the
 //! stub's bytes and samples the vCPU at the stub's caller (return address and stack
 //! pointer as after the stub's `ret`). Without this, a frame-pointer walk from the stub
-//! skips the caller (the stub keeps no frame), and the page has no CFI.
+//! skips the caller (the stub keeps no frame), and the page has no CFI. An HVM/PVH
+//! guest's stubs are `mov; vmcall|vmmcall; ret`, which push nothing: the same step out,
+//! from the word at the stack pointer.
 //!
 //! Safety of the domain: glass counts as holding the domain paused from just before the
 //! pause hypercall until the unpause returned, and says so in a [`StopMark`] shared
@@ -54,6 +59,8 @@ const FRAME_CACHE: usize = 4096;
 /// EFER.LMA and CR4.PAE: a 64-bit PV vCPU is always in long mode with 4-level paging.
 const EFER_LMA: u64 = 1 << 10;
 const CR4_PAE: u64 = 1 << 5;
+/// CR0.PG: paging on (an HVM vCPU in real mode or unpaged protected mode has it clear).
+const CR0_PG: u64 = 1 << 31;
 /// What `getvcpucontext` answers for a vCPU the guest never brought up.
 const ENODATA: i64 = 61;
 
@@ -119,6 +126,20 @@ pub struct DomainInfo {
 impl DomainInfo {
     pub fn paused(&self) -> bool {
         self.flags & DOMINF_PAUSED != 0
+    }
+
+    /// An HVM or PVH guest (else PV).
+    pub fn hvm(&self) -> bool {
+        self.flags & DOMINF_HVM_GUEST != 0
+    }
+
+    /// The guest's kind, for the summary.
+    pub fn kind(&self) -> &'static str {
+        if self.hvm() {
+            "HVM/PVH"
+        } else {
+            "64-bit PV"
+        }
     }
 }
 
@@ -262,12 +283,10 @@ impl Hypervisor {
         if info.flags & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0 {
             return Err(bad("the domain is shutting down".into()));
         }
-        if info.flags & DOMINF_HVM_GUEST != 0 {
-            return Err(bad(
-                "an HVM/PVH guest: glass record --xen samples PV guests so far".into(),
-            ));
-        }
+        // An HVM/PVH guest's width is its vCPUs' mode (EFER.LMA), seen at each sample;
+        // Xen answers the address-size query for PV guests only.
         match self.address_size(domid) {
+            _ if info.hvm() => {}
             Ok(64) => {}
             Ok(bits) => {
                 return Err(bad(format!(
@@ -302,6 +321,8 @@ pub struct XenBackend {
     hv: Hypervisor,
     domid: u32,
     vcpus: usize,
+    /// HVM/PVH: registers from the vCPU's HVM save record, CR3 guest-physical.
+    hvm: bool,
     /// Multicall entries: pause, then one getvcpucontext per vCPU.
     entries: HypercallBuffer,
     domctls: HypercallBuffer,
@@ -349,6 +370,7 @@ impl XenBackend {
             hv,
             domid: info.domid,
             vcpus,
+            hvm: info.hvm(),
             entries,
             domctls,
             contexts,
@@ -397,7 +419,8 @@ impl XenBackend {
     /// Pauses the domain and reads every vCPU's context into `contexts` and its state
     /// (blocked or not) into `domctls`; sets per vCPU whether it has a context (a vCPU
     /// never brought up has none). The domctls: 0 the pause, then per vCPU `v`
-    /// getvcpucontext at 1 + 2v and getvcpuinfo at 2 + 2v, and last getdomaininfo: a
+    /// getvcpucontext (HVM/PVH: gethvmcontext_partial of its CPU record) at 1 + 2v and
+    /// getvcpuinfo at 2 + 2v, and last getdomaininfo: a
     /// domain being destroyed can still be paused and read, but glass must let go of
     /// it (its mapped frames keep it from dying). Nothing is allocated here.
     fn pause_and_read(&mut self, online: &mut [bool]) -> Result<(), GuestError> {
@@ -411,6 +434,12 @@ impl XenBackend {
                 domctl(buffer, DOMCTL_PAUSEDOMAIN, domid);
             } else if index == calls - 1 {
                 domctl(buffer, DOMCTL_GETDOMAININFO, domid);
+            } else if index % 2 == 1 && self.hvm {
+                domctl(buffer, DOMCTL_GETHVMCONTEXT_PARTIAL, domid);
+                write_u32(buffer, HVMCONTEXT_TYPE, HVM_SAVE_CPU);
+                write_u32(buffer, HVMCONTEXT_INSTANCE, vcpu as u32);
+                write_u64(buffer, HVMCONTEXT_BUFSZ, CONTEXT_SIZE as u64);
+                write_u64(buffer, HVMCONTEXT_BUFFER, context);
             } else if index % 2 == 1 {
                 domctl(buffer, DOMCTL_GETVCPUCONTEXT, domid);
                 write_u32(buffer, VCPUCONTEXT_VCPU, vcpu as u32);
@@ -523,65 +552,107 @@ impl XenBackend {
     /// The registers of vCPU `vcpu` from its context, stepped out of a hypercall stub.
     fn registers(&mut self, vcpu: usize) -> X86Regs {
         let context = &self.contexts.bytes()[vcpu * CONTEXT_SIZE..(vcpu + 1) * CONTEXT_SIZE];
-        let flags = read_u64(context, CONTEXT_FLAGS);
-        let kernel_table = read_u64(context, CONTEXT_CTRLREG + 3 * 8);
-        let user_table = read_u64(context, CONTEXT_CTRLREG + 8);
-        let cr3 = if flags & VGCF_IN_KERNEL == 0 && user_table != 0 {
-            user_table
+        let (mut regs, rdi) = if self.hvm {
+            let cr0 = read_u64(context, HVM_CPU_CR0);
+            let regs = X86Regs {
+                ip: read_u64(context, HVM_CPU_RIP),
+                sp: read_u64(context, HVM_CPU_RSP),
+                fp: read_u64(context, HVM_CPU_RBP),
+                cr3: read_u64(context, HVM_CPU_CR3),
+                cr4: read_u64(context, HVM_CPU_CR4),
+                // EFER.LMA implies CR0.PG; checked anyway, as the walk needs both.
+                efer: if cr0 & CR0_PG != 0 {
+                    read_u64(context, HVM_CPU_EFER)
+                } else {
+                    0
+                },
+            };
+            (regs, read_u64(context, HVM_CPU_RDI))
         } else {
-            kernel_table
+            let flags = read_u64(context, CONTEXT_FLAGS);
+            let kernel_table = read_u64(context, CONTEXT_CTRLREG + 3 * 8);
+            let user_table = read_u64(context, CONTEXT_CTRLREG + 8);
+            let cr3 = if flags & VGCF_IN_KERNEL == 0 && user_table != 0 {
+                user_table
+            } else {
+                kernel_table
+            };
+            let regs = X86Regs {
+                ip: read_u64(context, CONTEXT_RIP),
+                sp: read_u64(context, CONTEXT_RSP),
+                fp: read_u64(context, CONTEXT_RBP),
+                cr3,
+                cr4: CR4_PAE,
+                efer: EFER_LMA,
+            };
+            (regs, read_u64(context, CONTEXT_RDI))
         };
-        let mut regs = X86Regs {
-            ip: read_u64(context, CONTEXT_RIP),
-            sp: read_u64(context, CONTEXT_RSP),
-            fp: read_u64(context, CONTEXT_RBP),
-            cr3,
-            cr4: CR4_PAE,
-            efer: EFER_LMA,
-        };
-        let rdi = read_u64(context, CONTEXT_RDI);
-        if let Some(number) = self.hypercall_at(&regs) {
+        if !regs.long_mode() {
+            // Not paging in long mode: nothing to walk, nor a stub to step out of.
+            return regs;
+        }
+        if let Some((number, pushed)) = self.hypercall_at(&regs) {
             let mut word = [0u8; 8];
-            if self.read_virtual_exact(regs.cr3, regs.sp + 16, &mut word) {
+            if self.read_virtual_exact(&regs, regs.sp + pushed, &mut word) {
                 self.in_hypercall[vcpu] += 1;
                 // Xen's own word (getvcpuinfo) says whether it is blocked; a vCPU still
                 // inside SCHEDOP_block/poll is on its way there or back.
                 self.halted[vcpu] |=
                     number == HYPERVISOR_SCHED_OP && matches!(rdi, SCHEDOP_BLOCK | SCHEDOP_POLL);
                 regs.ip = u64::from_le_bytes(word);
-                regs.sp += 24;
+                regs.sp += pushed + 8;
             }
         }
         regs
     }
 
-    /// Reads guest-virtual memory under `cr3` through the backend's own translation
-    /// cache (the stub's code and the word above it, before the loop's stack copy).
-    fn read_virtual_exact(&mut self, cr3: u64, address: u64, buf: &mut [u8]) -> bool {
+    /// Reads guest-virtual memory as `regs` page it through the backend's own
+    /// translation cache (the stub's code and the word above it, before the loop's stack
+    /// copy).
+    fn read_virtual_exact(&mut self, regs: &X86Regs, address: u64, buf: &mut [u8]) -> bool {
         let paging = X86Paging {
-            cr3,
-            mode: PagingMode::FourLevel,
+            cr3: regs.cr3,
+            mode: PagingMode::from_cr4(regs.cr4),
         };
         self.translations
             .read_with(&self.frames, &paging, address, buf)
             == buf.len()
     }
 
-    /// The hypercall number when `regs.ip` sits right after the `syscall` of one of
-    /// Xen's hypercall stubs.
-    fn hypercall_at(&mut self, regs: &X86Regs) -> Option<u64> {
-        let start = regs.ip.checked_sub(HYPERCALL_STUB_RETURN as u64)?;
+    /// When `regs.ip` sits right after the call instruction of one of Xen's hypercall
+    /// stubs: the hypercall number, and how many bytes the stub pushed above its return
+    /// address (PV's stub pushes rcx and r11; HVM's nothing).
+    fn hypercall_at(&mut self, regs: &X86Regs) -> Option<(u64, u64)> {
+        let (back, pushed) = if self.hvm {
+            (HVM_HYPERCALL_STUB_RETURN, 0)
+        } else {
+            (HYPERCALL_STUB_RETURN, 16)
+        };
+        let start = regs.ip.checked_sub(back as u64)?;
         if start % 32 != 0 {
             return None;
         }
+        if self.hvm {
+            let mut bytes = [0u8; HVM_HYPERCALL_STUB.len()];
+            if !self.read_virtual_exact(regs, start, &mut bytes) {
+                return None;
+            }
+            let number = u32::from_le_bytes(bytes[1..5].try_into().unwrap());
+            let mut expected = HVM_HYPERCALL_STUB;
+            expected[1..5].copy_from_slice(&number.to_le_bytes());
+            if bytes[7] == HVM_VMMCALL {
+                expected[7] = HVM_VMMCALL;
+            }
+            return (bytes == expected).then_some((number as u64, pushed));
+        }
         let mut bytes = [0u8; HYPERCALL_STUB.len()];
-        if !self.read_virtual_exact(regs.cr3, start, &mut bytes) {
+        if !self.read_virtual_exact(regs, start, &mut bytes) {
             return None;
         }
         let number = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
         let mut expected = HYPERCALL_STUB;
         expected[4..8].copy_from_slice(&number.to_le_bytes());
-        (bytes == expected).then_some(number as u64)
+        (bytes == expected).then_some((number as u64, pushed))
     }
 }
 
@@ -670,8 +741,13 @@ impl GuestBackend for XenBackend {
         let stepped: u64 = self.in_hypercall.iter().sum();
         vec![
             format!(
-                "Xen: pause, {} vCPU contexts and states {}",
+                "Xen: pause, {} vCPU {} and states {}",
                 self.vcpus,
+                if self.hvm {
+                    "HVM CPU records"
+                } else {
+                    "contexts"
+                },
                 if self.batched {
                     "in one multicall per sample"
                 } else {
