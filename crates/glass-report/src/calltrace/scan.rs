@@ -153,6 +153,7 @@ fn pass(
     let mut scan = Scan {
         recording: Recording {
             file_len: std::fs::metadata(path).map_or(0, |m| m.len() as usize),
+            version: stream.version(),
             ..Recording::default()
         },
         ..Scan::default()
@@ -207,6 +208,8 @@ fn pass(
                 engine.chunk(thread, chunk);
             }
             Ok(Item::Record(record)) => scan.recording.add(Ok(record)),
+            // Damaged blocks are skipped (the stream goes on behind them).
+            Err(error) if !error.ends_reading() => scan.recording.add(Err(error)),
             Err(error) => {
                 scan.recording.add(Err(error));
                 break;
