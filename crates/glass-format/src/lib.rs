@@ -19,11 +19,13 @@
 
 mod packed;
 mod reader;
+mod seal;
 pub mod stream;
 mod varint;
 mod writer;
 
 pub use reader::{read_bytes, read_file, read_from, FormatError, Reader, Recording};
+pub use seal::{seal, Sealed};
 pub use writer::Writer;
 
 /// The first eight bytes of every `.glass` file.

@@ -139,6 +139,8 @@ pub struct Stream<R: Read = File> {
     block_end: usize,
     /// The sequence number the next block should have.
     next_sequence: u32,
+    /// Where the last whole block read ends (the header's end before any).
+    whole_end: usize,
     /// Damage found in the header, yielded before the first record.
     pending: Option<FormatError>,
     /// Pool blocks allocated, and how many may be (then the stream waits for one back).
@@ -175,6 +177,7 @@ impl<R: Read> Stream<R> {
             home,
             block_end: usize::MAX,
             next_sequence: 0,
+            whole_end: HEADER_LEN,
             pending: None,
             blocks: 1,
             max_blocks: usize::MAX,
@@ -396,7 +399,14 @@ impl<R: Read> Stream<R> {
     fn accept(&mut self, sequence: u32, len: usize) {
         self.pos += BLOCK_HEAD_LEN;
         self.block_end = self.offset() + len;
+        self.whole_end = self.block_end;
         self.next_sequence = sequence.wrapping_add(1);
+    }
+
+    /// Version 3: where the last whole block read so far ends, and the sequence number
+    /// a block written there takes.
+    pub fn whole_end(&self) -> (usize, u32) {
+        (self.whole_end, self.next_sequence)
     }
 
     /// Looks at the block that should start at the stream's position (reading all of

@@ -38,6 +38,19 @@ impl<W: Write> Writer<W> {
         })
     }
 
+    /// Continues a file whose header and first `sequence` blocks are written (see
+    /// [`crate::seal`]): writes no header.
+    pub fn resume(out: W, sequence: u32) -> Self {
+        let mut block = Vec::with_capacity(BLOCK_TARGET + BLOCK_HEAD_LEN);
+        block.resize(BLOCK_HEAD_LEN, 0);
+        Writer {
+            out,
+            scratch: Vec::with_capacity(4096),
+            block,
+            sequence,
+        }
+    }
+
     /// Blocks written so far (the open one not counted).
     pub fn blocks(&self) -> u32 {
         self.sequence
