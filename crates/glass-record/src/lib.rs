@@ -428,8 +428,8 @@ impl OutputFile {
             return Ok(None);
         }
         let len = self.keep.metadata().map_or(0, |m| m.len());
-        let rewritten = File::open(format!("/proc/self/fd/{}", self.keep.as_raw_fd()))
-            .and_then(|mut from| {
+        let rewritten =
+            File::open(format!("/proc/self/fd/{}", self.keep.as_raw_fd())).and_then(|mut from| {
                 let mut to = File::create(&self.path)?;
                 std::io::copy(&mut from, &mut to)?;
                 to.sync_all()

@@ -3,7 +3,7 @@
 //! and with 1000 seeded single-byte flips. For every mutant, read in-process as the CLI
 //! reads it (`glass_format::read_bytes`): nothing panics, each run is bounded in time,
 //! the damage is always reported, and exactly the records of the intact blocks are kept
-//! (a flip costs its block, a cut the blocks it runs into). Every 25th mutant also goes
+//! (a flip costs its block, a cut the blocks it runs into). Every 40th mutant also goes
 //! through the report model and each of its exporters in-process, and a few through the
 //! real binary under every report format and `glass info` (exit 0 with the damage
 //! said, or one line and exit 2; never a panic, never past the time bound).
@@ -369,7 +369,7 @@ fn check_recording(name: &str, dir: &Path, recording: &Path, seed: u64) {
     for (index, mutation) in all.iter().enumerate() {
         let mutant = mutation.apply(&bytes);
         let read = check_read(name, &layout, mutation, &mutant);
-        if index % 25 == 0 {
+        if index % 40 == 0 {
             check_exporters(name, mutation, &read, &original);
         }
     }
@@ -486,7 +486,7 @@ fn mutated_trace_recording() {
             "--",
         ])
         .arg(&nf)
-        .arg("200")
+        .arg("40")
         .stdout(Stdio::null())
         .output()
         .unwrap();
@@ -513,7 +513,6 @@ fn mutated_guest_recording() {
         elf.to_str().unwrap(),
         "-o",
         recording.to_str().unwrap(),
-        "--",
     ];
     let image = image.to_str().unwrap().to_string();
     let qemu = qemu_command("2", &[], &image);
