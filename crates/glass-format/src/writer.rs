@@ -5,6 +5,11 @@ use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, Threa
 use crate::{JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary};
 use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 
+/// Words per trace chunk written: a multiple of every record's length in words (a
+/// record word and up to 4 counter words: 1 to 5), so no record is split between
+/// chunks; packed, a few KiB.
+pub const TRACE_PIECE: usize = 2400;
+
 /// Streams records to `out`, gathered in checksummed blocks (see the crate's first
 /// page). Each record is encoded into a reused scratch buffer and added whole to the
 /// open block; a block goes out when it is full and at every [`Writer::flush`], so a
@@ -259,14 +264,20 @@ impl<W: Write> Writer<W> {
 
     /// Writes one thread's call records packed (see `packed`): about a quarter of
     /// their 8 bytes each, so the drain keeps up with a fast program on a slow disk.
+    /// A long run is written as several chunks of [`TRACE_PIECE`] words at most, each
+    /// in a block of a few KiB: a drain hands over megabytes at once, and one block that
+    /// large was lost whole when the disk filled inside it.
     pub fn trace_chunk(&mut self, pid: u32, tid: u32, words: &[u64]) -> io::Result<()> {
-        let b = &mut self.scratch;
-        b.clear();
-        put_u64(b, pid as u64);
-        put_u64(b, tid as u64);
-        put_u64(b, words.len() as u64);
-        crate::packed::pack(words, b);
-        self.emit(tag::TRACE_PACKED)
+        for piece in words.chunks(TRACE_PIECE) {
+            let b = &mut self.scratch;
+            b.clear();
+            put_u64(b, pid as u64);
+            put_u64(b, tid as u64);
+            put_u64(b, piece.len() as u64);
+            crate::packed::pack(piece, b);
+            self.emit(tag::TRACE_PACKED)?;
+        }
+        Ok(())
     }
 
     pub fn trace_summary(&mut self, s: &TraceSummary) -> io::Result<()> {

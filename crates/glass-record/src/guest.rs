@@ -109,7 +109,16 @@ pub(super) fn sample_guest<'a>(
     // The handshake stops the VM and ends by letting it run.
     let client = Client::connect_marked(address, Some(mark));
     mark.end();
-    let client = client.map_err(stub_failed)?;
+    // A --gdb address with no working stub behind it (nothing listening, a server
+    // that is not a GDB stub or never answers, an address that does not parse) is bad
+    // input; the stub of a VM glass launched failing is a runtime failure.
+    let launched = vm.is_some();
+    let client = client.map_err(|error| match launched {
+        true => stub_failed(error),
+        false => TargetError::BadInput(format!(
+            "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
+        )),
+    })?;
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
     let ram = match ram {

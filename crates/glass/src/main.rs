@@ -267,6 +267,23 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                error.kind(),
+                ErrorKind::ValueValidation | ErrorKind::InvalidValue
+            ) {
+                // One line, as every error of glass: clap's first line says it all
+                // ("invalid value 'inf' for '--duration <DURATION>': must be ...").
+                let text = error.render().to_string();
+                let line: Vec<&str> = text
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
+                let line = line.join(" ");
+                eprintln!("glass: {}", line.strip_prefix("error: ").unwrap_or(&line));
+                return ExitCode::from(2);
+            }
             let code = if error.use_stderr() { 2 } else { 0 };
             let _ = error.print();
             return ExitCode::from(code);
@@ -290,6 +307,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(failure) => {
+            // (`info` and `report` end by SIGPIPE on a closed output: not for this
+            // line, which has nowhere to go when standard error is the closed pipe.)
+            // SAFETY: sets one signal's disposition; no handler runs.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
             eprintln!("glass: {failure}");
             ExitCode::from(failure.exit_code as u8)
         }
