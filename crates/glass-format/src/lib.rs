@@ -26,7 +26,7 @@ mod writer;
 
 pub use reader::{read_bytes, read_file, read_from, FormatError, Reader, Recording};
 pub use seal::{seal, Sealed};
-pub use writer::Writer;
+pub use writer::{Writer, TRACE_PIECE};
 
 /// The first eight bytes of every `.glass` file.
 pub const MAGIC: [u8; 8] = *b"GLASSREC";

@@ -82,15 +82,18 @@ fn check_input(path: &Path, what: &str) -> Result<()> {
     }
 }
 
-/// A recording is written into a regular file (a missing one is created): glass keeps
-/// what it wrote if the disk fills, which a pipe cannot hold.
+/// A recording is written into a regular file (a missing one is created; a character
+/// device such as /dev/null or /dev/full is taken too): opening a FIFO would wait for a
+/// reader, and a directory or socket cannot be written.
 fn check_recording_output(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() => Err(Failure::bad_input(format!(
-            "cannot write {}: {} (a recording is written to a regular file)",
-            path.display(),
-            kind_of(&meta)
-        ))),
+        Ok(meta) if !meta.is_file() && !meta.file_type().is_char_device() => {
+            Err(Failure::bad_input(format!(
+                "cannot write {}: {} (a recording is written to a regular file)",
+                path.display(),
+                kind_of(&meta)
+            )))
+        }
         _ => Ok(()),
     }
 }
