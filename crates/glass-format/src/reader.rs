@@ -102,18 +102,24 @@ impl Iterator for Reader<'_> {
     type Item = Result<Record, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        Some(match self.stream.next()? {
-            Ok(Item::Record(record)) => Ok(record),
-            Ok(Item::Trace(chunk)) => match chunk.words() {
-                Ok(words) => Ok(Record::TraceChunk(TraceChunk {
-                    pid: chunk.pid,
-                    tid: chunk.tid,
-                    words,
-                })),
-                Err(what) => Err(chunk.damage(what)),
-            },
-            Err(error) => Err(error),
-        })
+        self.stream.next().map(decoded)
+    }
+}
+
+/// A streamed item as a record, its trace chunk decoded. A chunk whose body does not
+/// decode (in a checked block: a writer other than glass) is damage that ends the
+/// reading: the calls behind it cannot be paired up.
+fn decoded(item: Result<Item, FormatError>) -> Result<Record, FormatError> {
+    match item? {
+        Item::Record(record) => Ok(record),
+        Item::Trace(chunk) => match chunk.words() {
+            Ok(words) => Ok(Record::TraceChunk(TraceChunk {
+                pid: chunk.pid,
+                tid: chunk.tid,
+                words,
+            })),
+            Err(what) => Err(chunk.damage(what)),
+        },
     }
 }
 
@@ -176,20 +182,7 @@ pub fn read_from(input: impl std::io::Read, file_len: usize) -> Result<Recording
     let mut stream = Stream::new(input)?;
     recording.version = stream.version();
     for item in &mut stream {
-        let record = match item {
-            Ok(Item::Record(record)) => Ok(record),
-            Ok(Item::Trace(chunk)) => match chunk.words() {
-                Ok(words) => Ok(Record::TraceChunk(TraceChunk {
-                    pid: chunk.pid,
-                    tid: chunk.tid,
-                    words,
-                })),
-                // A chunk whose body does not decode (in a checked block: a writer
-                // other than glass): the calls behind it cannot be paired up.
-                Err(what) => Err(chunk.damage(what)),
-            },
-            Err(error) => Err(error),
-        };
+        let record = decoded(item);
         let stop = record.as_ref().is_err_and(|e| e.ends_reading());
         recording.add(record);
         if stop {

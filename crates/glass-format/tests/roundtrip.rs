@@ -296,3 +296,38 @@ proptest! {
         }
     }
 }
+
+/// A file whose last block was written in part (a full disk): `seal` cuts it after the
+/// last whole block and ends it there with the records given, and a whole file is left
+/// as it is.
+#[test]
+fn seal_ends_a_file_after_its_last_whole_block() {
+    let records = sample_records();
+    let whole = encode_flushed(&records[..records.len() - 1]);
+    let path = std::env::temp_dir().join(format!("glass-seal-{}", std::process::id()));
+    for cut in [whole.len() - 3, whole.len() - 40, HEADER_LEN + 20] {
+        std::fs::write(&path, &whole[..cut]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let summary = Record::Summary(Summary {
+            samples: 7,
+            ..Summary::default()
+        });
+        let sealed = seal(&file, std::slice::from_ref(&summary)).unwrap();
+        let before = read_bytes(&whole[..cut]).unwrap();
+        let after = read_file(&path).unwrap();
+        assert!(
+            after.complete && after.damage.is_none(),
+            "cut {cut}: {:?}",
+            after.damage
+        );
+        assert_eq!(after.samples, before.samples, "cut {cut}");
+        assert_eq!(after.modules, before.modules, "cut {cut}");
+        assert_eq!(after.summary.as_ref().map(|s| s.samples), Some(7));
+        assert_eq!(sealed.bytes, std::fs::metadata(&path).unwrap().len());
+        assert!(sealed.cut > 0, "cut {cut}");
+        // Sealing again changes nothing.
+        let again = seal(&file, &[]).unwrap();
+        assert_eq!((again.bytes, again.cut), (sealed.bytes, 0));
+    }
+    std::fs::remove_file(&path).unwrap();
+}

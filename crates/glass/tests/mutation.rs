@@ -402,50 +402,16 @@ fn check_recording(name: &str, dir: &Path, recording: &Path, seed: u64) {
     );
 }
 
-fn record_ok(args: &[&str]) -> Output {
-    let output = glass(args);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{args:?}: {}",
-        stderr(&output)
-    );
-    output
-}
-
-use std::process::Output;
-
 #[test]
 fn mutated_sample_recordings() {
     let dir = scratch("mutation_samples");
     let split = compile(&dir, "split.c", "split", &[]);
     let frames = dir.join("frames.glass");
-    record_ok(&[
-        "record",
-        "-F",
-        "999",
-        "-q",
-        "-o",
-        frames.to_str().unwrap(),
-        "--",
-        split.to_str().unwrap(),
-        "3000",
-    ]);
+    let split = split.to_str().unwrap();
+    record(&frames, 999, &[split, "3000"]);
     check_recording("samples", &dir, &frames, 1);
     let raw = dir.join("raw.glass");
-    record_ok(&[
-        "record",
-        "-F",
-        "499",
-        "-q",
-        "--capture",
-        "raw",
-        "-o",
-        raw.to_str().unwrap(),
-        "--",
-        split.to_str().unwrap(),
-        "1500",
-    ]);
+    record_with(&raw, 499, &["--capture", "raw"], &[split, "1500"]);
     check_recording("raw snapshots", &dir, &raw, 2);
 }
 
@@ -458,18 +424,12 @@ fn mutated_off_cpu_recording() {
     let dir = scratch("mutation_off_cpu");
     let blocking = compile(&dir, "kernel/blocking.c", "blocking", &["-pthread"]);
     let recording = dir.join("off_cpu.glass");
-    record_ok(&[
-        "record",
-        "-F",
-        "999",
-        "-q",
-        "--off-cpu",
-        "-o",
-        recording.to_str().unwrap(),
-        "--",
-        blocking.to_str().unwrap(),
-        "150",
-    ]);
+    record_with(
+        &recording,
+        999,
+        &["--off-cpu"],
+        &[blocking.to_str().unwrap(), "150"],
+    );
     check_recording("off-cpu", &dir, &recording, 3);
 }
 
@@ -517,6 +477,7 @@ fn mutated_guest_recording() {
     let image = image.to_str().unwrap().to_string();
     let qemu = qemu_command("2", &[], &image);
     args.extend(qemu.iter().copied());
-    record_ok(&args);
+    let output = glass(&args);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     check_recording("guest", &dir, &recording, 5);
 }
