@@ -201,7 +201,14 @@ impl Recording {
     /// The damage in one line (`None`: the file is whole): the first damage, and how
     /// many more and what they cost.
     pub fn damage_summary(&self) -> Option<String> {
-        let first = self.damaged.first()?;
+        let first = match self.damaged.first()? {
+            FormatError::Truncated { offset } if self.file_len > *offset => format!(
+                "{} ({} bytes after it dropped: written in part)",
+                self.damaged[0],
+                self.file_len - offset
+            ),
+            first => first.to_string(),
+        };
         let more = self.damaged.len() - 1;
         Some(match (more, self.lost_bytes) {
             (0, _) => first.to_string(),

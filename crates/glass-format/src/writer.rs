@@ -14,7 +14,9 @@ pub const TRACE_PIECE: usize = 2400;
 /// page). Each record is encoded into a reused scratch buffer and added whole to the
 /// open block; a block goes out when it is full and at every [`Writer::flush`], so a
 /// crash loses at most what was written since the last flush, and every block that did
-/// go out whole reads back, checked.
+/// go out whole reads back, checked. A writer dropped without [`Writer::flush`],
+/// [`Writer::end`] or [`Writer::into_inner`] loses its open block: dropping must not
+/// write, for a writer is dropped after a failed write (a full disk) on purpose.
 pub struct Writer<W: Write> {
     out: W,
     scratch: Vec<u8>,
