@@ -1,33 +1,54 @@
 //! The `.glass` recording format: a versioned header followed by a stream of
-//! length-prefixed records, written as they happen.
+//! length-prefixed records, written as they happen, gathered in checksummed blocks.
 //!
 //! Why a stream of self-delimiting records: a recorder that is killed halfway (SIGKILL,
-//! full disk, power loss) leaves a file whose every complete record is still readable.
-//! The reader stops at the first incomplete record and says the file was truncated;
+//! full disk, power loss) leaves a file whose every complete block is still readable.
+//! The reader stops at an incomplete block at the end and says the file was truncated;
 //! a complete file ends with an [`Record::End`] record.
+//!
+//! Why blocks with a CRC-32 each (version 3): without them a flipped byte in a file
+//! read back as other, plausible numbers (a third of byte-mutated files passed as
+//! whole). A block that fails its check is reported (which blocks, how many bytes) and
+//! skipped: the reader finds the next block by its marker and checksum, so every intact
+//! block is kept. Blocks are small ([`BLOCK_TARGET`]) so one damaged byte costs little;
+//! the recorder flushes often, and each flush closes a block. Versions 1 and 2 (no
+//! blocks) are still read, stopping at their first damaged record.
 //!
 //! This crate depends on nothing else in glass, so other tools can read recordings.
 //! The layout is documented byte for byte in `docs/format.md`.
 
 mod packed;
 mod reader;
+mod seal;
 pub mod stream;
 mod varint;
 mod writer;
 
 pub use reader::{read_bytes, read_file, read_from, FormatError, Reader, Recording};
-pub use writer::Writer;
+pub use seal::{seal, Sealed};
+pub use writer::{Writer, TRACE_PIECE};
 
 /// The first eight bytes of every `.glass` file.
 pub const MAGIC: [u8; 8] = *b"GLASSREC";
 /// Bumped whenever a record's layout changes incompatibly. Version 2 added the
-/// architecture to [`Meta`] and the link register to [`Snapshot`]; version 1 files
-/// (x86-64 only) are still read.
-pub const VERSION: u32 = 2;
+/// architecture to [`Meta`] and the link register to [`Snapshot`]; version 3 put the
+/// records in checksummed blocks. Version 1 files (x86-64 only) and 2 are still read.
+pub const VERSION: u32 = 3;
 /// The oldest version this reader still reads.
 pub const OLDEST_VERSION: u32 = 1;
-/// Magic + version + reserved flags.
+/// The first version whose records are in checksummed blocks.
+pub const BLOCKS_VERSION: u32 = 3;
+/// Magic + version + (version 3) the CRC-32 of those 12 bytes (reserved before).
 pub const HEADER_LEN: usize = 16;
+/// The first bytes of every block (version 3): how a reader finds the next block after
+/// a damaged one.
+pub const BLOCK_MARKER: [u8; 4] = *b"GBLK";
+/// Marker, sequence number (u32), length of the records (u32), CRC-32 (of sequence,
+/// length and records).
+pub const BLOCK_HEAD_LEN: usize = 16;
+/// A block is written once it holds this many bytes (a larger record gets a block of
+/// its own): a damaged byte loses at most about this much.
+pub const BLOCK_TARGET: usize = 16 << 10;
 
 /// Sample flag: the stack walk ended early (depth limit, a frame pointer that did not
 /// move up the stack, or unreadable memory); the outermost frames are missing.

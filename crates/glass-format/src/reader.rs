@@ -5,7 +5,7 @@ use crate::varint::{get_i64, get_u64};
 use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
-use crate::{Arch, Backend, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
 use crate::{KernelSymbol, KernelSymbols, ThreadLost};
 
@@ -22,71 +22,79 @@ pub enum FormatError {
     Truncated { offset: usize },
     #[error("corrupt record at byte {offset}: {what}")]
     Corrupt { offset: usize, what: &'static str },
+    /// Version 3: blocks that failed their check, skipped; the reading goes on behind
+    /// them. `blocks` 0: the damage runs to the end of the file.
+    #[error("{}", damaged_text(*first_block, *blocks, *offset, *lost, what))]
+    Damaged {
+        first_block: u32,
+        blocks: u32,
+        offset: usize,
+        lost: usize,
+        what: &'static str,
+    },
+    /// Version 3: the header's magic, version or checksum was damaged (and mended from
+    /// the others).
+    #[error("the file header is damaged (its checksum does not match; read as version 3)")]
+    HeaderDamaged,
     #[error("{0}")]
     Io(String),
 }
 
-/// Iterates the records of an in-memory `.glass` file. After the first error it yields
-/// nothing more: the bytes behind a damaged record cannot be framed reliably.
+fn damaged_text(first: u32, blocks: u32, offset: usize, lost: usize, what: &str) -> String {
+    let end = offset + lost;
+    match blocks {
+        0 => format!("damaged from byte {offset} to the end ({what}): {lost} bytes lost"),
+        1 => format!("block {first} (bytes {offset}-{end}) damaged ({what}): {lost} bytes lost"),
+        n => format!(
+            "blocks {first}-{} (bytes {offset}-{end}) damaged ({what}): {lost} bytes lost",
+            first as u64 + n as u64 - 1
+        ),
+    }
+}
+
+impl FormatError {
+    /// Whether nothing after this can be read (else: damaged blocks were skipped and
+    /// the reading went on).
+    pub fn ends_reading(&self) -> bool {
+        !matches!(
+            self,
+            FormatError::Damaged { .. } | FormatError::HeaderDamaged
+        )
+    }
+
+    /// File bytes this damage made unreadable (0 when not known here: a truncation
+    /// costs what was never written).
+    pub fn lost_bytes(&self) -> usize {
+        match self {
+            FormatError::Damaged { lost, .. } => *lost,
+            _ => 0,
+        }
+    }
+}
+
+/// Iterates the records of an in-memory `.glass` file: [`Stream`] over the bytes, with
+/// trace chunks decoded. After an error that [ends the reading](FormatError::ends_reading)
+/// it yields nothing more; damaged blocks are yielded as errors and skipped.
 pub struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    failed: bool,
-    ended: bool,
-    /// The file's format version (layouts differ per version).
-    version: u32,
+    stream: Stream<&'a [u8]>,
 }
 
 impl<'a> Reader<'a> {
     /// Checks the header.
     pub fn new(bytes: &'a [u8]) -> Result<Self, FormatError> {
-        let version = check_header(bytes)?;
         Ok(Reader {
-            bytes,
-            pos: HEADER_LEN,
-            failed: false,
-            ended: false,
-            version,
+            stream: Stream::new(bytes)?,
         })
     }
 
     /// The file's format version.
     pub fn version(&self) -> u32 {
-        self.version
+        self.stream.version()
     }
 
     /// Byte offset of the next record.
     pub fn offset(&self) -> usize {
-        self.pos
-    }
-
-    fn next_record(&mut self) -> Result<Option<Record>, FormatError> {
-        let start = self.pos;
-        if start == self.bytes.len() {
-            return Ok(None);
-        }
-        let frame = self
-            .bytes
-            .get(start..start + 5)
-            .ok_or(FormatError::Truncated { offset: start })?;
-        let len = u32::from_le_bytes(frame[1..5].try_into().unwrap()) as usize;
-        if len > MAX_RECORD_LEN {
-            return Err(FormatError::Corrupt {
-                offset: start,
-                what: "record length out of range",
-            });
-        }
-        let payload = self
-            .bytes
-            .get(start + 5..start + 5 + len)
-            .ok_or(FormatError::Truncated { offset: start })?;
-        let corrupt = |what| FormatError::Corrupt {
-            offset: start,
-            what,
-        };
-        let record = decode(frame[0], payload, self.version).map_err(corrupt)?;
-        self.pos = start + 5 + len;
-        Ok(Some(record))
+        self.stream.offset()
     }
 }
 
@@ -94,33 +102,24 @@ impl Iterator for Reader<'_> {
     type Item = Result<Record, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.ended {
-            return None;
-        }
-        loop {
-            match self.next_record() {
-                Ok(Some(Record::End)) => {
-                    self.ended = true;
-                    return Some(Ok(Record::End));
-                }
-                Ok(Some(record)) => return Some(Ok(record)),
-                Ok(None) => return None,
-                Err(FormatError::Corrupt {
-                    what: "unknown record tag",
-                    ..
-                }) => {
-                    // A newer writer's record type: its length is known, so skip it.
-                    let len = u32::from_le_bytes(
-                        self.bytes[self.pos + 1..self.pos + 5].try_into().unwrap(),
-                    );
-                    self.pos += 5 + len as usize;
-                }
-                Err(error) => {
-                    self.failed = true;
-                    return Some(Err(error));
-                }
-            }
-        }
+        self.stream.next().map(decoded)
+    }
+}
+
+/// A streamed item as a record, its trace chunk decoded. A chunk whose body does not
+/// decode (in a checked block: a writer other than glass) is damage that ends the
+/// reading: the calls behind it cannot be paired up.
+fn decoded(item: Result<Item, FormatError>) -> Result<Record, FormatError> {
+    match item? {
+        Item::Record(record) => Ok(record),
+        Item::Trace(chunk) => match chunk.words() {
+            Ok(words) => Ok(Record::TraceChunk(TraceChunk {
+                pid: chunk.pid,
+                tid: chunk.tid,
+                words,
+            })),
+            Err(what) => Err(chunk.damage(what)),
+        },
     }
 }
 
@@ -147,9 +146,16 @@ pub struct Recording {
     pub kernel_symbols: KernelSymbols,
     /// The file ended with an End record.
     pub complete: bool,
-    /// What stopped the reader early, if anything: the records before it are kept.
+    /// The first damage found, if any (what stopped the reader early, or the first
+    /// damaged blocks of several): the records of the intact blocks are kept.
     pub damage: Option<FormatError>,
+    /// Every damage found, in file order (the first is [`Recording::damage`]).
+    pub damaged: Vec<FormatError>,
+    /// File bytes the damaged blocks held (a truncation not counted).
+    pub lost_bytes: usize,
     pub file_len: usize,
+    /// The file's format version.
+    pub version: u32,
 }
 
 /// Reads a whole recording. Errors only when nothing can be read at all (not a .glass
@@ -174,21 +180,10 @@ pub fn read_from(input: impl std::io::Read, file_len: usize) -> Result<Recording
         ..Recording::default()
     };
     let mut stream = Stream::new(input)?;
+    recording.version = stream.version();
     for item in &mut stream {
-        let record = match item {
-            Ok(Item::Record(record)) => Ok(record),
-            Ok(Item::Trace(chunk)) => match chunk.words() {
-                Ok(words) => Ok(Record::TraceChunk(TraceChunk {
-                    pid: chunk.pid,
-                    tid: chunk.tid,
-                    words,
-                })),
-                // The whole-file reader stops at a bad chunk: so does this one.
-                Err(what) => Err(chunk.damage(what)),
-            },
-            Err(error) => Err(error),
-        };
-        let stop = record.is_err();
+        let record = decoded(item);
+        let stop = record.as_ref().is_err_and(|e| e.ends_reading());
         recording.add(record);
         if stop {
             break;
@@ -199,19 +194,32 @@ pub fn read_from(input: impl std::io::Read, file_len: usize) -> Result<Recording
 }
 
 pub fn read_bytes(bytes: &[u8]) -> Result<Recording, FormatError> {
-    let mut recording = Recording {
-        file_len: bytes.len(),
-        ..Recording::default()
-    };
-    let mut reader = Reader::new(bytes)?;
-    for record in &mut reader {
-        recording.add(record);
-    }
-    recording.finish(reader.offset());
-    Ok(recording)
+    read_from(bytes, bytes.len())
 }
 
 impl Recording {
+    /// The damage in one line (`None`: the file is whole): the first damage, and how
+    /// many more and what they cost.
+    pub fn damage_summary(&self) -> Option<String> {
+        let first = match self.damaged.first()? {
+            FormatError::Truncated { offset } if self.file_len > *offset => format!(
+                "{} ({} bytes after it dropped: written in part)",
+                self.damaged[0],
+                self.file_len - offset
+            ),
+            first => first.to_string(),
+        };
+        let more = self.damaged.len() - 1;
+        Some(match (more, self.lost_bytes) {
+            (0, _) => first.to_string(),
+            (more, lost) => format!(
+                "{first}; {more} more damaged place{} ({lost} bytes lost in all, of {})",
+                if more == 1 { "" } else { "s" },
+                self.file_len
+            ),
+        })
+    }
+
     /// Files one record (or the error that ended the reading) under its kind.
     pub fn add(&mut self, record: Result<Record, FormatError>) {
         match record {
@@ -235,22 +243,47 @@ impl Recording {
                 self.kernel_symbols.symbols.dedup_by_key(|s| s.start);
             }
             Ok(Record::End) => self.complete = true,
-            Err(error) => self.damage = Some(error),
+            Err(error) => {
+                self.lost_bytes += error.lost_bytes();
+                if self.damage.is_none() {
+                    self.damage = Some(error.clone());
+                }
+                self.damaged.push(error);
+            }
         }
     }
 
     /// After the last record: a file that stopped without damage and without its End
     /// record was cut off at `offset`.
     pub fn finish(&mut self, offset: usize) {
-        if !self.complete && self.damage.is_none() {
-            self.damage = Some(FormatError::Truncated { offset });
+        // (Damage that ran to the end of the file took the End record with it.)
+        let ended = self.damaged.last().is_some_and(|e| {
+            e.ends_reading() || matches!(e, FormatError::Damaged { blocks: 0, .. })
+        });
+        if !self.complete && !ended {
+            self.add(Err(FormatError::Truncated { offset }));
         }
     }
 }
 
 /// The file's format version, from a header at the start of `bytes` (the whole file
-/// or its first block).
-pub(crate) fn check_header(bytes: &[u8]) -> Result<u32, FormatError> {
+/// or its first block), and whether the header is damaged.
+///
+/// A version 3 header carries the CRC-32 of its magic and version, so a damaged byte
+/// among them is found and mended: a header whose checksum matches the magic and
+/// version 3 in place of what it holds is a version 3 file with a damaged header (a
+/// version 1 or 2 file has zeros there, which match no header).
+pub(crate) fn check_header(bytes: &[u8]) -> Result<(u32, bool), FormatError> {
+    if bytes.len() >= HEADER_LEN {
+        let crc = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+        let mut mended = [0u8; 12];
+        mended[..8].copy_from_slice(&MAGIC);
+        mended[8..].copy_from_slice(&BLOCKS_VERSION.to_le_bytes());
+        if crc != 0 && crc32fast::hash(&mended) == crc {
+            let damaged = bytes[..12] != mended;
+            return Ok((BLOCKS_VERSION, damaged));
+        }
+    }
     if bytes.len() < 8 || bytes[..8] != MAGIC {
         return Err(FormatError::NotGlass);
     }
@@ -263,7 +296,9 @@ pub(crate) fn check_header(bytes: &[u8]) -> Result<u32, FormatError> {
     if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(FormatError::UnsupportedVersion(version));
     }
-    Ok(version)
+    // Version 3 with a checksum that matched nothing above: the checksum itself is
+    // damaged (the magic and version are as they should be).
+    Ok((version, version >= BLOCKS_VERSION))
 }
 
 /// A trace chunk's pid, tid and word count, and where its words start in the payload;

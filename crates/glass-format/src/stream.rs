@@ -10,6 +10,13 @@
 //!
 //! The stream yields the same records, damage and end as [`crate::Reader`], except that
 //! a trace chunk's packed body is checked when it is decoded, not when it is framed.
+//!
+//! Version 3 files hold their records in checksummed blocks: a block is read whole and
+//! checked before any record in it is framed. A block that fails (a bad marker, length
+//! or checksum) is yielded as [`FormatError::Damaged`] and the stream goes on from the
+//! next block it finds whole (by its marker and checksum), so the bytes a damage costs
+//! are those of its blocks. Work stays linear in the file's size whatever the damage:
+//! the search looks at each byte once and checks a checksum only behind a marker.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
@@ -19,6 +26,22 @@ use std::sync::Arc;
 
 use crate::reader::{decode, trace_head, MAX_RECORD_LEN};
 use crate::{tag, FormatError, Record, HEADER_LEN};
+use crate::{BLOCKS_VERSION, BLOCK_HEAD_LEN, BLOCK_MARKER};
+
+/// A block longer than this is taken as damage (one record of the largest size fits).
+const MAX_BLOCK_LEN: usize = MAX_RECORD_LEN + 5;
+
+/// What lies at the stream's position, where a block should start.
+enum Probe {
+    /// A whole block whose checksum matches: its sequence number and length.
+    Valid { sequence: u32, len: usize },
+    /// Nothing: the file ends here.
+    End,
+    /// The file ends inside the block.
+    Short,
+    /// Not a whole, checked block.
+    Bad(&'static str),
+}
 
 /// Bytes read per block: large enough that a read is a few hundred microseconds of
 /// copying (few system calls), small enough that the blocks in flight stay in cache.
@@ -111,6 +134,15 @@ pub struct Stream<R: Read = File> {
     ended: bool,
     pool: Receiver<Vec<u8>>,
     home: Sender<Vec<u8>>,
+    /// Version 3: file offset where the open block's records end (at or past it, the
+    /// next block is opened); `usize::MAX` for older versions.
+    block_end: usize,
+    /// The sequence number the next block should have.
+    next_sequence: u32,
+    /// Where the last whole block read ends (the header's end before any).
+    whole_end: usize,
+    /// Damage found in the header, yielded before the first record.
+    pending: Option<FormatError>,
     /// Pool blocks allocated, and how many may be (then the stream waits for one back).
     blocks: usize,
     max_blocks: usize,
@@ -143,13 +175,24 @@ impl<R: Read> Stream<R> {
             ended: false,
             pool,
             home,
+            block_end: usize::MAX,
+            next_sequence: 0,
+            whole_end: HEADER_LEN,
+            pending: None,
             blocks: 1,
             max_blocks: usize::MAX,
         };
         stream.fill(HEADER_LEN)?;
-        let version = crate::reader::check_header(&stream.block.data[..stream.filled])?;
+        let header = &stream.block.data[..stream.filled];
+        let (version, damaged) = crate::reader::check_header(header)?;
         stream.version = version;
         stream.pos = HEADER_LEN;
+        if version >= BLOCKS_VERSION {
+            stream.block_end = HEADER_LEN;
+        }
+        if damaged {
+            stream.pending = Some(FormatError::HeaderDamaged);
+        }
         Ok(stream)
     }
 
@@ -230,23 +273,32 @@ impl<R: Read> Stream<R> {
 
     fn next_item(&mut self) -> Result<Option<Item>, FormatError> {
         loop {
+            if self.offset() >= self.block_end && !self.open_block()? {
+                return Ok(None);
+            }
             let start = self.offset();
+            // Version 3: records never leave their block (checked, so only a writer
+            // other than glass breaks this).
+            let room = self.block_end - start;
             self.fill(5)?;
-            let available = self.filled - self.pos;
+            let available = (self.filled - self.pos).min(room);
             if available == 0 {
                 return Ok(None);
             }
-            if available < 5 {
+            if available < 5 && self.version < BLOCKS_VERSION {
                 return Err(FormatError::Truncated { offset: start });
+            }
+            if available < 5 {
+                return Err(self.bad_record(start, "record runs past its block"));
             }
             let frame = &self.block.data[self.pos..self.pos + 5];
             let record_tag = frame[0];
             let len = u32::from_le_bytes(frame[1..5].try_into().unwrap()) as usize;
             if len > MAX_RECORD_LEN {
-                return Err(FormatError::Corrupt {
-                    offset: start,
-                    what: "record length out of range",
-                });
+                return Err(self.bad_record(start, "record length out of range"));
+            }
+            if 5 + len > room {
+                return Err(self.bad_record(start, "record runs past its block"));
             }
             self.fill(5 + len)?;
             if self.filled - self.pos < 5 + len {
@@ -255,12 +307,11 @@ impl<R: Read> Stream<R> {
             let body = self.pos + 5..self.pos + 5 + len;
             self.pos = body.end;
             let payload = &self.block.data[body.clone()];
-            let corrupt = |what| FormatError::Corrupt {
-                offset: start,
-                what,
-            };
             if record_tag == tag::TRACE_CHUNK || record_tag == tag::TRACE_PACKED {
-                let (pid, tid, count, skip) = trace_head(record_tag, payload).map_err(corrupt)?;
+                let (pid, tid, count, skip) = match trace_head(record_tag, payload) {
+                    Ok(head) => head,
+                    Err(what) => return Err(self.bad_record(start, what)),
+                };
                 return Ok(Some(Item::Trace(TraceBytes {
                     pid,
                     tid,
@@ -275,7 +326,146 @@ impl<R: Read> Stream<R> {
                 Ok(record) => return Ok(Some(Item::Record(record))),
                 // A newer writer's record type: its length is known, so skip it.
                 Err("unknown record tag") => continue,
-                Err(what) => return Err(corrupt(what)),
+                Err(what) => return Err(self.bad_record(start, what)),
+            }
+        }
+    }
+
+    /// A record that does not decode at `start`. Before version 3 nothing behind it can
+    /// be framed reliably: the reading ends there. In a checked block (written by
+    /// something other than glass) the rest of the block is skipped.
+    fn bad_record(&mut self, start: usize, what: &'static str) -> FormatError {
+        if self.version < BLOCKS_VERSION {
+            return FormatError::Corrupt {
+                offset: start,
+                what,
+            };
+        }
+        let lost = self.block_end - start;
+        self.pos = self.block_end - self.base;
+        FormatError::Damaged {
+            first_block: self.next_sequence.wrapping_sub(1),
+            blocks: 1,
+            offset: start,
+            lost,
+            what,
+        }
+    }
+
+    /// Version 3, at a block's start: opens the next whole block, past any damaged
+    /// ones (returned as [`FormatError::Damaged`], the stream then standing at the
+    /// whole block behind them). `Ok(false)`: the file ends here.
+    fn open_block(&mut self) -> Result<bool, FormatError> {
+        let start = self.offset();
+        let what = match self.probe()? {
+            Probe::End => return Ok(false),
+            Probe::Valid { sequence, len } => {
+                self.accept(sequence, len);
+                return Ok(true);
+            }
+            Probe::Short => None,
+            Probe::Bad(what) => Some(what),
+        };
+        let first_block = self.next_sequence;
+        self.pos += 1;
+        match self.resync()? {
+            Some((sequence, len)) => {
+                let lost = self.offset() - start;
+                self.accept(sequence, len);
+                Err(FormatError::Damaged {
+                    first_block,
+                    blocks: sequence.wrapping_sub(first_block).max(1),
+                    offset: start,
+                    lost,
+                    what: what.unwrap_or("block cut short"),
+                })
+            }
+            // The last block, cut short: the file was truncated.
+            None if what.is_none() => Err(FormatError::Truncated { offset: start }),
+            None => {
+                self.block_end = self.offset();
+                Err(FormatError::Damaged {
+                    first_block,
+                    blocks: 0,
+                    offset: start,
+                    lost: self.offset() - start,
+                    what: what.unwrap_or_default(),
+                })
+            }
+        }
+    }
+
+    /// Stands in the block `probe` found whole.
+    fn accept(&mut self, sequence: u32, len: usize) {
+        self.pos += BLOCK_HEAD_LEN;
+        self.block_end = self.offset() + len;
+        self.whole_end = self.block_end;
+        self.next_sequence = sequence.wrapping_add(1);
+    }
+
+    /// Version 3: where the last whole block read so far ends, and the sequence number
+    /// a block written there takes.
+    pub fn whole_end(&self) -> (usize, u32) {
+        (self.whole_end, self.next_sequence)
+    }
+
+    /// Looks at the block that should start at the stream's position (reading all of
+    /// it into the buffer), without moving.
+    fn probe(&mut self) -> Result<Probe, FormatError> {
+        self.fill(BLOCK_HEAD_LEN)?;
+        let available = self.filled - self.pos;
+        if available == 0 {
+            return Ok(Probe::End);
+        }
+        if available < BLOCK_HEAD_LEN {
+            return Ok(Probe::Short);
+        }
+        let head = &self.block.data[self.pos..self.pos + BLOCK_HEAD_LEN];
+        if head[..4] != BLOCK_MARKER {
+            return Ok(Probe::Bad("no block marker"));
+        }
+        let sequence = u32::from_le_bytes(head[4..8].try_into().unwrap());
+        let len = u32::from_le_bytes(head[8..12].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(head[12..16].try_into().unwrap());
+        if len > MAX_BLOCK_LEN {
+            return Ok(Probe::Bad("block length out of range"));
+        }
+        self.fill(BLOCK_HEAD_LEN + len)?;
+        if self.filled - self.pos < BLOCK_HEAD_LEN + len {
+            return Ok(Probe::Short);
+        }
+        let block = &self.block.data[self.pos..self.pos + BLOCK_HEAD_LEN + len];
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&block[4..12]);
+        hasher.update(&block[BLOCK_HEAD_LEN..]);
+        if hasher.finalize() != crc {
+            return Ok(Probe::Bad("checksum mismatch"));
+        }
+        Ok(Probe::Valid { sequence, len })
+    }
+
+    /// From the stream's position, finds the next whole block: its sequence number and
+    /// length, the stream standing at its start; `None` at the end of the file.
+    fn resync(&mut self) -> Result<Option<(u32, usize)>, FormatError> {
+        loop {
+            self.fill(BLOCK_HEAD_LEN)?;
+            let data = &self.block.data[self.pos..self.filled];
+            if data.len() < BLOCK_HEAD_LEN {
+                self.pos = self.filled;
+                return Ok(None);
+            }
+            match data.windows(4).position(|w| w == BLOCK_MARKER) {
+                None => {
+                    // Keep the last bytes: a marker may start in them.
+                    self.pos = self.filled - (BLOCK_MARKER.len() - 1);
+                }
+                Some(at) => {
+                    self.pos += at;
+                    match self.probe()? {
+                        Probe::Valid { sequence, len } => return Ok(Some((sequence, len))),
+                        _ => self.pos += 1,
+                    }
+                }
             }
         }
     }
@@ -285,6 +475,9 @@ impl<R: Read> Iterator for Stream<R> {
     type Item = Result<Item, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(damage) = self.pending.take() {
+            return Some(Err(damage));
+        }
         if self.failed || self.ended {
             return None;
         }
@@ -295,7 +488,8 @@ impl<R: Read> Iterator for Stream<R> {
             }
             Ok(item) => item.map(Ok),
             Err(error) => {
-                self.failed = true;
+                // Damaged blocks are skipped; anything else ends the reading.
+                self.failed = error.ends_reading();
                 Some(Err(error))
             }
         }

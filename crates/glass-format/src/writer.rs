@@ -3,14 +3,27 @@ use std::io::{self, Write};
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
 use crate::{JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{HEADER_LEN, MAGIC, VERSION};
+use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 
-/// Streams records to `out`. Each record is encoded into a reused scratch buffer and
-/// written whole, so a crash between records never leaves a half-framed record behind
-/// the last flush (a crash inside a write can, and the reader tolerates that).
+/// Words per trace chunk written: a multiple of every record's length in words (a
+/// record word and up to 4 counter words: 1 to 5), so no record is split between
+/// chunks; packed, a few KiB.
+pub const TRACE_PIECE: usize = 2400;
+
+/// Streams records to `out`, gathered in checksummed blocks (see the crate's first
+/// page). Each record is encoded into a reused scratch buffer and added whole to the
+/// open block; a block goes out when it is full and at every [`Writer::flush`], so a
+/// crash loses at most what was written since the last flush, and every block that did
+/// go out whole reads back, checked. A writer dropped without [`Writer::flush`],
+/// [`Writer::end`] or [`Writer::into_inner`] loses its open block: dropping must not
+/// write, for a writer is dropped after a failed write (a full disk) on purpose.
 pub struct Writer<W: Write> {
     out: W,
     scratch: Vec<u8>,
+    /// The open block: room for its head, then whole records.
+    block: Vec<u8>,
+    /// The open block's sequence number (blocks are numbered from 0).
+    sequence: u32,
 }
 
 impl<W: Write> Writer<W> {
@@ -19,11 +32,35 @@ impl<W: Write> Writer<W> {
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(&MAGIC);
         header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let crc = crc32fast::hash(&header[..12]);
+        header[12..16].copy_from_slice(&crc.to_le_bytes());
         out.write_all(&header)?;
+        let mut block = Vec::with_capacity(BLOCK_TARGET + BLOCK_HEAD_LEN);
+        block.resize(BLOCK_HEAD_LEN, 0);
         Ok(Writer {
             out,
             scratch: Vec::with_capacity(4096),
+            block,
+            sequence: 0,
         })
+    }
+
+    /// Continues a file whose header and first `sequence` blocks are written (see
+    /// [`crate::seal`]): writes no header.
+    pub fn resume(out: W, sequence: u32) -> Self {
+        let mut block = Vec::with_capacity(BLOCK_TARGET + BLOCK_HEAD_LEN);
+        block.resize(BLOCK_HEAD_LEN, 0);
+        Writer {
+            out,
+            scratch: Vec::with_capacity(4096),
+            block,
+            sequence,
+        }
+    }
+
+    /// Blocks written so far (the open one not counted).
+    pub fn blocks(&self) -> u32 {
+        self.sequence
     }
 
     pub fn write(&mut self, record: &Record) -> io::Result<()> {
@@ -229,14 +266,20 @@ impl<W: Write> Writer<W> {
 
     /// Writes one thread's call records packed (see `packed`): about a quarter of
     /// their 8 bytes each, so the drain keeps up with a fast program on a slow disk.
+    /// A long run is written as several chunks of [`TRACE_PIECE`] words at most, each
+    /// in a block of a few KiB: a drain hands over megabytes at once, and one block that
+    /// large was lost whole when the disk filled inside it.
     pub fn trace_chunk(&mut self, pid: u32, tid: u32, words: &[u64]) -> io::Result<()> {
-        let b = &mut self.scratch;
-        b.clear();
-        put_u64(b, pid as u64);
-        put_u64(b, tid as u64);
-        put_u64(b, words.len() as u64);
-        crate::packed::pack(words, b);
-        self.emit(tag::TRACE_PACKED)
+        for piece in words.chunks(TRACE_PIECE) {
+            let b = &mut self.scratch;
+            b.clear();
+            put_u64(b, pid as u64);
+            put_u64(b, tid as u64);
+            put_u64(b, piece.len() as u64);
+            crate::packed::pack(piece, b);
+            self.emit(tag::TRACE_PACKED)?;
+        }
+        Ok(())
     }
 
     pub fn trace_summary(&mut self, s: &TraceSummary) -> io::Result<()> {
@@ -280,23 +323,62 @@ impl<W: Write> Writer<W> {
     pub fn end(&mut self) -> io::Result<()> {
         self.scratch.clear();
         self.emit(tag::END)?;
-        self.out.flush()
+        self.flush()
     }
 
+    /// Writes the open block (if it holds anything) and flushes `out`.
     pub fn flush(&mut self) -> io::Result<()> {
+        self.close_block()?;
         self.out.flush()
     }
 
-    pub fn into_inner(self) -> W {
+    /// `out`, with the open block written first (an error writing it is ignored: use
+    /// [`Writer::flush`] before to see it).
+    pub fn into_inner(mut self) -> W {
+        let _ = self.close_block();
         self.out
     }
 
     fn emit(&mut self, tag: u8) -> io::Result<()> {
-        let mut frame = [0u8; 5];
-        frame[0] = tag;
-        frame[1..].copy_from_slice(&(self.scratch.len() as u32).to_le_bytes());
-        self.out.write_all(&frame)?;
-        self.out.write_all(&self.scratch)
+        let len = 5 + self.scratch.len();
+        if self.block.len() > BLOCK_HEAD_LEN && self.block.len() + len > BLOCK_TARGET {
+            self.close_block()?;
+        }
+        self.block.push(tag);
+        self.block
+            .extend_from_slice(&(self.scratch.len() as u32).to_le_bytes());
+        self.block.extend_from_slice(&self.scratch);
+        if self.block.len() >= BLOCK_TARGET {
+            self.close_block()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the open block with its head: marker, sequence, length, and the CRC-32 of
+    /// sequence, length and records. The block is gone from memory even when the write
+    /// fails: a write that failed once (a full disk) is not retried with the same bytes
+    /// behind a part that may have gone out.
+    fn close_block(&mut self) -> io::Result<()> {
+        if self.block.len() == BLOCK_HEAD_LEN {
+            return Ok(());
+        }
+        let len = (self.block.len() - BLOCK_HEAD_LEN) as u32;
+        self.block[0..4].copy_from_slice(&BLOCK_MARKER);
+        self.block[4..8].copy_from_slice(&self.sequence.to_le_bytes());
+        self.block[8..12].copy_from_slice(&len.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&self.block[4..12]);
+        crc.update(&self.block[BLOCK_HEAD_LEN..]);
+        let crc = crc.finalize();
+        self.block[12..16].copy_from_slice(&crc.to_le_bytes());
+        self.sequence = self.sequence.wrapping_add(1);
+        let written = self.out.write_all(&self.block);
+        self.block.truncate(BLOCK_HEAD_LEN);
+        if self.block.capacity() > 4 * BLOCK_TARGET {
+            // A huge record had a block of its own: give the memory back.
+            self.block.shrink_to(BLOCK_TARGET + BLOCK_HEAD_LEN);
+        }
+        written
     }
 }
 

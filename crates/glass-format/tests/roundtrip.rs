@@ -120,6 +120,30 @@ fn encode(records: &[Record]) -> Vec<u8> {
     writer.into_inner()
 }
 
+/// As a recorder writes: a flush (and so a block) after every record.
+fn encode_flushed(records: &[Record]) -> Vec<u8> {
+    let mut writer = Writer::new(Vec::new()).unwrap();
+    for record in records {
+        writer.write(record).unwrap();
+        writer.flush().unwrap();
+    }
+    writer.into_inner()
+}
+
+/// A block as the writer frames it, around `records` (raw record bytes).
+fn block(sequence: u32, records: &[u8]) -> Vec<u8> {
+    let mut head = Vec::new();
+    head.extend_from_slice(&BLOCK_MARKER);
+    head.extend_from_slice(&sequence.to_le_bytes());
+    head.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[4..12]);
+    crc.update(records);
+    head.extend_from_slice(&crc.finalize().to_le_bytes());
+    head.extend_from_slice(records);
+    head
+}
+
 #[test]
 fn every_record_round_trips() {
     let records = sample_records();
@@ -144,7 +168,11 @@ fn every_record_round_trips() {
 #[test]
 fn every_truncation_keeps_the_complete_prefix() {
     let records = sample_records();
-    let bytes = encode(&records);
+    let bytes = encode_flushed(&records);
+    // Where each record's block ends.
+    let ends: Vec<usize> = (1..=records.len())
+        .map(|n| encode_flushed(&records[..n]).len())
+        .collect();
     for cut in 16..bytes.len() {
         let recording = read_bytes(&bytes[..cut]).unwrap();
         assert!(!recording.complete, "cut at {cut}");
@@ -153,11 +181,14 @@ fn every_truncation_keeps_the_complete_prefix() {
             "cut at {cut}: {:?}",
             recording.damage
         );
-        // Records are written in order, so the prefix holds the first ones whole.
-        if cut >= bytes.len() - 5 {
-            assert_eq!(recording.samples.len(), 1);
-            assert!(recording.summary.is_some());
-        }
+        assert_eq!(recording.damaged.len(), 1, "cut at {cut}");
+        // Records are written in order, so the prefix holds every whole block.
+        let whole = ends.iter().filter(|&&end| end <= cut).count();
+        let read = Reader::new(&bytes[..cut])
+            .unwrap()
+            .filter(Result::is_ok)
+            .count();
+        assert_eq!(read, whole, "cut at {cut}");
     }
 }
 
@@ -168,22 +199,71 @@ fn rejects_foreign_files() {
         read_bytes(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0").unwrap_err(),
         FormatError::NotGlass
     );
+    // A newer version (its header's checksum matches it).
     let mut bytes = encode(&sample_records());
     bytes[8] = 99;
+    let crc = crc32fast::hash(&bytes[..12]);
+    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
     assert_eq!(
         read_bytes(&bytes).unwrap_err(),
         FormatError::UnsupportedVersion(99)
     );
+    // A damaged version byte: mended from the checksum, and reported.
+    let mut bytes = encode(&sample_records());
+    bytes[8] = 99;
+    let recording = read_bytes(&bytes).unwrap();
+    assert_eq!(recording.damage, Some(FormatError::HeaderDamaged));
+    assert!(recording.complete);
 }
 
 #[test]
 fn skips_unknown_record_kinds() {
     let mut bytes = encode(&sample_records()[..2]);
-    bytes.extend_from_slice(&[0x42, 3, 0, 0, 0, 1, 2, 3]);
-    bytes.extend_from_slice(&encode(&[Record::End])[HEADER_LEN..]);
+    bytes.extend_from_slice(&block(1, &[0x42, 3, 0, 0, 0, 1, 2, 3]));
+    bytes.extend_from_slice(&block(2, &[0xff, 0, 0, 0, 0]));
     let recording = read_bytes(&bytes).unwrap();
     assert!(recording.complete);
     assert_eq!(recording.processes.len(), 1);
+}
+
+/// Every byte of a file flipped in turn: the damage is always found (nothing passes as
+/// whole), and every block but the damaged one is kept.
+#[test]
+fn every_flipped_byte_is_found_and_costs_one_block() {
+    let records = sample_records();
+    let bytes = encode_flushed(&records);
+    let whole = read_bytes(&bytes).unwrap();
+    let kept = |r: &Recording| {
+        r.processes.len()
+            + r.modules.len()
+            + r.threads.len()
+            + r.samples.len()
+            + r.snapshots.len()
+            + r.meta.is_some() as usize
+            + r.summary.is_some() as usize
+            + r.complete as usize
+    };
+    let all = kept(&whole);
+    for at in 0..bytes.len() {
+        for mask in [0x01u8, 0x80, 0xff] {
+            let mut mutated = bytes.clone();
+            mutated[at] ^= mask;
+            // (A damaged header is mended from its checksum.)
+            let recording = read_bytes(&mutated).unwrap();
+            assert!(
+                recording.damage.is_some(),
+                "byte {at} ^ {mask:#x} passed as whole"
+            );
+            if at >= HEADER_LEN {
+                assert!(
+                    kept(&recording) + 1 >= all,
+                    "byte {at}: {:?}",
+                    recording.damaged
+                );
+                assert!(recording.lost_bytes > 0 || !recording.complete, "byte {at}");
+            }
+        }
+    }
 }
 
 proptest! {
@@ -215,4 +295,39 @@ proptest! {
             }
         }
     }
+}
+
+/// A file whose last block was written in part (a full disk): `seal` cuts it after the
+/// last whole block and ends it there with the records given, and a whole file is left
+/// as it is.
+#[test]
+fn seal_ends_a_file_after_its_last_whole_block() {
+    let records = sample_records();
+    let whole = encode_flushed(&records[..records.len() - 1]);
+    let path = std::env::temp_dir().join(format!("glass-seal-{}", std::process::id()));
+    for cut in [whole.len() - 3, whole.len() - 40, HEADER_LEN + 20] {
+        std::fs::write(&path, &whole[..cut]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let summary = Record::Summary(Summary {
+            samples: 7,
+            ..Summary::default()
+        });
+        let sealed = seal(&file, std::slice::from_ref(&summary)).unwrap();
+        let before = read_bytes(&whole[..cut]).unwrap();
+        let after = read_file(&path).unwrap();
+        assert!(
+            after.complete && after.damage.is_none(),
+            "cut {cut}: {:?}",
+            after.damage
+        );
+        assert_eq!(after.samples, before.samples, "cut {cut}");
+        assert_eq!(after.modules, before.modules, "cut {cut}");
+        assert_eq!(after.summary.as_ref().map(|s| s.samples), Some(7));
+        assert_eq!(sealed.bytes, std::fs::metadata(&path).unwrap().len());
+        assert!(sealed.cut > 0, "cut {cut}");
+        // Sealing again changes nothing.
+        let again = seal(&file, &[]).unwrap();
+        assert_eq!((again.bytes, again.cut), (sealed.bytes, 0));
+    }
+    std::fs::remove_file(&path).unwrap();
 }

@@ -10,6 +10,19 @@ use glass_format::*;
 
 /// Trace chunks of `words` words each (packed), samples between them, until `bytes`.
 fn big_file(bytes: usize, words: usize) -> Vec<u8> {
+    let mut file = big_file_without_end(bytes, words);
+    file.extend_from_slice(&end_block());
+    file
+}
+
+/// The blocks of a file holding only the End record (no header).
+fn end_block() -> Vec<u8> {
+    let mut writer = Writer::new(Vec::new()).unwrap();
+    writer.write(&Record::End).unwrap();
+    writer.into_inner()[HEADER_LEN..].to_vec()
+}
+
+fn big_file_without_end(bytes: usize, words: usize) -> Vec<u8> {
     let mut writer = Writer::new(Vec::new()).unwrap();
     writer
         .write(&Record::Meta(Meta {
@@ -50,7 +63,6 @@ fn big_file(bytes: usize, words: usize) -> Vec<u8> {
             break;
         }
     }
-    writer.write(&Record::End).unwrap();
     writer.into_inner()
 }
 
@@ -103,16 +115,22 @@ fn blocks_are_invisible_in_what_is_read() {
         );
     }
 
-    // A damaged body far in: the same records kept, the same damage reported.
+    // A damaged body far in: the same records kept, the same damage reported, and the
+    // blocks behind it read.
     let mut damaged = bytes.clone();
     let middle = 2 * BLOCK_LEN + 7;
     damaged[middle..middle + 12].fill(0xff);
     let expected = read_bytes(&damaged).unwrap();
     assert!(
-        matches!(expected.damage, Some(FormatError::Corrupt { .. })),
+        matches!(expected.damage, Some(FormatError::Damaged { .. })),
         "{:?}",
         expected.damage
     );
+    assert!(expected.complete, "the blocks behind the damage are read");
+    let records = |r: &Recording| r.samples.len() + r.trace_chunks.len();
+    assert!(records(&expected) < records(&whole));
+    assert!(records(&expected) + 6 >= records(&whole));
+    assert!(expected.lost_bytes > 0 && expected.lost_bytes < 40 << 10);
     assert_same(&read_via_file(&damaged, "damaged"), &expected);
 }
 
@@ -160,15 +178,14 @@ fn short_reads_and_chunks_held_past_their_block() {
 fn a_limited_pool_with_records_larger_than_a_block_does_not_wait_forever() {
     // Chunks alternately larger and smaller than a block, handed to a thread that
     // drops them after a while: the stream may wait for blocks, never for ever.
-    let mut bytes = big_file(BLOCK_LEN / 2, 1000);
-    bytes.truncate(bytes.len() - 5); // drop the End record
-    let big = big_file(BLOCK_LEN, BLOCK_LEN);
+    let mut bytes = big_file_without_end(BLOCK_LEN / 2, 1000);
+    let big = big_file_without_end(BLOCK_LEN, BLOCK_LEN);
     for _ in 0..3 {
-        bytes.extend_from_slice(&big[HEADER_LEN..big.len() - 5]);
-        let small = big_file(3 * BLOCK_LEN, 20_000);
-        bytes.extend_from_slice(&small[HEADER_LEN..small.len() - 5]);
+        bytes.extend_from_slice(&big[HEADER_LEN..]);
+        let small = big_file_without_end(3 * BLOCK_LEN, 20_000);
+        bytes.extend_from_slice(&small[HEADER_LEN..]);
     }
-    bytes.extend_from_slice(&[0xff, 0, 0, 0, 0]);
+    bytes.extend_from_slice(&end_block());
     let expected = read_bytes(&bytes).unwrap();
     assert!(expected.complete);
     let (done, finished) = std::sync::mpsc::channel();

@@ -95,7 +95,10 @@ pub fn drive<C: ?Sized>(
         Clock::Running(hz) => (Some(Ticker::new(hz)?), true, Duration::from_millis(500)),
         Clock::None(wake) => (None, false, wake),
     };
-    let deadline = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    // (The command line refuses durations a `Duration` cannot hold; a library caller's
+    // is taken as no deadline rather than a panic.)
+    let deadline = duration
+        .and_then(|s| Instant::now().checked_add(Duration::try_from_secs_f64(s.max(0.0)).ok()?));
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING_PERIOD;
     // Polled: the ticker (if any), the backend's descriptors, the stop signals (if any).
     let mut fds: Vec<i32> = ticker.iter().map(|t| t.fd()).collect();

@@ -130,7 +130,17 @@ pub(super) fn sample_guest<'a>(
     // The handshake stops the VM and ends by letting it run.
     let client = Client::connect_marked(address, Some(mark));
     mark.end();
-    let client = client.map_err(stub_failed)?;
+    // A --gdb address with no working stub behind it (nothing listening, a server
+    // that is not a GDB stub or never answers, an address that does not parse) is bad
+    // input; a stub glass launched or enabled through QEMU's monitor failing is a
+    // runtime failure.
+    let given_by_user = matches!(vmm, Vmm::Stub);
+    let client = client.map_err(|error| match !given_by_user {
+        true => stub_failed(error),
+        false => TargetError::BadInput(format!(
+            "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
+        )),
+    })?;
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
     let (ram, memory) = match ram {

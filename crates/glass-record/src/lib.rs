@@ -171,6 +171,7 @@ pub fn stop_bound() -> Result<Duration> {
 pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     let backend = prepare(args, notes)?;
     let file = create_output(&args.output)?;
+    let kept = OutputFile::new(&args.output, &file)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
     let stop_signals = stop_signal_fd()?;
@@ -181,14 +182,29 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     writer
         .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
-    start(
+    let recorded = start(
         args,
         backend,
         Box::new(writer),
         Some(&args.output),
         notes,
         &stop_signals,
-    )
+    );
+    match recorded {
+        Ok(recorded) => {
+            if let Some(warning) = kept.check_kept()? {
+                notes.warn(&warning);
+            }
+            Ok(recorded)
+        }
+        // A runtime failure (a full disk, a target or stub that died): the file keeps
+        // what was written whole, ended cleanly.
+        Err(mut failure) if failure.exit_code == 1 => {
+            failure.message += &kept.seal(&[]);
+            Err(failure)
+        }
+        Err(failure) => Err(failure),
+    }
 }
 
 /// [`record`], with the records going to `output` instead (a live view, which may
@@ -365,6 +381,85 @@ pub fn create_output(path: &Path) -> Result<File> {
             error_text(&error)
         ))
     })
+}
+
+/// The recording's file as glass created it, held open: to end it cleanly when writing
+/// failed ([`OutputFile::seal`]), and to find out whether it was removed while glass
+/// wrote it ([`OutputFile::check_kept`]): writes into a removed file succeed, and glass
+/// once said "wrote …" of a file that was gone.
+pub struct OutputFile {
+    path: PathBuf,
+    identity: (u64, u64),
+    keep: File,
+}
+
+impl OutputFile {
+    pub fn new(path: &Path, file: &File) -> Result<OutputFile> {
+        use std::os::unix::fs::MetadataExt;
+        let failed = |e: std::io::Error| write_failure(path, &e);
+        let keep = file.try_clone().map_err(failed)?;
+        let meta = keep.metadata().map_err(failed)?;
+        Ok(OutputFile {
+            path: path.to_path_buf(),
+            identity: (meta.dev(), meta.ino()),
+            keep,
+        })
+    }
+
+    /// Whether the path still names the file glass writes.
+    fn in_place(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.identity)
+    }
+
+    /// After writing failed (its writer dropped): cuts the file after its last whole
+    /// block and ends it there with `last`; what was kept, to add to the failure's line.
+    pub fn seal(&self, last: &[glass_format::Record]) -> String {
+        if !self.in_place() {
+            return String::new();
+        }
+        match glass_format::seal(&self.keep, last) {
+            Ok(sealed) if sealed.cut > 0 => format!(
+                "; kept the {} records written whole ({} bytes, ended cleanly), cut {} bytes of a block written in part",
+                sealed.records, sealed.bytes, sealed.cut
+            ),
+            Ok(sealed) => format!(
+                "; kept the {} records written whole ({} bytes, ended cleanly)",
+                sealed.records, sealed.bytes
+            ),
+            Err(e) => format!(
+                "; the file could not be ended cleanly ({}): it reads as cut off after its last whole block",
+                error_text(&e)
+            ),
+        }
+    }
+
+    /// After a recording: the file must still be where it was written. Removed alone,
+    /// it is written again from the open copy (`Some`: the warning to give); removed
+    /// with its directory, the recording is lost: a runtime failure, never "wrote …".
+    pub fn check_kept(&self) -> Result<Option<String>> {
+        if self.in_place() {
+            return Ok(None);
+        }
+        let len = self.keep.metadata().map_or(0, |m| m.len());
+        let rewritten =
+            File::open(format!("/proc/self/fd/{}", self.keep.as_raw_fd())).and_then(|mut from| {
+                let mut to = File::create(&self.path)?;
+                std::io::copy(&mut from, &mut to)?;
+                to.sync_all()
+            });
+        match rewritten {
+            Ok(()) => Ok(Some(format!(
+                "{} was removed while glass wrote it: written again from glass's open copy ({len} bytes)",
+                self.path.display()
+            ))),
+            Err(e) => Err(Failure::runtime(format!(
+                "{} was removed while glass wrote it, and cannot be written again ({}): the recording ({len} bytes) is lost",
+                self.path.display(),
+                error_text(&e)
+            ))),
+        }
+    }
 }
 
 pub fn error_text(error: &std::io::Error) -> String {

@@ -64,7 +64,9 @@ impl Exporter for DiffFlamegraph<'_> {
         options.subtitle =
             Some("red: more than before, blue: less (before scaled to the same total)".into());
         options.count_name = count_name.to_string();
-        if lines.is_empty() {
+        // (An empty recording, a damaged one say, leaves only lines of before's stacks,
+        // none of AFTER's: inferno draws no graph of those either.)
+        if lines.iter().all(|line| line.ends_with(" 0")) {
             options.subtitle = Some(format!("no {count_name}"));
             let placeholder = [format!("no {count_name} 1 1")];
             inferno::flamegraph::from_lines(

@@ -7,7 +7,7 @@
 //! and turns a [`Failure`] into its exit code.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use glass_format::{FormatError, Record, Recording};
@@ -76,32 +76,38 @@ fn unreadable(path: &Path, error: FormatError) -> Failure {
 
 /// A damaged or truncated recording is used as far as it goes, with a warning.
 fn warn_damage(path: &Path, recording: &Recording, has_calls: bool, warn: &mut dyn FnMut(&str)) {
-    if let Some(damage) = &recording.damage {
+    if let Some(summary) = recording.damage_summary() {
         let kept = if has_calls {
             "the call records".to_string()
         } else {
-            format!("the {} samples", recording.samples.len())
+            format!(
+                "the {} samples",
+                recording.samples.len() + recording.snapshots.len()
+            )
         };
-        warn(&format!(
-            "{}: {damage}; using {kept} before it",
-            path.display()
-        ));
+        // Damaged blocks are skipped, the blocks behind them read; anything else ends
+        // the reading.
+        let read = match recording.damaged.iter().any(|d| !d.ends_reading()) {
+            true => "of the intact blocks",
+            false => "before it",
+        };
+        warn(&format!("{}: {summary}; using {kept} {read}", path.display()));
     }
 }
 
 /// Whether the file's first record says it is a `glass trace` recording (false when it
 /// cannot be read: the full path says why).
 pub fn is_trace_file(path: &Path) -> bool {
-    // The meta record comes first and is small: the file's first 64 KiB hold it.
-    let mut head = Vec::new();
-    let read = File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
-    read.is_ok()
-        && glass_format::Reader::new(&head)
-            .ok()
-            .and_then(|mut reader| reader.next())
-            .is_some_and(|record| {
-                matches!(record, Ok(Record::Meta(meta)) if meta.backend == glass_format::Backend::Trace)
-            })
+    // The meta record comes first, in the first block.
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    glass_format::stream::Stream::new(file)
+        .ok()
+        .and_then(|mut stream| stream.find(|item| !matches!(item, Err(e) if !e.ends_reading())))
+        .is_some_and(|item| {
+            matches!(item, Ok(glass_format::stream::Item::Record(Record::Meta(meta))) if meta.backend == glass_format::Backend::Trace)
+        })
 }
 
 /// A `glass trace` recording summed while it streams by, with `jobs` decoding workers

@@ -39,7 +39,7 @@ pub fn test_hook(step: &str) {
 pub enum TargetError {
     #[error("no process with pid {0}")]
     NoSuchProcess(i32),
-    #[error("cannot trace pid {0}: {reason}", reason = attach_reason(*.1))]
+    #[error("cannot trace pid {0}: {reason}", reason = attach_reason(*.0, *.1))]
     Attach(i32, i32),
     #[error("pid {0} is already being traced by pid {1} ({2}); a process has one tracer at a time: detach that one first")]
     TracedBy(i32, i32, String),
@@ -69,12 +69,32 @@ impl TargetError {
     }
 }
 
-fn attach_reason(code: i32) -> String {
+fn attach_reason(pid: i32, code: i32) -> String {
     match code {
+        // perf_event_open and /proc/PID/mem refuse a process of another user this way.
+        libc::EACCES => format!(
+            "permission denied: {} and glass runs as uid {}; run glass as that user, or as root (or with CAP_SYS_PTRACE; the perf backend also wants CAP_PERFMON or /proc/sys/kernel/perf_event_paranoid at -1)",
+            owner_of(pid),
+            unsafe { libc::geteuid() }
+        ),
         libc::EPERM => "operation not permitted (a kernel thread, a process already being traced, \
                         or one this user may not trace: run as its owner or as root, and check \
                         /proc/sys/kernel/yama/ptrace_scope)"
             .to_string(),
         code => std::io::Error::from_raw_os_error(code).to_string(),
     }
+}
+
+/// "it runs as uid N", from /proc/PID/status (its real uid).
+fn owner_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            Some(format!(
+                "it runs as uid {}",
+                line.split_whitespace().nth(1)?
+            ))
+        })
+        .unwrap_or_else(|| "it runs as another user".to_string())
 }

@@ -383,9 +383,18 @@ fn finish_output(
     out.write(&Record::TraceSummary(summary.clone()));
     out.write(&Record::End);
     out.flush();
+    let file = out
+        .keep
+        .as_ref()
+        .and_then(|keep| glass_record::OutputFile::new(&args.output, keep).ok());
     if let Some(error) = &out.failed {
+        // The writer's buffer is dropped first: what it still held is lost either way.
+        out.writer = None;
+        let kept = file.as_ref().map_or(String::new(), |file| {
+            file.seal(&[Record::TraceSummary(summary.clone())])
+        });
         return Err(Failure::runtime(format!(
-            "writing {} failed: {}; {} records lost (the target ran on{})",
+            "writing {} failed: {}; {} call records lost (the target ran on{}){kept}",
             args.output.display(),
             error_text(error),
             out.lost_words / out.stride,
@@ -395,6 +404,10 @@ fn finish_output(
                 String::new()
             }
         )));
+    }
+    // (A file removed alone is written again; the warning is not the tracer's to print.)
+    if let Some(file) = &file {
+        file.check_kept()?;
     }
     Ok((summary, out.records))
 }
@@ -652,6 +665,9 @@ fn drain_once(session: &SessionMemory, all: bool, words: &mut Vec<u64>, out: &mu
 /// rings keep being drained, so the target never notices.
 struct Output {
     writer: Option<Writer<BufWriter<std::fs::File>>>,
+    /// The file held open apart from the writer: to end it cleanly after a failed
+    /// write, and to see at the end that it is still there.
+    keep: Option<std::fs::File>,
     failed: Option<std::io::Error>,
     lost_words: u64,
     records: u64,
@@ -661,9 +677,11 @@ struct Output {
 
 impl Output {
     fn new(file: std::fs::File, stride: u64) -> Self {
+        let keep = file.try_clone().ok();
         match Writer::new(BufWriter::with_capacity(1 << 20, file)) {
             Ok(writer) => Output {
                 writer: Some(writer),
+                keep,
                 failed: None,
                 lost_words: 0,
                 records: 0,
@@ -671,6 +689,7 @@ impl Output {
             },
             Err(e) => Output {
                 writer: None,
+                keep,
                 failed: Some(e),
                 lost_words: 0,
                 records: 0,

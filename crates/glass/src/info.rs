@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, UNIX_EPOCH};
 
-use glass_format::{SAMPLE_TRUNCATED, VERSION};
+use glass_format::SAMPLE_TRUNCATED;
 
 use crate::error::Result;
 use crate::report::{is_trace_file, open_recording, scan_trace};
@@ -54,13 +54,18 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     };
     let us = |ns: u64| format!("{:.1} us", ns as f64 / 1000.0);
     println!(
-        "file:        {} ({} bytes, format version {VERSION})",
+        "file:        {} ({} bytes, format version {})",
         args.input.display(),
-        recording.file_len
+        recording.file_len,
+        recording.version
     );
-    match &recording.damage {
+    match recording.damage_summary() {
         None => println!("state:       complete"),
-        Some(damage) => println!("state:       {damage}"),
+        Some(summary) => println!("state:       {summary}"),
+    }
+    // Each damaged place (the first is in the state line), the first ten.
+    for damage in recording.damaged.iter().skip(1).take(10) {
+        println!("damage:      {damage}");
     }
     if let Some(meta) = &recording.meta {
         println!(

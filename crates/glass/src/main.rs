@@ -1,8 +1,29 @@
 //! `glass`: the command line. One module per subcommand; this file only parses the
-//! arguments and turns failures into one line and an exit code.
+//! arguments, checks the paths and pids they name, and turns failures into one line and
+//! an exit code.
+
+/// std's `eprintln!` panics when standard error is gone (a closed pipe: `glass record …
+/// 2>&1 | head -1`). glass must never die of a message, least of all while it holds a
+/// target: this one drops what cannot be written. (Shadows std's in every module below.)
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// As `eprintln!`, for standard output (`info` and `report` end by SIGPIPE instead, as
+/// Unix filters do: see `end_quietly_on_closed_pipe`).
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 mod error;
 mod info;
+mod inputs;
 mod record;
 mod report;
 mod top;
@@ -84,7 +105,7 @@ pub struct TraceArgs {
     pub pid: Option<i32>,
     /// With --pid: detach after this many seconds (default: on Ctrl-C, SIGTERM, or when
     /// the process exits)
-    #[arg(short, long, requires = "pid")]
+    #[arg(short, long, requires = "pid", value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
     /// The command to launch and trace
     #[arg(last = true, required_unless_present = "pid")]
@@ -100,7 +121,7 @@ pub struct RecordArgs {
     #[arg(short = 'F', long = "frequency", default_value_t = 99, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub frequency: u32,
     /// Stop after this many seconds (default: until the target exits or Ctrl-C)
-    #[arg(short, long)]
+    #[arg(short, long, value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
     /// Deepest stack to walk; deeper stacks are marked truncated
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
@@ -255,29 +276,50 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                error.kind(),
+                ErrorKind::ValueValidation | ErrorKind::InvalidValue
+            ) {
+                // One line, as every error of glass: clap's first line says it all
+                // ("invalid value 'inf' for '--duration <DURATION>': must be ...").
+                let text = error.render().to_string();
+                let line: Vec<&str> = text
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
+                let line = line.join(" ");
+                eprintln!("glass: {}", line.strip_prefix("error: ").unwrap_or(&line));
+                return ExitCode::from(2);
+            }
             let code = if error.use_stderr() { 2 } else { 0 };
             let _ = error.print();
             return ExitCode::from(code);
         }
     };
     let result = match cli.command {
-        Command::Record(args) => record::run(&args),
+        Command::Record(args) => inputs::check_record(&args).and_then(|()| record::run(&args)),
         Command::Report(args) => {
             end_quietly_on_closed_pipe();
-            report::run(&args).map(|()| 0)
+            inputs::check_report(&args).and_then(|()| report::run(&args).map(|()| 0))
         }
         Command::Info(args) => {
             end_quietly_on_closed_pipe();
-            info::run(&args).map(|()| 0)
+            inputs::check_recording(&args.input).and_then(|()| info::run(&args).map(|()| 0))
         }
-        Command::Trace(args) => trace::run(&args),
-        Command::Top(args) => top::run(&args),
+        Command::Trace(args) => inputs::check_trace(&args).and_then(|()| trace::run(&args)),
+        Command::Top(args) => inputs::check_record(&args.record).and_then(|()| top::run(&args)),
         Command::Guardian(args) => glass_record::guardian::run(&args),
         Command::TraceGuardian(args) => trace::guard(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(failure) => {
+            // (`info` and `report` end by SIGPIPE on a closed output: not for this
+            // line, which has nowhere to go when standard error is the closed pipe.)
+            // SAFETY: sets one signal's disposition; no handler runs.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
             eprintln!("glass: {failure}");
             ExitCode::from(failure.exit_code as u8)
         }

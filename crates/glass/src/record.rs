@@ -36,6 +36,15 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
         print_lost(&recorded.lost_by_thread);
         print_kernel(&recorded);
     }
+    if matches!(recorded.outcome, Outcome::StubLost) && args.gdb.is_some() {
+        // The recording is kept (ended cleanly), but it ended early: a runtime failure.
+        return Err(glass_record::Failure::runtime(format!(
+            "the GDB stub at {} went away mid-recording; {} kept the {} samples taken before",
+            args.gdb.as_deref().unwrap_or_default(),
+            args.output.display(),
+            recorded.summary.samples
+        )));
+    }
     Ok(recorded.exit_status)
 }
 

@@ -170,7 +170,7 @@ fn a_gdb_stub_that_is_not_there_or_never_answers() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_clean_failure(&output, 1, "cannot connect to the GDB stub");
+    assert_clean_failure(&output, 2, "cannot connect to the GDB stub");
     // A listener that accepts and never answers: one timeout error, not a hang.
     let socket = dir.join("silent.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -189,7 +189,7 @@ fn a_gdb_stub_that_is_not_there_or_never_answers() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_clean_failure(&output, 1, "did not answer");
+    assert_clean_failure(&output, 2, "did not answer");
     assert!(started.elapsed() < std::time::Duration::from_secs(8));
     holder.join().unwrap();
     // Symbols that are neither ELF nor an nm table.
@@ -205,4 +205,438 @@ fn a_gdb_stub_that_is_not_there_or_never_answers() {
         out.to_str().unwrap(),
     ]);
     assert_clean_failure(&output, 2, "neither an ELF file nor an nm -n symbol table");
+}
+
+/// Runs glass, killing it (and failing) past `bound`: for inputs that once hung it.
+fn glass_within(args: &[&str], bound: std::time::Duration) -> std::process::Output {
+    let mut child = std::process::Command::new(GLASS)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("glass {args:?} still ran after {bound:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+const BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
+#[test]
+fn durations_a_duration_cannot_hold_are_refused() {
+    // Every option that takes seconds, on every subcommand that has it.
+    for value in ["inf", "-inf", "1e308", "nan", "0", "-1", "soon"] {
+        // (`--duration=-1`: a separate `-1` would read as an option.)
+        let (duration, window, interval) = (
+            format!("--duration={value}"),
+            format!("--window={value}"),
+            format!("--interval={value}"),
+        );
+        for args in [
+            vec![
+                "record",
+                &duration,
+                "-o",
+                "/tmp/glass-unused.glass",
+                "--",
+                "true",
+            ],
+            vec!["trace", "--pid", "1", &duration, "-f", "main"],
+            vec!["top", "--batch", &duration, "--", "true"],
+            vec!["top", "--batch", &window, "--", "true"],
+            vec!["top", "--batch", &interval, "--", "true"],
+        ] {
+            let output = glass(&args);
+            assert_clean_failure(&output, 2, value);
+            assert!(
+                stderr(&output).contains("seconds"),
+                "{args:?}: {}",
+                stderr(&output)
+            );
+        }
+    }
+}
+
+#[test]
+fn special_files_are_refused_without_blocking() {
+    let dir = scratch("special_files");
+    let fifo = dir.join("fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    let split = compile(&dir, "split.c", "split", &[]);
+    let recording = dir.join("ok.glass");
+    record(&recording, 99, &[split.to_str().unwrap(), "300"]);
+    let recording = recording.to_str().unwrap();
+    // Nobody writes the FIFO: opening it to read would wait for ever.
+    for args in [vec!["report", fifo], vec!["info", fifo]] {
+        assert_clean_failure(&glass_within(&args, BOUND), 2, "a FIFO");
+    }
+    assert_clean_failure(
+        &glass_within(&["report", recording, "--diff", fifo], BOUND),
+        2,
+        "a FIFO",
+    );
+    // /dev/zero never ends; a FIFO never starts.
+    for symbols in ["/dev/zero", fifo] {
+        let output = glass_within(
+            &[
+                "record",
+                "--gdb",
+                "127.0.0.1:1",
+                "--symbols",
+                symbols,
+                "-o",
+                "/tmp/glass-unused.glass",
+            ],
+            BOUND,
+        );
+        assert_clean_failure(&output, 2, "--symbols from a regular file");
+    }
+    // Nobody reads the FIFO: a recording cannot go there, nor a report.
+    for args in [
+        vec!["record", "-o", fifo, "--", "true"],
+        vec!["trace", "-o", fifo, "-f", "main", "--", "true"],
+        vec!["report", recording, "-o", fifo],
+    ] {
+        let output = glass_within(&args, BOUND);
+        assert_clean_failure(&output, 2, "FIFO");
+    }
+    // A directory is no recording either.
+    assert_clean_failure(
+        &glass_within(&["info", dir.to_str().unwrap()], BOUND),
+        2,
+        "a directory",
+    );
+}
+
+#[test]
+fn glass_cannot_record_itself_or_what_it_runs_under() {
+    // The test is glass's parent.
+    let parent = std::process::id().to_string();
+    for args in [
+        vec!["record", "--pid", &parent, "-o", "/tmp/glass-unused.glass"],
+        vec![
+            "record",
+            "--backend",
+            "ptrace",
+            "--pid",
+            &parent,
+            "-o",
+            "/tmp/glass-unused.glass",
+        ],
+        vec![
+            "trace",
+            "--pid",
+            &parent,
+            "-f",
+            "main",
+            "-o",
+            "/tmp/glass-unused.glass",
+        ],
+    ] {
+        assert_clean_failure(&glass(&args), 2, "a process glass runs under");
+    }
+    // glass itself: the shell's pid, which exec makes glass's.
+    for command in ["record --pid $$", "trace -f main --pid $$"] {
+        let output = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {GLASS} {command} -o /tmp/glass-unused.glass"))
+            .output()
+            .unwrap();
+        assert_clean_failure(&output, 2, "is glass itself");
+    }
+}
+
+/// glass's standard error (or output) a pipe nobody reads: it must not panic, and a
+/// recording must still be written whole.
+#[test]
+fn a_closed_stderr_is_no_reason_to_panic() {
+    use std::os::fd::FromRawFd;
+    let dir = scratch("closed_stderr");
+    let split = compile(&dir, "split.c", "split", &[]);
+    let closed_pipe = || {
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        unsafe { libc::close(fds[0]) };
+        unsafe { std::process::Stdio::from_raw_fd(fds[1]) }
+    };
+    let recording = dir.join("split.glass");
+    let recording = recording.to_str().unwrap();
+    for backend in ["perf", "ptrace"] {
+        let status = std::process::Command::new(GLASS)
+            .args([
+                "record",
+                "--backend",
+                backend,
+                "-F",
+                "499",
+                "-o",
+                recording,
+                "--",
+            ])
+            .arg(&split)
+            .arg("300")
+            .stderr(closed_pipe())
+            .stdout(closed_pipe())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{backend}: {status:?}");
+        let kept = glass_format::read_file(std::path::Path::new(recording)).unwrap();
+        assert!(kept.complete && !kept.samples.is_empty(), "{backend}");
+    }
+    // Errors, summaries and warnings with nowhere to go.
+    for (args, code) in [
+        (vec!["info", "/no/such/file.glass"], 2),
+        (vec!["report", "/no/such/file.glass"], 2),
+        (vec!["record", "-d", "inf", "--", "true"], 2),
+        (vec!["info", recording], 0),
+    ] {
+        let status = std::process::Command::new(GLASS)
+            .args(&args)
+            .stderr(closed_pipe())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?}: {status:?}");
+    }
+}
+
+#[test]
+fn a_gdb_address_with_no_stub_behind_it_is_bad_input() {
+    let dir = scratch("gdb_addresses");
+    let elf = compile(&dir, "split.c", "split", &[]);
+    let elf = elf.to_str().unwrap();
+    let out = dir.join("x.glass");
+    let out = out.to_str().unwrap();
+    // Nothing listening (a port nobody binds), an address that does not parse.
+    for address in ["127.0.0.1:1", "no-port-here", "256.1.1.1:99999"] {
+        let output = glass_within(
+            &["record", "--gdb", address, "--symbols", elf, "-o", out],
+            BOUND,
+        );
+        assert_clean_failure(&output, 2, address);
+    }
+    // A server that is not a GDB stub: it answers, but not in the protocol.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let talker = std::thread::spawn(move || {
+        use std::io::Write;
+        let (mut connection, _) = listener.accept().unwrap();
+        let _ = connection.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    });
+    let output = glass_within(
+        &["record", "--gdb", &address, "--symbols", elf, "-o", out],
+        BOUND,
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("GDB stub"), "{}", stderr(&output));
+    talker.join().unwrap();
+}
+
+/// A stub that goes away mid-recording is a runtime failure (exit 1), and what was
+/// recorded before is kept, ended cleanly.
+#[test]
+fn a_gdb_stub_that_dies_mid_run_keeps_what_was_recorded() {
+    let dir = scratch("stub_dies");
+    build_guest(&dir);
+    let mut vm = Vm::start(&dir, "guest-fp.img", "dies");
+    let recording = dir.join("dies.glass");
+    let glass = std::process::Command::new(GLASS)
+        .args(["record", "-F", "199", "-d", "60", "--gdb"])
+        .arg(&vm.socket)
+        .arg("--symbols")
+        .arg(dir.join("guest-fp.elf"))
+        .arg("-o")
+        .arg(&recording)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_recording(&recording, 2000);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    vm.child.kill().unwrap();
+    let output = glass.wait_with_output().unwrap();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("went away mid-recording"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let kept = glass_format::read_file(&recording).unwrap();
+    assert!(kept.complete, "{:?}", kept.damage);
+    assert!(!kept.samples.is_empty());
+}
+
+/// An unprivileged user is told what sampling another user's process needs.
+#[test]
+fn an_unprivileged_user_is_told_what_is_needed() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root, to run glass as nobody against a root process");
+        return;
+    }
+    let dir = scratch("unprivileged");
+    open_to_nobody(&dir);
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id().to_string();
+    let out = dir.join("x.glass");
+    let out = out.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["record", "--pid", &pid, "-o", out], "as root"),
+        (
+            vec!["record", "--backend", "ptrace", "--pid", &pid, "-o", out],
+            "as root",
+        ),
+        (
+            vec!["trace", "-f", "main", "--pid", &pid, "-o", out],
+            "CAP_SYS_PTRACE",
+        ),
+    ] {
+        let output = glass_as_nobody(&args);
+        assert_clean_failure(&output, 2, needle);
+    }
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+/// The recording's directory removed while glass writes into it: no "wrote …", a
+/// failure; the file alone removed: written again from glass's open copy.
+#[test]
+fn a_recording_removed_mid_run_is_not_reported_as_written() {
+    let dir = scratch("removed_mid_run");
+    let split = compile(&dir, "split.c", "split", &[]);
+    for whole_directory in [true, false] {
+        let inner = dir.join(format!("out-{whole_directory}"));
+        std::fs::create_dir_all(&inner).unwrap();
+        let recording = inner.join("prof.glass");
+        let glass = std::process::Command::new(GLASS)
+            .args(["record", "-F", "499", "-o"])
+            .arg(&recording)
+            .arg("--")
+            .arg(&split)
+            .arg("8000")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_recording(&recording, 100);
+        if whole_directory {
+            std::fs::remove_dir_all(&inner).unwrap();
+        } else {
+            std::fs::remove_file(&recording).unwrap();
+        }
+        let output = glass.wait_with_output().unwrap();
+        let err = stderr(&output);
+        assert!(!err.contains("panicked"), "{err}");
+        if whole_directory {
+            assert_eq!(output.status.code(), Some(1), "{err}");
+            assert!(err.contains("was removed while glass wrote it"), "{err}");
+            assert!(
+                !err.contains(" -> "),
+                "no summary of a file that is gone: {err}"
+            );
+        } else {
+            assert_eq!(output.status.code(), Some(0), "{err}");
+            assert!(err.contains("written again"), "{err}");
+            let kept = glass_format::read_file(&recording).unwrap();
+            assert!(
+                kept.complete && !kept.samples.is_empty(),
+                "{:?}",
+                kept.damage
+            );
+        }
+    }
+}
+
+/// A disk that fills mid-recording (a small tmpfs): every block written whole is kept,
+/// the file is ended cleanly, and glass says what was lost (exit 1).
+#[test]
+fn a_full_disk_keeps_every_whole_block() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root, to mount a small tmpfs");
+        return;
+    }
+    let dir = scratch("full_disk");
+    let nf = compile(&dir, "trace/nf.c", "nf", &[]);
+    let split = compile(&dir, "split.c", "split", &[]);
+    let disk = dir.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=192k", "glass-full-disk"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(disk.clone());
+    for run in 0..3 {
+        let recording = disk.join(format!("trace-{run}.glass"));
+        let output = std::process::Command::new(GLASS)
+            .args(["trace", "-o"])
+            .arg(&recording)
+            .args([
+                "-f",
+                "process_batch,parse_*,classify,rule_match,rewrite,forward",
+                "--",
+            ])
+            .arg(&nf)
+            .arg("3000")
+            .stdout(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        assert!(err.contains("No space left on device"), "{err}");
+        assert!(
+            err.contains("call records lost") && err.contains("ended cleanly"),
+            "{err}"
+        );
+        let kept = glass_format::read_file(&recording).unwrap();
+        assert!(kept.complete, "run {run}: {:?}", kept.damage);
+        assert!(
+            !kept.trace_chunks.is_empty(),
+            "run {run}: no call records kept"
+        );
+        assert!(kept.trace_summary.as_ref().is_some_and(|s| s.lost > 0));
+        std::fs::remove_file(&recording).unwrap();
+    }
+    for run in 0..2 {
+        let recording = disk.join(format!("samples-{run}.glass"));
+        // Fill all but a little of the disk first: the samples fill the rest.
+        let filler = disk.join("filler");
+        let _ = std::process::Command::new("dd")
+            .args(["if=/dev/zero", "bs=1k", "count=170"])
+            .arg(format!("of={}", filler.display()))
+            .stderr(std::process::Stdio::null())
+            .status();
+        let output = std::process::Command::new(GLASS)
+            .args(["record", "-F", "999", "-o"])
+            .arg(&recording)
+            .arg("--")
+            .arg(&split)
+            .arg("8000")
+            .output()
+            .unwrap();
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        assert!(err.contains("No space left on device"), "{err}");
+        let kept = glass_format::read_file(&recording).unwrap();
+        assert!(kept.complete, "run {run}: {:?}", kept.damage);
+        assert!(!kept.samples.is_empty(), "run {run}: no samples kept");
+        std::fs::remove_file(&recording).unwrap();
+        std::fs::remove_file(&filler).unwrap();
+    }
 }

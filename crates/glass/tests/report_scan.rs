@@ -243,21 +243,40 @@ fn figures(recording: &Path, workers: usize) -> Vec<(u32, [u64; 8])> {
     rows
 }
 
-/// The offset of the `n`-th packed trace chunk record (tag 13) and its length.
-fn packed_chunk(bytes: &[u8], n: usize) -> (usize, usize) {
-    let mut pos = glass_format::HEADER_LEN;
+/// The offset of the `n`-th packed trace chunk record (tag 13), its length, and the
+/// offset of the block that holds it (see docs/format.md: blocks of whole records).
+fn packed_chunk(bytes: &[u8], n: usize) -> (usize, usize, usize) {
+    let mut block = glass_format::HEADER_LEN;
     let mut seen = 0;
-    while pos + 5 <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[pos + 1..pos + 5].try_into().unwrap()) as usize;
-        if bytes[pos] == 13 {
-            if seen == n {
-                return (pos, len);
+    while block + glass_format::BLOCK_HEAD_LEN <= bytes.len() {
+        let block_len =
+            u32::from_le_bytes(bytes[block + 8..block + 12].try_into().unwrap()) as usize;
+        let end = block + glass_format::BLOCK_HEAD_LEN + block_len;
+        let mut pos = block + glass_format::BLOCK_HEAD_LEN;
+        while pos + 5 <= end {
+            let len = u32::from_le_bytes(bytes[pos + 1..pos + 5].try_into().unwrap()) as usize;
+            if bytes[pos] == 13 {
+                if seen == n {
+                    return (pos, len, block);
+                }
+                seen += 1;
             }
-            seen += 1;
+            pos += 5 + len;
         }
-        pos += 5 + len;
+        block = end;
     }
     panic!("fewer than {} packed chunks", n + 1)
+}
+
+/// Sets the checksum of the block at `block` to match its bytes (as the writer would
+/// have, had it written them).
+fn reseal_block(bytes: &mut [u8], block: usize) {
+    let len = u32::from_le_bytes(bytes[block + 8..block + 12].try_into().unwrap()) as usize;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[block + 4..block + 12]);
+    crc.update(&bytes[block + 16..block + 16 + len]);
+    let crc = crc.finalize();
+    bytes[block + 12..block + 16].copy_from_slice(&crc.to_le_bytes());
 }
 
 #[test]
@@ -347,12 +366,18 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
 
     // Cut inside the second chunk: what comes before it is reported, alike by every path.
     let bytes = std::fs::read(&recording).unwrap();
-    let (offset, len) = packed_chunk(&bytes, 1);
+    // (The first chunk in a later block than the first chunk's.)
+    let first_block = packed_chunk(&bytes, 0).2;
+    let later = (1..)
+        .find(|&n| packed_chunk(&bytes, n).2 != first_block)
+        .unwrap();
+    let (offset, len, block) = packed_chunk(&bytes, later);
     let truncated = dir.join("truncated.glass");
     std::fs::write(&truncated, &bytes[..offset + 5 + len / 2]).unwrap();
     let (one, warning) = report_calls(&truncated, "1");
+    // (What is cut is the block that holds the cut.)
     assert!(
-        warning.contains(&format!("truncated at byte {offset}")),
+        warning.contains(&format!("truncated at byte {block}")),
         "{warning}"
     );
     let (four, _) = report_calls(&truncated, "4");
@@ -365,13 +390,31 @@ fn threads_are_decoded_alike_by_one_or_many_workers_and_counts_are_exact() {
     assert!(one.contains("the recording ended early"), "{one}");
     assert_eq!(figures(&truncated, 1), figures(&truncated, 2));
 
-    // A chunk whose packed body is damaged: everything from it on is dropped, as the
-    // whole-file reader drops it, though the workers only find out while decoding.
+    // A chunk whose packed body is damaged: its block fails its checksum and is skipped,
+    // the blocks behind it read, alike by every path.
     let mut damaged = bytes.clone();
-    let (offset, len) = packed_chunk(&bytes, 1);
+    let (offset, len, block) = packed_chunk(&bytes, 1);
     for byte in &mut damaged[offset + 5 + len / 2..offset + 5 + len / 2 + 16] {
         *byte = 0xff; // overlong varints
     }
+    let skipped_path = dir.join("skipped.glass");
+    std::fs::write(&skipped_path, &damaged).unwrap();
+    let (one, warning) = report_calls(&skipped_path, "1");
+    assert!(
+        warning.contains("damaged (checksum mismatch)")
+            && warning.contains(&format!("bytes {block}-")),
+        "{warning}"
+    );
+    let (four, _) = report_calls(&skipped_path, "4");
+    assert_eq!(one, four);
+    assert_eq!(one, calls_in_memory(&skipped_path));
+    paths_agree(&skipped_path, "4", "skipped");
+    invocations_agree(&skipped_path, "work_a", "4", "skipped");
+
+    // The same damage in a block whose checksum matches it (a writer other than glass):
+    // everything from the chunk on is dropped, as the whole-file reader drops it, though
+    // the workers only find out while decoding.
+    reseal_block(&mut damaged, block);
     let damaged_path = dir.join("damaged.glass");
     std::fs::write(&damaged_path, &damaged).unwrap();
     let (one, warning) = report_calls(&damaged_path, "1");

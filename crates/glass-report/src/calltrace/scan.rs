@@ -157,6 +157,7 @@ fn pass(
     let mut scan = Scan {
         recording: Recording {
             file_len: std::fs::metadata(path).map_or(0, |m| m.len() as usize),
+            version: stream.version(),
             ..Recording::default()
         },
         ..Scan::default()
@@ -211,6 +212,8 @@ fn pass(
                 engine.chunk(thread, chunk);
             }
             Ok(Item::Record(record)) => scan.recording.add(Ok(record)),
+            // Damaged blocks are skipped (the stream goes on behind them).
+            Err(error) if !error.ends_reading() => scan.recording.add(Err(error)),
             Err(error) => {
                 scan.recording.add(Err(error));
                 break;

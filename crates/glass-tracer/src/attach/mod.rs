@@ -127,7 +127,7 @@ pub fn run(
     }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
         Failure::bad_input(format!(
-            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process this user may not trace)"
+            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process of another user: run glass as its owner, or as root or with CAP_SYS_PTRACE)"
         ))
     })?;
     let program = if exe.exists() {
