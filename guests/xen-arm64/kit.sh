@@ -5,7 +5,7 @@
 # OUT/dom0.cpio.gz (arm64 busybox + modules; see dom0/init), OUT/rootfs (dom0's root: the
 # arm64 .debs of xen-utils-4.17, its libraries, libc and busybox, extracted with dpkg-deb -x,
 # never installed; dom0 mounts it over 9p), and the domU: OUT/uk-xen-{fp,nofp}.{img,elf}
-# (guests/aarch64 built for Xen's guest memory map, run.sh/README.md say how to boot it).
+# (guests/aarch64 built for Xen's guest memory map), OUT/domu.cfg.in and OUT/demo-domu.sh.
 # Installs the host packages it needs first (dpkg --add-architecture arm64 for the
 # downloads). Idempotent: a step whose output is newer than its sources is skipped.
 set -euo pipefail
@@ -148,5 +148,6 @@ if ! fresh "$OUT/uk-xen-nofp.img" "${UK_SRC[@]}"; then
     log "uk-xen (guests/aarch64/build.sh $OUT 0 xen)"
     "$HERE/../aarch64/build.sh" "$OUT" 0 xen >&2
 fi
-cp -f "$HERE/domu.cfg.in" "$OUT/domu.cfg.in"
+# dom0 sees the kit at its host path whatever else it is given: scripts find these there.
+cp -f "$HERE/domu.cfg.in" "$HERE/demo-domu.sh" "$OUT/"
 log "ready: $OUT (dom0 kernel $(cat "$OUT/kernel.version"))"

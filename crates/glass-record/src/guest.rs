@@ -37,9 +37,11 @@ use crate::{Notes, Recorded, Result};
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
 const GUEST_PID: i32 = 1;
-/// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
-/// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
-const FIRST_STACK_COPY: usize = 16 << 10;
+/// The first stack copy per vCPU where the backend maps guest RAM (a memory copy:
+/// cheap) is the limit: the read stops at the first unmapped page, the top of the stack's
+/// mapping, so a deep stack is whole from its first sample; later copies are sized from
+/// what the unwinder wanted and shrink from there. Through `m` packets the first copy is
+/// one packet.
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
 const DEFAULT_STACK_LIMIT: usize = 256 << 10;
 /// QEMU's i440fx keeps RAM below 3.5 GiB under 4 GiB (the PCI hole above it).
@@ -307,7 +309,7 @@ pub(super) fn run(
         .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
     let has_ram = backend.physical_memory().is_some();
     let first_copy = if has_ram {
-        FIRST_STACK_COPY
+        limit
     } else {
         backend.read_unit()
     };

@@ -24,7 +24,7 @@ pub fn record(
     let spec = args.xen.clone().unwrap_or_default();
     let symbols = args.symbols.clone().unwrap_or_default();
     let mut image = GuestImage::load(&symbols)?;
-    image.check_arch(&symbols, Arch::X86_64)?;
+    image.check_arch(&symbols, glass_target::xen::GUEST_ARCH)?;
     let mut hypervisor = Hypervisor::open()?;
     let (info, name) = hypervisor.find(&spec)?;
     let mark = StopMark::create().map_err(TargetError::Io)?;
@@ -34,10 +34,14 @@ pub fn record(
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
     sink.notes.figure(&format!(
-        "Xen domain {name} (id {}): {} vCPUs ({} online), 64-bit PV",
+        "Xen domain {name} (id {}): {} vCPUs ({} online), {}",
         info.domid,
         info.max_vcpu_id + 1,
-        info.online_vcpus
+        info.online_vcpus,
+        match glass_target::xen::GUEST_ARCH {
+            Arch::Aarch64 => "ARM64",
+            Arch::X86_64 => "64-bit PV",
+        }
     ));
     let outcome = match super::guest::run(
         &mut sink,

@@ -6,6 +6,10 @@ mod info;
 mod record;
 mod report;
 mod top;
+#[cfg(target_arch = "x86_64")]
+mod trace;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "trace_other_arch.rs"]
 mod trace;
 
 use std::path::PathBuf;

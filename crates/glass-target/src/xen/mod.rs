@@ -32,6 +32,7 @@
 //! kills a glass that holds it paused past the stop bound (then unpauses it).
 
 pub mod abi;
+pub mod arm64;
 pub mod frames;
 pub mod libs;
 
@@ -48,6 +49,15 @@ use crate::TargetError;
 use abi::*;
 use frames::ForeignFrames;
 use libs::XenLibs;
+
+/// The architecture of the guests this build samples: Xen runs guests of its own
+/// architecture, and glass runs natively in its dom0 (an aarch64 build on Xen on ARM64,
+/// see [`arm64`]).
+pub const GUEST_ARCH: Arch = if cfg!(target_arch = "aarch64") {
+    Arch::Aarch64
+} else {
+    Arch::X86_64
+};
 
 /// Frames kept mapped (16 MiB): stacks and the page tables above them, with room.
 const FRAME_CACHE: usize = 4096;
@@ -261,6 +271,13 @@ impl Hypervisor {
         };
         if info.flags & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0 {
             return Err(bad("the domain is shutting down".into()));
+        }
+        // Every ARM domain carries the HVM flag and answers no address-size query.
+        if GUEST_ARCH == Arch::Aarch64 {
+            if info.max_vcpu_id == u32::MAX {
+                return Err(bad("the domain has no vCPUs".into()));
+            }
+            return Ok((info, name));
         }
         if info.flags & DOMINF_HVM_GUEST != 0 {
             return Err(bad(
@@ -587,7 +604,7 @@ impl XenBackend {
 
 impl GuestBackend for XenBackend {
     fn arch(&self) -> Arch {
-        Arch::X86_64
+        GUEST_ARCH
     }
 
     fn recording_backend(&self) -> Backend {
@@ -608,12 +625,17 @@ impl GuestBackend for XenBackend {
             unsafe { libc::raise(libc::SIGSTOP) };
         }
         for vcpu in 0..self.vcpus.min(out.len()) {
-            out[vcpu] = if self.online[vcpu] {
+            out[vcpu] = if self.online[vcpu] && GUEST_ARCH == Arch::Aarch64 {
+                let context = &self.contexts.bytes()[vcpu * CONTEXT_SIZE..];
+                // An AArch32 vCPU reads as not started, as one never brought up.
+                arm64::registers(&context[..arm64::CONTEXT_SIZE])
+                    .map_or(VcpuRegs::zeroed(Arch::Aarch64), VcpuRegs::Aarch64)
+            } else if self.online[vcpu] {
                 VcpuRegs::X86_64(self.registers(vcpu))
             } else {
                 // Never brought up: no long mode, so the loop shows it as not started.
                 self.halted[vcpu] = false;
-                VcpuRegs::zeroed(Arch::X86_64)
+                VcpuRegs::zeroed(GUEST_ARCH)
             };
         }
         Ok(())
