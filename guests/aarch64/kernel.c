@@ -202,6 +202,14 @@ __attribute__((noinline, noclone)) void idle_wait(uint64_t ticks) {
         uint64_t before = split_clock();
         __asm__ volatile("dsb sy; wfi" : : : "memory");
         ticks_halted += split_clock() - before;
+#ifdef GLASS_XEN
+        /* Xen's vGIC keeps the timer's interrupt pending until the guest acknowledges
+         * it (QEMU's drops with the line): unacknowledged, every later wfi returns at
+         * once and the vCPU spins instead of blocking. Acknowledged and ended here,
+         * with PSTATE.I still set. */
+        uint32_t iar = GICC[0x00c / 4];                         /* GICC_IAR */
+        if ((iar & 0x3ff) != 1023) GICC[0x010 / 4] = iar;       /* GICC_EOIR */
+#endif
     }
     __asm__ volatile("msr cntv_ctl_el0, %0; isb" : : "r"(0UL));   /* the line drops */
     work_sink++;

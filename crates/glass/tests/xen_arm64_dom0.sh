@@ -3,7 +3,7 @@
 # dom0). It drives the aarch64 build of glass against the demo unikernel as a 2-vCPU domU
 # and leaves in $GLASS_OUT what the Rust tests check:
 #   nofp.glass, nofp.err, nofp.rc, nofp.console{.before,}   the CFI-only build, 20 s
-#   fp.glass, fp.err, fp.rc, fp.console{.before,}           the frame-record build, 10 s
+#   fp.glass, fp.err, fp.rc, fp.console{.before,}           the frame-record build, 15 s
 #   endings.txt, end.*.glass, end.*.err                     SIGINT/SIGTERM/SIGKILL of glass
 # The host writes $GLASS_OUT/env first (GLASS: the aarch64 binary, KIT).
 # Placement (Xen has 2 pCPUs): dom0's vCPU alone on pCPU 0 (run.sh pins it), both domU
@@ -38,7 +38,7 @@ for variant in nofp fp; do
     xl vcpu-pin "$name" all 1 >/dev/null 2>&1
     wait_lines "$name" 60 1 || { echo "$name printed no second split line"; console "$name"; exit 1; }
     seconds=20
-    [ $variant = fp ] && seconds=10
+    [ $variant = fp ] && seconds=15
     console "$name" >"$OUT/$variant.console.before"
     # At 199 Hz: the guest's clock (the virtual counter) runs on while glass holds the
     # domain paused, so its own split counts glass's pauses, which are longer where the
