@@ -206,8 +206,11 @@ fn check_profile(variant: &str) -> Vec<(Vec<String>, u64)> {
             chain[..2].join(";")
         );
     }
-    // Idle: the vCPU blocked in wfi (Xen says blocked), named [halted] under idle_wait,
-    // about as often as the guest's own clock says it waited.
+    // Idle: what the guest counts as halted runs from its wfi until it runs again: blocked
+    // (Xen's getvcpuinfo: [halted]) and then runnable, waiting for pCPU 1, or paused
+    // offline when its timer fired during glass's pause (most 4 ms waits end inside a
+    // 20-40 ms pause under nested TCG). Its share of vCPU 0's samples is under idle_wait,
+    // and every [halted] sample is there.
     let vcpu0: u64 = stacks
         .iter()
         .filter(|(f, _)| f[1].starts_with("vcpu0/"))
@@ -221,19 +224,19 @@ fn check_profile(variant: &str) -> Vec<(Vec<String>, u64)> {
         })
         .map(|(_, n)| n)
         .sum();
-    assert!(halted >= 5, "{variant}: too few halted samples: {stacks:?}");
-    assert!(
-        halted_in_idle as f64 >= 0.95 * halted as f64,
-        "{variant}: {halted_in_idle} of {halted} halted samples under idle_wait"
+    assert_eq!(
+        halted_in_idle, halted,
+        "{variant}: [halted] outside idle_wait: {stacks:?}"
     );
-    let halted_share = halted as f64 * 100.0 / vcpu0 as f64;
+    let idle = under(&stacks, "vcpu0/", "idle_wait");
+    let idle_share = idle as f64 * 100.0 / vcpu0 as f64;
     eprintln!(
-        "{variant}: halted {halted_share:.1}% of vcpu0's samples, the guest's own {:.1}%",
+        "{variant}: idle_wait {idle_share:.1}% of vcpu0's {vcpu0} samples ({halted} [halted]), the guest's own halted {:.1}%",
         own[3]
     );
     assert!(
-        (halted_share - own[3]).abs() <= share_tolerance(own[3], vcpu0, 5.0),
-        "{variant}: halted {halted_share:.1}% of vcpu0's samples vs the guest's own {:.1}%",
+        (idle_share - own[3]).abs() <= share_tolerance(own[3], vcpu0, 5.0),
+        "{variant}: idle_wait {idle_share:.1}% of vcpu0's samples vs the guest's own halted {:.1}%",
         own[3]
     );
     assert!(
@@ -285,7 +288,7 @@ fn check_deep_stacks(variant: &str, stacks: &[(Vec<String>, u64)]) {
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["name"].as_str().is_some_and(|n| n.starts_with("vcpu0")))
+        .find(|p| p["name"].as_str().is_some_and(|n| n.contains(" vcpu0 ")))
         .unwrap_or_else(|| panic!("no vcpu0 profile"));
     let first_beta: Vec<&str> = vcpu0["samples"]
         .as_array()
@@ -325,6 +328,24 @@ fn the_arm64_unikernel_without_frame_pointers_is_profiled_by_its_cfi() {
 fn the_arm64_unikernel_with_frame_records_only_is_profiled_whole() {
     let stacks = check_profile("fp");
     check_deep_stacks("fp", &stacks);
+}
+
+#[test]
+fn a_blocked_arm64_vcpu_is_halted() {
+    // Either build's recording: a vCPU Xen reports blocked (its wfi trapped) is [halted]
+    // (under idle_wait, checked per build above).
+    let out = xen_run();
+    let halted: u64 = ["nofp", "fp"]
+        .iter()
+        .map(|v| {
+            under(
+                &folded(&out.join(format!("{v}.glass")), &["--threads"]),
+                "vcpu0/",
+                "[halted]",
+            )
+        })
+        .sum();
+    assert!(halted > 0, "no [halted] sample in either recording");
 }
 
 #[test]
