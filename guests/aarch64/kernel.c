@@ -50,7 +50,12 @@
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
 #define TICK_HZ 1000
 #define IDLE_TICKS 4            /* per round, to the 4th 1 ms boundary from now */
+#ifdef GLASS_XEN
+#define REPORT_ROUNDS 5         /* a profiler's window is a few seconds of rounds under a
+                                 * nested Xen: lines often enough to bound it closely */
+#else
 #define REPORT_ROUNDS 25
+#endif
 
 #define GICD ((volatile uint32_t *)(KERNEL_OFFSET + GICD_PA))
 #define GICC ((volatile uint32_t *)(KERNEL_OFFSET + GICC_PA))

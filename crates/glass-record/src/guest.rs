@@ -165,6 +165,8 @@ struct Vcpu {
     deepest: usize,
     /// When the last walk's sample was taken (ns since the recording's start).
     last_sample_ns: u64,
+    /// Walks done (the first one does not decay `deepest`).
+    samples_walked: u64,
     /// Bytes copied at this sample.
     copied: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
@@ -190,6 +192,7 @@ impl Vcpu {
             copy_len: first_copy.min(limit),
             deepest: first_copy.min(limit),
             last_sample_ns: 0,
+            samples_walked: 0,
             copied: 0,
             ran_image: false,
             in_firmware: false,
@@ -534,7 +537,16 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_> {
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
             })?;
-            vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
+            // No decay at a vCPU's first walk: the time since the recording's start (a
+            // slow start-up in a TCG dom0 took seconds) would shrink the first copy's
+            // reach to that one sample's need at once.
+            let since_last_ns = if vcpu.samples_walked == 0 {
+                0
+            } else {
+                time_ns.saturating_sub(vcpu.last_sample_ns)
+            };
+            vcpu.samples_walked += 1;
+            vcpu.walked(wanted, since_last_ns);
             vcpu.last_sample_ns = time_ns;
         }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.

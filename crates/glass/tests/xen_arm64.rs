@@ -290,7 +290,7 @@ fn check_deep_stacks(variant: &str, stacks: &[(Vec<String>, u64)]) {
         .iter()
         .find(|p| p["name"].as_str().is_some_and(|n| n.contains(" vcpu0 ")))
         .unwrap_or_else(|| panic!("no vcpu0 profile"));
-    let first_beta: Vec<&str> = vcpu0["samples"]
+    let samples: Vec<Vec<&str>> = vcpu0["samples"]
         .as_array()
         .unwrap()
         .iter()
@@ -300,16 +300,28 @@ fn check_deep_stacks(variant: &str, stacks: &[(Vec<String>, u64)]) {
                 .unwrap()
                 .iter()
                 .map(|i| frames[i.as_u64().unwrap() as usize])
-                .collect::<Vec<_>>()
+                .collect()
         })
-        .find(|stack| stack.contains(&"beta"))
-        .unwrap_or_else(|| panic!("{variant}: no beta sample on vcpu0"));
-    let depth = first_beta.iter().filter(|f| **f == "descend").count();
-    assert_eq!(
-        depth, 80,
-        "{variant}: the first beta sample: {first_beta:?}"
+        .collect();
+    // The first sample in beta's recursion is whole (from kernel_entry down), and so is
+    // the first at its bottom (spin_units under 80 descend frames).
+    let first_beta = samples
+        .iter()
+        .find(|s| s.contains(&"descend"))
+        .unwrap_or_else(|| panic!("{variant}: no sample in descend on vcpu0"));
+    assert!(
+        first_beta.first() == Some(&"kernel_entry") && !first_beta.contains(&"[truncated]"),
+        "{variant}: the first sample in beta: {first_beta:?}"
     );
-    assert!(!first_beta.contains(&"[truncated]"), "{first_beta:?}");
+    let first_bottom = samples
+        .iter()
+        .find(|s| s.contains(&"descend") && s.last() == Some(&"spin_units"))
+        .unwrap_or_else(|| panic!("{variant}: no sample at beta's bottom on vcpu0"));
+    let depth = first_bottom.iter().filter(|f| **f == "descend").count();
+    assert!(
+        depth == 80 && first_bottom.first() == Some(&"kernel_entry"),
+        "{variant}: the first sample at beta's bottom: {first_bottom:?}"
+    );
 }
 
 #[test]

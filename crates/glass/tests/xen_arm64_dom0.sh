@@ -6,14 +6,16 @@
 #   fp.glass, fp.err, fp.rc, fp.console{.before,}           the frame-record build, 20 s
 #   endings.txt, end.*.glass, end.*.err                     SIGINT/SIGTERM/SIGKILL of glass
 # The host writes $GLASS_OUT/env first (GLASS: the aarch64 binary, KIT).
-# Placement (Xen has 2 pCPUs): dom0's vCPU alone on pCPU 0 (run.sh pins it), both domU
-# vCPUs on pCPU 1, so that glass does not take the guest's pCPU.
+# Placement (Xen has 2 pCPUs): dom0's vCPU on pCPU 0 (run.sh pins it) with credit weight
+# 4096, domU vCPU 0 alone on pCPU 1, vCPU 1 on pCPU 0 (as bench/xen_dom0.sh places the PV
+# guest).
 . "$GLASS_OUT/env"
 OUT="$GLASS_OUT"
 DEMO="$GLASS_KIT/demo-domu.sh"
 # A hypercall under nested TCG costs 10-100x its native time (guests/xen's tests give
 # the same bound).
 export GLASS_STOP_BOUND_MS=1000
+xl sched-credit -d 0 -w 4096 >/dev/null 2>&1
 
 console() { cat /var/log/xen/console/guest-"$1"-vuart0.log 2>/dev/null | tr -d '\r'; }
 lines() { console "$1" | grep -c '^split '; }
@@ -35,7 +37,12 @@ for variant in nofp fp; do
     name=uk$variant
     echo "== $variant build as domU $name"
     domid=$(sh "$DEMO" -f "$variant" -n 1 -t 120 "$name") || { echo "domU $name did not start"; exit 1; }
-    xl vcpu-pin "$name" all 1 >/dev/null 2>&1
+    # vCPU 0 (the split) alone on pCPU 1; vCPU 1 (delta) beside dom0 on pCPU 0, where
+    # dom0's weight gives glass the CPU when it wants it. Sharing pCPU 1, vCPU 0 lost
+    # 30 ms timeslices to vCPU 1 in the middle of whichever function it was in, which
+    # made the guest's own split of a few seconds noisy.
+    xl vcpu-pin "$name" 0 1 >/dev/null 2>&1
+    xl vcpu-pin "$name" 1 0 >/dev/null 2>&1
     wait_lines "$name" 60 1 || { echo "$name printed no second split line"; console "$name"; exit 1; }
     seconds=30
     [ $variant = fp ] && seconds=20
@@ -48,7 +55,7 @@ for variant in nofp fp; do
     "$GLASS" record --xen "$name" -F 53 -d $seconds --symbols "$GLASS_KIT/uk-xen-$variant.elf" \
         -o "$OUT/$variant.glass" 2>"$OUT/$variant.err"
     echo "$?" >"$OUT/$variant.rc"
-    # The guest prints its split every 25 rounds: one more line closes the window.
+    # The guest prints its split every 5 rounds: one more line closes the window.
     wait_lines "$name" 60 1
     console "$name" >"$OUT/$variant.console"
     cat "$OUT/$variant.err"
@@ -62,6 +69,14 @@ for signal in INT TERM KILL KILL KILL; do
     "$GLASS" record --xen ukfp -F 499 --symbols "$GLASS_KIT/uk-xen-fp.elf" -o "$OUT/end.$n.$signal.glass" \
         2>"$OUT/end.$n.$signal.err" &
     pid=$!
+    if [ "$signal" != KILL ]; then
+        # Sampling first (glass prints its unwind tables just before the first pause; its
+        # start-up in this dom0 took over 2 s on a loaded host).
+        for _ in $(seq 1 300); do
+            grep -q 'unwind tables of' "$OUT/end.$n.$signal.err" 2>/dev/null && break
+            sleep 0.1
+        done
+    fi
     # KILLs land at spread moments: while starting, and while sampling.
     sleep $((2 + n))
     kill -"$signal" "$pid"
