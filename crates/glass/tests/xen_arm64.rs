@@ -158,9 +158,9 @@ fn check_profile(variant: &str) -> Vec<(Vec<String>, u64)> {
     // vCPU 0's busy split against the guest's own over the same window.
     let own = own_split(out, variant);
     let busy = under(&stacks, "vcpu0/", "dispatch");
-    // Under nested TCG a stop costs ms (tens of ms on a loaded host): a 199 Hz recording
-    // gets 25-50 samples a second per vCPU; the tolerance widens with fewer samples.
-    assert!(busy >= 100, "{variant}: {busy} busy samples: {stacks:?}");
+    // Under nested TCG a stop costs ms (tens to hundreds on a loaded host): a 53 Hz
+    // recording got 4-12 samples a second per vCPU; the tolerance widens with fewer.
+    assert!(busy >= 50, "{variant}: {busy} busy samples: {stacks:?}");
     let shares = ["alpha", "beta", "gamma"]
         .map(|function| under(&stacks, "vcpu0/", function) as f64 * 100.0 / busy as f64);
     eprintln!(

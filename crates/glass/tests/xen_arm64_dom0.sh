@@ -12,9 +12,9 @@
 . "$GLASS_OUT/env"
 OUT="$GLASS_OUT"
 DEMO="$GLASS_KIT/demo-domu.sh"
-# A hypercall under nested TCG costs 10-100x its native time (guests/xen's tests give
-# the same bound).
-export GLASS_STOP_BOUND_MS=1000
+# A hypercall under nested TCG costs 10-100x its native time, and arm64 on an x86 host
+# more: on a loaded host one stop took 1.2 s (guests/xen's tests give 1000 ms).
+export GLASS_STOP_BOUND_MS=5000
 xl sched-credit -d 0 -w 4096 >/dev/null 2>&1
 
 console() { cat /var/log/xen/console/guest-"$1"-vuart0.log 2>/dev/null | tr -d '\r'; }
