@@ -311,11 +311,7 @@ pub(super) fn run(
         .stack_size
         .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
     let has_ram = backend.physical_memory().is_some();
-    let first_copy = if has_ram {
-        limit
-    } else {
-        backend.read_unit()
-    };
+    let first_copy = if has_ram { limit } else { backend.read_unit() };
     let mut vcpus: Vec<Vcpu> = (0..vcpu_count)
         .map(|_| Vcpu::new(limit, first_copy, arch))
         .collect();

@@ -40,7 +40,10 @@ int main(void) {
         .arg(&binary)
         .status()
         .unwrap();
-    assert!(built.success(), "the C program against xen/foreign/arm64.h did not build");
+    assert!(
+        built.success(),
+        "the C program against xen/foreign/arm64.h did not build"
+    );
     let out = Command::new(&binary).output().unwrap();
     let theirs: Vec<usize> = String::from_utf8(out.stdout)
         .unwrap()

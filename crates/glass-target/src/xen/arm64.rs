@@ -90,7 +90,10 @@ mod tests {
         assert_eq!(registers(&context(0x3c4)).unwrap().sp, 0xe0);
         assert_eq!(registers(&context(0x0)).unwrap().sp, 0xe0);
         assert_eq!(el1h.pc, 0xffff_ff80_4020_1000);
-        assert_eq!((el1h.x29, el1h.x30, el1h.tcr_el1), (0x29, 0x30, 0x1b5193519));
+        assert_eq!(
+            (el1h.x29, el1h.x30, el1h.tcr_el1),
+            (0x29, 0x30, 0x1b5193519)
+        );
         assert_eq!((el1h.ttbr0_el1, el1h.ttbr1_el1), (0x4020_1000, 0x4020_2000));
         assert!(el1h.mmu_on());
     }
