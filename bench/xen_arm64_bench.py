@@ -4,7 +4,7 @@ docs/benchmarks.md.
 
 One boot of the nested Xen on ARM64 of guests/xen-arm64 (qemu-system-aarch64 TCG, Xen
 4.17, an arm64 dom0 on one vCPU pinned to pCPU 0 with weight 4096) with guests/aarch64's
-unikernel as a 2-vCPU domU (vCPU 0 alone on pCPU 1, vCPU 1 beside dom0 on pCPU 0).
+unikernel as a 2-vCPU domU, both vCPUs on pCPU 1 (dom0 alone on pCPU 0).
 bench/xen_arm64_dom0.sh runs, per round and rate
 (101 and 997 Hz), a window of the guest alone and one with the aarch64 glass recording
 it, and takes glass's CPU time in dom0 with busybox time. Figures per rate, medians over
@@ -122,9 +122,9 @@ def markdown(rows, meta):
         f"{meta['rounds']} rounds, medians over the rounds. Host: 2 cores, load average "
         f"{meta['load'][0]:.1f} at the start and {meta['load'][1]:.1f} at the end. Rerun: `{COMMAND}` "
         "(or `bench/run xen-arm64`); dom0's side is `bench/xen_arm64_dom0.sh`. The guest is "
-        "guests/aarch64's unikernel built for Xen (`uk-xen-nofp`, CFI only), 2 vCPUs: vCPU 0 alone "
-        "on pCPU 1 does rounds of alpha/beta/gamma (beta 80 frames, 48 KiB deep) and waits "
-        "in wfi 4 ms after each, vCPU 1 spins in delta on pCPU 0 beside dom0. glass is the aarch64 release build, "
+        "guests/aarch64's unikernel built for Xen (`uk-xen-nofp`, CFI only), 2 vCPUs both on pCPU 1 "
+        "(dom0 alone on pCPU 0): vCPU 0 does rounds of alpha/beta/gamma (beta 80 frames, 48 KiB deep) and waits "
+        "in wfi 4 ms after each, vCPU 1 spins in delta. glass is the aarch64 release build, "
         f"recording {SECONDS} s per window.",
         "",
         "| rate | stops taken / requested per s | stopped per trace p50 (p99) | of which pause + 2 contexts, one multicall, p50 | vCPU 0 stack read p50 | dom0 CPU per stop | guest slowdown, own clock (per round) |",
@@ -141,10 +141,15 @@ def markdown(rows, meta):
         "",
         "Under nested TCG every hypercall is emulated twice over (QEMU emulating the CPUs that "
         "Xen, dom0 and the guest run on), so absolute times are 10-100x native ones and swing "
-        "with the host's load. The pause itself waits until both guest vCPUs are descheduled, "
-        "which under TCG is a cross-CPU interrupt to another emulated CPU; most of the stopped "
-        "time is that multicall and the unpause. glass counts a missed deadline rather than catch up, so at "
-        "997 Hz it takes what the stopped time leaves.",
+        "with the host's load (here other builds kept it at the load above). The stopped time "
+        "per trace runs from before the pause until the unpause returned to glass; the one "
+        "multicall (pause, both contexts and states) and the stack reads are the parts glass "
+        "times itself, the rest is the unpause and dom0 waiting for its emulated CPU. dom0 CPU "
+        "is glass's and its guardian's user+system time (busybox time), hypercalls included. "
+        "glass counts a missed deadline rather than catch up, so at 997 Hz it takes what the "
+        "stopped time leaves. The guest's slowdown compares its ticks per round (the counter "
+        "runs on through pauses) with the window alone just before; on a loaded host that "
+        "window's own noise is of the same order.",
         END,
     ]
     return lines
