@@ -79,9 +79,11 @@ _start:
 
     /* l2_dev: the 2 MiB blocks holding the GIC and the UART */
     adrp x0, ttbr1_l2_dev
-    ldr x1, =(GICD_PA | DEVICE_BLOCK)
+    ldr x1, =(BLOCK_2M(GICD_PA) | DEVICE_BLOCK)
     str x1, [x0, #((GICD_PA >> 21) * 8)]
-    ldr x1, =(UART_PA | DEVICE_BLOCK)
+    ldr x1, =(BLOCK_2M(GICC_PA) | DEVICE_BLOCK)
+    str x1, [x0, #((GICC_PA >> 21) * 8)]
+    ldr x1, =(BLOCK_2M(UART_PA) | DEVICE_BLOCK)
     str x1, [x0, #((UART_PA >> 21) * 8)]
 
     /* l2_ram: 2 MiB blocks from __kernel_start to __kernel_end */

@@ -24,15 +24,20 @@
  *   vcpu1 started: delta mpidr=... sp=...                        once (vCPU1)
  *   stack depth=BYTES frames=80 (bottom of descend)              once, after round 1
  *   rate rounds=REPORT_ROUNDS cycles=TICKS                       every REPORT_ROUNDS rounds
- *   split alpha=A% beta=B% gamma=G% halted=H% rounds=N           right after each rate line
+ *   split alpha=A% beta=B% gamma=G% halted=H% rounds=N time=TA/TB/TG/TH/TW
+ *                                                                right after each rate line
  *   vcpu1 delta rounds=N                                         right after each split line
  *   done rounds=N                                                at the end (ROUNDS > 0)
  * "cycles" are ticks of the generic timer's virtual count (CNTVCT_EL0, at the CNTFRQ_EL0
  * frequency the banner prints), not CPU cycles. alpha/beta/gamma are shares of busy
  * ticks (each function's inclusive time, from the counter around its call in
  * dispatch), halted is the share of all ticks since run started spent in wfi; both
- * cumulative. Powers off (PSCI SYSTEM_OFF: QEMU exits 0) after ROUNDS rounds, or runs
- * forever if ROUNDS is 0; on an unexpected exception prints "fault ..." and powers off. */
+ * cumulative; in the Xen build (-DGLASS_XEN) they leave out the time vCPU0 was
+ * offline (the domain paused: Xen's runstate area). time= gives the cumulative ticks
+ * themselves (alpha/beta/gamma/halted/all), so that a profiler started later takes the
+ * split of its own window from two lines.
+ * Powers off (PSCI SYSTEM_OFF: QEMU exits 0) after ROUNDS rounds, or runs forever if
+ * ROUNDS is 0; on an unexpected exception prints "fault ..." and powers off. */
 #include <stdint.h>
 #include "serial.h"
 
@@ -45,7 +50,12 @@
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
 #define TICK_HZ 1000
 #define IDLE_TICKS 4            /* per round, to the 4th 1 ms boundary from now */
+#ifdef GLASS_XEN
+#define REPORT_ROUNDS 5         /* a profiler's window is a few seconds of rounds under a
+                                 * nested Xen: lines often enough to bound it closely */
+#else
 #define REPORT_ROUNDS 25
+#endif
 
 #define GICD ((volatile uint32_t *)(KERNEL_OFFSET + GICD_PA))
 #define GICC ((volatile uint32_t *)(KERNEL_OFFSET + GICC_PA))
@@ -66,6 +76,53 @@ static void serial_putpct(uint64_t part, uint64_t whole) {
     serial_putu(permille % 10);
     serial_putc('%');
 }
+
+#ifdef GLASS_XEN
+/* Xen's runstate area of vCPU0 (public/vcpu.h: state, state_entry_time, time[4] in ns
+ * of running, runnable, blocked, offline), which Xen updates each time it switches the
+ * vCPU in. A domain paused by a profiler from dom0 is offline while the virtual count
+ * runs on: the split is kept in the time the vCPU was not offline, so that the guest's
+ * own account does not count the profiler's pauses into whatever it was running (as
+ * guests/xenpv keeps its split). */
+struct xen_runstate {
+    int32_t state;
+    uint32_t pad;
+    uint64_t state_entry_time;
+    uint64_t time[4];
+};
+static struct xen_runstate runstate0 __attribute__((aligned(64)));
+#define HYPERVISOR_vcpu_op 24
+#define VCPUOP_register_runstate_memory_area 5
+#define RUNSTATE_offline 3
+
+/* Xen on ARM's hypercall: hvc #0xEA1, the number in x16, arguments from x0; x0-x4 and
+ * x16 may come back changed. */
+static int64_t xen_hypercall3(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2) {
+    register uint64_t x0 __asm__("x0") = a0;
+    register uint64_t x1 __asm__("x1") = a1;
+    register uint64_t x2 __asm__("x2") = a2;
+    register uint64_t x16 __asm__("x16") = nr;
+    __asm__ volatile("hvc #0xea1" : "+r"(x0), "+r"(x1), "+r"(x2), "+r"(x16) : : "x3", "x4", "memory");
+    return (int64_t)x0;
+}
+
+static int64_t runstate_setup(void) {
+    uint64_t area = (uint64_t)&runstate0; /* struct vcpu_register_runstate_memory_area */
+    return xen_hypercall3(HYPERVISOR_vcpu_op, VCPUOP_register_runstate_memory_area, 0, (uint64_t)&area);
+}
+
+static uint64_t offline_ticks(void) {
+    uint64_t ns = ((volatile struct xen_runstate *)&runstate0)->time[RUNSTATE_offline];
+    return ns / 1000 * counter_hz() / 1000000;
+}
+#else
+static int64_t runstate_setup(void) { return 0; }
+static uint64_t offline_ticks(void) { return 0; }
+#endif
+
+/* vCPU0's clock for the split: the virtual count, less (on Xen) the time it was
+ * offline. Deadlines stay on the plain count. */
+static uint64_t split_clock(void) { return counter() - offline_ticks(); }
 
 static uint64_t ticks_alpha, ticks_beta, ticks_gamma, ticks_halted;
 static uint64_t stack_bottom_sp;
@@ -122,16 +179,16 @@ __attribute__((noinline, noclone)) uint64_t gamma(uint64_t seed) {
 }
 
 __attribute__((noinline, noclone)) uint64_t dispatch(uint64_t round) {
-    uint64_t sum = 0, t0 = counter(), t1, t2, t3;
+    uint64_t sum = 0, t0 = split_clock(), t1, t2, t3;
     sum += alpha(round);
     work_sink = sum;
-    t1 = counter();
+    t1 = split_clock();
     sum += beta(round + 1);
     work_sink = sum;
-    t2 = counter();
+    t2 = split_clock();
     sum += gamma(round + 2);
     work_sink = sum;
-    t3 = counter();
+    t3 = split_clock();
     ticks_alpha += t1 - t0;
     ticks_beta += t2 - t1;
     ticks_gamma += t3 - t2;
@@ -147,8 +204,17 @@ __attribute__((noinline, noclone)) void idle_wait(uint64_t ticks) {
     __asm__ volatile("msr cntv_cval_el0, %0; msr cntv_ctl_el0, %1; isb" : : "r"(deadline), "r"(1UL));
     uint64_t now;
     while ((now = counter()) < deadline) {
+        uint64_t before = split_clock();
         __asm__ volatile("dsb sy; wfi" : : : "memory");
-        ticks_halted += counter() - now;
+        ticks_halted += split_clock() - before;
+#ifdef GLASS_XEN
+        /* Xen's vGIC keeps the timer's interrupt pending until the guest acknowledges
+         * it (QEMU's drops with the line): unacknowledged, every later wfi returns at
+         * once and the vCPU spins instead of blocking. Acknowledged and ended here,
+         * with PSTATE.I still set. */
+        uint32_t iar = GICC[0x00c / 4];                         /* GICC_IAR */
+        if ((iar & 0x3ff) != 1023) GICC[0x010 / 4] = iar;       /* GICC_EOIR */
+#endif
     }
     __asm__ volatile("msr cntv_ctl_el0, %0; isb" : : "r"(0UL));   /* the line drops */
     work_sink++;
@@ -166,13 +232,23 @@ static void print_split(uint64_t rounds, uint64_t wall) {
     serial_putpct(ticks_halted, wall);
     serial_puts(" rounds=");
     serial_putu(rounds);
+    serial_puts(" time=");
+    serial_putu(ticks_alpha);
+    serial_putc('/');
+    serial_putu(ticks_beta);
+    serial_putc('/');
+    serial_putu(ticks_gamma);
+    serial_putc('/');
+    serial_putu(ticks_halted);
+    serial_putc('/');
+    serial_putu(wall);
     serial_puts("\nvcpu1 delta rounds=");
     serial_putu(delta_rounds);
     serial_puts("\n");
 }
 
 __attribute__((noinline, noclone)) void run(void) {
-    uint64_t checksum = 0, rounds_done = 0, start = counter(), last = start;
+    uint64_t checksum = 0, rounds_done = 0, start = split_clock(), last = counter();
     const uint64_t max_rounds = ROUNDS;
     for (uint64_t round = 0; max_rounds == 0 || round < max_rounds; round++) {
         checksum ^= dispatch(round);
@@ -188,20 +264,20 @@ __attribute__((noinline, noclone)) void run(void) {
             serial_unlock();
         }
         if (rounds_done % REPORT_ROUNDS == 0) {
-            uint64_t now = counter();
+            uint64_t now = counter(), wall = split_clock() - start;
             serial_lock();
             serial_puts("rate rounds=");
             serial_putu(REPORT_ROUNDS);
             serial_puts(" cycles=");
             serial_putu(now - last);
             serial_puts("\n");
-            print_split(rounds_done, now - start);
+            print_split(rounds_done, wall);
             serial_unlock();
             last = now;
         }
     }
     serial_lock();
-    print_split(rounds_done, counter() - start);
+    print_split(rounds_done, split_clock() - start);
     serial_puts("done rounds=");
     serial_putu(rounds_done);
     serial_puts("\n");
@@ -281,6 +357,14 @@ void kmain(void) {
     serial_puts(" ttbr1=");
     serial_putx(SYSREG(ttbr1_el1));
     serial_puts("\n");
+#ifdef GLASS_XEN
+    serial_puts("xen runstate area of vcpu0: ret=");
+    int64_t registered = runstate_setup();
+    serial_putu((uint64_t)(registered < 0 ? -registered : registered));
+    serial_puts(registered ? " (failed: the split counts pauses)\n" : " (the split leaves out offline time)\n");
+#else
+    (void)runstate_setup;
+#endif
     serial_unlock();
     timer_irq_setup();
     int64_t ret = psci_call(PSCI_CPU_ON_64, 1, secondary_start_pa, 0);

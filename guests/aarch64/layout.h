@@ -17,9 +17,19 @@
 
 #define PHYS_BASE       0x40200000          /* load address of the image, 2 MiB aligned */
 #define KERNEL_OFFSET   0xffffff8000000000  /* high-half VA minus PA */
+#ifdef GLASS_XEN
+/* Xen's guest memory map on ARM (xen/include/public/arch-arm.h): GUEST_RAM0_BASE
+ * 0x4000_0000, vGICv2 distributor 0x0300_1000 and CPU interface 0x0300_2000, and the
+ * emulated SBSA UART of vuart="sbsa_uart" at 0x2200_0000 (build.sh ... xen). */
+#define UART_PA         0x22000000
+#define GICD_PA         0x03001000
+#define GICC_PA         0x03002000
+#else
 #define UART_PA         0x09000000
 #define GICD_PA         0x08000000
 #define GICC_PA         0x08010000
+#endif
+#define BLOCK_2M(pa)    ((pa) & ~0x1fffff)  /* the 2 MiB block holding pa */
 #define STACK0_SIZE     0x20000             /* vCPU0: 128 KiB */
 #define STACK1_SIZE     0x10000             /* vCPU1: 64 KiB */
 #define GUARD_SIZE      0x1000              /* one unmapped 4 KiB page below each stack */

@@ -176,7 +176,9 @@ pub fn parse_list(s: &str) -> Result<Vec<Counter>, String> {
 /// Faults (SIGSEGV) unless the kernel allows user-space `rdpmc` for this process (the
 /// mapped page of an open event says so in `cap_user_rdpmc`) and `index` names a
 /// counter the CPU has. The value only means something for the event the page names,
-/// read through the protocol of [`read_page`].
+/// read through the protocol of [`read_page`]. x86-64 only (the probe that calls it is
+/// x86-64 code; an aarch64 glass, for Xen on ARM64's dom0, has no probe).
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub unsafe fn rdpmc(index: u32) -> u64 {
     let lo: u32;
@@ -339,12 +341,19 @@ impl ThreadCounter {
 
     /// The count, read in user space with `rdpmc`; `None` when the page does not allow
     /// it right now (see [`read_page`]): use [`ThreadCounter::read_syscall`] then.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     pub fn read(&self) -> Option<u64> {
         // SAFETY: the page is mapped for as long as self lives; self is not Send, so
         // the caller is the thread the event counts; read_page calls rdpmc only when
         // cap_user_rdpmc says the kernel allows it.
         unsafe { read_page(self.page(), |index| rdpmc(index)) }
+    }
+
+    /// No `rdpmc` off x86-64: always [`ThreadCounter::read_syscall`].
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn read(&self) -> Option<u64> {
+        None
     }
 
     /// The count, read with the `read()` system call.

@@ -5,7 +5,7 @@
 //! guardian starts (with the pause mark it watches), and only then does the first
 //! pause happen; every way out of the loop unpauses before the guardian is told `done`.
 
-use glass_format::{Arch, Backend};
+use glass_format::Backend;
 use glass_target::stop_mark::StopMark;
 use glass_target::xen::{Hypervisor, XenBackend};
 use glass_target::TargetError;
@@ -24,7 +24,7 @@ pub fn record(
     let spec = args.xen.clone().unwrap_or_default();
     let symbols = args.symbols.clone().unwrap_or_default();
     let mut image = GuestImage::load(&symbols)?;
-    image.check_arch(&symbols, Arch::X86_64)?;
+    image.check_arch(&symbols, glass_target::xen::GUEST_ARCH)?;
     let mut hypervisor = Hypervisor::open()?;
     let (info, name) = hypervisor.find(&spec)?;
     let mark = StopMark::create().map_err(TargetError::Io)?;

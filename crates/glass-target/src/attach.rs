@@ -42,7 +42,8 @@ pub(crate) fn ptrace(
     }
 }
 
-/// A thread's registers.
+/// A thread's registers (x86-64: PTRACE_GETREGS; used by injection and tracing only).
+#[cfg(target_arch = "x86_64")]
 pub fn registers(tid: i32) -> io::Result<libc::user_regs_struct> {
     // SAFETY: PTRACE_GETREGS fills the struct.
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
@@ -51,6 +52,7 @@ pub fn registers(tid: i32) -> io::Result<libc::user_regs_struct> {
     Ok(regs)
 }
 
+#[cfg(target_arch = "x86_64")]
 pub fn set_registers(tid: i32, regs: &libc::user_regs_struct) -> io::Result<()> {
     ptrace(libc::PTRACE_SETREGS, tid, 0, regs as *const _ as usize)
         .map_err(io::Error::from_raw_os_error)?;

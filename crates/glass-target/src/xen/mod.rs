@@ -37,6 +37,7 @@
 //! kills a glass that holds it paused past the stop bound (then unpauses it).
 
 pub mod abi;
+pub mod arm64;
 pub mod frames;
 pub mod libs;
 
@@ -53,6 +54,15 @@ use crate::TargetError;
 use abi::*;
 use frames::ForeignFrames;
 use libs::XenLibs;
+
+/// The architecture of the guests this build samples: Xen runs guests of its own
+/// architecture, and glass runs natively in its dom0 (an aarch64 build on Xen on ARM64,
+/// see [`arm64`]).
+pub const GUEST_ARCH: Arch = if cfg!(target_arch = "aarch64") {
+    Arch::Aarch64
+} else {
+    Arch::X86_64
+};
 
 /// Frames kept mapped (16 MiB): stacks and the page tables above them, with room.
 const FRAME_CACHE: usize = 4096;
@@ -135,7 +145,9 @@ impl DomainInfo {
 
     /// The guest's kind, for the summary.
     pub fn kind(&self) -> &'static str {
-        if self.hvm() {
+        if GUEST_ARCH == Arch::Aarch64 {
+            "ARM64"
+        } else if self.hvm() {
             "HVM/PVH"
         } else {
             "64-bit PV"
@@ -283,6 +295,13 @@ impl Hypervisor {
         if info.flags & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0 {
             return Err(bad("the domain is shutting down".into()));
         }
+        // Every ARM domain carries the HVM flag and answers no address-size query.
+        if GUEST_ARCH == Arch::Aarch64 {
+            if info.max_vcpu_id == u32::MAX {
+                return Err(bad("the domain has no vCPUs".into()));
+            }
+            return Ok((info, name));
+        }
         // An HVM/PVH guest's width is its vCPUs' mode (EFER.LMA), seen at each sample;
         // Xen answers the address-size query for PV guests only.
         match self.address_size(domid) {
@@ -370,7 +389,9 @@ impl XenBackend {
             hv,
             domid: info.domid,
             vcpus,
-            hvm: info.hvm(),
+            // An ARM domain carries the HVM flag, but its registers come from
+            // getvcpucontext (decoded by `arm64`), as a PV guest's do.
+            hvm: info.hvm() && GUEST_ARCH == Arch::X86_64,
             entries,
             domctls,
             contexts,
@@ -658,7 +679,7 @@ impl XenBackend {
 
 impl GuestBackend for XenBackend {
     fn arch(&self) -> Arch {
-        Arch::X86_64
+        GUEST_ARCH
     }
 
     fn recording_backend(&self) -> Backend {
@@ -679,12 +700,17 @@ impl GuestBackend for XenBackend {
             unsafe { libc::raise(libc::SIGSTOP) };
         }
         for vcpu in 0..self.vcpus.min(out.len()) {
-            out[vcpu] = if self.online[vcpu] {
+            out[vcpu] = if self.online[vcpu] && GUEST_ARCH == Arch::Aarch64 {
+                let context = &self.contexts.bytes()[vcpu * CONTEXT_SIZE..];
+                // An AArch32 vCPU reads as not started, as one never brought up.
+                arm64::registers(&context[..arm64::CONTEXT_SIZE])
+                    .map_or(VcpuRegs::zeroed(Arch::Aarch64), VcpuRegs::Aarch64)
+            } else if self.online[vcpu] {
                 VcpuRegs::X86_64(self.registers(vcpu))
             } else {
                 // Never brought up: no long mode, so the loop shows it as not started.
                 self.halted[vcpu] = false;
-                VcpuRegs::zeroed(Arch::X86_64)
+                VcpuRegs::zeroed(GUEST_ARCH)
             };
         }
         Ok(())
