@@ -16,6 +16,7 @@
 //! - this file: the options, the session from launch to the summary, and the drain loop.
 
 mod attach;
+pub mod embedded;
 pub mod guardian;
 mod install;
 mod ledger;
@@ -122,20 +123,6 @@ use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, error_text, monotonic_now_ns};
 use glass_record::{Failure, Result};
 
-/// The probe runtime, built beside the glass executable.
-pub fn probe_runtime() -> Result<PathBuf> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::runtime(format!("cannot find the glass executable: {e}")))?;
-    let path = exe.with_file_name("libglass_probe.so");
-    if !path.is_file() {
-        return Err(Failure::runtime(format!(
-            "the probe runtime is missing: {} (build it with `cargo build -p glass-probe`)",
-            path.display()
-        )));
-    }
-    Ok(path)
-}
-
 /// Traces as `args` say, telling `notes` what the user should hear on the way.
 pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
     let patterns = args.functions.clone();
@@ -182,11 +169,16 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
-    let runtime = probe_runtime()?;
+    // Kept open until the target exits: a program it starts preloads the runtime too.
+    let runtime = embedded::memfd()?;
     let file = create_output(&args.output)?;
     let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs, None)
         .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
-    let mut preload = runtime.display().to_string();
+    let mut preload = format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&runtime)
+    );
     if let Ok(existing) = std::env::var("LD_PRELOAD") {
         preload = format!("{preload}:{existing}");
     }
