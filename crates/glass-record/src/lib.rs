@@ -105,6 +105,8 @@ pub trait Notes {
 /// A finished recording.
 pub struct Recorded {
     pub summary: glass_format::Summary,
+    /// Threads with samples (the summary's `threads` counts every thread seen).
+    pub threads_sampled: u32,
     pub outcome: Outcome,
     pub backend: Backend,
     /// What became of a VM `--vm` launched.
@@ -327,6 +329,7 @@ fn finish_with(
         _ => 0,
     };
     Ok(Recorded {
+        threads_sampled: sink.threads_sampled(),
         summary,
         outcome,
         backend,

@@ -194,6 +194,8 @@ pub struct Recorder<'a> {
     build_ids: HashMap<String, Vec<u8>>,
     thread_names: HashMap<i32, String>,
     threads_seen: HashSet<i32>,
+    /// Threads with at least one sample: the count the reports give.
+    threads_sampled: HashSet<i32>,
     processes_seen: HashSet<i32>,
     pub ticks: u64,
     pub samples: u64,
@@ -219,6 +221,10 @@ pub struct Recorder<'a> {
     arch: Arch,
     /// Jitdump files the processes mapped (runtimes map them for profilers to find).
     jitdumps_mapped: Vec<(i32, String)>,
+    /// Per process, its vDSO's functions as a perf map (glass_symbols::vdso), read from
+    /// its memory when the mapping is first seen: the vDSO is no file the report could
+    /// read, and the report may run on another kernel.
+    vdso_maps: Vec<(i32, String)>,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
     last_flush: Instant,
@@ -242,6 +248,7 @@ impl<'a> Recorder<'a> {
             build_ids: HashMap::new(),
             thread_names: HashMap::new(),
             threads_seen: HashSet::new(),
+            threads_sampled: HashSet::new(),
             processes_seen: HashSet::new(),
             ticks: 0,
             samples: 0,
@@ -260,6 +267,7 @@ impl<'a> Recorder<'a> {
             use_proc: true,
             arch: Arch::host(),
             jitdumps_mapped: Vec::new(),
+            vdso_maps: Vec::new(),
             read_words: Vec::new(),
             last_flush: Instant::now(),
             stop_bound: crate::DEFAULT_STOP_BOUND,
@@ -434,6 +442,19 @@ impl<'a> Recorder<'a> {
         if glass_symbols::jit::is_jitdump_marker(&mapping.path) {
             self.jitdumps_mapped.push((pid, mapping.path.clone()));
         }
+        if self.use_proc && glass_symbols::vdso::is_vdso(&mapping.path) {
+            let mut image = vec![0u8; (mapping.end - mapping.start) as usize];
+            let read = std::fs::File::open(format!("/proc/{pid}/mem")).and_then(|mem| {
+                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut image, mapping.start)
+            });
+            if let Some(map) = read
+                .ok()
+                .and_then(|()| glass_symbols::vdso::perf_map(&image, mapping.start))
+            {
+                self.vdso_maps.retain(|(p, _)| *p != pid);
+                self.vdso_maps.push((pid, map));
+            }
+        }
         let build_id = self.build_id(pid, &mapping);
         self.writer.module(&Module {
             time_ns,
@@ -503,6 +524,11 @@ impl<'a> Recorder<'a> {
         self.thread_names.insert(tid, name);
         self.threads_seen.insert(tid);
         Ok(())
+    }
+
+    /// How many threads have samples (of all those seen).
+    pub fn threads_sampled(&self) -> u32 {
+        self.threads_sampled.len() as u32
     }
 
     pub fn knows_thread(&self, tid: i32) -> bool {
@@ -576,6 +602,7 @@ impl<'a> Recorder<'a> {
         self.writer
             .sample(time_ns, pid as u32, tid as u32, stopped_ns, flags, frames)?;
         self.samples += 1;
+        self.threads_sampled.insert(tid);
         self.flush_if_due()
     }
 
@@ -811,6 +838,7 @@ impl<'a> Recorder<'a> {
             stack: std::mem::take(&mut encoded),
         });
         self.samples += 1;
+        self.threads_sampled.insert(tid);
         written.and_then(|()| self.flush_if_due())
     }
 
@@ -908,6 +936,13 @@ impl<'a> Recorder<'a> {
     fn keep_jit_files(&mut self) -> io::Result<()> {
         if !self.use_proc {
             return Ok(());
+        }
+        for (pid, text) in std::mem::take(&mut self.vdso_maps) {
+            self.writer.jit_map(&JitMap {
+                pid: pid as u32,
+                name: glass_symbols::vdso::MODULE.to_string(),
+                text,
+            })?;
         }
         let mut pids: Vec<i32> = self.processes_seen.iter().copied().collect();
         pids.sort_unstable();

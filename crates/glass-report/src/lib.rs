@@ -122,3 +122,13 @@ pub fn kernel_frame_name(symbol: &glass_format::KernelSymbol) -> String {
         format!("{} [{}]_[k]", symbol.name, symbol.module)
     }
 }
+
+/// `n` and the noun, singular for one: "1 thread", "2 threads", "1 process", "3 processes".
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    match n {
+        1 => format!("1 {noun}"),
+        _ if noun.ends_with('s') => format!("{n} {noun}es"),
+        _ => format!("{n} {noun}s"),
+    }
+}

@@ -677,10 +677,11 @@ impl Model {
         let mut model = Model::empty(Source::Calls, unit);
         model.start_unix_ns = recording.meta.as_ref().map_or(0, |m| m.start_unix_ns);
         let (process_names, thread_names) = last_names(recording);
-        let command = recording
-            .meta
-            .as_ref()
-            .and_then(|m| m.command.first())
+        let command = crate::calltrace::target_command(recording);
+        let command = command
+            .split(' ')
+            .next()
+            .filter(|c| !c.is_empty())
             .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
         let time = |cycles: u64| -> u64 {
             let since = cycles.saturating_sub(trace.first);

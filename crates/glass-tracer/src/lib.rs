@@ -115,7 +115,9 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use glass_format::{Meta, Record, TraceFunction, TraceSkipped, TraceSummary, Writer};
+use glass_format::{
+    Meta, Process, ProcessKind, Record, TraceFunction, TraceSkipped, TraceSummary, Writer,
+};
 use glass_probe_abi::session::SessionMemory;
 use glass_target::inject::{shell_status, StoppedProcess};
 
@@ -233,6 +235,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         file,
         pid,
         &args.command,
+        false,
         &installed,
         &skipped,
         &counters,
@@ -272,6 +275,7 @@ fn start_output(
     file: std::fs::File,
     pid: i32,
     command: &[String],
+    attached: bool,
     installed: &[install::Installed],
     skipped: &Skipped,
     counters: &[CounterChoice],
@@ -292,13 +296,28 @@ fn start_output(
         frequency_hz: 0,
         max_depth: 0,
         target_pid: pid as u32,
-        command: command.to_vec(),
+        // Empty for --pid, as `glass record --pid` writes it (the format's meaning): the
+        // process's command line goes in its Process record.
+        command: if attached {
+            Vec::new()
+        } else {
+            command.to_vec()
+        },
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default(),
         glass_version: env!("CARGO_PKG_VERSION").into(),
         capture: "calls".into(),
     }));
+    if attached {
+        out.write(&Record::Process(Process {
+            time_ns: 0,
+            pid: pid as u32,
+            parent_pid: 0,
+            kind: ProcessKind::Attached,
+            name: command.join(" "),
+        }));
+    }
     for function in installed {
         out.write(&Record::TraceFunction(TraceFunction {
             id: function.id,

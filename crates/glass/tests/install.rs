@@ -12,24 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Calls per function in a trace, as `glass report --format calls` of `glass` says.
-fn calls(glass: &Path, recording: &Path) -> std::collections::BTreeMap<String, u64> {
-    let output = Command::new(glass)
-        .args(["report", "--format", "calls"])
-        .arg(recording)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
-    stdout(&output)
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            Some((fields.last()?.to_string(), fields.first()?.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Traces nf (launched) with `glass`, run from its own directory, and checks the calls.
 fn trace_launched(glass: &Path, nf: &Path, dir: &Path) {
     let recording = dir.join("nf.glass");
@@ -44,7 +26,7 @@ fn trace_launched(glass: &Path, nf: &Path, dir: &Path) {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
-    let calls = calls(glass, &recording);
+    let calls = reported_calls(&recording);
     assert_eq!(calls.get("process_batch"), Some(&40), "{calls:?}");
     assert!(calls.get("classify").copied().unwrap_or(0) > 0, "{calls:?}");
 }
@@ -107,7 +89,7 @@ fn a_copied_glass_alone_traces() {
         !fds.iter().any(|f| f.contains("memfd:")),
         "the memfd was left open in the target: {fds:?}"
     );
-    let calls = calls(&glass, &recording);
+    let calls = reported_calls(&recording);
     assert!(
         calls.get("process_batch").copied().unwrap_or(0) > 0,
         "{calls:?}"

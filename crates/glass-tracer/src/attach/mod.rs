@@ -398,6 +398,7 @@ pub fn run(
         file,
         pid,
         &command,
+        true,
         &installed,
         &skipped,
         &counters,
