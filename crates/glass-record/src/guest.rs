@@ -338,6 +338,7 @@ pub(super) fn run(
             .ok()
             .and_then(|n| n.parse().ok()),
     };
+    sink.sampling_began();
     let outcome = drive(
         &mut sampler,
         sink,
@@ -345,6 +346,7 @@ pub(super) fn run(
         Clock::Running(args.frequency),
         args.duration,
     );
+    sink.sampling_ended();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
     let times = &mut source.registers_ns;

@@ -194,6 +194,8 @@ pub struct Recorder<'a> {
     build_ids: HashMap<String, Vec<u8>>,
     thread_names: HashMap<i32, String>,
     threads_seen: HashSet<i32>,
+    /// When the sampling loop began and ended (ns since the origin).
+    sampling: (Option<u64>, Option<u64>),
     /// Threads with at least one sample: the count the reports give.
     threads_sampled: HashSet<i32>,
     processes_seen: HashSet<i32>,
@@ -248,6 +250,7 @@ impl<'a> Recorder<'a> {
             build_ids: HashMap::new(),
             thread_names: HashMap::new(),
             threads_seen: HashSet::new(),
+            sampling: (None, None),
             threads_sampled: HashSet::new(),
             processes_seen: HashSet::new(),
             ticks: 0,
@@ -285,6 +288,21 @@ impl<'a> Recorder<'a> {
     /// The samples are not of host processes: module maps come only from the caller.
     pub fn without_proc(&mut self) {
         self.use_proc = false;
+    }
+
+    /// The sampling loop starts (after the set-up: launch, attach, perf events).
+    pub fn sampling_began(&mut self) {
+        self.sampling = (Some(self.now_ns()), None);
+    }
+
+    /// The sampling loop ended (the duration elapsed, the target exited, ...).
+    pub fn sampling_ended(&mut self) {
+        self.sampling.1 = Some(self.now_ns());
+    }
+
+    /// When the sampling loop began and ended, in ns since the origin.
+    pub fn sampling_window(&self) -> (Option<u64>, Option<u64>) {
+        self.sampling
     }
 
     pub fn now_ns(&self) -> u64 {

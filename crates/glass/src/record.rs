@@ -169,6 +169,19 @@ pub fn print_summary(args: &RecordArgs, output: Option<&Path>, recorded: &Record
         s.duration_ns as f64 / 1e9,
         args.frequency,
     );
+    if let (Some(asked), Outcome::DurationElapsed) = (args.duration, outcome) {
+        // The recording's time beyond -d is said: the set-up before sampling began (the
+        // duration counts from there), the stop after, and what the end took to write.
+        let t = &recorded.timing;
+        let secs = |ns: u64| ns as f64 / 1e9;
+        eprintln!(
+            "glass: -d {asked}: sampled {:.2} s; before it {:.2} s setting up (launch or attach, unwind tables), after it {:.2} s stopping; then {:.2} s writing the end (kernel symbols, JIT files)",
+            secs(t.sampling_ns),
+            secs(t.setting_up_ns),
+            secs(t.stopping_ns),
+            secs(t.writing_end_ns)
+        );
+    }
     if *backend == Backend::Perf {
         eprintln!(
             "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",

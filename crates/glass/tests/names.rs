@@ -327,3 +327,61 @@ fn the_summaries_count_threads_alike() {
         );
     }
 }
+
+#[test]
+fn a_recording_with_a_duration_says_where_the_time_beyond_it_went() {
+    let dir = scratch("names_duration");
+    let (names, _) = build(&dir);
+    let recording = dir.join("d.glass");
+    // The program runs on after -d and holds what glass's stdout and stderr were: a
+    // file, not a pipe whose end the test would wait for.
+    let err_file = dir.join("record.err");
+    let status = Command::new(GLASS)
+        .args(["record", "-F", "499", "-d", "2", "-o"])
+        .arg(&recording)
+        .arg("--")
+        .arg(&names)
+        .arg("100000")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .status()
+        .unwrap();
+    // The program runs on after -d: it is ended here.
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    if let Some(pid) = info
+        .split("(launched, pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse::<i32>().ok())
+    {
+        // SAFETY: a signal to the process this test launched through glass.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let err = std::fs::read_to_string(&err_file).unwrap();
+    assert!(status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("glass: -d 2: sampled "))
+        .unwrap_or_else(|| panic!("the time beyond -d is not said: {err}"));
+    let figures: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|s| s.contains('.'))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let [sampled, setting_up, stopping, _writing_end] = figures[..] else {
+        panic!("{line}");
+    };
+    assert!((2.0..2.5).contains(&sampled), "{line}");
+    // The summary's duration is the three parts.
+    let duration: f64 = err
+        .lines()
+        .find(|l| l.contains(" s at 499 Hz"))
+        .and_then(|l| l.split(" s at 499 Hz").next())
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        (duration - (sampled + setting_up + stopping)).abs() < 0.03,
+        "{duration} s recorded, {line}"
+    );
+}
