@@ -14,7 +14,9 @@ use glass_format::{
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
-use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
+use glass_unwind::{
+    walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs, WalkEnd,
+};
 
 use crate::event::Event;
 use crate::{CaptureMode, Notes, RecordOptions, UnwindMode};
@@ -662,12 +664,7 @@ impl<'a> Recorder<'a> {
             frames.extend_from_slice(kernel);
         }
         let (truncated, wanted) = self.unwind_into(pid, regs, stack, &mut frames);
-        let flags = state_flags
-            | if truncated {
-                glass_format::SAMPLE_TRUNCATED
-            } else {
-                0
-            };
+        let flags = state_flags | truncated;
         let result = match self.args.capture {
             CaptureMode::Frames => {
                 self.frames_sample(pid, tid, time_ns, stopped_ns, flags, &frames)
@@ -714,12 +711,7 @@ impl<'a> Recorder<'a> {
         self.note_kernel_frames(kernel);
         frames.extend_from_slice(kernel);
         let (truncated, _) = self.unwind_into(pid, regs, stack, frames);
-        glass_format::SAMPLE_OFF_CPU
-            | if truncated {
-                glass_format::SAMPLE_TRUNCATED
-            } else {
-                0
-            }
+        glass_format::SAMPLE_OFF_CPU | truncated
     }
 
     /// An off-CPU sample: `frames` blocked for `blocked_ns` from `time_ns` (written as
@@ -745,15 +737,15 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    /// Unwinds the user stack copy after whatever `frames` holds; returns whether the
-    /// walk was truncated and how many bytes of stack it wanted.
+    /// Unwinds the user stack copy after whatever `frames` holds; returns the sample's
+    /// truncation flags (truncation_flags) and how many bytes of stack it wanted.
     fn unwind_into(
         &mut self,
         pid: i32,
         regs: UnwindRegs,
         stack: &[u8],
         frames: &mut Vec<u64>,
-    ) -> (bool, usize) {
+    ) -> (u8, usize) {
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
@@ -786,7 +778,8 @@ impl<'a> Recorder<'a> {
                     .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
-        (end.is_truncated(), (copy.high_water - regs.sp) as usize)
+        let wanted = (copy.high_water - regs.sp) as usize;
+        (truncation_flags(end, wanted, stack.len()), wanted)
     }
 
     /// A `--capture raw` sample: the registers and the compacted stack (`frames`, the
@@ -988,6 +981,22 @@ impl<'a> Recorder<'a> {
             })?;
         }
         Ok(())
+    }
+}
+
+/// The flags for how a walk over a stack copy of `copied` bytes ended, having asked for
+/// `wanted` bytes above the stack pointer: SAMPLE_TRUNCATED, with SAMPLE_STACK_CUT when
+/// the walk needed more of the stack than was copied. A read far above the copy (more
+/// than a thread's usual 8 MiB stack) is a frame pointer register holding data in code
+/// that keeps no frame, not a short copy.
+fn truncation_flags(end: WalkEnd, wanted: usize, copied: usize) -> u8 {
+    match end {
+        WalkEnd::Complete => 0,
+        WalkEnd::DepthLimit => glass_format::SAMPLE_TRUNCATED,
+        _ if wanted > copied && wanted <= 8 << 20 => {
+            glass_format::SAMPLE_TRUNCATED | glass_format::SAMPLE_STACK_CUT
+        }
+        _ => glass_format::SAMPLE_TRUNCATED,
     }
 }
 

@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use rustc_hash::FxHashMap;
 
 use glass_format::{
-    is_kernel_address, Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_OFF_CPU, SAMPLE_TRUNCATED,
+    is_kernel_address, Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_OFF_CPU, SAMPLE_STACK_CUT,
+    SAMPLE_TRUNCATED,
 };
 use glass_symbols::{ModuleRef, Symbolizer};
 
@@ -210,6 +211,10 @@ pub struct Model {
     pub samples: u64,
     /// Samples whose stack walk ended early.
     pub truncated_samples: u64,
+    /// Of those: the walk needed more stack than was copied (SAMPLE_STACK_CUT), or it
+    /// reached the depth limit; the rest met code that keeps no frame.
+    pub truncated_cut: u64,
+    pub truncated_at_depth: u64,
     /// Nanoseconds of the off-CPU samples (`--off-cpu`), and the sample weight they make.
     pub off_cpu_ns: u64,
     pub off_cpu_weight: u64,
@@ -264,6 +269,8 @@ impl Model {
             end: 0,
             samples: 0,
             truncated_samples: 0,
+            truncated_cut: 0,
+            truncated_at_depth: 0,
             off_cpu_ns: 0,
             off_cpu_weight: 0,
             function_modules: HashMap::new(),
@@ -446,6 +453,7 @@ impl Model {
         // Per thread, the blocked time already turned into whole samples: an off-CPU
         // sample weighs its time in sampling periods, carried so short blocks add up.
         let mut off_cpu_carry: HashMap<u32, u64> = HashMap::new();
+        let max_depth = meta.map_or(0, |m| m.max_depth as usize);
         for sample in recording.samples.iter().chain(&unwound) {
             if options.tid.is_some_and(|tid| tid != sample.tid)
                 || (options.no_idle && sample.flags & SAMPLE_HALTED != 0)
@@ -481,6 +489,11 @@ impl Model {
             }
             if sample.flags & SAMPLE_TRUNCATED != 0 {
                 model.truncated_samples += 1;
+                if sample.flags & SAMPLE_STACK_CUT != 0 {
+                    model.truncated_cut += 1;
+                } else if max_depth > 0 && sample.frames.len() >= max_depth {
+                    model.truncated_at_depth += 1;
+                }
                 frames.push(model.special_frame(
                     FrameKind::Truncated,
                     TRUNCATED_FRAME,

@@ -4,7 +4,7 @@ use glass_report::count;
 use std::collections::HashSet;
 use std::time::{Duration, UNIX_EPOCH};
 
-use glass_format::{SAMPLE_TRUNCATED, VERSION};
+use glass_format::{SAMPLE_STACK_CUT, SAMPLE_TRUNCATED, VERSION};
 
 use crate::error::Result;
 use crate::report::{is_trace_file, open_recording, scan_trace};
@@ -123,11 +123,20 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             meta.backend, meta.arch, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
         );
     }
-    let truncated = recording
+    let max_depth = recording.meta.as_ref().map_or(0, |m| m.max_depth as usize);
+    let truncated: Vec<&glass_format::Sample> = recording
         .samples
         .iter()
         .filter(|s| s.flags & SAMPLE_TRUNCATED != 0)
-        .count();
+        .collect();
+    let cut = truncated
+        .iter()
+        .filter(|s| s.flags & SAMPLE_STACK_CUT != 0)
+        .count() as u64;
+    let at_depth = truncated
+        .iter()
+        .filter(|s| s.flags & SAMPLE_STACK_CUT == 0 && max_depth > 0 && s.frames.len() >= max_depth)
+        .count() as u64;
     let threads: HashSet<u32> = recording
         .samples
         .iter()
@@ -136,9 +145,17 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         .collect();
     let processes: HashSet<u32> = recording.processes.iter().map(|p| p.pid).collect();
     println!(
-        "contents:    {} ({} truncated), {}, {} sampled, {}, {}",
+        "contents:    {} ({} truncated{}), {}, {} sampled, {}, {}",
         count(recording.samples.len() as u64, "sample"),
-        truncated,
+        truncated.len(),
+        if truncated.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": {}",
+                glass_report::truncation_causes(truncated.len() as u64, cut, at_depth)
+            )
+        },
         count(recording.snapshots.len() as u64, "raw stack snapshot"),
         count(threads.len() as u64, "thread"),
         count(processes.len() as u64, "process"),

@@ -385,3 +385,73 @@ fn a_recording_with_a_duration_says_where_the_time_beyond_it_went() {
         "{duration} s recorded, {line}"
     );
 }
+
+/// `contents:` of glass info, and the note of the top table, for `recording`.
+fn truncation_lines(recording: &Path) -> (String, String) {
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    let report = stdout(&glass(&["report", recording.to_str().unwrap()]));
+    (
+        info.lines()
+            .find(|l| l.starts_with("contents:"))
+            .unwrap()
+            .to_string(),
+        report
+            .lines()
+            .find(|l| l.starts_with("note: ") && l.contains("truncated"))
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+#[test]
+fn a_truncated_stack_says_why() {
+    let _one = exclusive();
+    let dir = scratch("names_truncated");
+    // 300 frames of about 32 bytes: more than a 2 KiB copy holds.
+    let recursion = compile(&dir, "recursion.c", "recursion", &[]);
+    let recording = dir.join("cut.glass");
+    let backend: &[&str] = if perf_event_paranoid() > 1 {
+        &["--backend", "ptrace"]
+    } else {
+        &["--backend", "perf"]
+    };
+    record_with(
+        &recording,
+        499,
+        &[backend, &["--stack-size", "2048"]].concat(),
+        &[recursion.to_str().unwrap(), "3000"],
+    );
+    let (contents, note) = truncation_lines(&recording);
+    assert!(
+        contents.contains("where the stack copy was cut short")
+            && !contents.contains("keeps no frame"),
+        "{contents}"
+    );
+    assert!(
+        note.contains("where the stack copy was cut short"),
+        "{note}"
+    );
+
+    // Code built without frame pointers, walked by frame pointers: the walk fails in
+    // frames that keep none, however much stack there is.
+    let frameless = compile(
+        &dir,
+        "recursion.c",
+        "frameless",
+        &["-fomit-frame-pointer", "-fno-asynchronous-unwind-tables"],
+    );
+    let recording = dir.join("frameless.glass");
+    record_with(
+        &recording,
+        499,
+        &["--backend", "ptrace", "--unwind", "fp"],
+        &[frameless.to_str().unwrap(), "3000", "40"],
+    );
+    let (contents, note) = truncation_lines(&recording);
+    assert!(
+        contents.contains("where the walk met code that keeps no frame")
+            && !contents.contains("cut short"),
+        "{contents}"
+    );
+    assert!(note.contains("keeps no frame"), "{note}");
+}
