@@ -769,8 +769,25 @@ impl<'a> Recorder<'a> {
                 )
             }
             UnwindMode::Fp => {
+                let start = frames.len();
                 self.window.fill(&mut copy, regs.sp);
-                walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, frames)
+                let end = walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, frames);
+                // A sample in a function without a frame (yet): its caller, which the
+                // chain skips, from the return address at the stack pointer.
+                let window = &mut self.window;
+                let leaf_return = glass_unwind::unchained_return_address(
+                    regs,
+                    &mut |address| window.word(&mut copy, address),
+                    frames.get(start + 1).copied(),
+                    &|address| space.contains(address),
+                );
+                if let Some(address) = leaf_return {
+                    frames.insert(start + 1, address);
+                    if frames.len() - start > max_depth {
+                        frames.pop();
+                    }
+                }
+                end
             }
             UnwindMode::Auto | UnwindMode::Dwarf => {
                 space
