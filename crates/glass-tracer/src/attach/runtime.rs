@@ -328,10 +328,13 @@ fn hand_over(process: &StoppedProcess, loader: &LoaderFunctions) -> Result<Hande
                 "cannot create a memfd for the probe runtime in pid {pid}: {e} (nothing was patched)"
             ))
         })?;
-    if fd as i64 <= 0 || fd as i64 > i32::MAX as i64 {
+    // An int: the upper half of the register is not the callee's to define.
+    let fd = fd as u32 as i32;
+    if fd < 0 {
         // memfd_create returned -1 (a seccomp filter, a descriptor limit): glass's own.
         return own();
     }
+    let fd = fd as u64;
     let filled = (|| -> std::io::Result<()> {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
