@@ -100,7 +100,7 @@ def glass_figures(lines):
         f[f"read{vcpu}_p50"], f[f"read{vcpu}_p99"] = float(m[2]), float(m[3])
         f[f"copy{vcpu}_kib"] = int(m[4])
         f["stops"] = int(m[1])  # every stop samples every vCPU
-    m = re.search(r"(\d+) samples, \d+ threads in \d+ processes, ([\d.]+) s at", text)
+    m = re.search(r"(\d+) samples?, .*? in \d+ process(?:es)?, ([\d.]+) s at", text)
     f.update(samples=int(m[1]), seconds=float(m[2]))
     m = re.search(r"stops taken: (\d+) in ([\d.]+) s \(([\d.]+)/s, (\d+) Hz asked\); glass's own CPU per stop: "
                   r"(\d+) us user, (\d+) us system", text)

@@ -55,6 +55,10 @@ pub const BLOCK_TARGET: usize = 16 << 10;
 pub const SAMPLE_TRUNCATED: u8 = 1 << 0;
 /// Sample flag: the thread was inside a system call when it was stopped (off-CPU).
 pub const SAMPLE_IN_SYSCALL: u8 = 1 << 1;
+/// Sample flag, with [`SAMPLE_TRUNCATED`]: the walk needed stack beyond the copy the
+/// recorder made (a copy cut short), rather than failing in code that keeps no frame.
+/// Files written before it was recorded never set it.
+pub const SAMPLE_STACK_CUT: u8 = 1 << 5;
 /// Sample flag (VM guests): the vCPU was halted (stopped right after a `hlt` of the
 /// guest image: its idle loop); the frames are where it halted.
 pub const SAMPLE_HALTED: u8 = 1 << 2;

@@ -96,7 +96,7 @@ pub fn functions(elf: &object::File) -> Vec<Function> {
         .into_iter()
         .filter(|&(address, _)| !covered(address, &found))
         .map(|(address, size)| Function {
-            name: format!("sub_{address:x}"),
+            name: fde_function_name(address),
             address,
             size,
         })
@@ -107,8 +107,14 @@ pub fn functions(elf: &object::File) -> Vec<Function> {
     found
 }
 
+/// The name of a function only an FDE tells of, starting at file address `address`:
+/// glass trace's `-f` and glass report (glass-symbols) both use it.
+pub fn fde_function_name(address: u64) -> String {
+    format!("sub_{address:x}")
+}
+
 /// (start, length) of every FDE in `.eh_frame`: the compiler emits one per function.
-fn fde_ranges(elf: &object::File) -> Vec<(u64, u64)> {
+pub fn fde_ranges(elf: &object::File) -> Vec<(u64, u64)> {
     use gimli::UnwindSection;
     let Some(section) = elf.section_by_name(".eh_frame") else {
         return Vec::new();

@@ -512,6 +512,7 @@ fn run_with(
             .and_then(|n| n.parse().ok()),
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
+    sink.sampling_began();
     let outcome = drive(
         &mut sampler,
         sink,
@@ -519,6 +520,7 @@ fn run_with(
         Clock::Running(args.frequency),
         args.duration,
     );
+    sink.sampling_ended();
     let cpu_end = own_cpu_us();
     let (user_us, system_us) = (cpu_end.0 - cpu_began.0, cpu_end.1 - cpu_began.1);
     let seconds = began.elapsed().as_secs_f64();

@@ -112,6 +112,12 @@ pub trait Notes {
 /// A finished recording.
 pub struct Recorded {
     pub summary: glass_format::Summary,
+    /// Threads with samples (the summary's `threads` counts every thread seen).
+    pub threads_sampled: u32,
+    /// Where the recording's time went (the summary's duration is all of it to the
+    /// summary): set-up before sampling, sampling, stopping after it; then the time
+    /// spent writing the end (kernel symbols, JIT files), after the summary.
+    pub timing: Timing,
     pub outcome: Outcome,
     pub backend: Backend,
     /// What became of a VM `--vm` launched.
@@ -128,6 +134,15 @@ pub struct Recorded {
     pub off_cpu_ns: u64,
     /// The sampling rate.
     pub frequency: u32,
+}
+
+/// Where a recording's time went, in ns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timing {
+    pub setting_up_ns: u64,
+    pub sampling_ns: u64,
+    pub stopping_ns: u64,
+    pub writing_end_ns: u64,
 }
 
 /// Why the recording ended.
@@ -337,9 +352,24 @@ fn finish_with(
     vm_fate: Option<String>,
 ) -> Result<Recorded> {
     let summary = sink.summary(exit_status);
+    let end_began = std::time::Instant::now();
     let written = match &outcome {
         Outcome::WriteFailed(_) => Ok(()),
         _ => sink.finish(&summary),
+    };
+    let timing = match sink.sampling_window() {
+        (Some(began), ended) => {
+            let ended = ended
+                .unwrap_or(summary.duration_ns)
+                .min(summary.duration_ns);
+            Timing {
+                setting_up_ns: began,
+                sampling_ns: ended.saturating_sub(began),
+                stopping_ns: summary.duration_ns.saturating_sub(ended),
+                writing_end_ns: end_began.elapsed().as_nanos() as u64,
+            }
+        }
+        _ => Timing::default(),
     };
     let _ = sink.flush();
     let with_fate = |mut failure: Failure| {
@@ -357,6 +387,8 @@ fn finish_with(
         _ => 0,
     };
     Ok(Recorded {
+        timing,
+        threads_sampled: sink.threads_sampled(),
         summary,
         outcome,
         backend,

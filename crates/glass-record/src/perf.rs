@@ -453,13 +453,16 @@ impl PerfBackend {
             }
         }
         let duration = args.duration;
-        drive(
+        sink.sampling_began();
+        let outcome = drive(
             self,
             sink,
             Some(stop_signals),
             Clock::None(std::time::Duration::from_millis(100)),
             duration,
-        )
+        );
+        sink.sampling_ended();
+        outcome
     }
 
     /// Handles every record the drain thread copied out so far.

@@ -92,13 +92,16 @@ fn run(
         tick: Tick::default(),
         capture,
     };
-    drive(
+    sink.sampling_began();
+    let outcome = drive(
         &mut sampler,
         sink,
         Some(stop_signals),
         Clock::Wall(args.frequency),
         args.duration,
-    )
+    );
+    sink.sampling_ended();
+    outcome
 }
 
 /// The ptrace backend under the shared loop.

@@ -14,7 +14,9 @@ use glass_format::{
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
-use glass_unwind::{walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs};
+use glass_unwind::{
+    walk_frame_pointers, DwarfUnwinder, RemoteMemory, StackWindow, UnwindRegs, WalkEnd,
+};
 
 use crate::event::Event;
 use crate::{CaptureMode, Notes, RecordOptions, UnwindMode};
@@ -194,6 +196,10 @@ pub struct Recorder<'a> {
     build_ids: HashMap<String, Vec<u8>>,
     thread_names: HashMap<i32, String>,
     threads_seen: HashSet<i32>,
+    /// When the sampling loop began and ended (ns since the origin).
+    sampling: (Option<u64>, Option<u64>),
+    /// Threads with at least one sample: the count the reports give.
+    threads_sampled: HashSet<i32>,
     processes_seen: HashSet<i32>,
     pub ticks: u64,
     pub samples: u64,
@@ -219,6 +225,10 @@ pub struct Recorder<'a> {
     arch: Arch,
     /// Jitdump files the processes mapped (runtimes map them for profilers to find).
     jitdumps_mapped: Vec<(i32, String)>,
+    /// Per process, its vDSO's functions as a perf map (glass_symbols::vdso), read from
+    /// its memory when the mapping is first seen: the vDSO is no file the report could
+    /// read, and the report may run on another kernel.
+    vdso_maps: Vec<(i32, String)>,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
     last_flush: Instant,
@@ -242,6 +252,8 @@ impl<'a> Recorder<'a> {
             build_ids: HashMap::new(),
             thread_names: HashMap::new(),
             threads_seen: HashSet::new(),
+            sampling: (None, None),
+            threads_sampled: HashSet::new(),
             processes_seen: HashSet::new(),
             ticks: 0,
             samples: 0,
@@ -260,6 +272,7 @@ impl<'a> Recorder<'a> {
             use_proc: true,
             arch: Arch::host(),
             jitdumps_mapped: Vec::new(),
+            vdso_maps: Vec::new(),
             read_words: Vec::new(),
             last_flush: Instant::now(),
             stop_bound: crate::DEFAULT_STOP_BOUND,
@@ -277,6 +290,21 @@ impl<'a> Recorder<'a> {
     /// The samples are not of host processes: module maps come only from the caller.
     pub fn without_proc(&mut self) {
         self.use_proc = false;
+    }
+
+    /// The sampling loop starts (after the set-up: launch, attach, perf events).
+    pub fn sampling_began(&mut self) {
+        self.sampling = (Some(self.now_ns()), None);
+    }
+
+    /// The sampling loop ended (the duration elapsed, the target exited, ...).
+    pub fn sampling_ended(&mut self) {
+        self.sampling.1 = Some(self.now_ns());
+    }
+
+    /// When the sampling loop began and ended, in ns since the origin.
+    pub fn sampling_window(&self) -> (Option<u64>, Option<u64>) {
+        self.sampling
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -434,6 +462,19 @@ impl<'a> Recorder<'a> {
         if glass_symbols::jit::is_jitdump_marker(&mapping.path) {
             self.jitdumps_mapped.push((pid, mapping.path.clone()));
         }
+        if self.use_proc && glass_symbols::vdso::is_vdso(&mapping.path) {
+            let mut image = vec![0u8; (mapping.end - mapping.start) as usize];
+            let read = std::fs::File::open(format!("/proc/{pid}/mem")).and_then(|mem| {
+                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut image, mapping.start)
+            });
+            if let Some(map) = read
+                .ok()
+                .and_then(|()| glass_symbols::vdso::perf_map(&image, mapping.start))
+            {
+                self.vdso_maps.retain(|(p, _)| *p != pid);
+                self.vdso_maps.push((pid, map));
+            }
+        }
         let build_id = self.build_id(pid, &mapping);
         self.writer.module(&Module {
             time_ns,
@@ -503,6 +544,11 @@ impl<'a> Recorder<'a> {
         self.thread_names.insert(tid, name);
         self.threads_seen.insert(tid);
         Ok(())
+    }
+
+    /// How many threads have samples (of all those seen).
+    pub fn threads_sampled(&self) -> u32 {
+        self.threads_sampled.len() as u32
     }
 
     pub fn knows_thread(&self, tid: i32) -> bool {
@@ -576,6 +622,7 @@ impl<'a> Recorder<'a> {
         self.writer
             .sample(time_ns, pid as u32, tid as u32, stopped_ns, flags, frames)?;
         self.samples += 1;
+        self.threads_sampled.insert(tid);
         self.flush_if_due()
     }
 
@@ -617,12 +664,7 @@ impl<'a> Recorder<'a> {
             frames.extend_from_slice(kernel);
         }
         let (truncated, wanted) = self.unwind_into(pid, regs, stack, &mut frames);
-        let flags = state_flags
-            | if truncated {
-                glass_format::SAMPLE_TRUNCATED
-            } else {
-                0
-            };
+        let flags = state_flags | truncated;
         let result = match self.args.capture {
             CaptureMode::Frames => {
                 self.frames_sample(pid, tid, time_ns, stopped_ns, flags, &frames)
@@ -669,12 +711,7 @@ impl<'a> Recorder<'a> {
         self.note_kernel_frames(kernel);
         frames.extend_from_slice(kernel);
         let (truncated, _) = self.unwind_into(pid, regs, stack, frames);
-        glass_format::SAMPLE_OFF_CPU
-            | if truncated {
-                glass_format::SAMPLE_TRUNCATED
-            } else {
-                0
-            }
+        glass_format::SAMPLE_OFF_CPU | truncated
     }
 
     /// An off-CPU sample: `frames` blocked for `blocked_ns` from `time_ns` (written as
@@ -700,15 +737,15 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    /// Unwinds the user stack copy after whatever `frames` holds; returns whether the
-    /// walk was truncated and how many bytes of stack it wanted.
+    /// Unwinds the user stack copy after whatever `frames` holds; returns the sample's
+    /// truncation flags (truncation_flags) and how many bytes of stack it wanted.
     fn unwind_into(
         &mut self,
         pid: i32,
         regs: UnwindRegs,
         stack: &[u8],
         frames: &mut Vec<u64>,
-    ) -> (bool, usize) {
+    ) -> (u8, usize) {
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
@@ -732,8 +769,25 @@ impl<'a> Recorder<'a> {
                 )
             }
             UnwindMode::Fp => {
+                let start = frames.len();
                 self.window.fill(&mut copy, regs.sp);
-                walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, frames)
+                let end = walk_frame_pointers(regs, &mut self.window, &mut copy, max_depth, frames);
+                // A sample in a function without a frame (yet): its caller, which the
+                // chain skips, from the return address at the stack pointer.
+                let window = &mut self.window;
+                let leaf_return = glass_unwind::unchained_return_address(
+                    regs,
+                    &mut |address| window.word(&mut copy, address),
+                    frames.get(start + 1).copied(),
+                    &|address| space.contains(address),
+                );
+                if let Some(address) = leaf_return {
+                    frames.insert(start + 1, address);
+                    if frames.len() - start > max_depth {
+                        frames.pop();
+                    }
+                }
+                end
             }
             UnwindMode::Auto | UnwindMode::Dwarf => {
                 space
@@ -741,7 +795,8 @@ impl<'a> Recorder<'a> {
                     .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
-        (end.is_truncated(), (copy.high_water - regs.sp) as usize)
+        let wanted = (copy.high_water - regs.sp) as usize;
+        (truncation_flags(end, wanted, stack.len()), wanted)
     }
 
     /// A `--capture raw` sample: the registers and the compacted stack (`frames`, the
@@ -811,6 +866,7 @@ impl<'a> Recorder<'a> {
             stack: std::mem::take(&mut encoded),
         });
         self.samples += 1;
+        self.threads_sampled.insert(tid);
         written.and_then(|()| self.flush_if_due())
     }
 
@@ -909,6 +965,13 @@ impl<'a> Recorder<'a> {
         if !self.use_proc {
             return Ok(());
         }
+        for (pid, text) in std::mem::take(&mut self.vdso_maps) {
+            self.writer.jit_map(&JitMap {
+                pid: pid as u32,
+                name: glass_symbols::vdso::MODULE.to_string(),
+                text,
+            })?;
+        }
         let mut pids: Vec<i32> = self.processes_seen.iter().copied().collect();
         pids.sort_unstable();
         for pid in pids {
@@ -935,6 +998,22 @@ impl<'a> Recorder<'a> {
             })?;
         }
         Ok(())
+    }
+}
+
+/// The flags for how a walk over a stack copy of `copied` bytes ended, having asked for
+/// `wanted` bytes above the stack pointer: SAMPLE_TRUNCATED, with SAMPLE_STACK_CUT when
+/// the walk needed more of the stack than was copied. A read far above the copy (more
+/// than a thread's usual 8 MiB stack) is a frame pointer register holding data in code
+/// that keeps no frame, not a short copy.
+fn truncation_flags(end: WalkEnd, wanted: usize, copied: usize) -> u8 {
+    match end {
+        WalkEnd::Complete => 0,
+        WalkEnd::DepthLimit => glass_format::SAMPLE_TRUNCATED,
+        _ if wanted > copied && wanted <= 8 << 20 => {
+            glass_format::SAMPLE_TRUNCATED | glass_format::SAMPLE_STACK_CUT
+        }
+        _ => glass_format::SAMPLE_TRUNCATED,
     }
 }
 

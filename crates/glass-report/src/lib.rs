@@ -139,3 +139,35 @@ pub fn kernel_frame_name(symbol: &glass_format::KernelSymbol) -> String {
         format!("{} [{}]_[k]", symbol.name, symbol.module)
     }
 }
+
+/// `n` and the noun, singular for one: "1 thread", "2 threads", "1 process", "3 processes".
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    match n {
+        1 => format!("1 {noun}"),
+        _ if noun.ends_with('s') => format!("{n} {noun}es"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
+/// Why stacks were truncated, in words: of `truncated`, `cut` needed more stack than the
+/// recorder copied (a larger copy would reach further), `at_depth` reached the depth
+/// limit, and the rest failed in code that keeps no frame (no CFI and no frame pointer
+/// there: boot and entry stubs, hand-written assembly, frameless leaves under `--unwind
+/// fp`).
+pub fn truncation_causes(truncated: u64, cut: u64, at_depth: u64) -> String {
+    let mut causes = Vec::new();
+    if cut > 0 {
+        causes.push(format!("{cut} where the stack copy was cut short"));
+    }
+    if at_depth > 0 {
+        causes.push(format!("{at_depth} at the depth limit"));
+    }
+    let frameless = truncated.saturating_sub(cut + at_depth);
+    if frameless > 0 {
+        causes.push(format!(
+            "{frameless} where the walk met code that keeps no frame"
+        ));
+    }
+    causes.join(", ")
+}

@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use rustc_hash::FxHashMap;
 
 use glass_format::{
-    is_kernel_address, Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_OFF_CPU, SAMPLE_TRUNCATED,
+    is_kernel_address, Recording, SAMPLE_FIRMWARE, SAMPLE_HALTED, SAMPLE_OFF_CPU, SAMPLE_STACK_CUT,
+    SAMPLE_TRUNCATED,
 };
 use glass_symbols::{ModuleRef, Symbolizer};
 
@@ -215,6 +216,12 @@ pub struct Model {
     pub samples: u64,
     /// Samples whose stack walk ended early.
     pub truncated_samples: u64,
+    /// Of those: the walk needed more stack than was copied (SAMPLE_STACK_CUT), or it
+    /// reached the depth limit; the rest met code that keeps no frame.
+    pub truncated_cut: u64,
+    pub truncated_at_depth: u64,
+    /// The recorder's depth limit (`--max-depth`; 0 when unknown).
+    pub recorded_max_depth: usize,
     /// Nanoseconds of the off-CPU samples (`--off-cpu`), and the sample weight they make.
     pub off_cpu_ns: u64,
     pub off_cpu_weight: u64,
@@ -331,6 +338,9 @@ impl Model {
             end: 0,
             samples: 0,
             truncated_samples: 0,
+            truncated_cut: 0,
+            truncated_at_depth: 0,
+            recorded_max_depth: 0,
             off_cpu_ns: 0,
             off_cpu_weight: 0,
             function_modules: HashMap::new(),
@@ -553,6 +563,7 @@ impl Model {
             .filter(|&hz| hz > 0)
             .map_or(0, |hz| 1_000_000_000 / u64::from(hz));
         self.start_unix_ns = meta.map_or(0, |m| m.start_unix_ns);
+        self.recorded_max_depth = meta.map_or(0, |m| m.max_depth as usize);
     }
 
     /// Appends one sample: its frames named (kernel frames from `kernel`, the others in
@@ -579,6 +590,11 @@ impl Model {
         }
         if sample.flags & SAMPLE_TRUNCATED != 0 {
             self.truncated_samples += 1;
+            if sample.flags & SAMPLE_STACK_CUT != 0 {
+                self.truncated_cut += 1;
+            } else if self.recorded_max_depth > 0 && sample.frames.len() >= self.recorded_max_depth {
+                self.truncated_at_depth += 1;
+            }
             frames.push(self.special_frame(FrameKind::Truncated, TRUNCATED_FRAME, Category::Other));
         }
         // A vCPU still in its firmware runs no code of the image: its addresses
@@ -757,10 +773,11 @@ impl Model {
         let mut model = Model::empty(Source::Calls, unit);
         model.start_unix_ns = recording.meta.as_ref().map_or(0, |m| m.start_unix_ns);
         let (process_names, thread_names) = last_names(recording);
-        let command = recording
-            .meta
-            .as_ref()
-            .and_then(|m| m.command.first())
+        let command = crate::calltrace::target_command(recording);
+        let command = command
+            .split(' ')
+            .next()
+            .filter(|c| !c.is_empty())
             .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
         let time = |cycles: u64| -> u64 {
             let since = cycles.saturating_sub(trace.first);

@@ -455,9 +455,9 @@ fn header(recording: &Recording, model: &Model, path: &Path) -> String {
         .map(|s| format!(", {} samples lost", s.lost_samples))
         .unwrap_or_default();
     format!(
-        "{}: {} samples, {} threads{duration}{lost}",
+        "{}: {}, {}{duration}{lost}",
         title(recording),
-        model.samples,
-        model.thread_names().len(),
+        crate::count(model.samples, "sample"),
+        crate::count(model.thread_names().len() as u64, "thread"),
     ) + &format!(" ({})", path.display())
 }

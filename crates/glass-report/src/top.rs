@@ -100,8 +100,13 @@ impl Top {
         if model.truncated_samples > 0 {
             writeln!(
                 out,
-                "note: {} of {samples} samples have a truncated stack (shown under {TRUNCATED_FRAME} in folded and flame graph output)",
-                model.truncated_samples
+                "note: {} of {samples} samples have a truncated stack ({}; shown under {TRUNCATED_FRAME} in folded and flame graph output)",
+                model.truncated_samples,
+                crate::truncation_causes(
+                    model.truncated_samples,
+                    model.truncated_cut,
+                    model.truncated_at_depth
+                )
             )?;
         }
         if self.split_threads {

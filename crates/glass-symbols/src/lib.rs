@@ -4,7 +4,8 @@
 //! Names come from DWARF with inline frames when the file (or its separate debug file,
 //! found by build id under /usr/lib/debug/.build-id or by `.gnu_debuglink`) has it, else
 //! from `.symtab`, else `.dynsym` (a stripped binary keeps its exported names), else
-//! `module+0xoffset`. Symbol lookups check the symbol's size: an address in a function
+//! the `.eh_frame` FDE around the address (`sub_<address>`, as glass trace names a
+//! stripped binary's static functions), else `module+0xoffset`. Symbol lookups check the symbol's size: an address in a function
 //! without a symbol is never named after the function before it.
 //! Files are checked against the build id recorded at sampling time, so a binary that
 //! was rebuilt since shows offsets rather than wrong names. The parsing is done by
@@ -14,6 +15,7 @@
 //! Two more sources, each in its own module:
 //! - [`jit`]: code a JIT compiler generated in anonymous memory (`[anon]` modules) is
 //!   named from the runtime's `/tmp/perf-PID.map` and jitdump files;
+//! - [`vdso`]: the kernel's `[vdso]`, from the copy of its symbols the recorder kept;
 //! - [`debuginfod`]: a module whose debug info is not on this machine (a stripped binary
 //!   without a local debug file), or whose file is gone, is fetched by build id from the
 //!   servers in `DEBUGINFOD_URLS`, into elfutils' cache;
@@ -27,6 +29,7 @@ pub mod cache;
 pub mod debuginfod;
 pub mod index;
 pub mod jit;
+pub mod vdso;
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
@@ -499,7 +502,7 @@ impl Symbolizer {
         address: u64,
         is_return_address: bool,
     ) -> Rc<[Frame]> {
-        if is_anonymous(module.path) {
+        if is_anonymous(module.path) || vdso::is_vdso(module.path) {
             if let Some(frames) = self.jit_frames(pid, address, is_return_address) {
                 return frames;
             }
@@ -690,13 +693,41 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The function symbols that name a module: its debug file's, else its own.
+/// The function symbols that name a module: its debug file's, else its own; and for
+/// code no symbol covers (a stripped binary's static functions), the module's
+/// `.eh_frame` FDEs, one function each, named `sub_<address>` as glass trace names them
+/// (glass_patch::fde_function_name), so that a report's name can be passed to `-f`.
 fn module_symbols(debug: &str, path: &str) -> Vec<(u64, u64, String)> {
-    let symbols = function_symbols(debug);
+    let mut symbols = function_symbols(debug);
     if symbols.is_empty() && debug != path {
-        return function_symbols(path);
+        symbols = function_symbols(path);
     }
+    let fdes = map_elf(path, glass_patch::fde_ranges).unwrap_or_default();
+    if fdes.is_empty() {
+        return symbols;
+    }
+    let covered = |address: u64, symbols: &[(u64, u64, String)]| {
+        let index = symbols.partition_point(|s| s.0 <= address);
+        index > 0 && address < symbols[index - 1].0 + symbols[index - 1].1.max(1)
+    };
+    let unnamed: Vec<(u64, u64, String)> = fdes
+        .into_iter()
+        .filter(|&(address, _)| !covered(address, &symbols))
+        .map(|(address, size)| (address, size, glass_patch::fde_function_name(address)))
+        .collect();
+    symbols.extend(unnamed);
+    symbols.sort_by_key(|s| s.0);
+    symbols.dedup_by_key(|s| s.0);
     symbols
+}
+
+/// `f` of the ELF file at `path`, mapped read-only; None if it cannot be read.
+fn map_elf<T>(path: &str, f: impl FnOnce(&object::File) -> T) -> Option<T> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: read-only map of a regular file.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*map).ok()?;
+    Some(f(&elf))
 }
 
 /// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none.

@@ -19,6 +19,7 @@
 #![cfg(target_arch = "x86_64")]
 
 mod attach;
+pub mod embedded;
 pub mod guardian;
 mod install;
 mod ledger;
@@ -117,27 +118,15 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use glass_format::{Meta, Record, TraceFunction, TraceSkipped, TraceSummary, Writer};
+use glass_format::{
+    Meta, Process, ProcessKind, Record, TraceFunction, TraceSkipped, TraceSummary, Writer,
+};
 use glass_probe_abi::session::SessionMemory;
 use glass_target::inject::{shell_status, StoppedProcess};
 
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, error_text, monotonic_now_ns};
 use glass_record::{Failure, Result};
-
-/// The probe runtime, built beside the glass executable.
-pub fn probe_runtime() -> Result<PathBuf> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::runtime(format!("cannot find the glass executable: {e}")))?;
-    let path = exe.with_file_name("libglass_probe.so");
-    if !path.is_file() {
-        return Err(Failure::runtime(format!(
-            "the probe runtime is missing: {} (build it with `cargo build -p glass-probe`)",
-            path.display()
-        )));
-    }
-    Ok(path)
-}
 
 /// Traces as `args` say, telling `notes` what the user should hear on the way.
 pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
@@ -185,11 +174,16 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
-    let runtime = probe_runtime()?;
+    // Kept open until the target exits: a program it starts preloads the runtime too.
+    let runtime = embedded::memfd()?;
     let file = create_output(&args.output)?;
     let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs, None)
         .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
-    let mut preload = runtime.display().to_string();
+    let mut preload = format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&runtime)
+    );
     if let Ok(existing) = std::env::var("LD_PRELOAD") {
         preload = format!("{preload}:{existing}");
     }
@@ -244,6 +238,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         file,
         pid,
         &args.command,
+        false,
         &installed,
         &skipped,
         &counters,
@@ -283,6 +278,7 @@ fn start_output(
     file: std::fs::File,
     pid: i32,
     command: &[String],
+    attached: bool,
     installed: &[install::Installed],
     skipped: &Skipped,
     counters: &[CounterChoice],
@@ -303,13 +299,28 @@ fn start_output(
         frequency_hz: 0,
         max_depth: 0,
         target_pid: pid as u32,
-        command: command.to_vec(),
+        // Empty for --pid, as `glass record --pid` writes it (the format's meaning): the
+        // process's command line goes in its Process record.
+        command: if attached {
+            Vec::new()
+        } else {
+            command.to_vec()
+        },
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default(),
         glass_version: env!("CARGO_PKG_VERSION").into(),
         capture: "calls".into(),
     }));
+    if attached {
+        out.write(&Record::Process(Process {
+            time_ns: 0,
+            pid: pid as u32,
+            parent_pid: 0,
+            kind: ProcessKind::Attached,
+            name: command.join(" "),
+        }));
+    }
     for function in installed {
         out.write(&Record::TraceFunction(TraceFunction {
             id: function.id,

@@ -151,7 +151,7 @@ pub fn refusal(pid: i32, file: &Path, given: &Credentials, errno: i32) -> String
     let (why, what_to_do) = match errno {
         _ if elsewhere.is_some() => (
             format!("{} and cannot reach {path} there", elsewhere.unwrap_or_default()),
-            format!("run glass where the process is (nsenter --target {pid} --mount --root glass trace --pid {pid} ...) with glass and its libglass_probe.so present there, or trace the program by launching it under glass"),
+            format!("run glass where the process is (nsenter --target {pid} --mount --root glass trace --pid {pid} ...) with the glass binary present there, or trace the program by launching it under glass"),
         ),
         libc::ENOENT => (
             format!("{path} was removed before the process opened it"),

@@ -52,6 +52,31 @@ pub fn walk_frame_pointers(
     )
 }
 
+/// x86-64: the return address a frame-pointer walk skips when the sample is in a
+/// function that has not set up a frame: a leaf gcc built without one (it does so even
+/// with -fno-omit-frame-pointer), or any function before its `push rbp; mov rbp, rsp`.
+/// rbp is then still its caller's, so the chain's first return address is the caller's
+/// caller's. Such a function's return address is at the stack pointer, or just above
+/// the rbp it has pushed; it is taken when it is code (`is_code`) and not already the
+/// chain's first return address (`chained`). A frameless function that keeps other
+/// things on the stack (locals, saved registers) is not found: only CFI finds its
+/// return address (`--unwind auto`).
+pub fn unchained_return_address(
+    regs: UnwindRegs,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    chained: Option<u64>,
+    is_code: &dyn Fn(u64) -> bool,
+) -> Option<u64> {
+    let top = read_word(regs.sp)?;
+    let candidate = if top == regs.fp && regs.fp != 0 {
+        // Just after `push rbp`: the return address is above it.
+        read_word(regs.sp + 8)?
+    } else {
+        top
+    };
+    (is_code(candidate) && Some(candidate) != chained).then_some(candidate)
+}
+
 /// Follows frame records from `fp` (saved frame pointer at `fp`, return address above
 /// it): the part of the walk both architectures share. `frames` already holds the
 /// first address(es); at most `max_depth` in all counting from its first entry.
@@ -87,6 +112,49 @@ pub(crate) fn follow_chain(
         // The caller's frame must lie strictly above this one: this is the loop check.
         lowest_allowed = fp + 16;
         fp = caller_fp;
+    }
+}
+
+#[cfg(test)]
+mod leaf_tests {
+    use super::*;
+
+    #[test]
+    fn a_frameless_leafs_return_address_is_found_and_a_framed_functions_is_not_doubled() {
+        let code = |a: u64| (0x1000..0x2000).contains(&a);
+        let stack = |words: Vec<(u64, u64)>| {
+            move |a: u64| words.iter().find(|(at, _)| *at == a).map(|(_, w)| *w)
+        };
+        let regs = |sp, fp| UnwindRegs {
+            ip: 0x1010,
+            sp,
+            fp,
+            ..UnwindRegs::default()
+        };
+        // A frameless leaf: its return address at sp, rbp the caller's frame.
+        let mut read = stack(vec![(0x7000, 0x1234), (0x7100, 0x7200), (0x7108, 0x1500)]);
+        assert_eq!(
+            unchained_return_address(regs(0x7000, 0x7100), &mut read, Some(0x1500), &code),
+            Some(0x1234)
+        );
+        // Just after `push rbp`: the saved rbp at sp, the return address above it.
+        let mut read = stack(vec![(0x6ff8, 0x7100), (0x7000, 0x1234)]);
+        assert_eq!(
+            unchained_return_address(regs(0x6ff8, 0x7100), &mut read, Some(0x1500), &code),
+            Some(0x1234)
+        );
+        // A framed function after its prologue: a stack address at sp, not code.
+        let mut read = stack(vec![(0x6ff0, 0x7100), (0x6ff8, 0x1234)]);
+        assert_eq!(
+            unchained_return_address(regs(0x6ff0, 0x6ff0), &mut read, Some(0x1234), &code),
+            None
+        );
+        // The chain already holds it.
+        let mut read = stack(vec![(0x7000, 0x1234)]);
+        assert_eq!(
+            unchained_return_address(regs(0x7000, 0x7100), &mut read, Some(0x1234), &code),
+            None
+        );
     }
 }
 

@@ -17,7 +17,7 @@ pub mod x86_64;
 
 pub use cfi::{cfi_sources, CfiSources};
 pub use dwarf::DwarfUnwinder;
-pub use fp::{walk_frame_pointers, WalkEnd};
+pub use fp::{unchained_return_address, walk_frame_pointers, WalkEnd};
 pub use glass_format::Arch;
 pub use window::{RemoteMemory, StackWindow};
 

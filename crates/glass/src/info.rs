@@ -1,9 +1,10 @@
 //! `glass info`: what a recording holds, how it was made, and what it cost the target.
 
+use glass_report::count;
 use std::collections::HashSet;
 use std::time::{Duration, UNIX_EPOCH};
 
-use glass_format::SAMPLE_TRUNCATED;
+use glass_format::{SAMPLE_STACK_CUT, SAMPLE_TRUNCATED};
 
 use crate::error::Result;
 use crate::report::{is_trace_file, open_recording, scan_trace};
@@ -87,18 +88,30 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 .len();
             match meta.command.is_empty() {
                 true if meta.backend == glass_format::Backend::Xen => {
-                    println!("target:      Xen guest {name} through the hypervisor, {vcpus} vCPUs")
+                    println!(
+                        "target:      Xen guest {name} through the hypervisor, {}",
+                        count(vcpus as u64, "vCPU")
+                    )
                 }
                 true => {
-                    println!("target:      VM guest {name} through its GDB stub, {vcpus} vCPUs")
+                    println!(
+                        "target:      VM guest {name} through its GDB stub, {}",
+                        count(vcpus as u64, "vCPU")
+                    )
                 }
                 false => println!(
-                    "target:      VM guest {name} ({}), {vcpus} vCPUs",
-                    meta.command.join(" ")
+                    "target:      VM guest {name} ({}), {}",
+                    meta.command.join(" "),
+                    count(vcpus as u64, "vCPU")
                 ),
             }
         } else if meta.command.is_empty() {
-            println!("target:      pid {} (attached)", meta.target_pid);
+            let command = glass_report::calltrace::target_command(&recording);
+            if command.is_empty() {
+                println!("target:      pid {} (attached)", meta.target_pid);
+            } else {
+                println!("target:      {command} (attached, pid {})", meta.target_pid);
+            }
         } else {
             println!(
                 "target:      {} (launched, pid {})",
@@ -115,11 +128,20 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             meta.backend, meta.arch, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
         );
     }
-    let truncated = recording
+    let max_depth = recording.meta.as_ref().map_or(0, |m| m.max_depth as usize);
+    let truncated: Vec<&glass_format::Sample> = recording
         .samples
         .iter()
         .filter(|s| s.flags & SAMPLE_TRUNCATED != 0)
-        .count();
+        .collect();
+    let cut = truncated
+        .iter()
+        .filter(|s| s.flags & SAMPLE_STACK_CUT != 0)
+        .count() as u64;
+    let at_depth = truncated
+        .iter()
+        .filter(|s| s.flags & SAMPLE_STACK_CUT == 0 && max_depth > 0 && s.frames.len() >= max_depth)
+        .count() as u64;
     let threads: HashSet<u32> = recording
         .samples
         .iter()
@@ -128,13 +150,21 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         .collect();
     let processes: HashSet<u32> = recording.processes.iter().map(|p| p.pid).collect();
     println!(
-        "contents:    {} samples ({} truncated stacks), {} raw stack snapshots, {} threads sampled, {} processes, {} module mappings",
-        recording.samples.len(),
-        truncated,
-        recording.snapshots.len(),
-        threads.len(),
-        processes.len(),
-        recording.modules.len()
+        "contents:    {} ({} truncated{}), {}, {} sampled, {}, {}",
+        count(recording.samples.len() as u64, "sample"),
+        truncated.len(),
+        if truncated.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": {}",
+                glass_report::truncation_causes(truncated.len() as u64, cut, at_depth)
+            )
+        },
+        count(recording.snapshots.len() as u64, "raw stack snapshot"),
+        count(threads.len() as u64, "thread"),
+        count(processes.len() as u64, "process"),
+        count(recording.modules.len() as u64, "module mapping")
     );
     match &recording.summary {
         Some(s) => {
@@ -240,8 +270,8 @@ fn cfi_info(recording: &glass_format::Recording) {
 fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) {
     let (records, threads) = calls.map_or((0, 0), |c| (c.records, c.threads.len()));
     println!(
-        "tracing:     {} functions instrumented, {} matched but not patched",
-        recording.trace_functions.len(),
+        "tracing:     {} instrumented, {} matched but not patched",
+        count(recording.trace_functions.len() as u64, "function"),
         recording.trace_skipped.len()
     );
     let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -264,7 +294,11 @@ fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) 
             recording.trace_skipped.len() - LISTED
         );
     }
-    println!("contents:    {records} call records from {threads} threads");
+    println!(
+        "contents:    {} from {}",
+        count(records, "call record"),
+        count(threads as u64, "thread")
+    );
     match &recording.trace_summary {
         Some(s) => {
             if recording.complete {

@@ -1,6 +1,7 @@
 //! `glass record`: its arguments turned into [`RecordOptions`], the recording itself
 //! done by the `glass-record` library, and what the user reads printed here.
 
+use glass_report::count;
 use std::path::Path;
 
 use glass_format::Backend;
@@ -162,14 +163,36 @@ pub fn print_summary(args: &RecordArgs, output: Option<&Path>, recorded: &Record
         let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         format!(" -> {} ({} KiB)", path.display(), size.div_ceil(1024))
     });
+    // The threads the reports count are those with samples; others seen are said apart.
+    let threads = if recorded.threads_sampled == s.threads {
+        count(s.threads, "thread")
+    } else {
+        format!(
+            "{} ({} seen)",
+            count(recorded.threads_sampled, "thread"),
+            s.threads
+        )
+    };
     eprintln!(
-        "glass: {} samples, {} threads in {} processes, {:.2} s at {} Hz, {backend} backend{capture} ({ended}){written}",
-        s.samples,
-        s.threads,
-        s.processes,
+        "glass: {}, {threads} in {}, {:.2} s at {} Hz, {backend} backend{capture} ({ended}){written}",
+        count(s.samples, "sample"),
+        count(s.processes, "process"),
         s.duration_ns as f64 / 1e9,
         args.frequency,
     );
+    if let (Some(asked), Outcome::DurationElapsed) = (args.duration, outcome) {
+        // The recording's time beyond -d is said: the set-up before sampling began (the
+        // duration counts from there), the stop after, and what the end took to write.
+        let t = &recorded.timing;
+        let secs = |ns: u64| ns as f64 / 1e9;
+        eprintln!(
+            "glass: -d {asked}: sampled {:.2} s; before it {:.2} s setting up (launch or attach, unwind tables), after it {:.2} s stopping; then {:.2} s writing the end (kernel symbols, JIT files)",
+            secs(t.sampling_ns),
+            secs(t.setting_up_ns),
+            secs(t.stopping_ns),
+            secs(t.writing_end_ns)
+        );
+    }
     if *backend == Backend::Perf {
         eprintln!(
             "glass: target stopped per sample: 0 us (the kernel copies registers and stack at the interrupt; the target never stops); lost samples {}",

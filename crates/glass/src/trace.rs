@@ -3,6 +3,7 @@
 //! library's (`TraceOptions` in, `Traced` out); this file turns the command line into
 //! options and the library's notes into lines on stderr.
 
+use glass_report::count;
 use std::path::PathBuf;
 
 use glass_tracer::{AttachReport, DetachReport, Installed, Skip, TraceNotes, TraceOptions};
@@ -38,9 +39,9 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     if !args.quiet {
         let s = &traced.summary;
         eprintln!(
-            "glass: {} records from {} threads in {:.2} s; {} lost, {} unwound, {} skipped; cycle rate {:.3} GHz; wrote {}",
-            traced.records,
-            s.threads,
+            "glass: {} from {} in {:.2} s; {} lost, {} unwound, {} skipped; cycle rate {:.3} GHz; wrote {}",
+            count(traced.records, "record"),
+            count(s.threads, "thread"),
             s.duration_ns as f64 / 1e9,
             s.lost + s.no_area_lost,
             s.unwound,
@@ -73,8 +74,8 @@ impl TraceNotes for Printed {
         }
         let detail: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
         eprintln!(
-            "glass: instrumented {} functions, skipped {}{}",
-            installed.len(),
+            "glass: instrumented {}, skipped {}{}",
+            count(installed.len() as u64, "function"),
             skipped.len(),
             if detail.is_empty() {
                 String::new()

@@ -118,13 +118,16 @@ fn frameless_leaves_are_attributed_to_their_real_caller() {
         via_caller as f64 >= 0.99 * in_leaf as f64,
         "CFI: {via_caller} of {in_leaf}"
     );
-    // The frame-pointer walk loses the leaf's caller, as `perf record -g` does.
+    // A bare frame-pointer walk loses the leaf's caller, as `perf record -g` does; glass
+    // takes the leaf's return address from the stack pointer when the chain skips it
+    // (the perf backend's walk; glass_unwind::unchained_return_address).
     let with_fp = run("fp");
     let fp_in_leaf = samples_in(&with_fp, "leaf_sum");
     let fp_via_caller = chain_count(&with_fp, &["via_alpha", "leaf_sum"])
         + chain_count(&with_fp, &["via_beta", "leaf_sum"]);
+    assert!(fp_in_leaf > 300, "{fp_in_leaf}");
     assert!(
-        (fp_via_caller as f64) < 0.5 * fp_in_leaf as f64,
+        fp_via_caller as f64 >= 0.95 * fp_in_leaf as f64,
         "fp: {fp_via_caller} of {fp_in_leaf}"
     );
 }

@@ -198,7 +198,16 @@ pub fn write_table(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     writeln!(out, "{header}")?;
+    // Every instrumented function has a row: one never called says so with 0 calls.
+    let never_called = FunctionStats::default();
     let mut rows: Vec<(&u32, &FunctionStats)> = stats.iter().collect();
+    rows.extend(
+        context
+            .names
+            .keys()
+            .filter(|id| !stats.contains_key(id))
+            .map(|id| (id, &never_called)),
+    );
     rows.sort_by(|a, b| b.1.total.cmp(&a.1.total).then(a.0.cmp(b.0)));
     let counter_columns: String = context
         .counter_names
@@ -221,6 +230,28 @@ pub fn write_table(
             .iter()
             .map(|&sum| format!(" {:>14}", human_cycles(sum / s.calls.max(1))))
             .collect();
+        if s.calls == 0 {
+            writeln!(
+                out,
+                "{:>10} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}  {}",
+                0,
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                context
+                    .counter_names
+                    .iter()
+                    .map(|_| format!(" {:>14}", "-"))
+                    .collect::<String>(),
+                context.name(*function)
+            )?;
+            continue;
+        }
         writeln!(
             out,
             "{:>10} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{counters}  {}{unwound}",

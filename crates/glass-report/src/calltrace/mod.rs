@@ -27,6 +27,23 @@ pub fn header(recording: &Recording, trace: &CallTrace) -> String {
 }
 
 /// [`header`] from the figures alone: calls, threads, the span of the records (cycles).
+/// The traced program's command line: the launched one, or (`--pid`) the attached
+/// process's, which its Process record holds.
+pub fn target_command(recording: &Recording) -> String {
+    let Some(meta) = &recording.meta else {
+        return String::new();
+    };
+    if !meta.command.is_empty() {
+        return meta.command.join(" ");
+    }
+    recording
+        .processes
+        .iter()
+        .find(|p| p.pid == meta.target_pid)
+        .map(|p| p.name.clone())
+        .unwrap_or_default()
+}
+
 pub fn header_of(
     recording: &Recording,
     calls: u64,
@@ -34,18 +51,16 @@ pub fn header_of(
     span: u64,
     tsc_hz: u64,
 ) -> String {
-    let command = recording
-        .meta
-        .as_ref()
-        .map(|m| m.command.join(" "))
-        .unwrap_or_default();
+    let command = target_command(recording);
     let rate = if tsc_hz == 0 {
         "cycle rate unknown: times in cycles".to_string()
     } else {
         format!("{:.3} GHz cycle counter", tsc_hz as f64 / 1e9)
     };
     format!(
-        "glass trace: {command}: {calls} calls, {threads} threads, {}; {}; {rate}",
+        "glass trace: {command}: {}, {}, {}; {}; {rate}",
+        crate::count(calls, "call"),
+        crate::count(threads as u64, "thread"),
         model::duration(tsc_hz, span),
         losses(recording)
     )

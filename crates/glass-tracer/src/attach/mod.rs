@@ -156,14 +156,12 @@ pub fn run(
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let modules = super::choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
-    let runtime = super::probe_runtime()?;
-    let runtime_symbols = FileSymbols::read(&runtime, &RUNTIME_SYMBOLS)
+    let runtime_symbols = FileSymbols::runtime(&RUNTIME_SYMBOLS)
         .filter(|s| s.addresses.iter().all(Option::is_some))
         .ok_or_else(|| {
-            Failure::runtime(format!(
-                "{} lacks glass_probe_attach and the other entry points glass calls (a stale build?)",
-                runtime.display()
-            ))
+            Failure::runtime(
+                "the embedded probe runtime lacks glass_probe_attach and the other entry points glass calls (a broken build)",
+            )
         })?;
     let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
@@ -400,6 +398,7 @@ pub fn run(
         file,
         pid,
         &command,
+        true,
         &installed,
         &skipped,
         &counters,

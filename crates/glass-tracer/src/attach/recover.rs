@@ -91,8 +91,7 @@ pub(super) fn recover(
 /// no runtime is loaded, no session joined). Returns the dead glass's pid, or None when
 /// there was nothing to take out.
 pub fn take_over(pid: i32) -> Result<Option<u64>> {
-    let runtime = crate::probe_runtime()?;
-    let Some(runtime_symbols) = FileSymbols::read(&runtime, &RUNTIME_SYMBOLS) else {
+    let Some(runtime_symbols) = FileSymbols::runtime(&RUNTIME_SYMBOLS) else {
         return Ok(None);
     };
     let Some(runtime_at) = runtime_symbols

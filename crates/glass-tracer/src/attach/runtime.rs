@@ -231,15 +231,30 @@ pub(super) fn load_runtime(
                 .map_err(|e| failed("map the landing of injected calls", e))?;
         }
     }
-    let mut path = runtime.file.display().to_string().into_bytes();
-    path.push(0);
-    let handle = process
-        .call(
-            loader.dlopen,
-            &[CallArg::Bytes(&path), CallArg::Value(libc::RTLD_NOW as u64)],
-            CALL_LIMIT,
-        )
-        .map_err(|e| failed("load the probe runtime", e))?;
+    let handed = match &loaded_before {
+        Some(_) => None,
+        None => Some(hand_over(process, loader)?),
+    };
+    let handle = match &handed {
+        // dlopen of the same file again: the runtime's handle, counted once more.
+        None => 1,
+        Some(handed) => {
+            let mut path = handed.path.clone().into_bytes();
+            path.push(0);
+            let handle = process
+                .call(
+                    loader.dlopen,
+                    &[CallArg::Bytes(&path), CallArg::Value(libc::RTLD_NOW as u64)],
+                    CALL_LIMIT,
+                )
+                .map_err(|e| failed("load the probe runtime", e));
+            if let (Some(fd), Some(close)) = (handed.target_fd, loader.close) {
+                // The loader keeps its mapping; the descriptor is not the program's.
+                let _ = process.call(close, &[CallArg::Value(fd)], CALL_LIMIT);
+            }
+            handle?
+        }
+    };
     if handle == 0 {
         let message = process
             .call(loader.dlerror, &[], CALL_LIMIT)
@@ -263,6 +278,83 @@ pub(super) fn load_runtime(
         .write(runtime_at[LANDING], &process.landing().to_le_bytes())
         .map_err(|e| failed("set up the probe runtime", e))?;
     Ok(runtime_at)
+}
+
+/// Where the process loads the runtime from.
+struct Handed {
+    path: String,
+    /// The process's memfd, closed once loaded.
+    target_fd: Option<u64>,
+    /// glass's memfd, where the process opens glass's (kept until the load is done).
+    _glass_fd: Option<std::os::fd::OwnedFd>,
+}
+
+/// Puts the embedded runtime where the process can load it: a memfd of its own (its
+/// memfd_create, injected), which glass fills and seals through /proc/<pid>/fd/<n>, to be
+/// opened as /proc/self/fd/<n>: that path works whatever user the process runs as and
+/// whatever its mount and pid namespaces. A process whose libc has no memfd_create
+/// (glibc before 2.27) opens glass's own sealed memfd instead, which only a process of
+/// glass's user can.
+fn hand_over(process: &StoppedProcess, loader: &LoaderFunctions) -> Result<Handed> {
+    let pid = process.pid();
+    let own = || -> Result<Handed> {
+        let fd = crate::embedded::memfd()?;
+        Ok(Handed {
+            path: format!(
+                "/proc/{}/fd/{}",
+                std::process::id(),
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ),
+            target_fd: None,
+            _glass_fd: Some(fd),
+        })
+    };
+    let Some(memfd_create) = loader.memfd_create else {
+        return own();
+    };
+    let mut name = crate::embedded::name().into_bytes();
+    name.push(0);
+    let fd = process
+        .call(
+            memfd_create,
+            &[
+                CallArg::Bytes(&name),
+                CallArg::Value((libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u64),
+            ],
+            CALL_LIMIT,
+        )
+        .map_err(|e| {
+            Failure::runtime(format!(
+                "cannot create a memfd for the probe runtime in pid {pid}: {e} (nothing was patched)"
+            ))
+        })?;
+    // An int: the upper half of the register is not the callee's to define.
+    let fd = fd as u32 as i32;
+    if fd < 0 {
+        // memfd_create returned -1 (a seccomp filter, a descriptor limit): glass's own.
+        return own();
+    }
+    let fd = fd as u64;
+    let filled = (|| -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))?;
+        std::io::Write::write_all(&mut file, crate::embedded::bytes())?;
+        crate::embedded::seal(&file)
+    })();
+    if let Err(e) = filled {
+        if let Some(close) = loader.close {
+            let _ = process.call(close, &[CallArg::Value(fd)], CALL_LIMIT);
+        }
+        return Err(Failure::runtime(format!(
+            "cannot fill pid {pid}'s memfd with the probe runtime: {e} (nothing was patched)"
+        )));
+    }
+    Ok(Handed {
+        path: format!("/proc/self/fd/{fd}"),
+        target_fd: Some(fd),
+        _glass_fd: None,
+    })
 }
 
 /// `dlsym(RTLD_DEFAULT, name)` in the process: where the loader would bind `name`.

@@ -33,6 +33,7 @@ pub(super) fn within(spans: &[Span], address: u64) -> bool {
 /// Symbols a library exports, read from its file once (outside any stopped window),
 /// to be found in a process where it is mapped.
 pub(super) struct FileSymbols {
+    /// The file; empty for the probe runtime glass embeds (crate::embedded).
     pub(super) file: PathBuf,
     pub(super) segments: Vec<(u64, u64, u64)>,
     /// File addresses, in the order asked for.
@@ -42,7 +43,16 @@ pub(super) struct FileSymbols {
 impl FileSymbols {
     pub(super) fn read(file: &Path, names: &[&str]) -> Option<Self> {
         let bytes = std::fs::read(file).ok()?;
-        let elf = object::File::parse(&*bytes).ok()?;
+        Self::parse(&bytes, file, names)
+    }
+
+    /// The probe runtime glass embeds.
+    pub(super) fn runtime(names: &[&str]) -> Option<Self> {
+        Self::parse(crate::embedded::bytes(), Path::new(""), names)
+    }
+
+    fn parse(bytes: &[u8], file: &Path, names: &[&str]) -> Option<Self> {
+        let elf = object::File::parse(bytes).ok()?;
         let mut addresses = vec![None; names.len()];
         for symbol in elf.dynamic_symbols().filter(|s| s.is_definition()) {
             if let Some(i) = names.iter().position(|n| symbol.name() == Ok(n)) {
@@ -70,6 +80,13 @@ impl FileSymbols {
 
     /// Where this file is mapped in `pid`, and the symbols' addresses there.
     pub(super) fn in_process(&self, pid: i32) -> Option<Vec<Option<u64>>> {
+        if self.file.as_os_str().is_empty() {
+            let mappings = glass_target::procfs::executable_mappings(pid).ok()?;
+            let mapping = mappings
+                .iter()
+                .find(|m| crate::embedded::is_mapping(&m.path))?;
+            return Some(self.at(mapping));
+        }
         let canonical = std::fs::canonicalize(&self.file).ok()?;
         let mappings = glass_target::procfs::executable_mappings(pid).ok()?;
         let mapping = mappings
@@ -104,6 +121,9 @@ pub(super) struct LoaderFunctions {
     pub(super) dlopen: u64,
     pub(super) dlerror: u64,
     pub(super) dlsym: Option<u64>,
+    /// libc's memfd_create and close, to hand the probe runtime over (attach/runtime.rs).
+    pub(super) memfd_create: Option<u64>,
+    pub(super) close: Option<u64>,
     pub(super) calls: LibcCalls,
 }
 
@@ -122,17 +142,27 @@ pub(super) fn loader_functions(pid: i32, mappings: &[Mapping]) -> Option<LoaderF
         if !file.exists() {
             file = PathBuf::from(&mapping.path);
         }
-        let names = ["dlopen", "dlerror", "dlsym", "mmap", "munmap"];
+        let names = [
+            "dlopen",
+            "dlerror",
+            "dlsym",
+            "mmap",
+            "munmap",
+            "memfd_create",
+            "close",
+        ];
         let Some(symbols) = FileSymbols::read(&file, &names) else {
             continue;
         };
-        if let [Some(dlopen), Some(dlerror), dlsym, Some(mmap), Some(munmap)] =
+        if let [Some(dlopen), Some(dlerror), dlsym, Some(mmap), Some(munmap), memfd_create, close] =
             symbols.at(mapping)[..]
         {
             return Some(LoaderFunctions {
                 dlopen,
                 dlerror,
                 dlsym,
+                memfd_create,
+                close,
                 calls: LibcCalls { mmap, munmap },
             });
         }
