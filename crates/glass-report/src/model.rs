@@ -592,7 +592,8 @@ impl Model {
             self.truncated_samples += 1;
             if sample.flags & SAMPLE_STACK_CUT != 0 {
                 self.truncated_cut += 1;
-            } else if self.recorded_max_depth > 0 && sample.frames.len() >= self.recorded_max_depth {
+            } else if self.recorded_max_depth > 0 && sample.frames.len() >= self.recorded_max_depth
+            {
                 self.truncated_at_depth += 1;
             }
             frames.push(self.special_frame(FrameKind::Truncated, TRUNCATED_FRAME, Category::Other));

@@ -91,7 +91,10 @@ fn warn_damage(path: &Path, recording: &Recording, has_calls: bool, warn: &mut d
             true => "of the intact blocks",
             false => "before it",
         };
-        warn(&format!("{}: {summary}; using {kept} {read}", path.display()));
+        warn(&format!(
+            "{}: {summary}; using {kept} {read}",
+            path.display()
+        ));
     }
 }
 
