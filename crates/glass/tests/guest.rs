@@ -356,11 +356,10 @@ fn a_broken_stub_connection_ends_the_recording_and_the_guest_runs_on() {
     cut.store(true, std::sync::atomic::Ordering::Relaxed);
     let output = recorder.wait_with_output().unwrap();
     relay_thread.join().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    // The recording ended early: a runtime failure (exit 1) that keeps what was taken.
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("went away mid-recording"), "{err}");
     assert!(samples_in(&folded(&recording, &[]), "dispatch") > 50);
     vm.assert_running();
 }
