@@ -288,6 +288,14 @@ struct Vcpu {
     first_copy: bool,
     /// This sample's copy was that first one.
     top_copy: bool,
+    /// Where the first copy's whole walk ended (its outermost frame: the top of the
+    /// stack in use), 0 until known. A later copy from a stack pointer below it within
+    /// the limit reaches it, so a deep stack first seen after the copies shrank (beta's
+    /// recursion after seconds of alpha) is whole on its first sample too; the adaptive
+    /// size stays the floor (another stack, another task's, is sized as before).
+    stack_top: u64,
+    /// The length asked of this sample's copy.
+    asked: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
     ran_image: bool,
     /// At this sample: still in firmware (not yet in long mode nor in the image).
@@ -315,6 +323,8 @@ impl Vcpu {
             copied: 0,
             first_copy: true,
             top_copy: false,
+            stack_top: 0,
+            asked: 0,
             ran_image: false,
             in_firmware: false,
             last_read_ns: 0,
@@ -355,13 +365,14 @@ impl Vcpu {
         let decay = (self.deepest as u128 * since_last_ns.min(DECAY_NS) as u128 / DECAY_NS as u128)
             as usize;
         self.deepest -= decay;
-        let asked = if self.top_copy {
+        if self.top_copy && wanted > 0 && wanted <= self.copied {
+            self.stack_top = self.regs.sp().saturating_add(wanted as u64);
+        }
+        if self.top_copy {
             // Later copies shrink from the mapping's end, not from the first walk.
             self.deepest = self.deepest.max(self.copied);
-            limit
-        } else {
-            self.copy_len
-        };
+        }
+        let asked = self.asked;
         let ran_out = wanted > self.copied && wanted <= self.copied + FRAME;
         if ran_out && self.copied == asked {
             self.cut += 1;
@@ -781,11 +792,17 @@ fn take_sample(
         } else {
             // The first copy from mapped RAM: up to the first unmapped page.
             vcpu.top_copy = vcpu.first_copy && backend.physical_memory().is_some();
+            let to_top = vcpu.stack_top.saturating_sub(r.sp()) as usize;
             let len = if vcpu.top_copy {
                 vcpu.stack.len()
+            } else if to_top > 0 && to_top <= vcpu.stack.len() {
+                vcpu.copy_len
+                    .max(to_top.next_multiple_of(512))
+                    .min(vcpu.stack.len())
             } else {
                 vcpu.copy_len
             };
+            vcpu.asked = len;
             let copied = copy_stack(
                 backend,
                 &mut source.cache,
