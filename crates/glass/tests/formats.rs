@@ -492,8 +492,11 @@ fn speedscope_shows_the_sampled_profile_as_top_does() {
         let theirs = totals
             .get(function)
             .unwrap_or_else(|| panic!("speedscope does not show {function}: {answer}"));
+        // speedscope shows durations with three significant digits ("1.37s"): a share
+        // made of two such numbers is only good to about 0.75 points (99.28% against
+        // top's 99.93% was seen: 1.36s of 1.37s).
         assert!(
-            (theirs - share(total, samples)).abs() <= 0.5,
+            (theirs - share(total, samples)).abs() <= 1.0,
             "{function}: {theirs:.2}% in speedscope, {:.2}% in top",
             share(total, samples)
         );
