@@ -28,6 +28,9 @@ pub struct Call {
     pub unwound: bool,
     /// Its end was not recorded (a lost record, or still running when tracing stopped).
     pub incomplete: bool,
+    /// An ancestor is a call of the same function (recursion): its time is already
+    /// inside the ancestor's. Known at entry from the replay's open counts.
+    pub nested_in_itself: bool,
 }
 
 impl Call {
@@ -157,15 +160,7 @@ impl CallTrace {
     /// Whether an ancestor of `index` is a call of the same function (recursion): its
     /// time is already inside the ancestor's.
     pub fn is_nested_in_itself(&self, index: usize) -> bool {
-        let function = self.calls[index].function;
-        let mut parent = self.calls[index].parent;
-        while let Some(p) = parent {
-            if self.calls[p].function == function {
-                return true;
-            }
-            parent = self.calls[p].parent;
-        }
-        false
+        self.calls[index].nested_in_itself
     }
 
     /// Call indices of each call's children.

@@ -640,6 +640,7 @@ impl ThreadState {
                         children: 0,
                         unwound: false,
                         incomplete: false,
+                        nested_in_itself: nested,
                     });
                     let counters = sink.counters;
                     sink.counter_deltas.extend(std::iter::repeat_n(0, counters));
