@@ -483,7 +483,8 @@ fn the_linux_pvh_domu_is_profiled_with_its_kernel_split_named_from_kallsyms() {
         "glass {share:.1}% vs the guest's own {own:.1}%"
     );
     // dd's kernel time is clearing its buffer for /dev/zero's reads: named.
-    let zeroing = count(&|l| l.contains("clear_user") || l == "read_iter_zero" || l == "iov_iter_zero");
+    let zeroing =
+        count(&|l| l.contains("clear_user") || l == "read_iter_zero" || l == "iov_iter_zero");
     assert!(
         zeroing * 2 >= kernel,
         "{zeroing} of {kernel} kernel samples in /dev/zero's read: {stacks:?}"
