@@ -671,3 +671,37 @@ impl Ticker {
         Some(missed)
     }
 }
+
+#[cfg(test)]
+mod ticker_tests {
+    use super::Ticker;
+
+    fn readable_within(ticker: &Ticker, ms: i32) -> bool {
+        let mut poll = libc::pollfd {
+            fd: ticker.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut poll, 1, ms) > 0 }
+    }
+
+    #[test]
+    fn a_tick_taken_unarmed_waits_for_the_postponement_to_arm_the_next() {
+        let mut ticker = Ticker::new(1000).unwrap();
+        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        assert!(ticker.fired(false).is_some());
+        // Nothing armed: no tick however long one waits.
+        assert!(!readable_within(&ticker, 50), "armed although told not to");
+        ticker.postpone(0);
+        assert!(
+            readable_within(&ticker, 5000),
+            "postpone did not arm the next tick"
+        );
+        assert!(ticker.fired(true).is_some());
+        assert!(
+            readable_within(&ticker, 5000),
+            "fired(true) did not arm the next tick"
+        );
+    }
+}

@@ -283,12 +283,11 @@ tr -d '\r' <"$(console pvhl)" | sed -n '/^kallsyms-begin/,/^kallsyms-end/p' | se
     base64 -d | gunzip >"$OUT/pvhl.kallsyms"
 echo "kallsyms: $(wc -l <"$OUT/pvhl.kallsyms") text symbols, $(grep -w _text "$OUT/pvhl.kallsyms")"
 tr -d '\r' <"$(console pvhl)" >"$OUT/pvhl.console.before"
-# At 19 Hz, a rate glass keeps up with under nested TCG: asked for 499 it took 33 stops/s
-# at host load 7, each tick then due at once, so every sample fell a fixed delay after the
-# last unpause, where the guest handles the timer and event-channel interrupts the pause
-# left pending (kernel share 62.4% against the kernel's own 50.6%, which its ticks cannot
-# see: they never land inside an interrupt handler). Its jittered ticks spread the samples
-# over the guest's running time.
+# At 19 Hz, a rate glass keeps up with under nested TCG (at 499 Hz asked it took 33
+# stops/s at host load 7, every tick then due at once after the last unpause). Its share
+# of kernel time still exceeds the kernel's own accounting by 8-12 points: hypercalls and
+# interrupts (xen_hypercall_amd, the APIC EOI), which the guest's ticks never see and
+# glass's pauses add to; docs/guests.md has the figures.
 "$GLASS" record --xen pvhl -F 19 -d 30 --symbols "$OUT/pvhl.kallsyms" -o "$OUT/pvhl.glass" 2>"$OUT/pvhl.err"
 echo "$?" >"$OUT/pvhl.rc"
 # One more line, so that the guest's own window covers the whole recording.
