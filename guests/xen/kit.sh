@@ -141,7 +141,7 @@ if ! fresh "$OUT/split.syms" "$OUT/split"; then
     # System.map-style table (xenctx -s, nm-based symbolizers)
     nm -n "$OUT/split" >"$OUT/split.syms"
 fi
-if ! fresh "$OUT/domu.cpio.gz" "$OUT/split" "$HERE/linux/init" "$BUSYBOX"; then
+if ! fresh "$OUT/domu.cpio.gz" "$OUT/split" "$HERE/linux/init" "$HERE/linux/kernel-split.sh" "$BUSYBOX"; then
     log "domu.cpio.gz"
     st="$OUT/.domu-root"
     rm -rf "$st"
@@ -149,7 +149,8 @@ if ! fresh "$OUT/domu.cpio.gz" "$OUT/split" "$HERE/linux/init" "$BUSYBOX"; then
     cp "$BUSYBOX" "$st/bin/busybox"
     ln -s busybox "$st/bin/sh"
     cp "$HERE/linux/init" "$st/init"
-    chmod 755 "$st/init"
+    cp "$HERE/linux/kernel-split.sh" "$st/kernel-split.sh"
+    chmod 755 "$st/init" "$st/kernel-split.sh"
     cp "$OUT/split" "$st/split" # the very ELF given to the profiler as --symbols
     mknod -m 600 "$st/dev/console" c 5 1
     mkcpio "$st" "$OUT/domu.cpio.gz"

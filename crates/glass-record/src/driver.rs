@@ -106,6 +106,9 @@ pub fn drive<C: ?Sized>(
     fds.extend(sampler.fds());
     let backend_fds = first_backend_fd..fds.len();
     fds.extend(stop_signals.map(|s| s.as_raw_fd()));
+    // Reused every turn: nothing is allocated per sample.
+    let mut polls = Vec::with_capacity(fds.len());
+    let mut ready = vec![false; fds.len()];
     loop {
         let gathered = sampler.gather(context)?;
         if let Some(outcome) = gathered.ended {
@@ -126,7 +129,7 @@ pub fn drive<C: ?Sized>(
                 (d.saturating_duration_since(now) + Duration::from_millis(1)).min(idle_wake)
             })
         };
-        let ready = poll_readable(&fds, wait);
+        poll_readable(&fds, wait, &mut polls, &mut ready);
         if let Some(signals) = stop_signals {
             if ready[ready.len() - 1] {
                 if let Some(signal) = take_stop_signal(signals) {
@@ -144,7 +147,7 @@ pub fn drive<C: ?Sized>(
         if !ready[0] {
             continue;
         }
-        let Some(missed) = ticker.fired() else {
+        let Some(missed) = ticker.fired(!postpone) else {
             continue;
         };
         match sampler.tick(context, missed)? {
@@ -156,22 +159,26 @@ pub fn drive<C: ?Sized>(
 }
 
 /// Waits until one of `fds` is readable or `timeout` passes (to the microsecond: the
-/// trace drains wake every half millisecond); returns which were.
-fn poll_readable(fds: &[i32], timeout: Duration) -> Vec<bool> {
-    let mut polls: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+/// trace drains wake every half millisecond); sets in `ready` which were. `polls` is
+/// the caller's buffer, reused from turn to turn.
+fn poll_readable(
+    fds: &[i32],
+    timeout: Duration,
+    polls: &mut Vec<libc::pollfd>,
+    ready: &mut [bool],
+) {
+    polls.clear();
+    polls.extend(fds.iter().map(|&fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }));
     let spec = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     // SAFETY: valid pollfds and timespec; no signal mask change.
-    let ready = unsafe {
+    let count = unsafe {
         libc::ppoll(
             polls.as_mut_ptr(),
             polls.len() as libc::nfds_t,
@@ -179,8 +186,7 @@ fn poll_readable(fds: &[i32], timeout: Duration) -> Vec<bool> {
             std::ptr::null(),
         )
     };
-    if ready <= 0 {
-        return vec![false; fds.len()];
+    for (ready_fd, poll) in ready.iter_mut().zip(polls.iter()) {
+        *ready_fd = count > 0 && poll.revents != 0;
     }
-    polls.iter().map(|p| p.revents != 0).collect()
 }

@@ -675,7 +675,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             mark.begin();
         }
         let stopped_at = Instant::now();
-        let taken = take_sample(self.backend, source, image, vcpus, self.no_idle);
+        let taken = take_sample(self.backend, source, image, vcpus, self.no_idle, stopped_at);
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
             unsafe { libc::raise(libc::SIGSTOP) };
@@ -709,9 +709,9 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 }
             }));
         }
-        sink.tick(stopped_ns);
-        source.registers_ns.push(source.last_registers_ns);
         let time_ns = sink.ns_since_origin(stopped_at);
+        sink.tick_at(stopped_ns, time_ns + stopped_ns);
+        source.registers_ns.push(source.last_registers_ns);
         for (index, vcpu) in vcpus.iter_mut().enumerate() {
             let tid = index as i32 + 1;
             let r = vcpu.regs;
@@ -761,18 +761,21 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     }
 }
 
+/// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
+/// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
+/// microseconds of the stopped window.
 fn take_sample(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,
     image: &mut GuestImage,
     vcpus: &mut [Vcpu],
     no_idle: bool,
+    started: Instant,
 ) -> std::result::Result<(), GuestError> {
-    let started = Instant::now();
     backend.stop_with_registers(&mut source.regs)?;
-    source.last_registers_ns = started.elapsed().as_nanos() as u64;
+    let mut step = Instant::now();
+    source.last_registers_ns = step.duration_since(started).as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
-        let started = Instant::now();
         let r = source.regs[index];
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
@@ -813,7 +816,9 @@ fn take_sample(
             vcpu.first_copy &= copied == 0;
             copied
         };
-        vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
+        let read = Instant::now();
+        vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
+        step = read;
     }
     Ok(())
 }

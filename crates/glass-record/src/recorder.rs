@@ -231,7 +231,10 @@ pub struct Recorder<'a> {
     vdso_maps: Vec<(i32, String)>,
     /// Stack words the last raw snapshot's unwind read (reused buffer).
     read_words: Vec<usize>,
-    last_flush: Instant,
+    /// When the file was last flushed, in ns since the origin: compared with each
+    /// sample's own time, so that no sample reads the clock for it (in a Xen PV dom0
+    /// every clock read is a system call).
+    last_flush_ns: u64,
     /// The longest one stop of the target may last before the guardian frees it
     /// (GLASS_STOP_BOUND_MS; see `crate::stop_bound`).
     pub stop_bound: std::time::Duration,
@@ -274,7 +277,7 @@ impl<'a> Recorder<'a> {
             jitdumps_mapped: Vec::new(),
             vdso_maps: Vec::new(),
             read_words: Vec::new(),
-            last_flush: Instant::now(),
+            last_flush_ns: 0,
             stop_bound: crate::DEFAULT_STOP_BOUND,
         }
     }
@@ -592,14 +595,26 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn tick(&mut self, stopped_ns: u64) {
+        let now = self.now_ns();
+        self.tick_at(stopped_ns, now);
+    }
+
+    /// [`Recorder::tick`] for a caller that knows the time (ns since the origin) the
+    /// stop ended: one clock read fewer per sample.
+    pub fn tick_at(&mut self, stopped_ns: u64, time_ns: u64) {
         self.ticks += 1;
         self.stopped_per_tick.push(stopped_ns);
-        self.progress(Some(stopped_ns));
+        self.progress_at(Some(stopped_ns), time_ns);
     }
 
     fn progress(&mut self, tick_stopped_ns: Option<u64>) {
+        let now = self.now_ns();
+        self.progress_at(tick_stopped_ns, now);
+    }
+
+    fn progress_at(&mut self, tick_stopped_ns: Option<u64>, time_ns: u64) {
         let progress = Progress {
-            time_ns: self.now_ns(),
+            time_ns,
             tick_stopped_ns,
             ticks: self.ticks,
             lost: self.lost,
@@ -623,7 +638,7 @@ impl<'a> Recorder<'a> {
             .sample(time_ns, pid as u32, tid as u32, stopped_ns, flags, frames)?;
         self.samples += 1;
         self.threads_sampled.insert(tid);
-        self.flush_if_due()
+        self.flush_if_due(time_ns)
     }
 
     /// A sample holding registers and a copy of the stack from `regs.sp`. Unwinds it
@@ -867,7 +882,7 @@ impl<'a> Recorder<'a> {
         });
         self.samples += 1;
         self.threads_sampled.insert(tid);
-        written.and_then(|()| self.flush_if_due())
+        written.and_then(|()| self.flush_if_due(time_ns))
     }
 
     /// Re-reads the module map (rate limited) when a sample holds an address outside
@@ -894,13 +909,14 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
-        self.last_flush = Instant::now();
+        self.last_flush_ns = self.now_ns();
         self.progress(None);
         self.writer.flush()
     }
 
-    fn flush_if_due(&mut self) -> io::Result<()> {
-        if self.last_flush.elapsed() >= FLUSH_PERIOD {
+    /// Flushes when a flush period has passed by the time of the sample just written.
+    fn flush_if_due(&mut self, time_ns: u64) -> io::Result<()> {
+        if time_ns.saturating_sub(self.last_flush_ns) >= FLUSH_PERIOD.as_nanos() as u64 {
             self.flush()?;
         }
         Ok(())

@@ -5,7 +5,8 @@
 //!
 //! glass calls [`StopMark::begin`] just before the request that stops the target and
 //! [`StopMark::end`] once the target runs again: stores of the monotonic clock (a vDSO
-//! read) and of the calling thread's id (whose state the guardian reads), then a store of
+//! read, except where the clock source has none: Xen's, in a PV dom0) and of the calling
+//! thread's id (whose state the guardian reads), then a store of
 //! zero; nothing that can block. The guardian only reads the word,
 //! every few milliseconds, from its own process: it sees a stop that has outlived its
 //! bound (glass stopped by SIGSTOP, stalled, or spinning) and a glass that died holding
@@ -28,6 +29,22 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: writes the timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// The calling thread's id, asked of the kernel once per thread: `begin` runs at every
+/// sample, and in a Xen PV dom0 each system call is a trap through the hypervisor. (No
+/// thread of glass that begins a stop was forked from another that did.)
+fn own_tid() -> i32 {
+    thread_local! {
+        static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    }
+    TID.with(|tid| {
+        if tid.get() == 0 {
+            // SAFETY: gettid has no arguments.
+            tid.set(unsafe { libc::gettid() });
+        }
+        tid.get()
+    })
 }
 
 pub struct StopMark {
@@ -101,9 +118,7 @@ impl StopMark {
 
     /// glass is about to stop the target (or already holds it stopped from now on).
     pub fn begin(&self) {
-        // SAFETY: gettid has no arguments.
-        let tid = unsafe { libc::gettid() };
-        self.thread_word().store(tid as u64, Ordering::SeqCst);
+        self.thread_word().store(own_tid() as u64, Ordering::SeqCst);
         self.word().store(monotonic_ns().max(1), Ordering::SeqCst);
     }
 

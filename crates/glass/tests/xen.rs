@@ -2,7 +2,8 @@
 //! (guests/xen: kit.sh builds the boot kit, run.sh boots it and runs a script in dom0),
 //! and `xen_dom0.sh` drives glass there against the demo unikernel (guests/xenpv, 2
 //! vCPUs) as a PV, a PVH and an HVM guest, and Debian's kernel as a PV domU running a
-//! known split (guests/xen/linux). Xen is booted on `-cpu max,-smap`, which gives it
+//! known split (guests/xen/linux) and as a PVH domU running a known kernel/user split,
+//! named from its own kallsyms. Xen is booted on `-cpu max,-smap`, which gives it
 //! SVM with nested paging under TCG (`virt_caps: pv hvm hap`). The boot takes minutes, so it happens once for this file: the
 //! first test to need it boots, and every test checks its part of what the dom0 script
 //! left in the output directory.
@@ -416,6 +417,78 @@ fn the_linux_pv_domu_is_profiled_per_vcpu_with_its_own_split() {
     assert!(under(&stacks, "vcpu1/", "delta") >= 100, "{stacks:?}");
     assert_eq!(under(&stacks, "vcpu1/", "alpha"), 0);
     assert_eq!(under(&stacks, "vcpu0/", "delta"), 0);
+}
+
+/// The kernel's own accounting of kernel-split.sh's two processes over the recorded
+/// window: the last `ksplit dd=U/S spin=U/S` line (cumulative clock ticks) before the
+/// recording and the last after it; returns the kernel's share in percent and the ticks.
+fn own_kernel_share(before: &str, after: &str) -> (f64, u64) {
+    let ticks = |console: &str| -> [u64; 4] {
+        let line = console
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("ksplit dd="))
+            .unwrap_or_else(|| panic!("no ksplit line: {console}"));
+        let numbers: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|n| !n.is_empty())
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(numbers.len(), 4, "{line}");
+        [numbers[0], numbers[1], numbers[2], numbers[3]]
+    };
+    let (start, end) = (ticks(before), ticks(after));
+    let delta: Vec<u64> = (0..4).map(|i| end[i] - start[i]).collect();
+    let all: u64 = delta.iter().sum();
+    assert!(all >= 500, "too few ticks over the recording: {delta:?}");
+    // dd's and spin's system ticks (the second of each pair).
+    ((delta[1] + delta[3]) as f64 * 100.0 / all as f64, all)
+}
+
+#[test]
+fn the_linux_pvh_domu_is_profiled_with_its_kernel_split_named_from_kallsyms() {
+    let out = xen_run();
+    let err = read(out, "pvhl.err");
+    assert_eq!(read(out, "pvhl.rc").trim(), "0", "{err}");
+    assert!(err.contains("HVM/PVH"), "{err}");
+    let stacks = folded(&out.join("pvhl.glass"), &["--threads"]);
+    let (own, ticks) = own_kernel_share(
+        &read(out, "pvhl.console.before"),
+        &read(out, "pvhl.console"),
+    );
+    // A sample's leaf is a kernel function named from kallsyms, or [unknown]: user space
+    // (busybox, whose symbols glass was not given). The one vCPU never idles.
+    let count = |leaf: &dyn Fn(&str) -> bool| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.get(1).is_some_and(|t| t.starts_with("vcpu0/")))
+            .filter(|(frames, _)| frames.last().is_some_and(|l| leaf(l)))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let user = count(&|l| l == "[unknown]");
+    let halted = count(&|l| l == "[halted]");
+    let all = count(&|_| true);
+    let kernel = all - user - halted;
+    assert!(kernel + user >= 300, "too few samples: {stacks:?}");
+    let share = kernel as f64 * 100.0 / (kernel + user) as f64;
+    // Two counts, each with its own noise: glass's samples and the kernel's ticks.
+    let tolerance = share_tolerance(own, kernel + user, 3.0) + share_tolerance(own, ticks, 0.0);
+    eprintln!(
+        "kernel share: glass {share:.1}% of {} samples, the guest's own {own:.1}% of {ticks} ticks ({tolerance:.1} points allowed); {halted} halted",
+        kernel + user
+    );
+    assert!(
+        (share - own).abs() <= tolerance,
+        "glass {share:.1}% vs the guest's own {own:.1}%"
+    );
+    // dd's kernel time is clearing its buffer for /dev/zero's reads: named.
+    let zeroing =
+        count(&|l| l.contains("clear_user") || l == "read_iter_zero" || l == "iov_iter_zero");
+    assert!(
+        zeroing * 2 >= kernel,
+        "{zeroing} of {kernel} kernel samples in /dev/zero's read: {stacks:?}"
+    );
 }
 
 #[test]

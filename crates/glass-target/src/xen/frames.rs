@@ -34,8 +34,9 @@ pub struct ForeignFrames {
 
 struct FrameCache {
     capacity: usize,
-    /// Frame number -> (mapping, last use).
-    mapped: HashMap<u64, (*mut u8, u64)>,
+    /// Frame number -> (mapping, last use). foldhash: looked up for every page a
+    /// stack copy reads (and every leaf entry the translation cache verifies).
+    mapped: HashMap<u64, (*mut u8, u64), foldhash::fast::RandomState>,
     clock: u64,
     pub maps: u64,
     pub unmaps: u64,
@@ -64,7 +65,7 @@ impl ForeignFrames {
             domid,
             cache: RefCell::new(FrameCache {
                 capacity: capacity.max(8),
-                mapped: HashMap::with_capacity(capacity),
+                mapped: HashMap::with_capacity_and_hasher(capacity, Default::default()),
                 clock: 0,
                 maps: 0,
                 unmaps: 0,
