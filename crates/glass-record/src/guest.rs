@@ -36,6 +36,7 @@ use nix::sys::signalfd::SignalFd;
 use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
+use super::linux_guest::LinuxTasks;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{Notes, Recorded, Result};
@@ -123,6 +124,11 @@ pub(super) fn sample_guest<'a>(
     mark: &StopMark,
 ) -> std::result::Result<(Sink<'a>, Outcome, Option<String>), TargetError> {
     let mut image = GuestImage::load(symbols)?;
+    // Before the VM is touched: a BTF or map that cannot serve is one line.
+    let mut linux = match &sink.args.guest_btf {
+        Some(btf) => Some(LinuxTasks::load(btf, symbols)?),
+        None => None,
+    };
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -155,6 +161,14 @@ pub(super) fn sample_guest<'a>(
     sink.notes
         .figure(&format!("guest memory read from {memory}"));
     let mut backend = GdbBackend::with_memory(client, ram);
+    if let (Some(tasks), Some(btf)) = (linux.as_mut(), sink.args.guest_btf.as_deref()) {
+        if let Err(error) = tasks.prepare(&mut backend, arch, symbols, btf, mark) {
+            mark.begin();
+            let _ = backend.detach();
+            mark.end();
+            return Err(error);
+        }
+    }
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
@@ -163,6 +177,7 @@ pub(super) fn sample_guest<'a>(
         stop_signals,
         &mut vmm,
         Some(mark),
+        linux.as_mut(),
     ) {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
@@ -424,12 +439,14 @@ pub(super) fn run(
         stop_signals,
         &mut vmm,
         stop_mark,
+        None,
     )
     .map(|(outcome, _)| outcome)
 }
 
 /// [`run`], with how the VM ended when it did (`Outcome::TargetExited`) and the monitor
-/// or stub said so.
+/// or stub said so; `linux`: each sample's Linux task read (`--guest-btf`).
+#[allow(clippy::too_many_arguments)]
 fn run_with(
     sink: &mut Sink,
     backend: &mut dyn GuestBackend,
@@ -438,6 +455,7 @@ fn run_with(
     stop_signals: &SignalFd,
     vmm: &mut Vmm<'_>,
     stop_mark: Option<&StopMark>,
+    mut linux: Option<&mut LinuxTasks>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -515,6 +533,7 @@ fn run_with(
         image,
         vmm,
         fate: None,
+        linux: linux.as_deref_mut(),
         no_idle: args.no_idle,
         stop_mark,
         ticks: 0,
@@ -568,6 +587,12 @@ fn run_with(
             "translation cache: {} hits, {} misses, {} stale entries re-walked",
             cache.hits, cache.misses, cache.stale
         ));
+    }
+    if let Some(tasks) = linux {
+        for note in tasks.notes() {
+            sink.notes.warn(&note);
+        }
+        sink.notes.figure(&tasks.figures());
     }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
@@ -638,6 +663,8 @@ struct GuestSampler<'s, 'b, 'v> {
     vmm: &'s mut Vmm<'v>,
     /// How the VM ended, where the monitor or the stub said.
     fate: Option<String>,
+    /// A Linux guest's tasks (`--guest-btf`).
+    linux: Option<&'s mut LinuxTasks>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -675,7 +702,14 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             mark.begin();
         }
         let stopped_at = Instant::now();
-        let taken = take_sample(self.backend, source, image, vcpus, self.no_idle);
+        let taken = take_sample(
+            self.backend,
+            source,
+            image,
+            vcpus,
+            self.no_idle,
+            self.linux.as_deref_mut(),
+        );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
             unsafe { libc::raise(libc::SIGSTOP) };
@@ -717,6 +751,26 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             let r = vcpu.regs;
             vcpu.samples += 1;
             vcpu.read_ns.push(vcpu.last_read_ns);
+            let mut user_mode = false;
+            if let Some(tasks) = self.linux.as_deref_mut() {
+                if let Some(task) = tasks.changed(index, time_ns, GUEST_PID as u32, tid as u32) {
+                    sink.handle(Event::GuestTask(task))?;
+                }
+                user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+            }
+            if user_mode {
+                // A user process of the guest: its code is not the kernel image's, and
+                // the report names it by the task (`[user] comm`).
+                sink.handle(Event::Frames {
+                    pid: GUEST_PID,
+                    tid,
+                    time_ns,
+                    stopped_ns: stopped_ns as u32,
+                    flags: 0,
+                    frames: &[r.ip()],
+                })?;
+                continue;
+            }
             if vcpu.in_firmware {
                 vcpu.firmware += 1;
                 sink.handle(Event::Frames {
@@ -767,6 +821,7 @@ fn take_sample(
     image: &mut GuestImage,
     vcpus: &mut [Vcpu],
     no_idle: bool,
+    mut linux: Option<&mut LinuxTasks>,
 ) -> std::result::Result<(), GuestError> {
     let started = Instant::now();
     backend.stop_with_registers(&mut source.regs)?;
@@ -779,6 +834,11 @@ fn take_sample(
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
         vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
         vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
+        let mut user_mode = false;
+        if let Some(tasks) = linux.as_deref_mut() {
+            tasks.read_task(backend, &mut source.cache, index, &r);
+            user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+        }
         // Decided here only for --no-idle (the image's decode is work that can wait
         // until the VM runs again); the sample's flag is decided in `tick`.
         let left_out = no_idle
@@ -786,7 +846,7 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| image.halted_at(r.ip()));
         vcpu.top_copy = false;
-        vcpu.copied = if vcpu.in_firmware || left_out {
+        vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0
         } else {

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot, Summary,
-    Thread, ThreadExit, ThreadLost, Writer,
+    Arch, Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot,
+    Summary, Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -123,6 +123,10 @@ pub trait Output {
     fn kernel_symbols(&mut self, _symbols: &KernelSymbols) -> io::Result<()> {
         Ok(())
     }
+    /// A VM guest's vCPU runs another task of the guest from here on.
+    fn guest_task(&mut self, _task: &GuestTask) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The recording's counts so far, for [`Output::progress`].
@@ -183,6 +187,9 @@ impl<W: io::Write> Output for Writer<W> {
     }
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
         Writer::kernel_symbols(self, symbols)
+    }
+    fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
+        Writer::guest_task(self, task)
     }
 }
 
@@ -377,6 +384,7 @@ impl<'a> Recorder<'a> {
                 None => self.thread(pid, tid)?,
             },
             Event::ThreadExit { pid, tid, time_ns } => self.thread_exit(pid, tid, time_ns)?,
+            Event::GuestTask(task) => self.writer.guest_task(&task)?,
             Event::ProcessExit { pid } => {
                 self.spaces.remove(&pid);
             }

@@ -2,7 +2,9 @@
 //! address until saved), and the EL1 system registers of the stage-1 walk (TTBR0_EL1,
 //! TTBR1_EL1, TCR_EL1, SCTLR_EL1). QEMU's stub sends the first five in `g` and the
 //! system registers only on `p` requests (feature `org.qemu.gdb.arm.sys.regs`), and
-//! names SCTLR_EL1 `SCTLR`.
+//! names SCTLR_EL1 `SCTLR`. SP_EL0 and TPIDR_EL1 find a Linux guest's current task
+//! (`--guest-btf`): SP_EL0 holds it while the kernel runs, TPIDR_EL1 the CPU's per-CPU
+//! offset.
 
 use glass_unwind::UnwindRegs;
 
@@ -21,6 +23,8 @@ pub const NAMES: &[&[&str]] = &[
     &["TTBR1_EL1"],
     &["TCR_EL1"],
     &["SCTLR_EL1", "SCTLR"],
+    &["SP_EL0"],
+    &["TPIDR_EL1"],
 ];
 
 /// How many of [`NAMES`] a backend must have (the rest read as 0 when missing).
@@ -37,6 +41,8 @@ pub struct Aarch64Regs {
     pub ttbr1_el1: u64,
     pub tcr_el1: u64,
     pub sctlr_el1: u64,
+    pub sp_el0: u64,
+    pub tpidr_el1: u64,
 }
 
 impl Aarch64Regs {
@@ -52,6 +58,8 @@ impl Aarch64Regs {
             ttbr1_el1: at(6),
             tcr_el1: at(7),
             sctlr_el1: at(8),
+            sp_el0: at(9),
+            tpidr_el1: at(10),
         }
     }
 

@@ -1,0 +1,560 @@
+//! Linux guests: which task each vCPU ran at a sample (`--guest-btf`).
+//!
+//! The guest kernel's BTF (a copy of its `/sys/kernel/btf/vmlinux`), read with btf-rs,
+//! gives the offsets of `task_struct`'s `pid`, `tgid`, `comm` and `flags`; the kernel's
+//! symbol map (`--symbols`) gives where the current task is kept:
+//! - AArch64: `sp_el0` holds the current task while the kernel runs (EL1); in user mode
+//!   (EL0) it holds the user's stack pointer, and the task is the per-CPU
+//!   `__entry_task` (the kernel's copy for its next entry), at the symbol's address plus
+//!   the CPU's per-CPU offset in TPIDR_EL1.
+//! - x86-64 (6.1): the per-CPU `current_task` (6.2 on: `pcpu_hot`, whose first member
+//!   is the current task), at the GS base plus the symbol's (zero-based) per-CPU offset;
+//!   in user mode the kernel's GS base is in KERNEL_GS_BASE (swapped on entry).
+//!
+//! While the VM is stopped, a task costs four small reads of guest memory through the
+//! translation cache the stack copy uses (task pointer, flags, pid and tgid, comm). A
+//! vCPU in user mode reads kernel memory through the page tables of the last vCPU seen
+//! in the kernel, since a kernel that unmaps itself from user space (PTI, KPTI) leaves
+//! the user's tables without it.
+//!
+//! The map's data symbols are read here rather than with `glass_symbols::nm_table`,
+//! which keeps text symbols only (frames are named from those).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use btf_rs::{Btf, Type};
+use glass_format::{Arch, GuestTask, GUEST_TASK_KERNEL_THREAD, GUEST_TASK_UNKNOWN};
+use glass_mem::TranslationCache;
+use glass_target::guest::{paging_of, GuestBackend, VcpuRegs};
+use glass_target::stop_mark::StopMark;
+use glass_target::TargetError;
+
+/// Linux's TASK_COMM_LEN.
+const COMM_LEN: usize = 16;
+/// Linux's PF_KTHREAD.
+const PF_KTHREAD: u32 = 0x0020_0000;
+/// The first address of the kernel's half (x86-64 and AArch64 with 48-bit VAs or less).
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// Where `task_struct`'s fields are (byte offsets, from BTF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLayout {
+    pub pid: u64,
+    pub tgid: u64,
+    pub comm: u64,
+    pub flags: u64,
+}
+
+/// What one vCPU ran at this sample, as read while the VM was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct TaskRead {
+    read: bool,
+    pid: u32,
+    tgid: u32,
+    flags: u32,
+    comm: [u8; COMM_LEN],
+}
+
+/// The current task of each vCPU of a Linux guest, read at every sample.
+pub struct LinuxTasks {
+    arch: Arch,
+    layout: TaskLayout,
+    symbols: HashMap<String, u64>,
+    /// x86-64: the per-CPU offset of the current task; AArch64: `__entry_task`'s address.
+    current: u64,
+    init_task: u64,
+    /// Per vCPU: this sample's read, and what was last written for it.
+    now: Vec<TaskRead>,
+    written: Vec<Option<TaskRead>>,
+    /// The registers of the last vCPU seen in the kernel: its page tables map the kernel.
+    kernel_regs: Option<VcpuRegs>,
+    /// Figures: tasks read, reads that failed, and the time reading took (ns).
+    reads: u64,
+    failed: u64,
+    read_ns: Vec<u64>,
+    last_read_ns: u64,
+    /// `init_task`'s name was read and found to be the idle task's.
+    checked: bool,
+    /// Why tasks are no longer read (a kernel that does not match), said at the end.
+    disabled: Option<String>,
+    btf: std::path::PathBuf,
+}
+
+impl LinuxTasks {
+    /// Reads the BTF and finds the kernel's symbols in the map; every failure is bad
+    /// input (one line). Checked before the VM is touched.
+    pub fn load(btf: &Path, symbols: &Path) -> Result<LinuxTasks, TargetError> {
+        let layout = task_layout(btf)?;
+        let wanted = ["init_task", "current_task", "pcpu_hot", "__entry_task"];
+        let found = symbol_addresses(symbols, &wanted)?;
+        let init_task = *found.get("init_task").ok_or_else(|| {
+            TargetError::BadInput(format!(
+                "{}: no init_task symbol: --guest-btf needs the Linux kernel's symbol map with its data symbols (its /proc/kallsyms or System.map) as --symbols",
+                symbols.display()
+            ))
+        })?;
+        Ok(LinuxTasks {
+            arch: Arch::X86_64,
+            layout,
+            symbols: found,
+            current: 0,
+            init_task,
+            now: Vec::new(),
+            written: Vec::new(),
+            kernel_regs: None,
+            reads: 0,
+            failed: 0,
+            read_ns: Vec::new(),
+            last_read_ns: 0,
+            checked: false,
+            disabled: None,
+            btf: btf.to_path_buf(),
+        })
+    }
+
+    /// Once connected: where this guest keeps its current task, and (with the VM
+    /// stopped for it, marked for the guardian) whether the BTF and the map are of the
+    /// running kernel. A guest still booting is judged at its first sample in the
+    /// kernel instead.
+    pub fn prepare(
+        &mut self,
+        backend: &mut dyn GuestBackend,
+        arch: Arch,
+        symbols: &Path,
+        btf: &Path,
+        mark: &StopMark,
+    ) -> Result<(), TargetError> {
+        let vcpus = backend.vcpu_count();
+        self.for_guest(arch, vcpus, symbols)?;
+        let mut regs = vec![VcpuRegs::zeroed(arch); vcpus];
+        let mut cache = TranslationCache::new();
+        mark.begin();
+        let judged = match backend.stop_with_registers(&mut regs) {
+            Ok(()) => self.check(backend, &mut cache, &regs),
+            Err(_) => None,
+        };
+        let _ = backend.resume();
+        mark.end();
+        match judged {
+            Some(Err(name)) => Err(TargetError::BadInput(mismatch(btf, &name))),
+            Some(Ok(())) => {
+                self.checked = true;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// What the user should hear at the end.
+    pub fn notes(&self) -> Vec<String> {
+        self.disabled.iter().cloned().collect()
+    }
+
+    /// Once the guest's architecture and vCPUs are known: where its current task is.
+    pub fn for_guest(
+        &mut self,
+        arch: Arch,
+        vcpus: usize,
+        symbols: &Path,
+    ) -> Result<(), TargetError> {
+        self.arch = arch;
+        let names: &[&str] = match arch {
+            Arch::X86_64 => &["current_task", "pcpu_hot"],
+            Arch::Aarch64 => &["__entry_task"],
+        };
+        self.current = names
+            .iter()
+            .find_map(|name| self.symbols.get(*name).copied())
+            .ok_or_else(|| {
+                TargetError::BadInput(format!(
+                    "{}: no {} symbol: an {arch} Linux kernel's symbol map keeps its current task there (is it the map of this guest's kernel?)",
+                    symbols.display(),
+                    names.join(" or ")
+                ))
+            })?;
+        self.now = vec![TaskRead::default(); vcpus];
+        self.written = vec![None; vcpus];
+        Ok(())
+    }
+
+    /// With the VM stopped: `init_task`'s name as the BTF places it must be the idle
+    /// task's (`swapper`), or the BTF, the map and the running kernel are not of one
+    /// build (`Err(the name read)`). `None`: no vCPU in the kernel could read it.
+    fn check(
+        &mut self,
+        backend: &mut dyn GuestBackend,
+        cache: &mut TranslationCache,
+        regs: &[VcpuRegs],
+    ) -> Option<Result<(), String>> {
+        for (vcpu, r) in regs.iter().enumerate() {
+            if !r.paging_on() || !in_kernel(r) {
+                continue;
+            }
+            let mut comm = [0u8; COMM_LEN];
+            let at = self.init_task.wrapping_add(self.layout.comm);
+            if read(backend, cache, vcpu, r, at, &mut comm) {
+                let name = comm_string(&comm);
+                return Some(if name.starts_with("swapper") {
+                    Ok(())
+                } else {
+                    Err(name)
+                });
+            }
+        }
+        None
+    }
+
+    /// While the VM is stopped: reads vCPU `vcpu`'s current task.
+    pub fn read_task(
+        &mut self,
+        backend: &mut dyn GuestBackend,
+        cache: &mut TranslationCache,
+        vcpu: usize,
+        r: &VcpuRegs,
+    ) {
+        let started = std::time::Instant::now();
+        let Some(slot) = self.now.get_mut(vcpu) else {
+            return;
+        };
+        *slot = TaskRead::default();
+        if !r.paging_on() || self.disabled.is_some() {
+            return;
+        }
+        if !self.checked && in_kernel(r) {
+            match self.check(backend, cache, std::slice::from_ref(r)) {
+                Some(Ok(())) => self.checked = true,
+                Some(Err(name)) => {
+                    self.disabled = Some(format!(
+                        "{}; no guest tasks recorded",
+                        mismatch(&self.btf, &name)
+                    ));
+                    return;
+                }
+                None => {}
+            }
+        }
+        let in_kernel = in_kernel(r);
+        if in_kernel {
+            self.kernel_regs = Some(*r);
+        }
+        // The kernel's page tables: the vCPU's own in the kernel, else the last seen
+        // in the kernel (a user's may not map the kernel), else its own.
+        let kernel_regs = if in_kernel {
+            *r
+        } else {
+            self.kernel_regs.unwrap_or(*r)
+        };
+        let mut word = [0u8; 8];
+        let task = match (*r, in_kernel) {
+            (VcpuRegs::Aarch64(a), true) => Some(a.sp_el0),
+            (VcpuRegs::Aarch64(a), false) => {
+                let at = self.current.wrapping_add(a.tpidr_el1);
+                read(backend, cache, vcpu, &kernel_regs, at, &mut word)
+                    .then(|| u64::from_le_bytes(word))
+            }
+            (VcpuRegs::X86_64(x), _) => {
+                // The kernel's per-CPU base is GS in the kernel, KERNEL_GS_BASE in user
+                // mode; told apart by which one is a kernel address (the entry code
+                // swaps them a few instructions after the mode changes).
+                let base = if x.gs_base >= KERNEL_HALF {
+                    x.gs_base
+                } else {
+                    x.k_gs_base
+                };
+                let at = base.wrapping_add(self.current);
+                (base >= KERNEL_HALF && read(backend, cache, vcpu, &kernel_regs, at, &mut word))
+                    .then(|| u64::from_le_bytes(word))
+            }
+        };
+        let mut got = TaskRead::default();
+        if let Some(task) = task.filter(|&t| t >= KERNEL_HALF) {
+            let layout = self.layout;
+            let mut four = [0u8; 4];
+            let mut ok = read(
+                backend,
+                cache,
+                vcpu,
+                &kernel_regs,
+                task + layout.flags,
+                &mut four,
+            );
+            got.flags = u32::from_le_bytes(four);
+            ok = ok
+                && read(
+                    backend,
+                    cache,
+                    vcpu,
+                    &kernel_regs,
+                    task + layout.pid,
+                    &mut four,
+                );
+            got.pid = u32::from_le_bytes(four);
+            ok = ok
+                && read(
+                    backend,
+                    cache,
+                    vcpu,
+                    &kernel_regs,
+                    task + layout.tgid,
+                    &mut four,
+                );
+            got.tgid = u32::from_le_bytes(four);
+            ok = ok
+                && read(
+                    backend,
+                    cache,
+                    vcpu,
+                    &kernel_regs,
+                    task + layout.comm,
+                    &mut got.comm,
+                );
+            got.read = ok;
+        }
+        self.now[vcpu] = got;
+        self.last_read_ns = started.elapsed().as_nanos() as u64;
+    }
+
+    /// After the VM runs again: the record to write before vCPU `vcpu`'s sample, if its
+    /// task changed since the last one written (`pid`, `tid`: the vCPU's thread).
+    pub fn changed(&mut self, vcpu: usize, time_ns: u64, pid: u32, tid: u32) -> Option<GuestTask> {
+        let now = *self.now.get(vcpu)?;
+        self.reads += 1;
+        self.failed += u64::from(!now.read);
+        if self.last_read_ns > 0 {
+            self.read_ns.push(self.last_read_ns);
+        }
+        // A failed read after one that worked says the task is unknown; a run of them
+        // says it once.
+        let unknown_again = !now.read && self.written[vcpu].is_some_and(|w| !w.read);
+        if self.written[vcpu] == Some(now)
+            || unknown_again
+            || (!now.read && self.written[vcpu].is_none())
+        {
+            return None;
+        }
+        self.written[vcpu] = Some(now);
+        let mut flags = 0;
+        if !now.read {
+            flags |= GUEST_TASK_UNKNOWN;
+        } else if now.flags & PF_KTHREAD != 0 || now.pid == 0 {
+            flags |= GUEST_TASK_KERNEL_THREAD;
+        }
+        Some(GuestTask {
+            time_ns,
+            pid,
+            tid,
+            task_pid: now.pid,
+            task_tgid: now.tgid,
+            flags,
+            comm: if now.read {
+                comm_string(&now.comm)
+            } else {
+                String::new()
+            },
+        })
+    }
+
+    /// The vCPU is in user mode at this sample (a Linux user process runs).
+    pub fn in_user_mode(r: &VcpuRegs) -> bool {
+        r.paging_on() && !in_kernel(r)
+    }
+
+    /// The figures printed at the end.
+    pub fn figures(&mut self) -> String {
+        self.read_ns.sort_unstable();
+        let at = |p: f64| {
+            self.read_ns
+                .get(((self.read_ns.len().max(1) - 1) as f64 * p) as usize)
+                .copied()
+                .unwrap_or(0) as f64
+                / 1000.0
+        };
+        format!(
+            "guest tasks (--guest-btf): {} read, {} unreadable; reading a task took p50 {:.1} us, p99 {:.1} us of the stopped time",
+            self.reads - self.failed,
+            self.failed,
+            at(0.5),
+            at(0.99)
+        )
+    }
+}
+
+fn mismatch(btf: &Path, name: &str) -> String {
+    format!(
+        "{}: not the running kernel's BTF, or --symbols not its map (init_task's name read as {name:?}, not swapper)",
+        btf.display()
+    )
+}
+
+fn in_kernel(r: &VcpuRegs) -> bool {
+    match r {
+        VcpuRegs::Aarch64(a) => a.exception_level() >= 1,
+        VcpuRegs::X86_64(x) => x.ip >= KERNEL_HALF,
+    }
+}
+
+/// Reads guest-virtual `at` through `r`'s page tables (RAM where the backend maps it,
+/// else the backend's own reads); true if all of `buf` was read.
+fn read(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    vcpu: usize,
+    r: &VcpuRegs,
+    at: u64,
+    buf: &mut [u8],
+) -> bool {
+    if let Some(ram) = backend.physical_memory() {
+        return cache.read_with(ram, &paging_of(r), at, buf) == buf.len();
+    }
+    backend
+        .read_virtual(vcpu, at, buf)
+        .is_ok_and(|n| n == buf.len())
+}
+
+fn comm_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// `task_struct`'s field offsets from a BTF file.
+pub fn task_layout(path: &Path) -> Result<TaskLayout, TargetError> {
+    let bad = |what: String| TargetError::BadInput(format!("{}: {what}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    // BTF's magic 0xeB9F, little- or big-endian.
+    if !(bytes.starts_with(&[0x9f, 0xeb]) || bytes.starts_with(&[0xeb, 0x9f])) {
+        return Err(bad(
+            "not BTF (--guest-btf wants a copy of the guest's /sys/kernel/btf/vmlinux)".into(),
+        ));
+    }
+    // btf-rs checks what it reads; a parser of a file glass does not control is kept
+    // from taking glass down with it all the same.
+    let parsed = std::panic::catch_unwind(|| Btf::from_bytes(&bytes));
+    let btf = match parsed {
+        Ok(Ok(btf)) => btf,
+        Ok(Err(e)) => return Err(bad(format!("not readable BTF ({e})"))),
+        Err(_) => return Err(bad("not readable BTF".into())),
+    };
+    let task = btf
+        .resolve_types_by_name("task_struct")
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            bad("BTF without struct task_struct (is it a Linux kernel's vmlinux BTF?)".into())
+        })?;
+    let mut offsets = HashMap::new();
+    members(&btf, &task, 0, 0, &mut offsets);
+    let field = |name: &str| {
+        offsets
+            .get(name)
+            .copied()
+            .ok_or_else(|| bad(format!("task_struct has no {name} member")))
+    };
+    Ok(TaskLayout {
+        pid: field("pid")?,
+        tgid: field("tgid")?,
+        comm: field("comm")?,
+        flags: field("flags")?,
+    })
+}
+
+/// The byte offsets of a struct's named members, looking into anonymous structs and
+/// unions (a randomized or grouped `task_struct` keeps fields in them).
+fn members(
+    btf: &Btf,
+    s: &btf_rs::Struct,
+    base_bits: u64,
+    depth: u32,
+    into: &mut HashMap<String, u64>,
+) {
+    if depth > 8 {
+        return;
+    }
+    for member in &s.members {
+        let bits = base_bits + u64::from(member.bit_offset());
+        let name = btf.resolve_name(member).unwrap_or_default();
+        if !name.is_empty() {
+            into.entry(name).or_insert(bits / 8);
+            continue;
+        }
+        if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(member) {
+            members(btf, &inner, bits, depth + 1, into);
+        }
+    }
+}
+
+/// The addresses of `names` in the kernel's symbol map: an ELF vmlinux's symbol table,
+/// or a kallsyms / System.map / `nm` table (`ADDRESS TYPE NAME`, any type: per-CPU and
+/// data symbols too).
+fn symbol_addresses(path: &Path, names: &[&str]) -> Result<HashMap<String, u64>, TargetError> {
+    use object::{Object, ObjectSymbol};
+    let bytes = std::fs::read(path)
+        .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
+    let mut found = HashMap::new();
+    if bytes.starts_with(b"\x7fELF") {
+        if let Ok(elf) = object::File::parse(&*bytes) {
+            for symbol in elf.symbols() {
+                if let Ok(name) = symbol.name() {
+                    if names.contains(&name) {
+                        found.insert(name.to_string(), symbol.address());
+                    }
+                }
+            }
+        }
+        return Ok(found);
+    }
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(address), Some(_kind), Some(name)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if names.contains(&name) && !found.contains_key(name) {
+            if let Ok(address) = u64::from_str_radix(address, 16) {
+                found.insert(name.to_string(), address);
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's own kernel BTF, where this machine has one: the offsets are where
+    /// BTF says, and consistent (pid and tgid adjacent ints, comm past them).
+    #[test]
+    fn host_btf_layout() {
+        let path = Path::new("/sys/kernel/btf/vmlinux");
+        if !path.exists() {
+            eprintln!("no /sys/kernel/btf/vmlinux here");
+            return;
+        }
+        let layout = task_layout(path).unwrap();
+        assert_eq!(layout.tgid, layout.pid + 4);
+        assert!(layout.comm > layout.tgid);
+        assert!(layout.flags < layout.pid);
+    }
+
+    #[test]
+    fn bad_btf_is_one_line() {
+        let dir = std::env::temp_dir().join(format!("glass-btf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_btf = dir.join("not-btf");
+        std::fs::write(&not_btf, b"hello").unwrap();
+        let e = task_layout(&not_btf).unwrap_err().to_string();
+        assert!(e.contains("not BTF"), "{e}");
+        let broken = dir.join("broken");
+        std::fs::write(&broken, [0x9f, 0xeb, 1, 0, 24, 0, 0, 0, 0xff, 0xff]).unwrap();
+        let e = task_layout(&broken).unwrap_err().to_string();
+        assert!(e.contains("BTF"), "{e}");
+        assert!(task_layout(&dir.join("absent")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
