@@ -34,8 +34,15 @@ use glass_target::TargetError;
 const COMM_LEN: usize = 16;
 /// Linux's PF_KTHREAD.
 const PF_KTHREAD: u32 = 0x0020_0000;
-/// The first address of the kernel's half (x86-64 and AArch64 with 48-bit VAs or less).
+/// The first address of x86-64's kernel half (with 4-level paging), where its code is.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// A kernel data address: top byte all ones. Not [`KERNEL_HALF`]: AArch64's linear map,
+/// where tasks live (all but `init_task`), starts at 0xffff000000000000 with 48-bit VAs,
+/// and x86-64's with 5-level paging at 0xff11000000000000.
+fn kernel_data(address: u64) -> bool {
+    address >> 56 == 0xff
+}
 
 /// Where `task_struct`'s fields are (byte offsets, from BTF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +65,19 @@ struct TaskRead {
 
 /// The current task of each vCPU of a Linux guest, read at every sample.
 pub struct LinuxTasks {
-    arch: Arch,
     layout: TaskLayout,
     symbols: HashMap<String, u64>,
-    /// x86-64: the per-CPU offset of the current task; AArch64: `__entry_task`'s address.
+    /// x86-64: the per-CPU offset of the current task; AArch64: `__entry_task`'s address
+    /// where the map has it (0: not).
     current: u64,
-    init_task: u64,
+    /// `init_task`'s address where the map has data symbols (Debian's arm64 kallsyms
+    /// has none).
+    init_task: Option<u64>,
+    /// AArch64 without `__entry_task`: the task last seen in the kernel with each user
+    /// address space (TTBR0_EL1's table address), learned from samples in the kernel,
+    /// where `sp_el0` names the task. A process's threads share one: its last one seen
+    /// stands for all.
+    by_user_table: HashMap<u64, u64>,
     /// Per vCPU: this sample's read, and what was last written for it.
     now: Vec<TaskRead>,
     written: Vec<Option<TaskRead>>,
@@ -74,12 +88,17 @@ pub struct LinuxTasks {
     failed: u64,
     read_ns: Vec<u64>,
     last_read_ns: u64,
-    /// `init_task`'s name was read and found to be the idle task's.
+    /// The BTF's offsets were found to fit the running kernel.
     checked: bool,
     /// Why tasks are no longer read (a kernel that does not match), said at the end.
     disabled: Option<String>,
     btf: std::path::PathBuf,
 }
+
+/// Linux's PID_MAX_LIMIT: no pid is larger.
+const PID_MAX_LIMIT: u32 = 4 << 20;
+/// TTBR0_EL1's table address (BADDR; the ASID and CnP bits left out).
+const TTBR_BADDR: u64 = 0x0000_ffff_ffff_fffe;
 
 impl LinuxTasks {
     /// Reads the BTF and finds the kernel's symbols in the map; every failure is bad
@@ -88,18 +107,12 @@ impl LinuxTasks {
         let layout = task_layout(btf)?;
         let wanted = ["init_task", "current_task", "pcpu_hot", "__entry_task"];
         let found = symbol_addresses(symbols, &wanted)?;
-        let init_task = *found.get("init_task").ok_or_else(|| {
-            TargetError::BadInput(format!(
-                "{}: no init_task symbol: --guest-btf needs the Linux kernel's symbol map with its data symbols (its /proc/kallsyms or System.map) as --symbols",
-                symbols.display()
-            ))
-        })?;
         Ok(LinuxTasks {
-            arch: Arch::X86_64,
             layout,
+            init_task: found.get("init_task").copied(),
             symbols: found,
             current: 0,
-            init_task,
+            by_user_table: HashMap::new(),
             now: Vec::new(),
             written: Vec::new(),
             kernel_regs: None,
@@ -131,13 +144,16 @@ impl LinuxTasks {
         let mut cache = TranslationCache::new();
         mark.begin();
         let judged = match backend.stop_with_registers(&mut regs) {
-            Ok(()) => self.check(backend, &mut cache, &regs),
+            Ok(()) => regs
+                .iter()
+                .enumerate()
+                .find_map(|(vcpu, r)| self.check(backend, &mut cache, vcpu, r)),
             Err(_) => None,
         };
         let _ = backend.resume();
         mark.end();
         match judged {
-            Some(Err(name)) => Err(TargetError::BadInput(mismatch(btf, &name))),
+            Some(Err(what)) => Err(TargetError::BadInput(mismatch(btf, &what))),
             Some(Ok(())) => {
                 self.checked = true;
                 Ok(())
@@ -152,57 +168,150 @@ impl LinuxTasks {
     }
 
     /// Once the guest's architecture and vCPUs are known: where its current task is.
-    pub fn for_guest(
-        &mut self,
-        arch: Arch,
-        vcpus: usize,
-        symbols: &Path,
-    ) -> Result<(), TargetError> {
-        self.arch = arch;
+    fn for_guest(&mut self, arch: Arch, vcpus: usize, symbols: &Path) -> Result<(), TargetError> {
         let names: &[&str] = match arch {
             Arch::X86_64 => &["current_task", "pcpu_hot"],
             Arch::Aarch64 => &["__entry_task"],
         };
-        self.current = names
+        let found = names
             .iter()
-            .find_map(|name| self.symbols.get(*name).copied())
-            .ok_or_else(|| {
-                TargetError::BadInput(format!(
-                    "{}: no {} symbol: an {arch} Linux kernel's symbol map keeps its current task there (is it the map of this guest's kernel?)",
-                    symbols.display(),
-                    names.join(" or ")
-                ))
-            })?;
+            .find_map(|name| self.symbols.get(*name).copied());
+        self.current = match (found, arch) {
+            (Some(address), _) => address,
+            // Learned from samples in the kernel instead (`by_user_table`).
+            (None, Arch::Aarch64) => 0,
+            (None, Arch::X86_64) => {
+                return Err(TargetError::BadInput(format!(
+                    "{}: no current_task or pcpu_hot symbol: --guest-btf on an x86-64 Linux guest needs its kernel's map with data symbols (its /proc/kallsyms) as --symbols",
+                    symbols.display()
+                )))
+            }
+        };
         self.now = vec![TaskRead::default(); vcpus];
         self.written = vec![None; vcpus];
         Ok(())
     }
 
-    /// With the VM stopped: `init_task`'s name as the BTF places it must be the idle
-    /// task's (`swapper`), or the BTF, the map and the running kernel are not of one
-    /// build (`Err(the name read)`). `None`: no vCPU in the kernel could read it.
+    /// With the VM stopped, a vCPU in the kernel: whether the BTF's offsets fit the
+    /// running kernel — `init_task`'s name must be the idle task's (`swapper`) where the
+    /// map has `init_task`, else the vCPU's current task must look like one (a pid and
+    /// tgid Linux can give, a printable name, `swapper/N` for pid 0). `Err(what was
+    /// read)` when not; `None` when nothing could be read here.
     fn check(
         &mut self,
         backend: &mut dyn GuestBackend,
         cache: &mut TranslationCache,
-        regs: &[VcpuRegs],
+        vcpu: usize,
+        r: &VcpuRegs,
     ) -> Option<Result<(), String>> {
-        for (vcpu, r) in regs.iter().enumerate() {
-            if !r.paging_on() || !in_kernel(r) {
-                continue;
-            }
-            let mut comm = [0u8; COMM_LEN];
-            let at = self.init_task.wrapping_add(self.layout.comm);
-            if read(backend, cache, vcpu, r, at, &mut comm) {
-                let name = comm_string(&comm);
-                return Some(if name.starts_with("swapper") {
-                    Ok(())
-                } else {
-                    Err(name)
-                });
-            }
+        if !r.paging_on() || !in_kernel(r) {
+            return None;
         }
-        None
+        if let Some(init_task) = self.init_task {
+            let mut comm = [0u8; COMM_LEN];
+            let at = init_task.wrapping_add(self.layout.comm);
+            if !read(backend, cache, vcpu, r, at, &mut comm) {
+                return None;
+            }
+            let name = comm_string(&comm);
+            return Some(if name.starts_with("swapper") {
+                Ok(())
+            } else {
+                Err(format!("init_task's name read as {name:?}, not swapper"))
+            });
+        }
+        let task = self.task_pointer(backend, cache, vcpu, r, r)?;
+        let got = self.fields(backend, cache, vcpu, r, task);
+        if !got.read {
+            return None;
+        }
+        let name = comm_string(&got.comm);
+        let printable = !name.is_empty()
+            && got.comm.iter().any(|&b| b == 0)
+            && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+        let plausible = printable
+            && got.pid <= PID_MAX_LIMIT
+            && got.tgid <= PID_MAX_LIMIT
+            && (got.pid != 0 || name.starts_with("swapper"));
+        Some(if plausible {
+            Ok(())
+        } else {
+            Err(format!(
+                "the current task read as pid {}, tgid {}, name {name:?}",
+                got.pid, got.tgid
+            ))
+        })
+    }
+
+    /// Where vCPU `vcpu`'s current task is (`kernel_regs`: page tables that map the
+    /// kernel).
+    fn task_pointer(
+        &self,
+        backend: &mut dyn GuestBackend,
+        cache: &mut TranslationCache,
+        vcpu: usize,
+        r: &VcpuRegs,
+        kernel_regs: &VcpuRegs,
+    ) -> Option<u64> {
+        let mut word = [0u8; 8];
+        let task = match *r {
+            VcpuRegs::Aarch64(a) if in_kernel(r) => a.sp_el0,
+            VcpuRegs::Aarch64(a) if self.current != 0 => {
+                let at = self.current.wrapping_add(a.tpidr_el1);
+                read(backend, cache, vcpu, kernel_regs, at, &mut word)
+                    .then(|| u64::from_le_bytes(word))?
+            }
+            VcpuRegs::Aarch64(a) => *self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR))?,
+            VcpuRegs::X86_64(x) => {
+                // The kernel's per-CPU base is GS in the kernel, KERNEL_GS_BASE in user
+                // mode; told apart by which one is a kernel address (the entry code
+                // swaps them a few instructions after the mode changes).
+                let base = if kernel_data(x.gs_base) {
+                    x.gs_base
+                } else {
+                    x.k_gs_base
+                };
+                if !kernel_data(base) {
+                    return None;
+                }
+                let at = base.wrapping_add(self.current);
+                read(backend, cache, vcpu, kernel_regs, at, &mut word)
+                    .then(|| u64::from_le_bytes(word))?
+            }
+        };
+        kernel_data(task).then_some(task)
+    }
+
+    /// The task's flags, pid, tgid and name: four small reads.
+    fn fields(
+        &self,
+        backend: &mut dyn GuestBackend,
+        cache: &mut TranslationCache,
+        vcpu: usize,
+        kernel_regs: &VcpuRegs,
+        task: u64,
+    ) -> TaskRead {
+        let layout = self.layout;
+        let mut got = TaskRead::default();
+        let mut word = |at: u64, ok: &mut bool, cache: &mut TranslationCache| {
+            let mut four = [0u8; 4];
+            *ok = *ok && read(backend, cache, vcpu, kernel_regs, task.wrapping_add(at), &mut four);
+            u32::from_le_bytes(four)
+        };
+        let mut ok = true;
+        got.flags = word(layout.flags, &mut ok, cache);
+        got.pid = word(layout.pid, &mut ok, cache);
+        got.tgid = word(layout.tgid, &mut ok, cache);
+        got.read = ok
+            && read(
+                backend,
+                cache,
+                vcpu,
+                kernel_regs,
+                task.wrapping_add(layout.comm),
+                &mut got.comm,
+            );
+        got
     }
 
     /// While the VM is stopped: reads vCPU `vcpu`'s current task.
@@ -221,13 +330,13 @@ impl LinuxTasks {
         if !r.paging_on() || self.disabled.is_some() {
             return;
         }
-        if !self.checked && in_kernel(r) {
-            match self.check(backend, cache, std::slice::from_ref(r)) {
+        if !self.checked {
+            match self.check(backend, cache, vcpu, r) {
                 Some(Ok(())) => self.checked = true,
-                Some(Err(name)) => {
+                Some(Err(what)) => {
                     self.disabled = Some(format!(
                         "{}; no guest tasks recorded",
-                        mismatch(&self.btf, &name)
+                        mismatch(&self.btf, &what)
                     ));
                     return;
                 }
@@ -239,78 +348,26 @@ impl LinuxTasks {
             self.kernel_regs = Some(*r);
         }
         // The kernel's page tables: the vCPU's own in the kernel, else the last seen
-        // in the kernel (a user's may not map the kernel), else its own.
+        // in the kernel (a user's may not map the kernel: PTI, KPTI), else its own.
         let kernel_regs = if in_kernel {
             *r
         } else {
             self.kernel_regs.unwrap_or(*r)
         };
-        let mut word = [0u8; 8];
-        let task = match (*r, in_kernel) {
-            (VcpuRegs::Aarch64(a), true) => Some(a.sp_el0),
-            (VcpuRegs::Aarch64(a), false) => {
-                let at = self.current.wrapping_add(a.tpidr_el1);
-                read(backend, cache, vcpu, &kernel_regs, at, &mut word)
-                    .then(|| u64::from_le_bytes(word))
+        let got = match self.task_pointer(backend, cache, vcpu, r, &kernel_regs) {
+            Some(task) => {
+                let got = self.fields(backend, cache, vcpu, &kernel_regs, task);
+                if let VcpuRegs::Aarch64(a) = r {
+                    // A user task in the kernel: its address space is in TTBR0 (a
+                    // kernel thread keeps the last user's there).
+                    if in_kernel && got.read && got.flags & PF_KTHREAD == 0 && got.pid != 0 {
+                        self.by_user_table.insert(a.ttbr0_el1 & TTBR_BADDR, task);
+                    }
+                }
+                got
             }
-            (VcpuRegs::X86_64(x), _) => {
-                // The kernel's per-CPU base is GS in the kernel, KERNEL_GS_BASE in user
-                // mode; told apart by which one is a kernel address (the entry code
-                // swaps them a few instructions after the mode changes).
-                let base = if x.gs_base >= KERNEL_HALF {
-                    x.gs_base
-                } else {
-                    x.k_gs_base
-                };
-                let at = base.wrapping_add(self.current);
-                (base >= KERNEL_HALF && read(backend, cache, vcpu, &kernel_regs, at, &mut word))
-                    .then(|| u64::from_le_bytes(word))
-            }
+            None => TaskRead::default(),
         };
-        let mut got = TaskRead::default();
-        if let Some(task) = task.filter(|&t| t >= KERNEL_HALF) {
-            let layout = self.layout;
-            let mut four = [0u8; 4];
-            let mut ok = read(
-                backend,
-                cache,
-                vcpu,
-                &kernel_regs,
-                task + layout.flags,
-                &mut four,
-            );
-            got.flags = u32::from_le_bytes(four);
-            ok = ok
-                && read(
-                    backend,
-                    cache,
-                    vcpu,
-                    &kernel_regs,
-                    task + layout.pid,
-                    &mut four,
-                );
-            got.pid = u32::from_le_bytes(four);
-            ok = ok
-                && read(
-                    backend,
-                    cache,
-                    vcpu,
-                    &kernel_regs,
-                    task + layout.tgid,
-                    &mut four,
-                );
-            got.tgid = u32::from_le_bytes(four);
-            ok = ok
-                && read(
-                    backend,
-                    cache,
-                    vcpu,
-                    &kernel_regs,
-                    task + layout.comm,
-                    &mut got.comm,
-                );
-            got.read = ok;
-        }
         self.now[vcpu] = got;
         self.last_read_ns = started.elapsed().as_nanos() as u64;
     }
@@ -380,9 +437,9 @@ impl LinuxTasks {
     }
 }
 
-fn mismatch(btf: &Path, name: &str) -> String {
+fn mismatch(btf: &Path, what: &str) -> String {
     format!(
-        "{}: not the running kernel's BTF, or --symbols not its map (init_task's name read as {name:?}, not swapper)",
+        "{}: not the running kernel's BTF, or --symbols not its map ({what})",
         btf.display()
     )
 }

@@ -10,6 +10,7 @@ mod diff;
 mod error;
 mod firefox;
 mod flamegraph;
+pub mod guest_tasks;
 mod folded;
 pub mod live;
 pub mod model;

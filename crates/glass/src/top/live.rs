@@ -17,7 +17,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use glass_format::{Backend, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
+use glass_format::{Backend, GuestTask, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
 use glass_report::model::{FrameKind, SampleIn, StackIndex, StringIndex};
@@ -29,6 +29,7 @@ pub enum Message {
     Process(Process),
     Module(Module),
     Thread(Thread),
+    GuestTask(GuestTask),
     Sample(Sample),
     Progress(Progress),
     Note {
@@ -99,6 +100,13 @@ impl Output for LiveOutput<'_> {
             file.thread(thread)?;
         }
         self.send(Message::Thread(thread.clone()));
+        Ok(())
+    }
+    fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
+        if let Some(file) = &mut self.file {
+            file.guest_task(task)?;
+        }
+        self.send(Message::GuestTask(task.clone()));
         Ok(())
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
@@ -370,6 +378,7 @@ impl Live {
                 self.model.thread(thread.tid, &thread.name);
                 self.thread_names.insert(thread.tid, thread.name);
             }
+            Message::GuestTask(task) => self.model.guest_task(task),
             Message::Sample(sample) => {
                 self.saw_time(sample.time_ns);
                 self.model.sample(&SampleIn {
@@ -379,6 +388,7 @@ impl Live {
                     stopped_ns: sample.stopped_ns,
                     flags: sample.flags,
                     frames: &sample.frames,
+                    guest_user: None,
                 });
                 self.since_prune += 1;
                 if self.since_prune >= PRUNE_EVERY {
