@@ -158,8 +158,6 @@ pub(super) fn sample_guest<'a>(
         RamSource::Process(ram, said) => (Some(ram), said),
         RamSource::Stub => (None, "the GDB stub's m packets".to_string()),
     };
-    sink.notes
-        .figure(&format!("guest memory read from {memory}"));
     let mut backend = GdbBackend::with_memory(client, ram);
     if let (Some(tasks), Some(btf)) = (linux.as_mut(), sink.args.guest_btf.as_deref()) {
         if let Err(error) = tasks.prepare(&mut backend, arch, symbols, btf, mark) {
@@ -169,6 +167,9 @@ pub(super) fn sample_guest<'a>(
             return Err(error);
         }
     }
+    // Said once the inputs are known to fit (a bad one is the only line printed).
+    sink.notes
+        .figure(&format!("guest memory read from {memory}"));
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,

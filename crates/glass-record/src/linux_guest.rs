@@ -217,7 +217,10 @@ impl LinuxTasks {
             return Some(if name.starts_with("swapper") {
                 Ok(())
             } else {
-                Err(format!("init_task's name read as {name:?}, not swapper"))
+                Err(format!(
+                    "init_task's name read as \"{}\", not swapper",
+                    shown(&comm)
+                ))
             });
         }
         let task = self.task_pointer(backend, cache, vcpu, r, r)?;
@@ -227,7 +230,7 @@ impl LinuxTasks {
         }
         let name = comm_string(&got.comm);
         let printable = !name.is_empty()
-            && got.comm.iter().any(|&b| b == 0)
+            && got.comm.contains(&0)
             && name.bytes().all(|b| (0x20..0x7f).contains(&b));
         let plausible = printable
             && got.pid <= PID_MAX_LIMIT
@@ -237,8 +240,10 @@ impl LinuxTasks {
             Ok(())
         } else {
             Err(format!(
-                "the current task read as pid {}, tgid {}, name {name:?}",
-                got.pid, got.tgid
+                "the current task read as pid {}, tgid {}, name \"{}\"",
+                got.pid,
+                got.tgid,
+                shown(&got.comm)
             ))
         })
     }
@@ -295,7 +300,15 @@ impl LinuxTasks {
         let mut got = TaskRead::default();
         let mut word = |at: u64, ok: &mut bool, cache: &mut TranslationCache| {
             let mut four = [0u8; 4];
-            *ok = *ok && read(backend, cache, vcpu, kernel_regs, task.wrapping_add(at), &mut four);
+            *ok = *ok
+                && read(
+                    backend,
+                    cache,
+                    vcpu,
+                    kernel_regs,
+                    task.wrapping_add(at),
+                    &mut four,
+                );
             u32::from_le_bytes(four)
         };
         let mut ok = true;
@@ -467,6 +480,12 @@ fn read(
     backend
         .read_virtual(vcpu, at, buf)
         .is_ok_and(|n| n == buf.len())
+}
+
+/// A name read from memory that may not be one, printable in one line.
+fn shown(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    comm[..end].escape_ascii().to_string()
 }
 
 fn comm_string(comm: &[u8]) -> String {

@@ -117,9 +117,7 @@ impl LiveModel {
             .get(&sample.tid)
             .map_or("thread", String::as_str)
             .to_string();
-        let task = self
-            .guest_tasks
-            .at(sample.pid, sample.tid, sample.time_ns);
+        let task = self.guest_tasks.at(sample.pid, sample.tid, sample.time_ns);
         let guest_user = task.and_then(guest_tasks::user_frame);
         let process = match task {
             Some(task) => {

@@ -250,7 +250,12 @@ fn guest_processes(recording: &glass_format::Recording) {
         .samples
         .iter()
         .map(|s| (s.pid, s.tid, s.time_ns))
-        .chain(recording.snapshots.iter().map(|s| (s.pid, s.tid, s.time_ns)));
+        .chain(
+            recording
+                .snapshots
+                .iter()
+                .map(|s| (s.pid, s.tid, s.time_ns)),
+        );
     for (pid, tid, time_ns) in sampled {
         match tasks.at(pid, tid, time_ns) {
             Some(task) => {

@@ -17,7 +17,9 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use glass_format::{Backend, GuestTask, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
+use glass_format::{
+    Backend, GuestTask, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit,
+};
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
 use glass_report::model::{FrameKind, SampleIn, StackIndex, StringIndex};
