@@ -99,7 +99,10 @@ impl LiveModel {
 
     /// Appends a sample; returns the model's thread row it went to.
     pub fn sample(&mut self, sample: &SampleIn) -> usize {
+        // A VM guest's kernel addresses are the guest's, named from its image or map
+        // (this machine's kallsyms would name them wrongly).
         if self.kernel.is_none()
+            && !self.namer.is_guest()
             && sample
                 .frames
                 .iter()

@@ -287,6 +287,11 @@ impl Namer {
         self.guest = meta.backend.is_guest();
     }
 
+    /// The samples are a VM guest's.
+    pub(crate) fn is_guest(&self) -> bool {
+        self.guest
+    }
+
     fn code_category(&self, path: &str, address: u64) -> Category {
         if self.guest {
             Category::Guest

@@ -180,7 +180,7 @@ fn x86_64_processes_over_qmp() {
     let mut vm = Command::new(repo().join("guests/linux/run.sh"))
         .arg("--qmp")
         .arg(&socket)
-        .args(["--work", "16", "x86_64"])
+        .args(["--work", "20", "x86_64"])
         .arg(kit_dir)
         .arg(&out)
         .stdout(Stdio::null())
@@ -245,6 +245,30 @@ fn x86_64_processes_over_qmp() {
         assert!(Instant::now() < deadline, "the guest stopped counting");
         std::thread::sleep(Duration::from_millis(200));
     };
+    // glass top takes the same option: its thread rows are the guest's tasks, and the
+    // guest's kernel is named from its map (not from this machine's kallsyms).
+    let top = glass(&[
+        "top",
+        "--qmp",
+        socket.to_str().unwrap(),
+        "--symbols",
+        symbols.to_str().unwrap(),
+        "--guest-btf",
+        kit.join("vmlinux.btf").to_str().unwrap(),
+        "-F",
+        "197",
+        "-d",
+        "2",
+        "--batch",
+        "--threads",
+    ]);
+    let shown = stdout(&top);
+    assert!(top.status.success(), "{}", stderr(&top));
+    assert!(
+        shown.contains("vcpu0: userspin (pid ") && shown.contains("[user] userspin"),
+        "glass top shows no userspin row:\n{shown}"
+    );
+    assert!(!shown.contains("[kernel.kallsyms]"), "{shown}");
     let status = vm.wait().unwrap();
     assert!(
         status.success(),

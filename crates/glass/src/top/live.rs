@@ -271,6 +271,7 @@ pub struct Table {
 /// A sample of the window: its thread and its row of the model's stack table.
 #[derive(Clone, Copy)]
 struct WindowSample {
+    /// The thread (a VM guest's: its row in the model, one per vCPU and guest task).
     tid: u32,
     stack: Option<StackIndex>,
     weight: u64,
@@ -424,13 +425,17 @@ impl Live {
 
     /// The samples of the live window.
     fn window(&self) -> Vec<WindowSample> {
+        // A guest's vCPU runs many guest tasks (`--guest-btf`): each its own thread row.
+        let by_row = self.is_guest();
         self.model
             .model
             .threads
             .iter()
-            .flat_map(|thread| {
-                thread.samples.iter().map(|s| WindowSample {
-                    tid: thread.tid,
+            .enumerate()
+            .flat_map(|(row, thread)| {
+                let tid = if by_row { row as u32 } else { thread.tid };
+                thread.samples.iter().map(move |s| WindowSample {
+                    tid,
                     stack: s.stack,
                     weight: s.weight,
                 })
@@ -475,14 +480,27 @@ impl Live {
         let mut tids: Vec<u32> = samples.iter().map(|s| s.tid).collect();
         tids.sort_unstable();
         tids.dedup();
+        if self.is_guest() {
+            let rows = &self.model.model.threads;
+            tids.sort_by_cached_key(|&row| (rows[row as usize].tid, self.thread_label(row)));
+        }
         tids
     }
 
     pub fn thread_label(&self, tid: u32) -> String {
+        if self.is_guest() {
+            if let Some(row) = self.model.model.threads.get(tid as usize) {
+                return format!("{}/{}", self.model.model.string(row.name), row.tid);
+            }
+        }
         match self.thread_names.get(&tid) {
             Some(name) => format!("{name}/{tid}"),
             None => format!("thread/{tid}"),
         }
+    }
+
+    fn is_guest(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| m.backend.is_guest())
     }
 
     pub fn is_perf(&self) -> bool {
