@@ -141,12 +141,15 @@ pub(super) fn sample_guest<'a>(
     // input; a stub glass launched or enabled through QEMU's monitor failing is a
     // runtime failure.
     let given_by_user = matches!(vmm, Vmm::Stub);
-    let client = client.map_err(|error| match !given_by_user {
+    let mut client = client.map_err(|error| match !given_by_user {
         true => stub_failed(error),
         false => TargetError::BadInput(format!(
             "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
         )),
     })?;
+    if linux.is_none() {
+        client.without_task_registers();
+    }
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
     let (ram, memory) = match ram {

@@ -51,6 +51,15 @@ impl VcpuRegs {
         }
     }
 
+    /// The first of [`VcpuRegs::names`] that only finds a Linux guest's current task
+    /// (the rest of the list).
+    pub fn task_registers_from(arch: Arch) -> usize {
+        match arch {
+            Arch::X86_64 => x86_64::TASK_REGISTERS_FROM,
+            Arch::Aarch64 => aarch64::TASK_REGISTERS_FROM,
+        }
+    }
+
     /// From the values of [`VcpuRegs::names`] (0 for a register the backend lacks).
     pub fn from_values(arch: Arch, values: &[u64]) -> Self {
         match arch {

@@ -21,6 +21,9 @@ pub const NAMES: &[&[&str]] = &[
     &["k_gs_base"],
 ];
 
+/// The names from here on find a Linux guest's current task (`--guest-btf`) only.
+pub const TASK_REGISTERS_FROM: usize = 6;
+
 /// How many of [`NAMES`] a backend must have (the rest read as 0 when missing).
 pub const REQUIRED: usize = 3;
 
