@@ -494,13 +494,22 @@ impl<'a> Recorder<'a> {
             && !space.unwinder.has_module(mapping.start)
         {
             let path = readable_path(pid, &mapping);
-            // A module whose tables cannot be read unwinds by frame pointers.
-            let _ = space.unwinder.add_module(
+            // A module whose tables cannot be read unwinds by frame pointers; a symbol
+            // table (a guest kernel's kallsyms) still gives its function starts.
+            let added = space.unwinder.add_module(
                 Path::new(&path),
                 mapping.start,
                 mapping.end,
                 mapping.file_offset,
             );
+            if let Err(glass_unwind::dwarf::ModuleError::NotElf(_)) = added {
+                if let Some(table) = glass_symbols::nm_table(&path) {
+                    let starts: Vec<u64> = table.iter().map(|s| s.0).collect();
+                    space
+                        .unwinder
+                        .add_symbol_table(mapping.start, mapping.end, &starts);
+                }
+            }
         }
         // Overlapping older mappings (an unmapped and reused range) give way.
         space

@@ -851,7 +851,16 @@ pub fn nm_table(path: &str) -> Option<Vec<(u64, u64, String)>> {
             let address = u64::from_str_radix(fields.next()?, 16).ok()?;
             let kind = fields.next()?;
             let name = fields.next()?;
-            matches!(kind, "T" | "t" | "W" | "w").then(|| (address, 0, name.to_string()))
+            // AArch64 mapping symbols ($x, $d) mark code and data, not functions.
+            if name.starts_with('$') {
+                return None;
+            }
+            // /proc/kallsyms ends a loaded module's symbols with `[module]`.
+            let name = match fields.next() {
+                Some(module) if module.starts_with('[') => format!("{name} {module}"),
+                _ => name.to_string(),
+            };
+            matches!(kind, "T" | "t" | "W" | "w").then_some((address, 0, name))
         })
         .collect();
     if symbols.is_empty() {

@@ -49,6 +49,7 @@ pub fn walk_frame_pointers(
         &mut |address| window.word(memory, address),
         max_depth,
         frames,
+        &|address| address,
     )
 }
 
@@ -80,12 +81,14 @@ pub fn unchained_return_address(
 /// Follows frame records from `fp` (saved frame pointer at `fp`, return address above
 /// it): the part of the walk both architectures share. `frames` already holds the
 /// first address(es); at most `max_depth` in all counting from its first entry.
+/// `strip` makes a saved return address an address (AArch64's pointer authentication).
 pub(crate) fn follow_chain(
     mut fp: u64,
     sp: u64,
     read_word: &mut dyn FnMut(u64) -> Option<u64>,
     max_depth: usize,
     frames: &mut Vec<u64>,
+    strip: &dyn Fn(u64) -> u64,
 ) -> WalkEnd {
     let start = frames.len().saturating_sub(1);
     let mut lowest_allowed = sp;
@@ -108,7 +111,7 @@ pub(crate) fn follow_chain(
         if return_address == 0 {
             return WalkEnd::Complete;
         }
-        frames.push(return_address);
+        frames.push(strip(return_address));
         // The caller's frame must lie strictly above this one: this is the loop check.
         lowest_allowed = fp + 16;
         fp = caller_fp;

@@ -58,8 +58,19 @@ impl Aarch64Regs {
     pub fn unwind(&self) -> UnwindRegs {
         UnwindRegs {
             lr: self.x30,
+            va_bits: self.va_bits(),
             ..UnwindRegs::new(self.pc, self.sp, self.x29)
         }
+    }
+
+    /// The virtual address sizes of the lower and upper halves (64 - T0SZ, 64 - T1SZ),
+    /// [0, 0] where TCR_EL1 is unknown.
+    pub fn va_bits(&self) -> [u8; 2] {
+        if self.tcr_el1 == 0 {
+            return [0; 2];
+        }
+        let bits = |tsz: u64| 64 - (tsz & 0x3f).min(63) as u8;
+        [bits(self.tcr_el1), bits(self.tcr_el1 >> 16)]
     }
 
     pub fn mmu_on(&self) -> bool {
