@@ -44,7 +44,7 @@ const AARCH64_WFE: u32 = 0xd503_205f;
 
 impl GuestImage {
     /// Reads an ELF image, or an `nm -n` / System.map table (one mapping over its text
-    /// symbols, no code: frame pointers only, no halt detection).
+    /// symbols, no code: frame pointers only, halts told from guest memory).
     pub fn load(path: &Path) -> Result<GuestImage, TargetError> {
         let bytes = std::fs::read(path)
             .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
@@ -60,7 +60,7 @@ impl GuestImage {
             return Ok(GuestImage {
                 mappings: vec![mapping(path, start, end, 0)],
                 code: Vec::new(),
-                starts: Vec::new(),
+                starts: table.iter().map(|s| s.0).collect(),
                 after_hlt: HashMap::new(),
                 naming_warning: None,
                 cfi: glass_unwind::CfiSources::default(),
@@ -168,14 +168,72 @@ impl GuestImage {
         let from = index
             .checked_sub(1)
             .map_or(*base, |i| self.starts[i].max(*base));
-        let slice = &bytes[(from - base) as usize..(ip - base) as usize];
-        let mut decoder = Decoder::with_ip(64, slice, from, DecoderOptions::NONE);
-        let halted = (&mut decoder).into_iter().any(|instruction| {
-            instruction.mnemonic() == Mnemonic::Hlt && instruction.next_ip() == ip
-        });
+        let halted = hlt_ends_at(
+            &bytes[(from - base) as usize..(ip - base) as usize],
+            from,
+            ip,
+        );
         self.after_hlt.insert(ip, halted);
         halted
     }
+
+    /// [`GuestImage::halted_at`] for an image without the code at `ip` (a symbol table:
+    /// kallsyms, System.map): the instruction before `ip` is read from the guest's memory
+    /// through `read` (bytes at a guest-virtual address; how many were read). Only kernel
+    /// (upper-half) addresses, whose code is the same in every process, are read and
+    /// their answer kept: idle is the kernel's.
+    pub fn halted_in_memory(
+        &mut self,
+        arch: Arch,
+        ip: u64,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    ) -> bool {
+        if self
+            .code
+            .iter()
+            .any(|(base, bytes)| ip > *base && ip <= base + bytes.len() as u64)
+        {
+            return self.halted_at(ip);
+        }
+        if ip >> 63 == 0 {
+            return false;
+        }
+        if let Some(&known) = self.after_hlt.get(&ip) {
+            return known;
+        }
+        let halted = match arch {
+            Arch::Aarch64 => {
+                let mut word = [0u8; 4];
+                ip.is_multiple_of(4)
+                    && read(ip - 4, &mut word) == 4
+                    && matches!(u32::from_le_bytes(word), AARCH64_WFI | AARCH64_WFE)
+            }
+            Arch::X86_64 => {
+                // From the function's start where it is near, else the hlt byte alone.
+                const MOST: u64 = 4096;
+                let index = self.starts.partition_point(|&a| a < ip);
+                let from = index
+                    .checked_sub(1)
+                    .map(|i| self.starts[i])
+                    .filter(|&start| ip - start <= MOST)
+                    .unwrap_or(ip - 1);
+                let mut bytes = vec![0u8; (ip - from) as usize];
+                read(from, &mut bytes) == bytes.len()
+                    && bytes.last() == Some(&0xf4)
+                    && hlt_ends_at(&bytes, from, ip)
+            }
+        };
+        self.after_hlt.insert(ip, halted);
+        halted
+    }
+}
+
+/// Whether decoding `bytes` (code at `from`) yields a `hlt` that ends at `ip`.
+fn hlt_ends_at(bytes: &[u8], from: u64, ip: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, bytes, from, DecoderOptions::NONE);
+    (&mut decoder)
+        .into_iter()
+        .any(|instruction| instruction.mnemonic() == Mnemonic::Hlt && instruction.next_ip() == ip)
 }
 
 fn mapping(path: &Path, start: u64, end: u64, file_offset: u64) -> Mapping {

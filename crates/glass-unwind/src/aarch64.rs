@@ -36,6 +36,11 @@ pub fn strip_pac(address: u64, va_bits: [u8; 2]) -> u64 {
     }
 }
 
+/// How many stack switches a frame-record chain may make: Linux's arm64 kernel runs
+/// interrupts on a per-CPU IRQ stack (`call_on_irq_stack` leaves a frame record on the
+/// task's stack), softirqs too, and an overflow on its own stack: IRQ, then task.
+const STACK_SWITCHES: usize = 2;
+
 /// The AArch64 frame-record walk. A function saves x29/x30 as a frame record only in
 /// its prologue (and leaves compiled without frame records never do): until then the
 /// caller's return address is in the link register alone. So the link register is the
@@ -67,7 +72,15 @@ pub fn walk_frame_records(
         frames.push(lr);
     }
     let remaining = max_depth.saturating_sub(frames.len() - start - 1);
-    follow_chain(regs.fp, regs.sp, read_word, remaining, frames, &strip)
+    follow_chain(
+        regs.fp,
+        regs.sp,
+        read_word,
+        remaining,
+        frames,
+        &strip,
+        STACK_SWITCHES,
+    )
 }
 
 #[cfg(test)]
@@ -145,22 +158,34 @@ mod tests {
     fn pointer_authentication_codes_are_stripped_by_the_addresss_half() {
         // 48-bit halves (T0SZ = T1SZ = 16), as Debian's arm64 kernel runs.
         let va = [48, 48];
-        assert_eq!(strip_pac(0x0035_8000_0845_1234 | 1 << 63, va), 0xffff_8000_0845_1234);
+        assert_eq!(strip_pac(0x4ab5_8000_0845_1234, va), 0xffff_8000_0845_1234);
         assert_eq!(strip_pac(0x7f12_0000_0040_1000, va), 0x0000_0000_0040_1000);
         assert_eq!(strip_pac(0xffff_8000_0845_1234, va), 0xffff_8000_0845_1234);
-        assert_eq!(strip_pac(0x7f12_0000_0040_1000, [0, 0]), 0x7f12_0000_0040_1000);
+        assert_eq!(
+            strip_pac(0x7f12_0000_0040_1000, [0, 0]),
+            0x7f12_0000_0040_1000
+        );
         // A signed kernel chain: x30 and the saved return addresses carry codes.
         let kernel = |a: u64| a | 0xffff_0000_0000_0000;
-        let signed = |a: u64| a & !0x00ff_0000_0000_0000 | 0x002a_0000_0000_0000;
+        let signed = |a: u64| a & 0x0080_ffff_ffff_ffff | 0x2a2a_0000_0000_0000;
         let base = kernel(0x8000_0000_0000);
-        let records = [(base + 0x40, base + 0x80, signed(kernel(0x1010))), (base + 0x80, 0, 0)];
+        let records = [
+            (base + 0x40, base + 0x80, signed(kernel(0x1010))),
+            (base + 0x80, 0, 0),
+        ];
         let regs = UnwindRegs {
             lr: signed(kernel(0x2020)),
             va_bits: va,
             ..UnwindRegs::new(kernel(0x3010), base, base + 0x40)
         };
         let mut frames = Vec::new();
-        let end = walk_frame_records(regs, &mut stack(base, &records), 64, &mut frames, &|_, _| false);
+        let end = walk_frame_records(
+            regs,
+            &mut stack(base, &records),
+            64,
+            &mut frames,
+            &|_, _| false,
+        );
         assert_eq!(end, WalkEnd::Complete);
         assert_eq!(frames, [kernel(0x3010), kernel(0x2020), kernel(0x1010)]);
     }
