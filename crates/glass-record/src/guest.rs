@@ -535,6 +535,7 @@ fn run_with(
         stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
             .ok()
             .and_then(|n| n.parse().ok()),
+        slide_tries: 0,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -662,7 +663,12 @@ struct GuestSampler<'s, 'b, 'v> {
     /// stopped inside a sample by construction.
     ticks: u64,
     stop_in_sample: Option<u64>,
+    /// Samples in the kernel outside the symbol table that did not tell its slide.
+    slide_tries: u32,
 }
+
+/// How many samples outside a symbol table may try to find the kernel's slide.
+const SLIDE_TRIES: u32 = 64;
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
@@ -777,8 +783,59 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }
+        if image.may_slide() && self.slide_tries < SLIDE_TRIES {
+            self.find_slide(sink, time_ns)?;
+        }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
+    }
+}
+
+impl GuestSampler<'_, '_, '_> {
+    /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
+    /// stopped in the kernel outside the table (its registers, or the kernel's banner
+    /// read from guest RAM: kernel data that does not change while the guest runs). Once
+    /// found, the table is mapped where the kernel runs from this sample on.
+    fn find_slide(&mut self, sink: &mut Sink, time_ns: u64) -> std::io::Result<()> {
+        let arch = self.backend.arch();
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let found = self.vcpus.iter().find_map(|vcpu| {
+            let r = vcpu.regs;
+            if vcpu.in_firmware || !r.paging_on() {
+                return None;
+            }
+            self.image
+                .find_slide(arch, r.ip(), r.vector_base(), &mut |address, buf| {
+                    backend
+                        .physical_memory()
+                        .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+                })
+        });
+        let Some((slide, how)) = found else {
+            // Only a sample in the kernel outside the table counts as a try.
+            let outside = self.vcpus.iter().any(|v| {
+                v.regs.paging_on() && v.regs.ip() >> 63 == 1 && !self.image.contains(v.regs.ip())
+            });
+            self.slide_tries += u32::from(outside);
+            if self.slide_tries == SLIDE_TRIES {
+                sink.notes.warn(
+                    "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
+                );
+            }
+            return Ok(());
+        };
+        self.image.apply_slide(slide);
+        sink.notes.figure(&format!(
+            "KASLR: the running kernel lies {slide:#x} above the symbol table ({how}); named from then on"
+        ));
+        for mapping in &self.image.mappings {
+            sink.handle(Event::Mapping {
+                pid: GUEST_PID,
+                mapping: mapping.clone(),
+                time_ns,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -794,7 +851,8 @@ fn take_sample(
     source.last_registers_ns = started.elapsed().as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let started = Instant::now();
-        let r = source.regs[index];
+        let mut r = source.regs[index];
+        r.interrupted_in_tables(image.vector_tables());
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.

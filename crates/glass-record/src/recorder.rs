@@ -82,7 +82,9 @@ impl CopiedStack<'_> {
         if address >= self.sp && address - self.sp <= (self.bytes.len() + 4096) as u64 {
             // Just past the copy: the same stack, deeper than copied.
             self.high_water = self.high_water.max(address + 8);
-        } else {
+        } else if address.is_multiple_of(8) && address >> 63 == self.sp >> 63 {
+            // A frame elsewhere in the same half (another stack); a word of data taken
+            // for a frame pointer (unaligned, or a small number) is a walk gone astray.
             self.outside = true;
         }
         None
@@ -537,7 +539,10 @@ impl<'a> Recorder<'a> {
             );
             if let Err(glass_unwind::dwarf::ModuleError::NotElf(_)) = added {
                 if let Some(table) = glass_symbols::nm_table(&path) {
-                    let starts: Vec<u64> = table.iter().map(|s| s.0).collect();
+                    // The mapping starts at the table's first symbol, or above it by a
+                    // relocated (KASLR) kernel's slide.
+                    let slide = mapping.start.wrapping_sub(table.first().map_or(0, |s| s.0));
+                    let starts: Vec<u64> = table.iter().map(|s| s.0.wrapping_add(slide)).collect();
                     space
                         .unwinder
                         .add_symbol_table(mapping.start, mapping.end, &starts);

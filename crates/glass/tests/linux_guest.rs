@@ -7,7 +7,8 @@
 //! One boot per architecture and configuration, several checks per boot: pointer
 //! authentication stripped (`-cpu max`: read()'s stacks named down to `el0t_64_sync`), no
 //! frame repeated by the link-register rule, no vector entry as a leaf, IRQ samples rooted
-//! in the interrupted task, idle vCPUs `[halted]` though the map has no code.
+//! in the interrupted task, idle vCPUs `[halted]` though the map has no code, and with
+//! KASLR on (the map from a nokaslr boot) the slide found and the kernel named.
 
 mod common;
 
@@ -140,6 +141,15 @@ fn check_idle_and_vectors(boot: &Boot, name: &str) {
         show(boot.vcpu(1), 10)
     );
     eprintln!("{name}: vcpu1 halted {halted} of {vcpu1}");
+    // Named where it halted (with KASLR on, only once the slide is found).
+    let named = count(boot.vcpu(1).filter(|(f, _)| {
+        f.len() >= 2 && f[f.len() - 1] == "[halted]" && !f[f.len() - 2].starts_with('[')
+    }));
+    assert!(
+        named * 100 >= halted * 90,
+        "{name}: {named} of {halted} halted samples named:\n{}",
+        show(boot.vcpu(1), 10)
+    );
     let vectors = count(
         boot.all()
             .filter(|(f, _)| f.last().is_some_and(|l| l == "vectors")),
@@ -236,8 +246,36 @@ fn arm64_pac_kernel_seen_whole() {
     assert!(boot.console.contains("glass-truth"), "{}", boot.console);
 }
 
+/// KASLR on: the kit's kallsyms (from a nokaslr boot) and the running kernel differ by
+/// the slide, which glass finds and says.
+fn check_kaslr(boot: &Boot, name: &str) {
+    let line = boot
+        .err
+        .lines()
+        .find(|l| l.contains("KASLR: the running kernel lies"))
+        .unwrap_or_else(|| panic!("{name}: no slide found: {}", boot.err));
+    eprintln!("{name}: {line}");
+    assert!(!boot.err.contains("warning"), "{name}: {}", boot.err);
+}
+
 #[test]
-fn x86_64_kernel_idle_and_entries() {
-    let boot = boot("x86_64", "x86-64", &[]);
-    check_idle_and_vectors(&boot, "x86-64");
+fn arm64_kaslr_kernel_named() {
+    let boot = boot(
+        "aarch64",
+        "arm64-kaslr",
+        &["--kaslr", "--cpu", "cortex-a57"],
+    );
+    let name = "arm64 KASLR";
+    check_kaslr(&boot, name);
+    check_idle_and_vectors(&boot, name);
+    let entries = count(boot.all().filter(|(f, _)| f[0].starts_with("el0t_64_")));
+    assert!(entries >= 100, "{name}: {entries} stacks from user entries");
+}
+
+#[test]
+fn x86_64_kaslr_kernel_idle_named() {
+    let boot = boot("x86_64", "x86-64-kaslr", &["--kaslr"]);
+    let name = "x86-64 KASLR";
+    check_kaslr(&boot, name);
+    check_idle_and_vectors(&boot, name);
 }

@@ -78,6 +78,26 @@ impl Aarch64Regs {
         .interrupted()
     }
 
+    /// Inside one of the kernel's vector tables at `tables` (from its symbols) with an
+    /// exception from EL0: with KPTI, VBAR_EL1 is the trampoline's alias and the stop
+    /// comes after the trampoline branched into the table proper. Nothing of the user's
+    /// context has been saved or changed there but x30 (the trampoline's scratch): the
+    /// user pc (ELR_EL1) and stack pointer (SP_EL0) are taken.
+    pub fn interrupted_in_tables(&mut self, tables: &[u64]) {
+        let inside = tables
+            .iter()
+            .any(|&t| self.pc >= t && self.pc - t < VECTORS_SIZE);
+        if inside && self.exception_level() == 1 && (self.spsr_el1 >> 2) & 3 == 0 {
+            *self = Aarch64Regs {
+                pc: self.elr_el1,
+                cpsr: self.spsr_el1,
+                sp: self.sp_el0,
+                x30: 0,
+                ..*self
+            };
+        }
+    }
+
     /// On an exception vector entry: the interrupted context (see the module comment);
     /// otherwise the registers as they are.
     fn interrupted(self) -> Self {
