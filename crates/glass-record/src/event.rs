@@ -61,6 +61,9 @@ pub enum Event<'s> {
         flags: u8,
         regs: UnwindRegs,
         stack: &'s [u8],
+        /// A second stack range (its address, its bytes) where the walk leaves the first
+        /// for another stack (a Linux guest's IRQ stack back to the interrupted task's).
+        other_stack: Option<(u64, &'s [u8])>,
     },
 }
 

@@ -46,6 +46,9 @@ const GUEST_PID: i32 = 1;
 /// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
 /// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
 const FIRST_STACK_COPY: usize = 16 << 10;
+/// The second range's size: a Linux task stack is 16 KiB (arm64 and x86-64), and the
+/// copy ends at the first unmapped page.
+const OTHER_STACK_COPY: usize = 16 << 10;
 /// How many of a vCPU's last walks its stack copy is sized for at least.
 const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
@@ -326,8 +329,15 @@ struct Vcpu {
     samples: u64,
     halted: u64,
     firmware: u64,
-    /// Stacks the unwinder wanted more of than was copied.
+    /// Stacks the unwinder wanted more of than was copied, or memory outside the copies.
     cut: u64,
+    /// The second range: where the frame chain leaves the first copy for another stack
+    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied.
+    other: Vec<u8>,
+    other_at: u64,
+    other_copied: usize,
+    /// Samples that took a second range.
+    switched: u64,
 }
 
 impl Vcpu {
@@ -352,6 +362,10 @@ impl Vcpu {
             halted: 0,
             firmware: 0,
             cut: 0,
+            other: vec![0; limit.min(OTHER_STACK_COPY)],
+            other_at: 0,
+            other_copied: 0,
+            switched: 0,
         }
     }
 
@@ -544,6 +558,7 @@ fn run_with(
         stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
             .ok()
             .and_then(|n| n.parse().ok()),
+        slide_tries: 0,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -624,12 +639,13 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn 
             format!(" ({})", states.join(", "))
         };
         notes.figure(&format!(
-            "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks longer than the copy",
+            "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks continued on a second stack, {} stacks longer than the copy",
             vcpu.samples,
             at(0.5),
             at(0.99),
             vcpu.copy_len.div_ceil(1024),
             limit / 1024,
+            vcpu.switched,
             vcpu.cut
         ));
     }
@@ -678,7 +694,12 @@ struct GuestSampler<'s, 'b, 'v> {
     /// stopped inside a sample by construction.
     ticks: u64,
     stop_in_sample: Option<u64>,
+    /// Samples in the kernel outside the symbol table that did not tell its slide.
+    slide_tries: u32,
 }
+
+/// How many samples outside a symbol table may try to find the kernel's slide.
+const SLIDE_TRIES: u32 = 64;
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
@@ -791,13 +812,14 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             let halted = self
                 .backend
                 .halted(index)
-                .unwrap_or_else(|| image.halted_at(r.ip()));
+                .unwrap_or_else(|| halted_at(&mut *self.backend, &mut source.cache, image, &r));
             if halted {
                 vcpu.halted += 1;
                 if self.no_idle {
                     continue;
                 }
             }
+            let outside_before = sink.walks_outside_copies;
             let wanted = sink.handle(Event::Stack {
                 pid: GUEST_PID,
                 tid,
@@ -810,12 +832,68 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 },
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
+                other_stack: (vcpu.other_copied > 0)
+                    .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
             })?;
+            vcpu.switched += u64::from(vcpu.other_copied > 0);
+            // A walk that wanted memory outside its copies was cut too, wherever it was.
+            vcpu.cut += u64::from(sink.walks_outside_copies > outside_before);
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }
+        if image.may_slide() && self.slide_tries < SLIDE_TRIES {
+            self.find_slide(sink, time_ns)?;
+        }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
+    }
+}
+
+impl GuestSampler<'_, '_, '_> {
+    /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
+    /// stopped in the kernel outside the table (its registers, or the kernel's banner
+    /// read from guest RAM: kernel data that does not change while the guest runs). Once
+    /// found, the table is mapped where the kernel runs from this sample on.
+    fn find_slide(&mut self, sink: &mut Sink, time_ns: u64) -> std::io::Result<()> {
+        let arch = self.backend.arch();
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let found = self.vcpus.iter().find_map(|vcpu| {
+            let r = vcpu.regs;
+            if vcpu.in_firmware || !r.paging_on() {
+                return None;
+            }
+            self.image
+                .find_slide(arch, r.ip(), r.vector_base(), &mut |address, buf| {
+                    backend
+                        .physical_memory()
+                        .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+                })
+        });
+        let Some((slide, how)) = found else {
+            // Only a sample in the kernel outside the table counts as a try.
+            let outside = self.vcpus.iter().any(|v| {
+                v.regs.paging_on() && v.regs.ip() >> 63 == 1 && !self.image.contains(v.regs.ip())
+            });
+            self.slide_tries += u32::from(outside);
+            if self.slide_tries == SLIDE_TRIES {
+                sink.notes.warn(
+                    "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
+                );
+            }
+            return Ok(());
+        };
+        self.image.apply_slide(slide);
+        sink.notes.figure(&format!(
+            "KASLR: the running kernel lies {slide:#x} above the symbol table ({how}); named from then on"
+        ));
+        for mapping in &self.image.mappings {
+            sink.handle(Event::Mapping {
+                pid: GUEST_PID,
+                mapping: mapping.clone(),
+                time_ns,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -832,7 +910,8 @@ fn take_sample(
     source.last_registers_ns = started.elapsed().as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let started = Instant::now();
-        let r = source.regs[index];
+        let mut r = source.regs[index];
+        r.interrupted_in_tables(image.vector_tables());
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
@@ -848,7 +927,7 @@ fn take_sample(
         let left_out = no_idle
             && backend
                 .halted(index)
-                .unwrap_or_else(|| image.halted_at(r.ip()));
+                .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
         vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
@@ -877,9 +956,33 @@ fn take_sample(
             vcpu.first_copy &= copied == 0;
             copied
         };
+        vcpu.other_copied = 0;
+        if let Some(at) = chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]) {
+            let buf = &mut vcpu.other;
+            vcpu.other_at = at;
+            vcpu.other_copied = copy_from(backend, &mut source.cache, index, &r, at, buf)?;
+        }
         vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }
     Ok(())
+}
+
+/// Whether the vCPU has just executed a halting instruction, from the image's code or,
+/// where it has none (a symbol table), from the guest's RAM where glass maps it (kernel
+/// text, which does not change while the guest runs; the stub cannot be asked once the
+/// VM runs again).
+fn halted_at(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    image: &mut GuestImage,
+    r: &VcpuRegs,
+) -> bool {
+    let arch = backend.arch();
+    image.halted_in_memory(arch, r.ip(), &mut |address, buf| {
+        backend
+            .physical_memory()
+            .map_or(0, |ram| cache.read_with(ram, &paging_of(r), address, buf))
+    })
 }
 
 /// Copies the stack from the vCPU's stack pointer into `buf`; returns how many bytes
@@ -891,11 +994,52 @@ fn copy_stack(
     r: &VcpuRegs,
     buf: &mut [u8],
 ) -> std::result::Result<usize, GuestError> {
-    if let Some(ram) = backend.physical_memory() {
-        return Ok(cache.read_with(ram, &paging_of(r), r.sp(), buf));
-    }
-    backend.read_virtual(vcpu, r.sp(), buf)
+    copy_from(backend, cache, vcpu, r, r.sp(), buf)
 }
+
+fn copy_from(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    vcpu: usize,
+    r: &VcpuRegs,
+    at: u64,
+    buf: &mut [u8],
+) -> std::result::Result<usize, GuestError> {
+    if let Some(ram) = backend.physical_memory() {
+        return Ok(cache.read_with(ram, &paging_of(r), at, buf));
+    }
+    backend.read_virtual(vcpu, at, buf)
+}
+
+/// Where the frame-record chain from the vCPU's frame pointer leaves the stack copy for
+/// another stack (a frame record below the stack pointer, or far above the copy: a
+/// Linux kernel's `call_on_irq_stack` record on the interrupted task's stack): that
+/// record's address, to copy a second range from. None when the chain ends, or only
+/// runs past the copy's end (the same stack, deeper: the copy's size handles that).
+fn chain_leaves_copy(r: &VcpuRegs, copy: &[u8]) -> Option<u64> {
+    const NEAR: u64 = 4096;
+    let (sp, end) = (r.sp(), r.sp() + copy.len() as u64);
+    let word = |at: u64| {
+        let offset = usize::try_from(at.checked_sub(sp)?).ok()?;
+        Some(u64::from_le_bytes(
+            copy.get(offset..offset + 8)?.try_into().ok()?,
+        ))
+    };
+    let mut fp = r.unwind().fp;
+    for _ in 0..MAX_CHAIN {
+        if fp == 0 || !fp.is_multiple_of(8) {
+            return None;
+        }
+        if fp < sp || fp >= end + NEAR {
+            return Some(fp);
+        }
+        fp = word(fp)?;
+    }
+    None
+}
+
+/// The most frame records [`chain_leaves_copy`] follows.
+const MAX_CHAIN: usize = 512;
 
 /// Counts sampled instruction pointers outside the image's text, once the vCPU is past
 /// its firmware (the firmware and the boot loader run first, outside any image), and

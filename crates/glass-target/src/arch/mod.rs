@@ -86,6 +86,22 @@ impl VcpuRegs {
         }
     }
 
+    /// AArch64: a vCPU inside one of the kernel's vector tables on an exception from EL0
+    /// is taken as the user context it interrupted (see [`Aarch64Regs::interrupted_in_tables`]).
+    pub fn interrupted_in_tables(&mut self, tables: &[u64]) {
+        if let VcpuRegs::Aarch64(r) = self {
+            r.interrupted_in_tables(tables);
+        }
+    }
+
+    /// The exception vector base (AArch64's VBAR_EL1), where the backend gives it.
+    pub fn vector_base(&self) -> Option<u64> {
+        match self {
+            VcpuRegs::X86_64(_) => None,
+            VcpuRegs::Aarch64(r) => (r.vbar_el1 != 0).then_some(r.vbar_el1),
+        }
+    }
+
     /// The vCPU translates addresses through page tables (x86: long mode; AArch64: the
     /// stage-1 MMU on). A vCPU that does not and has not yet run the guest image is
     /// still in its firmware or has not been started.
