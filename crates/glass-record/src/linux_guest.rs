@@ -51,6 +51,10 @@ pub struct TaskLayout {
     pub tgid: u64,
     pub comm: u64,
     pub flags: u64,
+    /// `task_struct.mm` and `mm_struct.pgd`: a user task's page tables, to check which
+    /// task an arm64 user address space belongs to.
+    pub mm: Option<u64>,
+    pub pgd: Option<u64>,
 }
 
 /// What one vCPU ran at this sample, as read while the VM was stopped.
@@ -193,10 +197,10 @@ impl LinuxTasks {
     }
 
     /// With the VM stopped, a vCPU in the kernel: whether the BTF's offsets fit the
-    /// running kernel — `init_task`'s name must be the idle task's (`swapper`) where the
-    /// map has `init_task`, else the vCPU's current task must look like one (a pid and
-    /// tgid Linux can give, a printable name, `swapper/N` for pid 0). `Err(what was
-    /// read)` when not; `None` when nothing could be read here.
+    /// running kernel — the vCPU's current task must look like one (a pid and tgid
+    /// Linux can give, a printable name, `swapper/N` for pid 0), or `init_task`'s name
+    /// be the idle task's (`swapper`) where the map has `init_task`. `Err(what was read)`
+    /// when neither; `None` when nothing could be read here.
     fn check(
         &mut self,
         backend: &mut dyn GuestBackend,
@@ -207,45 +211,57 @@ impl LinuxTasks {
         if !r.paging_on() || !in_kernel(r) {
             return None;
         }
-        if let Some(init_task) = self.init_task {
+        // The current task first: it needs no address from the map, which a KASLR
+        // kernel's slide would make wrong (`init_task`; x86-64's per-CPU offsets do not
+        // slide).
+        let current = self
+            .task_pointer(backend, cache, vcpu, r, r)
+            .and_then(|task| {
+                let got = self.fields(backend, cache, vcpu, r, task);
+                got.read.then(|| {
+                    let name = comm_string(&got.comm);
+                    let printable = !name.is_empty()
+                        && got.comm.contains(&0)
+                        && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+                    let plausible = printable
+                        && got.pid <= PID_MAX_LIMIT
+                        && got.tgid <= PID_MAX_LIMIT
+                        && (got.pid != 0 || name.starts_with("swapper"));
+                    if plausible {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "the current task read as pid {}, tgid {}, name \"{}\"",
+                            got.pid,
+                            got.tgid,
+                            shown(&got.comm)
+                        ))
+                    }
+                })
+            });
+        if matches!(current, Some(Ok(()))) {
+            return current;
+        }
+        let init = self.init_task.and_then(|init_task| {
             let mut comm = [0u8; COMM_LEN];
             let at = init_task.wrapping_add(self.layout.comm);
-            if !read(backend, cache, vcpu, r, at, &mut comm) {
-                return None;
-            }
-            let name = comm_string(&comm);
-            return Some(if name.starts_with("swapper") {
-                Ok(())
-            } else {
-                Err(format!(
-                    "init_task's name read as \"{}\", not swapper",
-                    shown(&comm)
-                ))
-            });
+            read(backend, cache, vcpu, r, at, &mut comm).then(|| {
+                if comm_string(&comm).starts_with("swapper") {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "init_task's name read as \"{}\", not swapper",
+                        shown(&comm)
+                    ))
+                }
+            })
+        });
+        match (current, init) {
+            (_, Some(Ok(()))) => Some(Ok(())),
+            (Some(Err(what)), _) | (None, Some(Err(what))) => Some(Err(what)),
+            (None, None) => None,
+            (Some(Ok(())), _) => Some(Ok(())),
         }
-        let task = self.task_pointer(backend, cache, vcpu, r, r)?;
-        let got = self.fields(backend, cache, vcpu, r, task);
-        if !got.read {
-            return None;
-        }
-        let name = comm_string(&got.comm);
-        let printable = !name.is_empty()
-            && got.comm.contains(&0)
-            && name.bytes().all(|b| (0x20..0x7f).contains(&b));
-        let plausible = printable
-            && got.pid <= PID_MAX_LIMIT
-            && got.tgid <= PID_MAX_LIMIT
-            && (got.pid != 0 || name.starts_with("swapper"));
-        Some(if plausible {
-            Ok(())
-        } else {
-            Err(format!(
-                "the current task read as pid {}, tgid {}, name \"{}\"",
-                got.pid,
-                got.tgid,
-                shown(&got.comm)
-            ))
-        })
     }
 
     /// Where vCPU `vcpu`'s current task is (`kernel_regs`: page tables that map the
@@ -266,7 +282,13 @@ impl LinuxTasks {
                 read(backend, cache, vcpu, kernel_regs, at, &mut word)
                     .then(|| u64::from_le_bytes(word))?
             }
-            VcpuRegs::Aarch64(a) => *self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR))?,
+            VcpuRegs::Aarch64(a) => {
+                let task = *self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR))?;
+                if !self.owns_tables(backend, cache, vcpu, kernel_regs, task, a.ttbr0_el1) {
+                    return None;
+                }
+                task
+            }
             VcpuRegs::X86_64(x) => {
                 // The kernel's per-CPU base is GS in the kernel, KERNEL_GS_BASE in user
                 // mode; told apart by which one is a kernel address (the entry code
@@ -285,6 +307,54 @@ impl LinuxTasks {
             }
         };
         kernel_data(task).then_some(task)
+    }
+
+    /// Whether `task`'s page tables are those at `ttbr0` (its `mm->pgd`, translated):
+    /// a user address space's task learned once may have exited since, its tables and
+    /// its `task_struct` reused by others. Unknown (no RAM mapped, no offsets): true.
+    fn owns_tables(
+        &self,
+        backend: &mut dyn GuestBackend,
+        cache: &mut TranslationCache,
+        vcpu: usize,
+        kernel_regs: &VcpuRegs,
+        task: u64,
+        ttbr0: u64,
+    ) -> bool {
+        let (Some(mm_at), Some(pgd_at)) = (self.layout.mm, self.layout.pgd) else {
+            return true;
+        };
+        let mut word = [0u8; 8];
+        if !read(
+            backend,
+            cache,
+            vcpu,
+            kernel_regs,
+            task.wrapping_add(mm_at),
+            &mut word,
+        ) {
+            return false;
+        }
+        let mm = u64::from_le_bytes(word);
+        if !kernel_data(mm)
+            || !read(
+                backend,
+                cache,
+                vcpu,
+                kernel_regs,
+                mm.wrapping_add(pgd_at),
+                &mut word,
+            )
+        {
+            return false;
+        }
+        let pgd = u64::from_le_bytes(word);
+        let Some(ram) = backend.physical_memory() else {
+            return true;
+        };
+        cache
+            .translate_with(ram, &paging_of(kernel_regs), pgd)
+            .is_ok_and(|physical| physical == ttbr0 & TTBR_BADDR)
     }
 
     /// The task's flags, pid, tgid and name: four small reads.
@@ -373,7 +443,16 @@ impl LinuxTasks {
                 if let VcpuRegs::Aarch64(a) = r {
                     // A user task in the kernel: its address space is in TTBR0 (a
                     // kernel thread keeps the last user's there).
-                    if in_kernel && got.read && got.flags & PF_KTHREAD == 0 && got.pid != 0 {
+                    // Checked against the task's own tables: in a context switch TTBR0 is
+                    // the next task's before sp_el0 is.
+                    let learn = in_kernel
+                        && got.read
+                        && got.flags & PF_KTHREAD == 0
+                        && got.pid != 0
+                        && self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR)) != Some(&task);
+                    if learn
+                        && self.owns_tables(backend, cache, vcpu, &kernel_regs, task, a.ttbr0_el1)
+                    {
                         self.by_user_table.insert(a.ttbr0_el1 & TTBR_BADDR, task);
                     }
                 }
@@ -530,11 +609,25 @@ pub fn task_layout(path: &Path) -> Result<TaskLayout, TargetError> {
             .copied()
             .ok_or_else(|| bad(format!("task_struct has no {name} member")))
     };
+    let mut mm_offsets = HashMap::new();
+    if let Some(mm) = btf
+        .resolve_types_by_name("mm_struct")
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+    {
+        members(&btf, &mm, 0, 0, &mut mm_offsets);
+    }
     Ok(TaskLayout {
         pid: field("pid")?,
         tgid: field("tgid")?,
         comm: field("comm")?,
         flags: field("flags")?,
+        mm: offsets.get("mm").copied(),
+        pgd: mm_offsets.get("pgd").copied(),
     })
 }
 
