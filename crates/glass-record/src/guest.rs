@@ -997,7 +997,7 @@ fn copy_stack(
     copy_from(backend, cache, vcpu, r, r.sp(), buf)
 }
 
-fn copy_from(
+pub(super) fn copy_from(
     backend: &mut dyn GuestBackend,
     cache: &mut TranslationCache,
     vcpu: usize,

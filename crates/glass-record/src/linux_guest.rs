@@ -324,31 +324,17 @@ impl LinuxTasks {
         let (Some(mm_at), Some(pgd_at)) = (self.layout.mm, self.layout.pgd) else {
             return true;
         };
-        let mut word = [0u8; 8];
-        if !read(
-            backend,
-            cache,
-            vcpu,
-            kernel_regs,
-            task.wrapping_add(mm_at),
-            &mut word,
-        ) {
+        let mut word_at = |at: u64, cache: &mut TranslationCache| {
+            let mut word = [0u8; 8];
+            read(backend, cache, vcpu, kernel_regs, at, &mut word).then(|| u64::from_le_bytes(word))
+        };
+        let Some(mm) = word_at(task.wrapping_add(mm_at), cache).filter(|&mm| kernel_data(mm))
+        else {
             return false;
-        }
-        let mm = u64::from_le_bytes(word);
-        if !kernel_data(mm)
-            || !read(
-                backend,
-                cache,
-                vcpu,
-                kernel_regs,
-                mm.wrapping_add(pgd_at),
-                &mut word,
-            )
-        {
+        };
+        let Some(pgd) = word_at(mm.wrapping_add(pgd_at), cache) else {
             return false;
-        }
-        let pgd = u64::from_le_bytes(word);
+        };
         let Some(ram) = backend.physical_memory() else {
             return true;
         };
@@ -543,8 +529,8 @@ fn in_kernel(r: &VcpuRegs) -> bool {
     }
 }
 
-/// Reads guest-virtual `at` through `r`'s page tables (RAM where the backend maps it,
-/// else the backend's own reads); true if all of `buf` was read.
+/// Reads guest-virtual `at` through `r`'s page tables (the stack copy's read); true if
+/// all of `buf` was read.
 fn read(
     backend: &mut dyn GuestBackend,
     cache: &mut TranslationCache,
@@ -553,12 +539,7 @@ fn read(
     at: u64,
     buf: &mut [u8],
 ) -> bool {
-    if let Some(ram) = backend.physical_memory() {
-        return cache.read_with(ram, &paging_of(r), at, buf) == buf.len();
-    }
-    backend
-        .read_virtual(vcpu, at, buf)
-        .is_ok_and(|n| n == buf.len())
+    super::guest::copy_from(backend, cache, vcpu, r, at, buf).is_ok_and(|n| n == buf.len())
 }
 
 /// A name read from memory that may not be one, printable in one line.

@@ -12,28 +12,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The kit (both architectures), kept across runs in the target's temporary directory.
-fn kit() -> &'static Path {
-    static KIT: OnceLock<PathBuf> = OnceLock::new();
-    KIT.get_or_init(|| {
-        let kit = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-kit");
-        let status = Command::new(repo().join("guests/linux/kit.sh"))
-            .arg(&kit)
-            .stdout(Stdio::null())
-            .status()
-            .expect("guests/linux/kit.sh");
-        assert!(status.success(), "guests/linux/kit.sh failed");
-        kit
-    })
 }
 
 /// A `name=NUMBER` field of a line the guest printed.
@@ -141,7 +125,7 @@ fn check_split(recording: &Path, spin_pid: u32, dd_pid: u32, true_spin: u64, tru
 #[test]
 fn arm64_processes_under_vm() {
     let _lock = exclusive();
-    let kit = kit().join("aarch64");
+    let kit = linux_kit().join("aarch64");
     let out = scratch("guest-process-arm64");
     let recording = out.join("a.glass");
     let status = Command::new(repo().join("guests/linux/run.sh"))
@@ -172,7 +156,7 @@ fn arm64_processes_under_vm() {
 #[test]
 fn x86_64_processes_over_qmp() {
     let _lock = exclusive();
-    let kit_dir = kit();
+    let kit_dir = linux_kit();
     let kit = kit_dir.join("x86_64");
     let out = scratch("guest-process-x86");
     let socket = out.join("qmp.sock");

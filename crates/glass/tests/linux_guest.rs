@@ -14,26 +14,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use common::*;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The kit (Debian's kernels, busybox initramfs, each kernel's kallsyms), kept across runs.
-fn kit() -> &'static Path {
-    static KIT: OnceLock<PathBuf> = OnceLock::new();
-    KIT.get_or_init(|| {
-        let kit = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-kit");
-        let status = Command::new(repo().join("guests/linux/kit.sh"))
-            .arg(&kit)
-            .status()
-            .expect("guests/linux/kit.sh runs");
-        assert!(status.success(), "guests/linux/kit.sh failed");
-        kit
-    })
 }
 
 /// One boot of `arch` under `glass record --vm` with the kit's kallsyms: the recording's
@@ -45,7 +30,7 @@ struct Boot {
 }
 
 fn boot(arch: &str, name: &str, run_options: &[&str]) -> Boot {
-    let kit = kit();
+    let kit = linux_kit();
     // One guest at a time: two TCG guests on a 2-CPU host starve each other's sampling.
     let _one = exclusive();
     let out = scratch(&format!("linux-{name}"));
