@@ -14,24 +14,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
 log() { echo "kit-arm64: $*" >&2; }
-fresh() { # fresh OUTPUT SOURCE...: OUTPUT exists and is newer than every SOURCE
-    local o="$1" s
-    shift
-    [ -e "$o" ] || return 1
-    for s in "$@"; do [ "$s" -nt "$o" ] && return 1; done
-    return 0
-}
+# shellcheck source=../../scripts/kit-lib.sh
+. "$HERE/../../scripts/kit-lib.sh"
 
 # --- 1. host packages and the arm64 package lists ---------------------------------------
-PKGS=(qemu-system-arm gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu kmod cpio gzip python3)
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    log "installing ${missing[*]}"
-    "$HERE/../../scripts/apt-install" --no-install-recommends "${missing[@]}"
-fi
+need_debs --no-install-recommends qemu-system-arm gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu \
+    kmod cpio gzip python3
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     log "dpkg --add-architecture arm64"
     dpkg --add-architecture arm64
@@ -136,9 +124,7 @@ if ! fresh "$OUT/dom0.cpio.gz" "$HERE/dom0/init" "$OUT/modules/load.order" "$ROO
     chmod 755 "$st/init"
     cp "$OUT"/modules/* "$st/lib/modules/"
     mknod -m 600 "$st/dev/console" c 5 1
-    (cd "$st" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) |
-        gzip -6 >"$OUT/dom0.cpio.gz.tmp"
-    mv "$OUT/dom0.cpio.gz.tmp" "$OUT/dom0.cpio.gz"
+    mkcpio "$st" "$OUT/dom0.cpio.gz"
     rm -rf "$st"
 fi
 

@@ -11,31 +11,17 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
 log() { echo "kit: $*" >&2; }
-# fresh OUTPUT SOURCE...: OUTPUT exists and is newer than every SOURCE
-fresh() {
-    local o="$1" s
-    shift
-    [ -e "$o" ] || return 1
-    for s in "$@"; do [ "$s" -nt "$o" ] && return 1; done
-    return 0
-}
+# shellcheck source=../../scripts/kit-lib.sh
+. "$HERE/../../scripts/kit-lib.sh"
 
 # --- 1. packages -----------------------------------------------------------------------
 # qemu-system-xen: the device model of HVM guests (xl's device_model_override=
 # /usr/libexec/xen-qemu-system-i386); PV and PVH guests need none.
 PKGS=(xen-hypervisor-4.17-amd64 xen-utils-4.17 libxen-dev busybox-static qemu-system-x86
       qemu-system-xen kmod cpio gzip gcc libc6-dev binutils)
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-done
+need_debs --no-install-recommends "${PKGS[@]}"
 apt_updated=0
 apt_update() { [ $apt_updated = 1 ] || { log "apt-get update"; apt-get update -qq; apt_updated=1; }; }
-if [ ${#missing[@]} -gt 0 ]; then
-    log "installing ${missing[*]}"
-    # --no-install-recommends: nothing else xen-utils recommends is needed.
-    "$HERE/../../scripts/apt-install" --no-install-recommends "${missing[@]}"
-fi
 
 # --- 2. hypervisor -----------------------------------------------------------------------
 XENGZ=/boot/xen-4.17-amd64.gz
@@ -107,12 +93,6 @@ if [ ! -s "$OUT/vmlinuz" ] || [ ! -s "$OUT/modules/load.order" ]; then
 fi
 
 BUSYBOX=/bin/busybox
-# mkcpio DIR OUT.cpio.gz: a newc archive of DIR, owned by root
-mkcpio() {
-    (cd "$1" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) |
-        gzip -6 >"$2.tmp"
-    mv "$2.tmp" "$2"
-}
 
 # --- 4. dom0 initramfs ---------------------------------------------------------------------
 if ! fresh "$OUT/dom0.cpio.gz" "$HERE/dom0/init" "$HERE/dom0/stage2.sh" "$OUT/modules/load.order" "$BUSYBOX"; then

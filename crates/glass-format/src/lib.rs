@@ -322,6 +322,31 @@ impl KernelSymbols {
     }
 }
 
+/// A VM guest's vCPU runs a task of the guest's operating system (a Linux guest's
+/// process or thread, read from guest memory at the sample): from `time_ns` on, the
+/// samples of thread `tid` (the vCPU) of process `pid` ran in it, until the next
+/// `GuestTask` of that vCPU. Written when the task changes, not at every sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestTask {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// The guest's thread id (Linux's `task_struct.pid`; 0 for a CPU's idle task).
+    pub task_pid: u32,
+    /// The guest's process id (Linux's `tgid`).
+    pub task_tgid: u32,
+    /// [`GUEST_TASK_KERNEL_THREAD`], [`GUEST_TASK_UNKNOWN`].
+    pub flags: u8,
+    /// The task's name as the guest keeps it (Linux's `comm`: `swapper/1` for idle).
+    pub comm: String,
+}
+
+/// GuestTask flag: a kernel thread (no user space of its own).
+pub const GUEST_TASK_KERNEL_THREAD: u8 = 1 << 0;
+/// GuestTask flag: the task could not be read at this sample (the samples that follow
+/// are of no known task).
+pub const GUEST_TASK_UNKNOWN: u8 = 1 << 1;
+
 /// The cost figures of a recording, written once at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -432,6 +457,7 @@ pub enum Record {
     JitMap(JitMap),
     ThreadLost(ThreadLost),
     KernelSymbols(KernelSymbols),
+    GuestTask(GuestTask),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -458,5 +484,6 @@ pub(crate) mod tag {
     pub const JIT_MAP: u8 = 14;
     pub const THREAD_LOST: u8 = 15;
     pub const KERNEL_SYMBOLS: u8 = 16;
+    pub const GUEST_TASK: u8 = 17;
     pub const END: u8 = 0xff;
 }

@@ -6,8 +6,8 @@ use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
 use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+use crate::{GuestTask, KernelSymbol, KernelSymbols, ThreadLost};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{KernelSymbol, KernelSymbols, ThreadLost};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
@@ -144,6 +144,8 @@ pub struct Recording {
     pub thread_lost: Vec<ThreadLost>,
     /// Names of the kernel frames (perf backend with kernel stacks).
     pub kernel_symbols: KernelSymbols,
+    /// The tasks VM guests' vCPUs ran, in file order (see [`GuestTask`]).
+    pub guest_tasks: Vec<GuestTask>,
     /// The file ended with an End record.
     pub complete: bool,
     /// The first damage found, if any (what stopped the reader early, or the first
@@ -242,6 +244,7 @@ impl Recording {
                 self.kernel_symbols.symbols.sort_by_key(|s| s.start);
                 self.kernel_symbols.symbols.dedup_by_key(|s| s.start);
             }
+            Ok(Record::GuestTask(task)) => self.guest_tasks.push(task),
             Ok(Record::End) => self.complete = true,
             Err(error) => {
                 self.lost_bytes += error.lost_bytes();
@@ -591,6 +594,15 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             }
             Record::TraceSummary(summary)
         }
+        tag::GUEST_TASK => Record::GuestTask(GuestTask {
+            time_ns: p.u64()?,
+            pid: p.u32()?,
+            tid: p.u32()?,
+            task_pid: p.u32()?,
+            task_tgid: p.u32()?,
+            flags: p.u8()?,
+            comm: p.string()?,
+        }),
         tag::END => Record::End,
         _ => return Err("unknown record tag"),
     };

@@ -2,7 +2,9 @@ use std::io::{self, Write};
 
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
-use crate::{JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{
+    GuestTask, JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary,
+};
 use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 
 /// Words per trace chunk written: a multiple of every record's length in words (a
@@ -87,6 +89,7 @@ impl<W: Write> Writer<W> {
             Record::JitMap(map) => self.jit_map(map),
             Record::ThreadLost(lost) => self.thread_lost(lost),
             Record::KernelSymbols(symbols) => self.kernel_symbols(symbols),
+            Record::GuestTask(task) => self.guest_task(task),
             Record::End => self.end(),
         }
     }
@@ -202,6 +205,19 @@ impl<W: Write> Writer<W> {
         put_u64(b, lost.tid as u64);
         put_u64(b, lost.count);
         self.emit(tag::THREAD_LOST)
+    }
+
+    pub fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, task.time_ns);
+        put_u64(b, task.pid as u64);
+        put_u64(b, task.tid as u64);
+        put_u64(b, task.task_pid as u64);
+        put_u64(b, task.task_tgid as u64);
+        b.push(task.flags);
+        put_str(b, &task.comm);
+        self.emit(tag::GUEST_TASK)
     }
 
     pub fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {

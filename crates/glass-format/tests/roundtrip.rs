@@ -92,6 +92,15 @@ fn sample_records() -> Vec<Record> {
             tid: 4243,
             count: 7,
         }),
+        Record::GuestTask(GuestTask {
+            time_ns: 1_000_500,
+            pid: 1,
+            tid: 2,
+            task_pid: 312,
+            task_tgid: 310,
+            flags: glass_format::GUEST_TASK_KERNEL_THREAD,
+            comm: "kworker/1:0".into(),
+        }),
         Record::KernelSymbols(KernelSymbols {
             symbols: vec![
                 KernelSymbol {
@@ -155,6 +164,9 @@ fn every_record_round_trips() {
     assert!(recording.damage.is_none());
     assert_eq!(recording.samples.len(), 1);
     assert_eq!(recording.thread_lost.len(), 1);
+    assert_eq!(recording.guest_tasks.len(), 1);
+    assert_eq!(recording.guest_tasks[0].comm, "kworker/1:0");
+    assert_eq!(recording.guest_tasks[0].task_pid, 312);
     let kernel = &recording.kernel_symbols;
     assert_eq!(
         kernel.find(0xffff_ffff_8100_0010).unwrap().name,

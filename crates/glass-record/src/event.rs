@@ -36,6 +36,9 @@ pub enum Event<'s> {
         tid: i32,
         time_ns: u64,
     },
+    /// A VM guest's vCPU (the task's `pid`, `tid`) runs another task of the guest's
+    /// operating system from here on (the sample of its time and those after it).
+    GuestTask(glass_format::GuestTask),
     /// A process is gone: its address space is forgotten.
     ProcessExit {
         pid: i32,
@@ -58,6 +61,9 @@ pub enum Event<'s> {
         flags: u8,
         regs: UnwindRegs,
         stack: &'s [u8],
+        /// A second stack range (its address, its bytes) where the walk leaves the first
+        /// for another stack (a Linux guest's IRQ stack back to the interrupted task's).
+        other_stack: Option<(u64, &'s [u8])>,
     },
 }
 

@@ -36,6 +36,7 @@ use nix::sys::signalfd::SignalFd;
 use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
+use super::linux_guest::LinuxTasks;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{Notes, Recorded, Result};
@@ -45,6 +46,9 @@ const GUEST_PID: i32 = 1;
 /// The first stack copy per vCPU from shared RAM (a memory copy: cheap); later ones are
 /// sized from what the unwinder wanted. Through `m` packets the first copy is one packet.
 const FIRST_STACK_COPY: usize = 16 << 10;
+/// The second range's size: a Linux task stack is 16 KiB (arm64 and x86-64), and the
+/// copy ends at the first unmapped page.
+const OTHER_STACK_COPY: usize = 16 << 10;
 /// How many of a vCPU's last walks its stack copy is sized for at least.
 const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
@@ -123,6 +127,11 @@ pub(super) fn sample_guest<'a>(
     mark: &StopMark,
 ) -> std::result::Result<(Sink<'a>, Outcome, Option<String>), TargetError> {
     let mut image = GuestImage::load(symbols)?;
+    // Before the VM is touched: a BTF or map that cannot serve is one line.
+    let mut linux = match &sink.args.guest_btf {
+        Some(btf) => Some(LinuxTasks::load(btf, symbols)?),
+        None => None,
+    };
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -135,12 +144,15 @@ pub(super) fn sample_guest<'a>(
     // input; a stub glass launched or enabled through QEMU's monitor failing is a
     // runtime failure.
     let given_by_user = matches!(vmm, Vmm::Stub);
-    let client = client.map_err(|error| match !given_by_user {
+    let mut client = client.map_err(|error| match !given_by_user {
         true => stub_failed(error),
         false => TargetError::BadInput(format!(
             "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
         )),
     })?;
+    if linux.is_none() {
+        client.without_task_registers();
+    }
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
     let (ram, memory) = match ram {
@@ -152,9 +164,18 @@ pub(super) fn sample_guest<'a>(
         RamSource::Process(ram, said) => (Some(ram), said),
         RamSource::Stub => (None, "the GDB stub's m packets".to_string()),
     };
+    let mut backend = GdbBackend::with_memory(client, ram);
+    if let (Some(tasks), Some(btf)) = (linux.as_mut(), sink.args.guest_btf.as_deref()) {
+        if let Err(error) = tasks.prepare(&mut backend, arch, symbols, btf, mark) {
+            mark.begin();
+            let _ = backend.detach();
+            mark.end();
+            return Err(error);
+        }
+    }
+    // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
         .figure(&format!("guest memory read from {memory}"));
-    let mut backend = GdbBackend::with_memory(client, ram);
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
@@ -163,6 +184,7 @@ pub(super) fn sample_guest<'a>(
         stop_signals,
         &mut vmm,
         Some(mark),
+        linux.as_mut(),
     ) {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
@@ -307,8 +329,15 @@ struct Vcpu {
     samples: u64,
     halted: u64,
     firmware: u64,
-    /// Stacks the unwinder wanted more of than was copied.
+    /// Stacks the unwinder wanted more of than was copied, or memory outside the copies.
     cut: u64,
+    /// The second range: where the frame chain leaves the first copy for another stack
+    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied.
+    other: Vec<u8>,
+    other_at: u64,
+    other_copied: usize,
+    /// Samples that took a second range.
+    switched: u64,
 }
 
 impl Vcpu {
@@ -333,6 +362,10 @@ impl Vcpu {
             halted: 0,
             firmware: 0,
             cut: 0,
+            other: vec![0; limit.min(OTHER_STACK_COPY)],
+            other_at: 0,
+            other_copied: 0,
+            switched: 0,
         }
     }
 
@@ -424,12 +457,14 @@ pub(super) fn run(
         stop_signals,
         &mut vmm,
         stop_mark,
+        None,
     )
     .map(|(outcome, _)| outcome)
 }
 
 /// [`run`], with how the VM ended when it did (`Outcome::TargetExited`) and the monitor
-/// or stub said so.
+/// or stub said so; `linux`: each sample's Linux task read (`--guest-btf`).
+#[allow(clippy::too_many_arguments)]
 fn run_with(
     sink: &mut Sink,
     backend: &mut dyn GuestBackend,
@@ -438,6 +473,7 @@ fn run_with(
     stop_signals: &SignalFd,
     vmm: &mut Vmm<'_>,
     stop_mark: Option<&StopMark>,
+    mut linux: Option<&mut LinuxTasks>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -515,12 +551,14 @@ fn run_with(
         image,
         vmm,
         fate: None,
+        linux: linux.as_deref_mut(),
         no_idle: args.no_idle,
         stop_mark,
         ticks: 0,
         stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
             .ok()
             .and_then(|n| n.parse().ok()),
+        slide_tries: 0,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -569,6 +607,12 @@ fn run_with(
             cache.hits, cache.misses, cache.stale
         ));
     }
+    if let Some(tasks) = linux {
+        for note in tasks.notes() {
+            sink.notes.warn(&note);
+        }
+        sink.notes.figure(&tasks.figures());
+    }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
 }
@@ -595,12 +639,13 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn 
             format!(" ({})", states.join(", "))
         };
         notes.figure(&format!(
-            "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks longer than the copy",
+            "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks continued on a second stack, {} stacks longer than the copy",
             vcpu.samples,
             at(0.5),
             at(0.99),
             vcpu.copy_len.div_ceil(1024),
             limit / 1024,
+            vcpu.switched,
             vcpu.cut
         ));
     }
@@ -638,6 +683,8 @@ struct GuestSampler<'s, 'b, 'v> {
     vmm: &'s mut Vmm<'v>,
     /// How the VM ended, where the monitor or the stub said.
     fate: Option<String>,
+    /// A Linux guest's tasks (`--guest-btf`).
+    linux: Option<&'s mut LinuxTasks>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -647,7 +694,12 @@ struct GuestSampler<'s, 'b, 'v> {
     /// stopped inside a sample by construction.
     ticks: u64,
     stop_in_sample: Option<u64>,
+    /// Samples in the kernel outside the symbol table that did not tell its slide.
+    slide_tries: u32,
 }
+
+/// How many samples outside a symbol table may try to find the kernel's slide.
+const SLIDE_TRIES: u32 = 64;
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
@@ -675,7 +727,15 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             mark.begin();
         }
         let stopped_at = Instant::now();
-        let taken = take_sample(self.backend, source, image, vcpus, self.no_idle, stopped_at);
+        let taken = take_sample(
+            self.backend,
+            source,
+            image,
+            vcpus,
+            self.no_idle,
+            stopped_at,
+            self.linux.as_deref_mut(),
+        );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
             unsafe { libc::raise(libc::SIGSTOP) };
@@ -717,6 +777,26 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             let r = vcpu.regs;
             vcpu.samples += 1;
             vcpu.read_ns.push(vcpu.last_read_ns);
+            let mut user_mode = false;
+            if let Some(tasks) = self.linux.as_deref_mut() {
+                if let Some(task) = tasks.changed(index, time_ns, GUEST_PID as u32, tid as u32) {
+                    sink.handle(Event::GuestTask(task))?;
+                }
+                user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+            }
+            if user_mode {
+                // A user process of the guest: its code is not the kernel image's, and
+                // the report names it by the task (`[user] comm`).
+                sink.handle(Event::Frames {
+                    pid: GUEST_PID,
+                    tid,
+                    time_ns,
+                    stopped_ns: stopped_ns as u32,
+                    flags: 0,
+                    frames: &[r.ip()],
+                })?;
+                continue;
+            }
             if vcpu.in_firmware {
                 vcpu.firmware += 1;
                 sink.handle(Event::Frames {
@@ -733,13 +813,14 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             let halted = self
                 .backend
                 .halted(index)
-                .unwrap_or_else(|| image.halted_at(r.ip()));
+                .unwrap_or_else(|| halted_at(&mut *self.backend, &mut source.cache, image, &r));
             if halted {
                 vcpu.halted += 1;
                 if self.no_idle {
                     continue;
                 }
             }
+            let outside_before = sink.walks_outside_copies;
             let wanted = sink.handle(Event::Stack {
                 pid: GUEST_PID,
                 tid,
@@ -752,12 +833,68 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 },
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
+                other_stack: (vcpu.other_copied > 0)
+                    .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
             })?;
+            vcpu.switched += u64::from(vcpu.other_copied > 0);
+            // A walk that wanted memory outside its copies was cut too, wherever it was.
+            vcpu.cut += u64::from(sink.walks_outside_copies > outside_before);
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }
+        if image.may_slide() && self.slide_tries < SLIDE_TRIES {
+            self.find_slide(sink, time_ns)?;
+        }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
+    }
+}
+
+impl GuestSampler<'_, '_, '_> {
+    /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
+    /// stopped in the kernel outside the table (its registers, or the kernel's banner
+    /// read from guest RAM: kernel data that does not change while the guest runs). Once
+    /// found, the table is mapped where the kernel runs from this sample on.
+    fn find_slide(&mut self, sink: &mut Sink, time_ns: u64) -> std::io::Result<()> {
+        let arch = self.backend.arch();
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let found = self.vcpus.iter().find_map(|vcpu| {
+            let r = vcpu.regs;
+            if vcpu.in_firmware || !r.paging_on() {
+                return None;
+            }
+            self.image
+                .find_slide(arch, r.ip(), r.vector_base(), &mut |address, buf| {
+                    backend
+                        .physical_memory()
+                        .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+                })
+        });
+        let Some((slide, how)) = found else {
+            // Only a sample in the kernel outside the table counts as a try.
+            let outside = self.vcpus.iter().any(|v| {
+                v.regs.paging_on() && v.regs.ip() >> 63 == 1 && !self.image.contains(v.regs.ip())
+            });
+            self.slide_tries += u32::from(outside);
+            if self.slide_tries == SLIDE_TRIES {
+                sink.notes.warn(
+                    "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
+                );
+            }
+            return Ok(());
+        };
+        self.image.apply_slide(slide);
+        sink.notes.figure(&format!(
+            "KASLR: the running kernel lies {slide:#x} above the symbol table ({how}); named from then on"
+        ));
+        for mapping in &self.image.mappings {
+            sink.handle(Event::Mapping {
+                pid: GUEST_PID,
+                mapping: mapping.clone(),
+                time_ns,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -771,25 +908,32 @@ fn take_sample(
     vcpus: &mut [Vcpu],
     no_idle: bool,
     started: Instant,
+    mut linux: Option<&mut LinuxTasks>,
 ) -> std::result::Result<(), GuestError> {
     backend.stop_with_registers(&mut source.regs)?;
     let mut step = Instant::now();
     source.last_registers_ns = step.duration_since(started).as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
-        let r = source.regs[index];
+        let mut r = source.regs[index];
+        r.interrupted_in_tables(image.vector_tables());
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
         vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
         vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
+        let mut user_mode = false;
+        if let Some(tasks) = linux.as_deref_mut() {
+            tasks.read_task(backend, &mut source.cache, index, &r);
+            user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+        }
         // Decided here only for --no-idle (the image's decode is work that can wait
         // until the VM runs again); the sample's flag is decided in `tick`.
         let left_out = no_idle
             && backend
                 .halted(index)
-                .unwrap_or_else(|| image.halted_at(r.ip()));
+                .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
-        vcpu.copied = if vcpu.in_firmware || left_out {
+        vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0
         } else {
@@ -816,11 +960,35 @@ fn take_sample(
             vcpu.first_copy &= copied == 0;
             copied
         };
+        vcpu.other_copied = 0;
+        if let Some(at) = chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]) {
+            let buf = &mut vcpu.other;
+            vcpu.other_at = at;
+            vcpu.other_copied = copy_from(backend, &mut source.cache, index, &r, at, buf)?;
+        }
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
         step = read;
     }
     Ok(())
+}
+
+/// Whether the vCPU has just executed a halting instruction, from the image's code or,
+/// where it has none (a symbol table), from the guest's RAM where glass maps it (kernel
+/// text, which does not change while the guest runs; the stub cannot be asked once the
+/// VM runs again).
+fn halted_at(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    image: &mut GuestImage,
+    r: &VcpuRegs,
+) -> bool {
+    let arch = backend.arch();
+    image.halted_in_memory(arch, r.ip(), &mut |address, buf| {
+        backend
+            .physical_memory()
+            .map_or(0, |ram| cache.read_with(ram, &paging_of(r), address, buf))
+    })
 }
 
 /// Copies the stack from the vCPU's stack pointer into `buf`; returns how many bytes
@@ -832,11 +1000,52 @@ fn copy_stack(
     r: &VcpuRegs,
     buf: &mut [u8],
 ) -> std::result::Result<usize, GuestError> {
-    if let Some(ram) = backend.physical_memory() {
-        return Ok(cache.read_with(ram, &paging_of(r), r.sp(), buf));
-    }
-    backend.read_virtual(vcpu, r.sp(), buf)
+    copy_from(backend, cache, vcpu, r, r.sp(), buf)
 }
+
+pub(super) fn copy_from(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    vcpu: usize,
+    r: &VcpuRegs,
+    at: u64,
+    buf: &mut [u8],
+) -> std::result::Result<usize, GuestError> {
+    if let Some(ram) = backend.physical_memory() {
+        return Ok(cache.read_with(ram, &paging_of(r), at, buf));
+    }
+    backend.read_virtual(vcpu, at, buf)
+}
+
+/// Where the frame-record chain from the vCPU's frame pointer leaves the stack copy for
+/// another stack (a frame record below the stack pointer, or far above the copy: a
+/// Linux kernel's `call_on_irq_stack` record on the interrupted task's stack): that
+/// record's address, to copy a second range from. None when the chain ends, or only
+/// runs past the copy's end (the same stack, deeper: the copy's size handles that).
+fn chain_leaves_copy(r: &VcpuRegs, copy: &[u8]) -> Option<u64> {
+    const NEAR: u64 = 4096;
+    let (sp, end) = (r.sp(), r.sp() + copy.len() as u64);
+    let word = |at: u64| {
+        let offset = usize::try_from(at.checked_sub(sp)?).ok()?;
+        Some(u64::from_le_bytes(
+            copy.get(offset..offset + 8)?.try_into().ok()?,
+        ))
+    };
+    let mut fp = r.unwind().fp;
+    for _ in 0..MAX_CHAIN {
+        if fp == 0 || !fp.is_multiple_of(8) {
+            return None;
+        }
+        if fp < sp || fp >= end + NEAR {
+            return Some(fp);
+        }
+        fp = word(fp)?;
+    }
+    None
+}
+
+/// The most frame records [`chain_leaves_copy`] follows.
+const MAX_CHAIN: usize = 512;
 
 /// Counts sampled instruction pointers outside the image's text, once the vCPU is past
 /// its firmware (the firmware and the boot loader run first, outside any image), and

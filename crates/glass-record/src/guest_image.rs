@@ -36,7 +36,23 @@ pub struct GuestImage {
     pub cfi: glass_unwind::CfiSources,
     /// The image's architecture (None for a symbol table).
     pub arch: Option<Arch>,
+    /// A symbol table's symbols that tell where a relocated (KASLR) kernel runs: the
+    /// exception vectors (arm64's VBAR_EL1 points at one) and `linux_banner` (its text is
+    /// found in the guest's memory); empty for an ELF image.
+    anchors: Vec<(String, u64)>,
+    /// How far the running kernel lies above the symbol table (KASLR), once found.
+    pub slide: Option<u64>,
+    /// The vector tables' addresses (where the kernel runs).
+    tables: Vec<u64>,
 }
+
+/// The exception vector tables arm64 Linux points VBAR_EL1 at (KPTI's trampoline and
+/// the Spectre-BHB variants besides the plain one).
+const VECTOR_TABLES: &[&str] = &["vectors", "tramp_vectors", "__bp_harden_el1_vectors"];
+/// x86-64 KASLR places the kernel in 2 MiB steps within 1 GiB.
+const X86_KASLR_ALIGN: u64 = 2 << 20;
+const X86_KASLR_RANGE: u64 = 1 << 30;
+const BANNER: &[u8] = b"Linux version ";
 
 /// AArch64's wait-for-interrupt and wait-for-event: a vCPU stopped after one is idle.
 const AARCH64_WFI: u32 = 0xd503_207f;
@@ -44,7 +60,7 @@ const AARCH64_WFE: u32 = 0xd503_205f;
 
 impl GuestImage {
     /// Reads an ELF image, or an `nm -n` / System.map table (one mapping over its text
-    /// symbols, no code: frame pointers only, no halt detection).
+    /// symbols, no code: frame pointers only, halts told from guest memory).
     pub fn load(path: &Path) -> Result<GuestImage, TargetError> {
         let bytes = std::fs::read(path)
             .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
@@ -57,10 +73,28 @@ impl GuestImage {
             })?;
             let start = table.first().map_or(0, |s| s.0);
             let end = table.last().map_or(start, |s| s.0 + s.1);
+            let anchors: Vec<(String, u64)> = String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter_map(|line| {
+                    let mut fields = line.split_whitespace();
+                    let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+                    let name = fields.nth(1)?;
+                    (VECTOR_TABLES.contains(&name) || name == "linux_banner")
+                        .then(|| (name.to_string(), address))
+                })
+                .collect();
+            let tables = anchors
+                .iter()
+                .filter(|(name, _)| VECTOR_TABLES.contains(&name.as_str()))
+                .map(|(_, at)| *at)
+                .collect();
             return Ok(GuestImage {
+                anchors,
+                slide: None,
+                tables,
                 mappings: vec![mapping(path, start, end, 0)],
                 code: Vec::new(),
-                starts: Vec::new(),
+                starts: table.iter().map(|s| s.0).collect(),
                 after_hlt: HashMap::new(),
                 naming_warning: None,
                 cfi: glass_unwind::CfiSources::default(),
@@ -113,6 +147,9 @@ impl GuestImage {
             )
         });
         Ok(GuestImage {
+            anchors: Vec::new(),
+            slide: None,
+            tables: Vec::new(),
             mappings,
             code,
             starts,
@@ -132,6 +169,73 @@ impl GuestImage {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// Whether the image is a symbol table that may be of a relocated kernel whose place
+    /// is not known yet.
+    pub fn may_slide(&self) -> bool {
+        self.slide.is_none() && !self.anchors.is_empty()
+    }
+
+    /// Where a relocated kernel runs, from a vCPU stopped in it at `ip` outside the
+    /// table: arm64 from `vector_base` (VBAR_EL1) against the table's vector tables,
+    /// x86-64 by finding `linux_banner`'s text through `read` at the 2 MiB steps that put
+    /// `ip` inside the table. The slide and how it was found, or None.
+    pub fn find_slide(
+        &self,
+        arch: Arch,
+        ip: u64,
+        vector_base: Option<u64>,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    ) -> Option<(u64, &'static str)> {
+        let (start, end) = (self.mappings.first()?.start, self.mappings.first()?.end);
+        let inside = |slide: u64| (start..end).contains(&ip.wrapping_sub(slide));
+        if ip >> 63 == 0 || (start..end).contains(&ip) {
+            return None;
+        }
+        match arch {
+            Arch::Aarch64 => {
+                let vbar = vector_base.filter(|&v| v != 0)?;
+                self.anchors
+                    .iter()
+                    .filter(|(name, _)| VECTOR_TABLES.contains(&name.as_str()))
+                    .map(|(_, at)| vbar.wrapping_sub(*at))
+                    .find(|&slide| inside(slide))
+                    .map(|slide| (slide, "VBAR_EL1 against the table's vectors"))
+            }
+            Arch::X86_64 => {
+                let banner = self.anchors.iter().find(|(n, _)| n == "linux_banner")?.1;
+                let mut text = [0u8; BANNER.len()];
+                (1..=X86_KASLR_RANGE / X86_KASLR_ALIGN)
+                    .map(|step| step * X86_KASLR_ALIGN)
+                    .filter(|&slide| inside(slide))
+                    .find(|&slide| {
+                        read(banner.wrapping_add(slide), &mut text) == text.len() && text == *BANNER
+                    })
+                    .map(|slide| (slide, "linux_banner found in guest memory"))
+            }
+        }
+    }
+
+    /// Where the kernel's vector tables run (a symbol table's; slid once the slide is
+    /// known), for [`VcpuRegs::interrupted_in_tables`].
+    ///
+    /// [`VcpuRegs::interrupted_in_tables`]: glass_target::guest::VcpuRegs::interrupted_in_tables
+    pub fn vector_tables(&self) -> &[u64] {
+        &self.tables
+    }
+
+    /// Moves the table to where the kernel runs (its mapping and function starts).
+    pub fn apply_slide(&mut self, slide: u64) {
+        self.slide = Some(slide);
+        for mapping in &mut self.mappings {
+            mapping.start = mapping.start.wrapping_add(slide);
+            mapping.end = mapping.end.wrapping_add(slide);
+        }
+        for start in self.starts.iter_mut().chain(&mut self.tables) {
+            *start = start.wrapping_add(slide);
+        }
+        self.after_hlt.clear();
     }
 
     /// Whether `ip` lies in the image's code.
@@ -168,14 +272,72 @@ impl GuestImage {
         let from = index
             .checked_sub(1)
             .map_or(*base, |i| self.starts[i].max(*base));
-        let slice = &bytes[(from - base) as usize..(ip - base) as usize];
-        let mut decoder = Decoder::with_ip(64, slice, from, DecoderOptions::NONE);
-        let halted = (&mut decoder).into_iter().any(|instruction| {
-            instruction.mnemonic() == Mnemonic::Hlt && instruction.next_ip() == ip
-        });
+        let halted = hlt_ends_at(
+            &bytes[(from - base) as usize..(ip - base) as usize],
+            from,
+            ip,
+        );
         self.after_hlt.insert(ip, halted);
         halted
     }
+
+    /// [`GuestImage::halted_at`] for an image without the code at `ip` (a symbol table:
+    /// kallsyms, System.map): the instruction before `ip` is read from the guest's memory
+    /// through `read` (bytes at a guest-virtual address; how many were read). Only kernel
+    /// (upper-half) addresses, whose code is the same in every process, are read and
+    /// their answer kept: idle is the kernel's.
+    pub fn halted_in_memory(
+        &mut self,
+        arch: Arch,
+        ip: u64,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    ) -> bool {
+        if self
+            .code
+            .iter()
+            .any(|(base, bytes)| ip > *base && ip <= base + bytes.len() as u64)
+        {
+            return self.halted_at(ip);
+        }
+        if ip >> 63 == 0 {
+            return false;
+        }
+        if let Some(&known) = self.after_hlt.get(&ip) {
+            return known;
+        }
+        let halted = match arch {
+            Arch::Aarch64 => {
+                let mut word = [0u8; 4];
+                ip.is_multiple_of(4)
+                    && read(ip - 4, &mut word) == 4
+                    && matches!(u32::from_le_bytes(word), AARCH64_WFI | AARCH64_WFE)
+            }
+            Arch::X86_64 => {
+                // From the function's start where it is near, else the hlt byte alone.
+                const MOST: u64 = 4096;
+                let index = self.starts.partition_point(|&a| a < ip);
+                let from = index
+                    .checked_sub(1)
+                    .map(|i| self.starts[i])
+                    .filter(|&start| ip - start <= MOST)
+                    .unwrap_or(ip - 1);
+                let mut bytes = vec![0u8; (ip - from) as usize];
+                read(from, &mut bytes) == bytes.len()
+                    && bytes.last() == Some(&0xf4)
+                    && hlt_ends_at(&bytes, from, ip)
+            }
+        };
+        self.after_hlt.insert(ip, halted);
+        halted
+    }
+}
+
+/// Whether decoding `bytes` (code at `from`) yields a `hlt` that ends at `ip`.
+fn hlt_ends_at(bytes: &[u8], from: u64, ip: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, bytes, from, DecoderOptions::NONE);
+    (&mut decoder)
+        .into_iter()
+        .any(|instruction| instruction.mnemonic() == Mnemonic::Hlt && instruction.next_ip() == ip)
 }
 
 fn mapping(path: &Path, start: u64, end: u64, file_offset: u64) -> Mapping {

@@ -24,6 +24,7 @@ pub mod event;
 pub mod guardian;
 mod guest;
 mod guest_image;
+mod linux_guest;
 mod monitor;
 mod perf;
 mod ptrace;
@@ -62,6 +63,9 @@ pub struct RecordOptions {
     pub xen: Option<String>,
     pub symbols: Option<PathBuf>,
     pub guest_memory: Option<PathBuf>,
+    /// A Linux guest kernel's BTF (a copy of its /sys/kernel/btf/vmlinux): each guest
+    /// sample's task read and recorded.
+    pub guest_btf: Option<PathBuf>,
     pub vm: bool,
     pub keep_vm: bool,
     pub no_translation_cache: bool,

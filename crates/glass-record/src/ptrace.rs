@@ -189,6 +189,7 @@ fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::
                     },
                     regs: sample.regs,
                     stack: tick.stack_of(sample),
+                    other_stack: None,
                 })?;
                 if wanted > sample.stack_len {
                     target.want_stack_copy(sample.tid, wanted);

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot, Summary,
-    Thread, ThreadExit, ThreadLost, Writer,
+    Arch, Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot,
+    Summary, Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -58,14 +58,36 @@ struct CopiedStack<'a> {
     bytes: &'a [u8],
     /// The highest address an unwinder asked for, to size later copies.
     high_water: u64,
+    /// A second range (address, bytes): another stack the walk continues on.
+    other: Option<(u64, &'a [u8])>,
+    /// A word was asked for outside both ranges and not just past the first: the walk
+    /// wanted memory glass did not copy (another stack's).
+    outside: bool,
 }
 
 impl CopiedStack<'_> {
     fn word(&mut self, address: u64) -> Option<u64> {
-        self.high_water = self.high_water.max(address + 8);
-        let offset = usize::try_from(address.checked_sub(self.sp)?).ok()?;
-        let word = self.bytes.get(offset..offset.checked_add(8)?)?;
-        Some(u64::from_le_bytes(word.try_into().ok()?))
+        let at = |base: u64, bytes: &[u8]| {
+            let offset = usize::try_from(address.checked_sub(base)?).ok()?;
+            let word = bytes.get(offset..offset.checked_add(8)?)?;
+            Some(u64::from_le_bytes(word.try_into().ok()?))
+        };
+        if let Some(word) = at(self.sp, self.bytes) {
+            self.high_water = self.high_water.max(address + 8);
+            return Some(word);
+        }
+        if let Some(word) = self.other.and_then(|(base, bytes)| at(base, bytes)) {
+            return Some(word);
+        }
+        if address >= self.sp && address - self.sp <= (self.bytes.len() + 4096) as u64 {
+            // Just past the copy: the same stack, deeper than copied.
+            self.high_water = self.high_water.max(address + 8);
+        } else if address.is_multiple_of(8) && address >> 63 == self.sp >> 63 {
+            // A frame elsewhere in the same half (another stack); a word of data taken
+            // for a frame pointer (unaligned, or a small number) is a walk gone astray.
+            self.outside = true;
+        }
+        None
     }
 }
 
@@ -121,6 +143,10 @@ pub trait Output {
     }
     /// The names of the kernel functions the samples' kernel frames fall in.
     fn kernel_symbols(&mut self, _symbols: &KernelSymbols) -> io::Result<()> {
+        Ok(())
+    }
+    /// A VM guest's vCPU runs another task of the guest from here on.
+    fn guest_task(&mut self, _task: &GuestTask) -> io::Result<()> {
         Ok(())
     }
 }
@@ -184,6 +210,9 @@ impl<W: io::Write> Output for Writer<W> {
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
         Writer::kernel_symbols(self, symbols)
     }
+    fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
+        Writer::guest_task(self, task)
+    }
 }
 
 pub struct Recorder<'a> {
@@ -214,6 +243,11 @@ pub struct Recorder<'a> {
     /// Kernel addresses the samples held (named from kallsyms at the end).
     kernel_addresses: HashSet<u64>,
     kernel_samples: u64,
+    /// The current sample's second stack range ([`Event::Stack`]'s `other_stack`).
+    other_stack: Option<(u64, Vec<u8>)>,
+    /// Walks that wanted stack memory outside every copy (another stack than the one
+    /// copied): cut, though not by the copy's length.
+    pub walks_outside_copies: u64,
     /// Off-CPU samples written, and the time they stand for.
     pub off_cpu_samples: u64,
     pub off_cpu_ns: u64,
@@ -269,6 +303,8 @@ impl<'a> Recorder<'a> {
             window: StackWindow::new(),
             kernel_addresses: HashSet::new(),
             kernel_samples: 0,
+            other_stack: None,
+            walks_outside_copies: 0,
             off_cpu_samples: 0,
             off_cpu_ns: 0,
             kernel_stacks: None,
@@ -380,6 +416,7 @@ impl<'a> Recorder<'a> {
                 None => self.thread(pid, tid)?,
             },
             Event::ThreadExit { pid, tid, time_ns } => self.thread_exit(pid, tid, time_ns)?,
+            Event::GuestTask(task) => self.writer.guest_task(&task)?,
             Event::ProcessExit { pid } => {
                 self.spaces.remove(&pid);
             }
@@ -399,7 +436,13 @@ impl<'a> Recorder<'a> {
                 flags,
                 regs,
                 stack,
-            } => return self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack),
+                other_stack,
+            } => {
+                self.other_stack = other_stack.map(|(at, bytes)| (at, bytes.to_vec()));
+                let wanted = self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack);
+                self.other_stack = None;
+                return wanted;
+            }
         }
         Ok(0)
     }
@@ -497,13 +540,25 @@ impl<'a> Recorder<'a> {
             && !space.unwinder.has_module(mapping.start)
         {
             let path = readable_path(pid, &mapping);
-            // A module whose tables cannot be read unwinds by frame pointers.
-            let _ = space.unwinder.add_module(
+            // A module whose tables cannot be read unwinds by frame pointers; a symbol
+            // table (a guest kernel's kallsyms) still gives its function starts.
+            let added = space.unwinder.add_module(
                 Path::new(&path),
                 mapping.start,
                 mapping.end,
                 mapping.file_offset,
             );
+            if let Err(glass_unwind::dwarf::ModuleError::NotElf(_)) = added {
+                if let Some(table) = glass_symbols::nm_table(&path) {
+                    // The mapping starts at the table's first symbol, or above it by a
+                    // relocated (KASLR) kernel's slide.
+                    let slide = mapping.start.wrapping_sub(table.first().map_or(0, |s| s.0));
+                    let starts: Vec<u64> = table.iter().map(|s| s.0.wrapping_add(slide)).collect();
+                    space
+                        .unwinder
+                        .add_symbol_table(mapping.start, mapping.end, &starts);
+                }
+            }
         }
         // Overlapping older mappings (an unmapped and reused range) give way.
         space
@@ -761,10 +816,13 @@ impl<'a> Recorder<'a> {
         stack: &[u8],
         frames: &mut Vec<u64>,
     ) -> (u8, usize) {
+        let other = self.other_stack.take();
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
             high_water: regs.sp,
+            other: other.as_ref().map(|(at, bytes)| (*at, bytes.as_slice())),
+            outside: false,
         };
         let max_depth = self.args.max_depth as usize;
         let (unwind, arch) = (self.args.unwind, self.arch);
@@ -810,6 +868,7 @@ impl<'a> Recorder<'a> {
                     .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
+        self.walks_outside_copies += u64::from(copy.outside && end == WalkEnd::Unreadable);
         let wanted = (copy.high_water - regs.sp) as usize;
         (truncation_flags(end, wanted, stack.len()), wanted)
     }

@@ -11,6 +11,7 @@ mod error;
 mod firefox;
 mod flamegraph;
 mod folded;
+pub mod guest_tasks;
 pub mod live;
 pub mod model;
 mod modules;

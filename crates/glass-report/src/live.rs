@@ -10,8 +10,9 @@
 
 use std::collections::HashMap;
 
-use glass_format::{KernelSymbols, Meta, Module, Process, ProcessKind};
+use glass_format::{GuestTask, KernelSymbols, Meta, Module, Process, ProcessKind};
 
+use crate::guest_tasks::{self, GuestTasks};
 use crate::model::{Model, Namer, SampleIn, Source, Unit};
 
 pub struct LiveModel {
@@ -27,6 +28,8 @@ pub struct LiveModel {
     /// The kernel's symbols, asked for at the first kernel frame.
     kernel: Option<KernelSymbols>,
     kernel_source: Box<dyn FnMut() -> KernelSymbols>,
+    /// The tasks a VM guest's vCPUs ran (`--guest-btf`).
+    guest_tasks: GuestTasks,
 }
 
 impl LiveModel {
@@ -42,6 +45,7 @@ impl LiveModel {
             thread_names: HashMap::new(),
             kernel: None,
             kernel_source: kernel_symbols,
+            guest_tasks: GuestTasks::default(),
         }
     }
 
@@ -88,9 +92,17 @@ impl LiveModel {
         }
     }
 
+    /// A vCPU runs another guest task from here on.
+    pub fn guest_task(&mut self, task: GuestTask) {
+        self.guest_tasks.add(task);
+    }
+
     /// Appends a sample; returns the model's thread row it went to.
     pub fn sample(&mut self, sample: &SampleIn) -> usize {
+        // A VM guest's kernel addresses are the guest's, named from its image or map
+        // (this machine's kallsyms would name them wrongly).
         if self.kernel.is_none()
+            && !self.namer.is_guest()
             && sample
                 .frames
                 .iter()
@@ -103,10 +115,24 @@ impl LiveModel {
             .get(&sample.pid)
             .cloned()
             .unwrap_or_else(|| format!("pid {}", sample.pid));
-        let thread_name = self
+        let mut thread_name = self
             .thread_names
             .get(&sample.tid)
-            .map_or("thread", String::as_str);
+            .map_or("thread", String::as_str)
+            .to_string();
+        let task = self.guest_tasks.at(sample.pid, sample.tid, sample.time_ns);
+        let guest_user = task.and_then(guest_tasks::user_frame);
+        let process = match task {
+            Some(task) => {
+                thread_name = guest_tasks::thread_label(&thread_name, task);
+                guest_tasks::process_label(task)
+            }
+            None => process,
+        };
+        let sample = &SampleIn {
+            guest_user: guest_user.as_deref(),
+            ..*sample
+        };
         let (modules, spaces) = (&self.modules, &self.spaces);
         let space = spaces.get(&sample.pid);
         let mut module_of = |address: u64| {
@@ -119,7 +145,7 @@ impl LiveModel {
             &mut self.namer,
             sample,
             &process,
-            thread_name,
+            &thread_name,
             self.kernel.as_ref(),
             &mut module_of,
         )

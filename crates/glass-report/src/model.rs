@@ -245,6 +245,9 @@ pub struct SampleIn<'a> {
     pub flags: u8,
     /// Innermost first.
     pub frames: &'a [u64],
+    /// A VM guest's sample in the user space of one of the guest's processes: its
+    /// frames below the kernel's half are shown as this one (`[user] comm`).
+    pub guest_user: Option<&'a str>,
 }
 
 /// What names the frames of the samples appended to a model: the symbolizer, and the
@@ -282,6 +285,11 @@ impl Namer {
     /// The recording's meta came (the live view learns it after the first records).
     pub fn set_meta(&mut self, meta: &glass_format::Meta) {
         self.guest = meta.backend.is_guest();
+    }
+
+    /// The samples are a VM guest's.
+    pub(crate) fn is_guest(&self) -> bool {
+        self.guest
     }
 
     fn code_category(&self, path: &str, address: u64) -> Category {
@@ -458,6 +466,7 @@ impl Model {
             namer.symbolizer.note_module(module.pid, &module.path);
         }
         let (process_names, thread_names) = last_names(recording);
+        let guest_tasks = crate::guest_tasks::GuestTasks::new(recording);
         // The process name at each exec: a sample is named after the program it ran.
         let mut exec_names: HashMap<u32, Vec<(u64, String)>> = HashMap::new();
         for process in &recording.processes {
@@ -521,9 +530,19 @@ impl Model {
                 .filter(|name| !name.is_empty())
                 .or_else(|| process_names.get(&sample.pid).cloned())
                 .unwrap_or_else(|| format!("pid {}", sample.pid));
-            let thread_name = thread_names
+            let mut thread_name = thread_names
                 .get(&sample.tid)
-                .map_or("thread", String::as_str);
+                .map_or("thread", String::as_str)
+                .to_string();
+            let task = guest_tasks.at(sample.pid, sample.tid, sample.time_ns);
+            let guest_user = task.and_then(crate::guest_tasks::user_frame);
+            let process = match task {
+                Some(task) => {
+                    thread_name = crate::guest_tasks::thread_label(&thread_name, task);
+                    crate::guest_tasks::process_label(task)
+                }
+                None => process,
+            };
             let epoch = timeline.epoch(sample.pid, sample.time_ns);
             // The mappings in force depend only on the process and its epoch: each
             // address of an address space is looked up once.
@@ -542,9 +561,10 @@ impl Model {
                     stopped_ns: sample.stopped_ns,
                     flags: sample.flags,
                     frames: &sample.frames,
+                    guest_user: guest_user.as_deref(),
                 },
                 &process,
-                thread_name,
+                &thread_name,
                 kernel,
                 &mut module_of,
             );
@@ -618,6 +638,10 @@ impl Model {
             } else {
                 address
             };
+            if let Some(user) = sample.guest_user.filter(|_| !is_kernel_address(address)) {
+                frames.push(self.special_frame(FrameKind::Unknown, user, Category::User));
+                continue;
+            }
             let symbol = kernel
                 .filter(|_| is_kernel_address(address))
                 .and_then(|kernel| kernel.find(lookup));
@@ -942,15 +966,16 @@ impl Model {
         model
     }
 
-    /// Distinct thread ids with their names, in tid order.
+    /// Distinct (thread id, name) pairs, in tid order.
     pub fn thread_names(&self) -> Vec<(u32, String)> {
-        let mut seen: HashMap<u32, String> = HashMap::new();
-        for thread in &self.threads {
-            seen.entry(thread.tid)
-                .or_insert_with(|| self.string(thread.name).to_string());
-        }
-        let mut threads: Vec<(u32, String)> = seen.into_iter().collect();
+        // By id and name: a VM guest's vCPU is one thread per guest task it ran.
+        let mut threads: Vec<(u32, String)> = self
+            .threads
+            .iter()
+            .map(|thread| (thread.tid, self.string(thread.name).to_string()))
+            .collect();
         threads.sort();
+        threads.dedup();
         threads
     }
 

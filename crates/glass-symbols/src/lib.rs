@@ -840,8 +840,10 @@ fn debug_file_candidates(path: &str, build_id: &[u8], elf: &object::File) -> Vec
     candidates
 }
 
-/// A symbol table in `nm -n` / System.map form (`ffffffff81000000 T _stext`): the text
-/// symbols sorted by address, each sized up to the next. None if the file is not one.
+/// A symbol table in `nm -n` / System.map / `/proc/kallsyms` form
+/// (`ffffffff81000000 T _stext`, `ffffffffc0201000 t virtblk_probe\t[virtio_blk]`): the
+/// text symbols sorted by address, each sized up to the next, a module's named
+/// `func [module]`. None if the file is not one.
 pub fn nm_table(path: &str) -> Option<Vec<(u64, u64, String)>> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut symbols: Vec<(u64, u64, String)> = text
@@ -851,7 +853,16 @@ pub fn nm_table(path: &str) -> Option<Vec<(u64, u64, String)>> {
             let address = u64::from_str_radix(fields.next()?, 16).ok()?;
             let kind = fields.next()?;
             let name = fields.next()?;
-            matches!(kind, "T" | "t" | "W" | "w").then(|| (address, 0, name.to_string()))
+            // AArch64 mapping symbols ($x, $d) mark code and data, not functions.
+            if name.starts_with('$') {
+                return None;
+            }
+            // /proc/kallsyms ends a loaded module's symbols with `[module]`.
+            let name = match fields.next() {
+                Some(module) if module.starts_with('[') => format!("{name} {module}"),
+                _ => name.to_string(),
+            };
+            matches!(kind, "T" | "t" | "W" | "w").then_some((address, 0, name))
         })
         .collect();
     if symbols.is_empty() {
@@ -863,4 +874,32 @@ pub fn nm_table(path: &str) -> Option<Vec<(u64, u64, String)>> {
         symbols[i].1 = next.saturating_sub(symbols[i].0);
     }
     Some(symbols)
+}
+
+#[cfg(test)]
+mod nm_table_tests {
+    #[test]
+    fn kallsyms_modules_are_named_and_mapping_symbols_left_out() {
+        let path = std::env::temp_dir().join(format!("glass-kallsyms-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "ffff800000d0b000 t $x\t[virtio_blk]\n\
+             ffff800000d0b000 t virtblk_probe\t[virtio_blk]\n\
+             ffff800000d0b400 t virtblk_remove\t[virtio_blk]\n\
+             ffff800008010000 T _stext\n\
+             ffff800008010040 D some_data\n",
+        )
+        .unwrap();
+        let table = super::nm_table(&path.to_string_lossy()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let names: Vec<_> = table.iter().map(|s| (s.0, s.2.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (0xffff800000d0b000, "virtblk_probe [virtio_blk]"),
+                (0xffff800000d0b400, "virtblk_remove [virtio_blk]"),
+                (0xffff800008010000, "_stext"),
+            ]
+        );
+    }
 }

@@ -237,6 +237,24 @@ impl DwarfUnwinder {
         Ok(sources)
     }
 
+    /// A module known only by a symbol table (a kernel's kallsyms or System.map, an
+    /// `nm -n` listing): no unwind tables, but its function starts, which AArch64's
+    /// frame-record walk needs to tell a link register into the leaf's own function (a
+    /// call that returned) from its caller's return address.
+    pub fn add_symbol_table(&mut self, start: u64, end: u64, function_starts: &[u64]) {
+        if self.arch() == Arch::Aarch64 {
+            self.function_starts.extend(
+                function_starts
+                    .iter()
+                    .copied()
+                    .filter(|a| (start..end).contains(a)),
+            );
+            self.function_starts.sort_unstable();
+            self.function_starts.dedup();
+        }
+        self.modules.push((start..end, CfiSources::default()));
+    }
+
     /// The CFI sources of the file of the module added at `start`.
     pub fn cfi_sources(&self, start: u64) -> Option<CfiSources> {
         self.modules
@@ -272,7 +290,20 @@ impl DwarfUnwinder {
         // panic on one (the fuzz test found such a case in gimli), the sample ends
         // truncated instead of taking the recorder down.
         let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut read_stack = |addr: u64| read_word(addr).ok_or(());
+            // A signed return address framehop reads is stripped where the result is
+            // code of a module: a plain stack word (a saved register, data) is kept.
+            let va_bits = regs.va_bits;
+            let mut read_stack = |addr: u64| {
+                let word = read_word(addr).ok_or(())?;
+                let stripped = crate::aarch64::strip_pac(word, va_bits);
+                Ok(
+                    if stripped != word && modules.iter().any(|(r, _)| r.contains(&stripped)) {
+                        stripped
+                    } else {
+                        word
+                    },
+                )
+            };
             let ends_stack = |frames: &Vec<u64>| {
                 frames.len() > start + 1 && {
                     let last = frames[frames.len() - 1];

@@ -49,6 +49,8 @@ pub fn walk_frame_pointers(
         &mut |address| window.word(memory, address),
         max_depth,
         frames,
+        &|address| address,
+        0,
     )
 }
 
@@ -80,20 +82,32 @@ pub fn unchained_return_address(
 /// Follows frame records from `fp` (saved frame pointer at `fp`, return address above
 /// it): the part of the walk both architectures share. `frames` already holds the
 /// first address(es); at most `max_depth` in all counting from its first entry.
+/// `strip` makes a saved return address an address (AArch64's pointer authentication).
+/// `switches`: how many times the chain may move to another stack (a frame record that
+/// leads to a lower address: Linux's IRQ stack back to the task's, as the kernel's own
+/// unwinder allows once per kind of stack); after a switch the chain must rise again.
 pub(crate) fn follow_chain(
     mut fp: u64,
     sp: u64,
     read_word: &mut dyn FnMut(u64) -> Option<u64>,
     max_depth: usize,
     frames: &mut Vec<u64>,
+    strip: &dyn Fn(u64) -> u64,
+    mut switches: usize,
 ) -> WalkEnd {
     let start = frames.len().saturating_sub(1);
     let mut lowest_allowed = sp;
+    let mut stack_base = sp;
     loop {
         if fp == 0 {
             return WalkEnd::Complete;
         }
-        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - sp > MAX_STACK_SPAN {
+        if fp < lowest_allowed && fp.is_multiple_of(8) && switches > 0 {
+            switches -= 1;
+            lowest_allowed = fp;
+            stack_base = fp;
+        }
+        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - stack_base > MAX_STACK_SPAN {
             return WalkEnd::BadFramePointer;
         }
         if frames.len() - start >= max_depth {
@@ -108,7 +122,7 @@ pub(crate) fn follow_chain(
         if return_address == 0 {
             return WalkEnd::Complete;
         }
-        frames.push(return_address);
+        frames.push(strip(return_address));
         // The caller's frame must lie strictly above this one: this is the loop check.
         lowest_allowed = fp + 16;
         fp = caller_fp;

@@ -31,11 +31,22 @@ pub struct UnwindRegs {
     /// AArch64's link register x30 (the return address of a function that has not saved
     /// it yet); 0 on x86-64, whose calls push the return address.
     pub lr: u64,
+    /// AArch64's virtual address sizes in bits, of the lower and the upper half (64 minus
+    /// TCR_EL1's T0SZ and T1SZ): the bits above them in a return address are a pointer
+    /// authentication code (see [`aarch64::strip_pac`]). 0 where unknown: nothing is
+    /// stripped.
+    pub va_bits: [u8; 2],
 }
 
 impl UnwindRegs {
     /// x86-64's three (it has no link register).
     pub const fn new(ip: u64, sp: u64, fp: u64) -> Self {
-        UnwindRegs { ip, sp, fp, lr: 0 }
+        UnwindRegs {
+            ip,
+            sp,
+            fp,
+            lr: 0,
+            va_bits: [0; 2],
+        }
     }
 }

@@ -166,6 +166,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         count(processes.len() as u64, "process"),
         count(recording.modules.len() as u64, "module mapping")
     );
+    guest_processes(&recording);
     match &recording.summary {
         Some(s) => {
             let overhead = if s.duration_ns > 0 {
@@ -234,6 +235,55 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     }
     cfi_info(&recording);
     Ok(())
+}
+
+/// A VM guest's processes, as its tasks were read (`--guest-btf`): how many samples ran
+/// in each, most first (a process's threads together, by pid and name).
+fn guest_processes(recording: &glass_format::Recording) {
+    if recording.guest_tasks.is_empty() {
+        return;
+    }
+    let tasks = glass_report::guest_tasks::GuestTasks::new(recording);
+    let mut by_process: std::collections::HashMap<String, u64> = Default::default();
+    let mut unknown = 0u64;
+    let sampled = recording
+        .samples
+        .iter()
+        .map(|s| (s.pid, s.tid, s.time_ns))
+        .chain(
+            recording
+                .snapshots
+                .iter()
+                .map(|s| (s.pid, s.tid, s.time_ns)),
+        );
+    for (pid, tid, time_ns) in sampled {
+        match tasks.at(pid, tid, time_ns) {
+            Some(task) => {
+                *by_process
+                    .entry(glass_report::guest_tasks::process_label(task))
+                    .or_default() += 1
+            }
+            None => unknown += 1,
+        }
+    }
+    let mut processes: Vec<(String, u64)> = by_process.into_iter().collect();
+    processes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    println!(
+        "guest:       {} seen in the samples ({} of no known task); by samples:",
+        count(processes.len() as u64, "process"),
+        unknown
+    );
+    const SHOWN: usize = 20;
+    for (name, samples) in processes.iter().take(SHOWN) {
+        println!("             {samples:>8}  {name}");
+    }
+    if processes.len() > SHOWN {
+        let rest: u64 = processes[SHOWN..].iter().map(|p| p.1).sum();
+        println!(
+            "             {rest:>8}  in {} more",
+            count((processes.len() - SHOWN) as u64, "process")
+        );
+    }
 }
 
 /// Per module file of the recording, the CFI sources the unwinder has for it (read from

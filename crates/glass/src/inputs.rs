@@ -40,6 +40,9 @@ pub fn check_record(args: &RecordArgs) -> Result<()> {
     if let Some(memory) = &args.guest_memory {
         check_input(memory, "--guest-memory")?;
     }
+    if let Some(btf) = &args.guest_btf {
+        check_input(btf, "--guest-btf")?;
+    }
     // (glass top's empty -o stands for no file.)
     if !args.output.as_os_str().is_empty() {
         check_recording_output(&args.output)?;

@@ -156,6 +156,15 @@ pub struct RecordArgs {
     /// share=on), mapped read-only so stacks are read without stub round trips
     #[arg(long, requires = "gdb")]
     pub guest_memory: Option<PathBuf>,
+    /// A Linux guest kernel's BTF (a copy of its /sys/kernel/btf/vmlinux, given as its
+    /// kallsyms is given with --symbols): each sample names the guest process it ran in
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "symbols",
+        conflicts_with = "xen"
+    )]
+    pub guest_btf: Option<PathBuf>,
     /// Launch the VM given after `--` (a qemu-system-x86_64 command line) with a private
     /// GDB stub and shared guest RAM, and sample it; symbols default to its -kernel
     #[arg(long, conflicts_with_all = ["pid", "gdb"])]

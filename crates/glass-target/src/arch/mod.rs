@@ -51,6 +51,15 @@ impl VcpuRegs {
         }
     }
 
+    /// The first of [`VcpuRegs::names`] that only finds a Linux guest's current task
+    /// (the rest of the list).
+    pub fn task_registers_from(arch: Arch) -> usize {
+        match arch {
+            Arch::X86_64 => x86_64::TASK_REGISTERS_FROM,
+            Arch::Aarch64 => aarch64::TASK_REGISTERS_FROM,
+        }
+    }
+
     /// From the values of [`VcpuRegs::names`] (0 for a register the backend lacks).
     pub fn from_values(arch: Arch, values: &[u64]) -> Self {
         match arch {
@@ -74,6 +83,22 @@ impl VcpuRegs {
         match self {
             VcpuRegs::X86_64(r) => r.unwind(),
             VcpuRegs::Aarch64(r) => r.unwind(),
+        }
+    }
+
+    /// AArch64: a vCPU inside one of the kernel's vector tables on an exception from EL0
+    /// is taken as the user context it interrupted (see [`Aarch64Regs::interrupted_in_tables`]).
+    pub fn interrupted_in_tables(&mut self, tables: &[u64]) {
+        if let VcpuRegs::Aarch64(r) = self {
+            r.interrupted_in_tables(tables);
+        }
+    }
+
+    /// The exception vector base (AArch64's VBAR_EL1), where the backend gives it.
+    pub fn vector_base(&self) -> Option<u64> {
+        match self {
+            VcpuRegs::X86_64(_) => None,
+            VcpuRegs::Aarch64(r) => (r.vbar_el1 != 0).then_some(r.vbar_el1),
         }
     }
 

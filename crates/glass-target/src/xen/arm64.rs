@@ -56,6 +56,7 @@ pub fn registers(context: &[u8]) -> Option<Aarch64Regs> {
         ttbr1_el1: read_u64(context, CONTEXT_TTBR1),
         tcr_el1: read_u64(context, CONTEXT_TCR),
         sctlr_el1: read_u64(context, CONTEXT_SCTLR),
+        ..Aarch64Regs::default()
     })
 }
 

@@ -587,6 +587,7 @@ impl XenBackend {
                 } else {
                     0
                 },
+                ..X86Regs::default()
             };
             (regs, read_u64(context, HVM_CPU_RDI))
         } else {
@@ -605,6 +606,7 @@ impl XenBackend {
                 cr3,
                 cr4: CR4_PAE,
                 efer: EFER_LMA,
+                ..X86Regs::default()
             };
             (regs, read_u64(context, CONTEXT_RDI))
         };

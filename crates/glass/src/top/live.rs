@@ -17,7 +17,9 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use glass_format::{Backend, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
+use glass_format::{
+    Backend, GuestTask, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit,
+};
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
 use glass_report::model::{FrameKind, SampleIn, StackIndex, StringIndex};
@@ -29,6 +31,7 @@ pub enum Message {
     Process(Process),
     Module(Module),
     Thread(Thread),
+    GuestTask(GuestTask),
     Sample(Sample),
     Progress(Progress),
     Note {
@@ -99,6 +102,13 @@ impl Output for LiveOutput<'_> {
             file.thread(thread)?;
         }
         self.send(Message::Thread(thread.clone()));
+        Ok(())
+    }
+    fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
+        if let Some(file) = &mut self.file {
+            file.guest_task(task)?;
+        }
+        self.send(Message::GuestTask(task.clone()));
         Ok(())
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
@@ -261,6 +271,7 @@ pub struct Table {
 /// A sample of the window: its thread and its row of the model's stack table.
 #[derive(Clone, Copy)]
 struct WindowSample {
+    /// The thread (a VM guest's: its row in the model, one per vCPU and guest task).
     tid: u32,
     stack: Option<StackIndex>,
     weight: u64,
@@ -370,6 +381,7 @@ impl Live {
                 self.model.thread(thread.tid, &thread.name);
                 self.thread_names.insert(thread.tid, thread.name);
             }
+            Message::GuestTask(task) => self.model.guest_task(task),
             Message::Sample(sample) => {
                 self.saw_time(sample.time_ns);
                 self.model.sample(&SampleIn {
@@ -379,6 +391,7 @@ impl Live {
                     stopped_ns: sample.stopped_ns,
                     flags: sample.flags,
                     frames: &sample.frames,
+                    guest_user: None,
                 });
                 self.since_prune += 1;
                 if self.since_prune >= PRUNE_EVERY {
@@ -412,13 +425,17 @@ impl Live {
 
     /// The samples of the live window.
     fn window(&self) -> Vec<WindowSample> {
+        // A guest's vCPU runs many guest tasks (`--guest-btf`): each its own thread row.
+        let by_row = self.is_guest();
         self.model
             .model
             .threads
             .iter()
-            .flat_map(|thread| {
-                thread.samples.iter().map(|s| WindowSample {
-                    tid: thread.tid,
+            .enumerate()
+            .flat_map(|(row, thread)| {
+                let tid = if by_row { row as u32 } else { thread.tid };
+                thread.samples.iter().map(move |s| WindowSample {
+                    tid,
                     stack: s.stack,
                     weight: s.weight,
                 })
@@ -463,14 +480,27 @@ impl Live {
         let mut tids: Vec<u32> = samples.iter().map(|s| s.tid).collect();
         tids.sort_unstable();
         tids.dedup();
+        if self.is_guest() {
+            let rows = &self.model.model.threads;
+            tids.sort_by_cached_key(|&row| (rows[row as usize].tid, self.thread_label(row)));
+        }
         tids
     }
 
     pub fn thread_label(&self, tid: u32) -> String {
+        if self.is_guest() {
+            if let Some(row) = self.model.model.threads.get(tid as usize) {
+                return format!("{}/{}", self.model.model.string(row.name), row.tid);
+            }
+        }
         match self.thread_names.get(&tid) {
             Some(name) => format!("{name}/{tid}"),
             None => format!("thread/{tid}"),
         }
+    }
+
+    fn is_guest(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| m.backend.is_guest())
     }
 
     pub fn is_perf(&self) -> bool {

@@ -172,3 +172,21 @@ pub fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64
         .map(|(_, n)| n)
         .sum()
 }
+
+/// guests/linux's kit (Debian 12's arm64 and x86-64 kernels, busybox initramfs, each
+/// kernel's kallsyms and BTF), built once and kept across runs in the target's
+/// temporary directory (guest_process.rs and linux_guest.rs share it).
+pub fn linux_kit() -> &'static Path {
+    static KIT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    KIT.get_or_init(|| {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let kit = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-kit");
+        let status = std::process::Command::new(repo.join("guests/linux/kit.sh"))
+            .arg(&kit)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("guests/linux/kit.sh runs");
+        assert!(status.success(), "guests/linux/kit.sh failed");
+        kit
+    })
+}

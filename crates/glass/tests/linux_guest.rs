@@ -1,0 +1,266 @@
+//! Real Linux guests: Debian 12's own arm64 and x86-64 kernels under QEMU TCG (guests/linux:
+//! kit.sh builds the kit, run.sh boots it), sampled by `glass record --vm` with the guest's
+//! own /proc/kallsyms as `--symbols`. The initramfs runs a known workload on vCPU 0 (a
+//! user-space spinner and `dd if=/dev/zero of=/dev/null`, which lives in read() and
+//! write()) and leaves vCPU 1 idle, and prints the processes' own CPU times.
+//!
+//! One boot per architecture and configuration, several checks per boot: pointer
+//! authentication stripped (`-cpu max`: read()'s stacks named down to `el0t_64_sync`), no
+//! frame repeated by the link-register rule, no vector entry as a leaf, IRQ samples rooted
+//! in the interrupted task, idle vCPUs `[halted]` though the map has no code, and with
+//! KASLR on (the map from a nokaslr boot) the slide found and the kernel named.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// One boot of `arch` under `glass record --vm` with the kit's kallsyms: the recording's
+/// folded stacks per vCPU, glass's stderr, and the guest's console.
+struct Boot {
+    stacks: Vec<(Vec<String>, u64)>,
+    err: String,
+    console: String,
+}
+
+fn boot(arch: &str, name: &str, run_options: &[&str]) -> Boot {
+    let kit = linux_kit();
+    // One guest at a time: two TCG guests on a 2-CPU host starve each other's sampling.
+    let _one = exclusive();
+    let out = scratch(&format!("linux-{name}"));
+    let recording = out.join("guest.glass");
+    let kallsyms = kit.join(arch).join("kallsyms");
+    let mut command = Command::new(repo().join("guests/linux/run.sh"));
+    command
+        .args(run_options)
+        .args(["--work", "8", arch])
+        .arg(kit)
+        .arg(&out)
+        .args([
+            "--",
+            env!("CARGO_BIN_EXE_glass"),
+            "record",
+            "--vm",
+            "-F",
+            "497",
+            "-o",
+        ])
+        .arg(&recording)
+        .arg("--symbols")
+        .arg(&kallsyms)
+        .arg("--");
+    let output = command.output().expect("guests/linux/run.sh runs");
+    let err = stderr(&output);
+    let console = std::fs::read_to_string(out.join("serial.log")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "{name}: glass record --vm failed: {err}\nconsole:\n{console}"
+    );
+    assert!(
+        console.contains("glass-truth"),
+        "{name}: the workload did not finish:\n{console}"
+    );
+    assert!(err.contains("guest powered off"), "{name}: {err}");
+    let stacks = folded(&recording, &["--threads"]);
+    Boot {
+        stacks,
+        err,
+        console,
+    }
+}
+
+impl Boot {
+    /// Samples of `vcpu` (frames from the root, without the process and thread).
+    fn vcpu(&self, vcpu: u32) -> impl Iterator<Item = (&[String], u64)> {
+        let prefix = format!("vcpu{vcpu}/");
+        self.stacks
+            .iter()
+            .filter(move |(frames, _)| frames.get(1).is_some_and(|t| t.starts_with(&prefix)))
+            .map(|(frames, count)| (&frames[2..], *count))
+    }
+
+    fn all(&self) -> impl Iterator<Item = (&[String], u64)> {
+        self.stacks
+            .iter()
+            .map(|(frames, count)| (&frames[2..], *count))
+    }
+}
+
+fn count(stacks: impl Iterator<Item = (impl AsRef<[String]>, u64)>) -> u64 {
+    stacks.map(|(_, n)| n).sum()
+}
+
+fn has(frames: &[String], name: &str) -> bool {
+    frames.iter().any(|f| f == name)
+}
+
+/// Stack lines for a failure message: the `most` largest of `stacks`.
+fn show<'a>(stacks: impl Iterator<Item = (&'a [String], u64)>, most: usize) -> String {
+    let mut all: Vec<_> = stacks.collect();
+    all.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    all.iter()
+        .take(most)
+        .map(|(f, n)| format!("  {} {n}", f.join(";")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The checks every boot passes: an idle vCPU 1 shown `[halted]` from guest memory (the
+/// map has no code), no vector entry as a leaf.
+fn check_idle_and_vectors(boot: &Boot, name: &str) {
+    let vcpu1 = count(boot.vcpu(1));
+    let halted = count(
+        boot.vcpu(1)
+            .filter(|(f, _)| f.last().is_some_and(|l| l == "[halted]")),
+    );
+    // vCPU 1 runs nothing of the workload: idle but for the guest's boot and its ticks.
+    assert!(
+        vcpu1 > 500 && halted * 100 >= vcpu1 * 50,
+        "{name}: vcpu1 {halted} of {vcpu1} samples halted:\n{}",
+        show(boot.vcpu(1), 10)
+    );
+    eprintln!("{name}: vcpu1 halted {halted} of {vcpu1}");
+    // Named where it halted (with KASLR on, only once the slide is found).
+    let named = count(boot.vcpu(1).filter(|(f, _)| {
+        f.len() >= 2 && f[f.len() - 1] == "[halted]" && !f[f.len() - 2].starts_with('[')
+    }));
+    assert!(
+        named * 100 >= halted * 90,
+        "{name}: {named} of {halted} halted samples named:\n{}",
+        show(boot.vcpu(1), 10)
+    );
+    let vectors = count(
+        boot.all()
+            .filter(|(f, _)| f.last().is_some_and(|l| l == "vectors")),
+    );
+    assert_eq!(
+        vectors,
+        0,
+        "{name}: 'vectors' as a leaf:\n{}",
+        show(boot.all(), 10)
+    );
+}
+
+#[test]
+fn arm64_pac_kernel_seen_whole() {
+    let boot = boot("aarch64", "arm64-pac", &["--cpu", "max"]);
+    let name = "arm64 -cpu max";
+    check_idle_and_vectors(&boot, name);
+
+    // PAC: read() of /dev/zero named down to the user entry.
+    let reads: Vec<_> = boot
+        .vcpu(0)
+        .filter(|(f, _)| has(f, "ksys_read") || has(f, "read_zero"))
+        .collect();
+    let read_total = count(reads.iter().map(|(f, n)| (*f, *n)));
+    let rooted = count(
+        reads
+            .iter()
+            .filter(|(f, _)| f[0] == "el0t_64_sync")
+            .map(|(f, n)| (*f, *n)),
+    );
+    eprintln!("{name}: read() stacks rooted at el0t_64_sync: {rooted} of {read_total}");
+    assert!(
+        read_total >= 20 && rooted * 100 >= read_total * 95,
+        "{name}: {rooted} of {read_total} read() stacks reach el0t_64_sync:\n{}",
+        show(reads.iter().map(|(f, n)| (*f, *n)), 10)
+    );
+    let user_entries = count(boot.all().filter(|(f, _)| f[0].starts_with("el0t_64_")));
+    assert!(
+        user_entries >= 100,
+        "{name}: {user_entries} stacks from user entries"
+    );
+
+    // The link-register rule repeats no frame: the workload's kernel stacks (read() and
+    // write() of dd, interrupts of user code; no recursion in them) hold no frame twice
+    // in a row (`read_zero;read_zero`, `__cond_resched;__cond_resched` before).
+    let workload =
+        |f: &[String]| f[0] == "el0t_64_irq" || has(f, "ksys_read") || has(f, "ksys_write");
+    let repeated: Vec<_> = boot
+        .all()
+        .filter(|(f, _)| workload(f) && f.windows(2).any(|w| w[0] == w[1]))
+        .collect();
+    assert!(
+        count(boot.all().filter(|(f, _)| workload(f))) >= 100,
+        "{name}: few workload stacks"
+    );
+    assert!(
+        repeated.is_empty(),
+        "{name}: frames repeated:\n{}",
+        show(repeated.into_iter(), 10)
+    );
+
+    // IRQs: rooted in the interrupted task, through call_on_irq_stack's record on it.
+    let irq = |f: &[String]| has(f, "call_on_irq_stack") || has(f, "gic_handle_irq");
+    let irqs = count(boot.all().filter(|(f, _)| irq(f)));
+    let task_roots = [
+        "el0t_64_irq",
+        "el0t_64_sync",
+        "ret_from_fork",
+        "__primary_switched",
+        "__secondary_switched",
+    ];
+    let rooted = count(
+        boot.all()
+            .filter(|(f, _)| irq(f) && task_roots.contains(&f[0].as_str())),
+    );
+    let from_user = count(boot.all().filter(|(f, _)| irq(f) && f[0] == "el0t_64_irq"));
+    eprintln!(
+        "{name}: IRQ samples {irqs} ({:.1}% of all), rooted in the interrupted task {rooted}, of which under the user entry {from_user}",
+        irqs as f64 * 100.0 / count(boot.all()).max(1) as f64
+    );
+    assert!(
+        irqs >= 50 && rooted * 100 >= irqs * 95,
+        "{name}: {rooted} of {irqs} IRQ samples rooted in the task:\n{}",
+        show(boot.all().filter(|(f, _)| irq(f)), 12)
+    );
+    assert!(
+        boot.err
+            .lines()
+            .any(|l| l.contains("vcpu0:") && !l.contains(" 0 stacks continued on a second stack")),
+        "{name}: {}",
+        boot.err
+    );
+    // The workload's user-space samples: the truth's ticks say most of vCPU 0's work.
+    assert!(boot.console.contains("glass-truth"), "{}", boot.console);
+}
+
+/// KASLR on: the kit's kallsyms (from a nokaslr boot) and the running kernel differ by
+/// the slide, which glass finds and says.
+fn check_kaslr(boot: &Boot, name: &str) {
+    let line = boot
+        .err
+        .lines()
+        .find(|l| l.contains("KASLR: the running kernel lies"))
+        .unwrap_or_else(|| panic!("{name}: no slide found: {}", boot.err));
+    eprintln!("{name}: {line}");
+    assert!(!boot.err.contains("warning"), "{name}: {}", boot.err);
+}
+
+#[test]
+fn arm64_kaslr_kernel_named() {
+    let boot = boot(
+        "aarch64",
+        "arm64-kaslr",
+        &["--kaslr", "--cpu", "cortex-a57"],
+    );
+    let name = "arm64 KASLR";
+    check_kaslr(&boot, name);
+    check_idle_and_vectors(&boot, name);
+    let entries = count(boot.all().filter(|(f, _)| f[0].starts_with("el0t_64_")));
+    assert!(entries >= 100, "{name}: {entries} stacks from user entries");
+}
+
+#[test]
+fn x86_64_kaslr_kernel_idle_named() {
+    let boot = boot("x86_64", "x86-64-kaslr", &["--kaslr"]);
+    let name = "x86-64 KASLR";
+    check_kaslr(&boot, name);
+    check_idle_and_vectors(&boot, name);
+}
