@@ -432,6 +432,10 @@ pub enum Record {
     JitMap(JitMap),
     ThreadLost(ThreadLost),
     KernelSymbols(KernelSymbols),
+    /// A warning the recorder gave that the reports must repeat (one line): what makes
+    /// the profile less than it seems, such as a guest kernel whose place (KASLR) was not
+    /// found.
+    Note(String),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -458,5 +462,6 @@ pub(crate) mod tag {
     pub const JIT_MAP: u8 = 14;
     pub const THREAD_LOST: u8 = 15;
     pub const KERNEL_SYMBOLS: u8 = 16;
+    pub const NOTE: u8 = 17;
     pub const END: u8 = 0xff;
 }

@@ -87,6 +87,7 @@ impl<W: Write> Writer<W> {
             Record::JitMap(map) => self.jit_map(map),
             Record::ThreadLost(lost) => self.thread_lost(lost),
             Record::KernelSymbols(symbols) => self.kernel_symbols(symbols),
+            Record::Note(note) => self.note(note),
             Record::End => self.end(),
         }
     }
@@ -202,6 +203,13 @@ impl<W: Write> Writer<W> {
         put_u64(b, lost.tid as u64);
         put_u64(b, lost.count);
         self.emit(tag::THREAD_LOST)
+    }
+
+    pub fn note(&mut self, note: &str) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_str(b, note);
+        self.emit(tag::NOTE)
     }
 
     pub fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {

@@ -818,9 +818,9 @@ impl GuestSampler<'_, '_, '_> {
             });
             self.slide_tries += u32::from(outside);
             if self.slide_tries == SLIDE_TRIES {
-                sink.notes.warn(
+                sink.warn_kept(
                     "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
-                );
+                )?;
             }
             return Ok(());
         };
@@ -853,6 +853,17 @@ fn take_sample(
         let started = Instant::now();
         let mut r = source.regs[index];
         r.interrupted_in_tables(image.vector_tables());
+        if let VcpuRegs::X86_64(x86) = &mut r {
+            if image.is_entry(x86.ip) {
+                let mut bytes = [0u8; 48];
+                let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
+                if copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes)? == 48 {
+                    let word =
+                        |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+                    x86.interrupted(&std::array::from_fn(word));
+                }
+            }
+        }
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.

@@ -145,6 +145,10 @@ pub trait Output {
     fn kernel_symbols(&mut self, _symbols: &KernelSymbols) -> io::Result<()> {
         Ok(())
     }
+    /// A warning every report of the recording repeats.
+    fn note(&mut self, _note: &str) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The recording's counts so far, for [`Output::progress`].
@@ -205,6 +209,9 @@ impl<W: io::Write> Output for Writer<W> {
     }
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
         Writer::kernel_symbols(self, symbols)
+    }
+    fn note(&mut self, note: &str) -> io::Result<()> {
+        Writer::note(self, note)
     }
 }
 
@@ -737,6 +744,12 @@ impl<'a> Recorder<'a> {
             self.kernel_samples += 1;
             self.kernel_addresses.extend(kernel);
         }
+    }
+
+    /// Warns now and keeps the warning in the recording, for every report to repeat.
+    pub fn warn_kept(&mut self, warning: &str) -> io::Result<()> {
+        self.notes.warn(warning);
+        self.writer.note(warning)
     }
 
     /// Samples that held kernel frames.
