@@ -857,7 +857,9 @@ fn take_sample(
             if image.is_entry(x86.ip) {
                 let mut bytes = [0u8; 48];
                 let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
-                if copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes)? == 48 {
+                // A frame that cannot be read leaves the registers as they are.
+                let read = copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes);
+                if read.unwrap_or(0) == 48 {
                     let word =
                         |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
                     x86.interrupted(&std::array::from_fn(word));
@@ -907,7 +909,9 @@ fn take_sample(
         if let Some(at) = chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]) {
             let buf = &mut vcpu.other;
             vcpu.other_at = at;
-            vcpu.other_copied = copy_from(backend, &mut source.cache, index, &r, at, buf)?;
+            // Unreadable: the walk ends there and is counted as cut.
+            vcpu.other_copied =
+                copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
         }
         vcpu.last_read_ns = started.elapsed().as_nanos() as u64;
     }
