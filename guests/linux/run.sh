@@ -4,7 +4,7 @@
 # what it runs), the console in OUTDIR/serial.log and a raw dump disk OUTDIR/dump.img, from
 # which OUTDIR/kallsyms and OUTDIR/vmlinux.btf are cut when QEMU has exited.
 # PREFIX runs QEMU's command line (appended to it) instead of running it here, e.g.
-#   run.sh x86_64 KIT OUT -- glass record --vm -o OUT/x.glass --symbols KIT/x86_64/kallsyms
+#   run.sh x86_64 KIT OUT -- glass record --vm -o OUT/x.glass --symbols KIT/x86_64/kallsyms --
 # Options:
 #   --kaslr          leave KASLR on (default: nokaslr on the command line)
 #   --cpu MODEL      -cpu MODEL (aarch64: cortex-a57 by default, max for PAC; x86_64: max)

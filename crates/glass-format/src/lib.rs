@@ -458,6 +458,10 @@ pub enum Record {
     ThreadLost(ThreadLost),
     KernelSymbols(KernelSymbols),
     GuestTask(GuestTask),
+    /// A warning the recorder gave that the reports must repeat (one line): what makes
+    /// the profile less than it seems, such as a guest kernel whose place (KASLR) was not
+    /// found.
+    Note(String),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -485,5 +489,6 @@ pub(crate) mod tag {
     pub const THREAD_LOST: u8 = 15;
     pub const KERNEL_SYMBOLS: u8 = 16;
     pub const GUEST_TASK: u8 = 17;
+    pub const NOTE: u8 = 18;
     pub const END: u8 = 0xff;
 }

@@ -146,6 +146,8 @@ pub struct Recording {
     pub kernel_symbols: KernelSymbols,
     /// The tasks VM guests' vCPUs ran, in file order (see [`GuestTask`]).
     pub guest_tasks: Vec<GuestTask>,
+    /// The recorder's warnings that every report repeats ([`Record::Note`]).
+    pub notes: Vec<String>,
     /// The file ended with an End record.
     pub complete: bool,
     /// The first damage found, if any (what stopped the reader early, or the first
@@ -245,6 +247,7 @@ impl Recording {
                 self.kernel_symbols.symbols.dedup_by_key(|s| s.start);
             }
             Ok(Record::GuestTask(task)) => self.guest_tasks.push(task),
+            Ok(Record::Note(note)) => self.notes.push(note),
             Ok(Record::End) => self.complete = true,
             Err(error) => {
                 self.lost_bytes += error.lost_bytes();
@@ -487,6 +490,7 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             tid: p.u32()?,
             count: p.u64()?,
         }),
+        tag::NOTE => Record::Note(p.string()?),
         tag::KERNEL_SYMBOLS => {
             let count = p.u64()?;
             // Each symbol takes at least four bytes, which bounds the allocation.

@@ -90,6 +90,7 @@ impl<W: Write> Writer<W> {
             Record::ThreadLost(lost) => self.thread_lost(lost),
             Record::KernelSymbols(symbols) => self.kernel_symbols(symbols),
             Record::GuestTask(task) => self.guest_task(task),
+            Record::Note(note) => self.note(note),
             Record::End => self.end(),
         }
     }
@@ -218,6 +219,13 @@ impl<W: Write> Writer<W> {
         b.push(task.flags);
         put_str(b, &task.comm);
         self.emit(tag::GUEST_TASK)
+    }
+
+    pub fn note(&mut self, note: &str) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_str(b, note);
+        self.emit(tag::NOTE)
     }
 
     pub fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {

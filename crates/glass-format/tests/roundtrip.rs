@@ -117,6 +117,7 @@ fn sample_records() -> Vec<Record> {
                 },
             ],
         }),
+        Record::Note("the guest kernel's place (KASLR) was not found".into()),
         Record::End,
     ]
 }

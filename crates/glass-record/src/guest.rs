@@ -877,9 +877,9 @@ impl GuestSampler<'_, '_, '_> {
             });
             self.slide_tries += u32::from(outside);
             if self.slide_tries == SLIDE_TRIES {
-                sink.notes.warn(
+                sink.warn_kept(
                     "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
-                );
+                )?;
             }
             return Ok(());
         };
@@ -916,6 +916,19 @@ fn take_sample(
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
         let mut r = source.regs[index];
         r.interrupted_in_tables(image.vector_tables());
+        if let VcpuRegs::X86_64(x86) = &mut r {
+            if image.is_entry(x86.ip) {
+                let mut bytes = [0u8; 48];
+                let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
+                // A frame that cannot be read leaves the registers as they are.
+                let read = copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes);
+                if read.unwrap_or(0) == 48 {
+                    let word =
+                        |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+                    x86.interrupted(&std::array::from_fn(word));
+                }
+            }
+        }
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
@@ -964,7 +977,9 @@ fn take_sample(
         if let Some(at) = chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]) {
             let buf = &mut vcpu.other;
             vcpu.other_at = at;
-            vcpu.other_copied = copy_from(backend, &mut source.cache, index, &r, at, buf)?;
+            // Unreadable: the walk ends there and is counted as cut.
+            vcpu.other_copied =
+                copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
         }
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;

@@ -44,6 +44,8 @@ pub struct GuestImage {
     pub slide: Option<u64>,
     /// The vector tables' addresses (where the kernel runs).
     tables: Vec<u64>,
+    /// x86-64 Linux's interrupt and exception entry points (`asm_*`, sorted).
+    entries: Vec<u64>,
 }
 
 /// The exception vector tables arm64 Linux points VBAR_EL1 at (KPTI's trampoline and
@@ -88,10 +90,20 @@ impl GuestImage {
                 .filter(|(name, _)| VECTOR_TABLES.contains(&name.as_str()))
                 .map(|(_, at)| *at)
                 .collect();
+            let entries = table
+                .iter()
+                .filter(|s| {
+                    s.2.starts_with("asm_exc_")
+                        || s.2.starts_with("asm_sysvec_")
+                        || s.2 == "asm_common_interrupt"
+                })
+                .map(|s| s.0)
+                .collect();
             return Ok(GuestImage {
                 anchors,
                 slide: None,
                 tables,
+                entries,
                 mappings: vec![mapping(path, start, end, 0)],
                 code: Vec::new(),
                 starts: table.iter().map(|s| s.0).collect(),
@@ -150,6 +162,7 @@ impl GuestImage {
             anchors: Vec::new(),
             slide: None,
             tables: Vec::new(),
+            entries: Vec::new(),
             mappings,
             code,
             starts,
@@ -174,7 +187,7 @@ impl GuestImage {
     /// Whether the image is a symbol table that may be of a relocated kernel whose place
     /// is not known yet.
     pub fn may_slide(&self) -> bool {
-        self.slide.is_none() && !self.anchors.is_empty()
+        self.slide.is_none() && self.code.is_empty() && self.arch.is_none()
     }
 
     /// Where a relocated kernel runs, from a vCPU stopped in it at `ip` outside the
@@ -225,6 +238,12 @@ impl GuestImage {
         &self.tables
     }
 
+    /// Whether `ip` is the first instruction of an x86-64 Linux interrupt or exception
+    /// entry (from a symbol table's names).
+    pub fn is_entry(&self, ip: u64) -> bool {
+        self.entries.binary_search(&ip).is_ok()
+    }
+
     /// Moves the table to where the kernel runs (its mapping and function starts).
     pub fn apply_slide(&mut self, slide: u64) {
         self.slide = Some(slide);
@@ -232,7 +251,12 @@ impl GuestImage {
             mapping.start = mapping.start.wrapping_add(slide);
             mapping.end = mapping.end.wrapping_add(slide);
         }
-        for start in self.starts.iter_mut().chain(&mut self.tables) {
+        for start in self
+            .starts
+            .iter_mut()
+            .chain(&mut self.tables)
+            .chain(&mut self.entries)
+        {
             *start = start.wrapping_add(slide);
         }
         self.after_hlt.clear();

@@ -149,6 +149,11 @@ pub trait Output {
     fn guest_task(&mut self, _task: &GuestTask) -> io::Result<()> {
         Ok(())
     }
+
+    /// A warning every report of the recording repeats.
+    fn note(&mut self, _note: &str) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The recording's counts so far, for [`Output::progress`].
@@ -212,6 +217,9 @@ impl<W: io::Write> Output for Writer<W> {
     }
     fn guest_task(&mut self, task: &GuestTask) -> io::Result<()> {
         Writer::guest_task(self, task)
+    }
+    fn note(&mut self, note: &str) -> io::Result<()> {
+        Writer::note(self, note)
     }
 }
 
@@ -760,6 +768,12 @@ impl<'a> Recorder<'a> {
             self.kernel_samples += 1;
             self.kernel_addresses.extend(kernel);
         }
+    }
+
+    /// Warns now and keeps the warning in the recording, for every report to repeat.
+    pub fn warn_kept(&mut self, warning: &str) -> io::Result<()> {
+        self.notes.warn(warning);
+        self.writer.note(warning)
     }
 
     /// Samples that held kernel frames.

@@ -76,6 +76,13 @@ fn unreadable(path: &Path, error: FormatError) -> Failure {
 
 /// A damaged or truncated recording is used as far as it goes, with a warning.
 fn warn_damage(path: &Path, recording: &Recording, has_calls: bool, warn: &mut dyn FnMut(&str)) {
+    // What the recorder warned of that makes the profile less than it seems.
+    for note in &recording.notes {
+        warn(&format!(
+            "{}: recorded with a warning: {note}",
+            path.display()
+        ));
+    }
     if let Some(summary) = recording.damage_summary() {
         let kept = if has_calls {
             "the call records".to_string()

@@ -68,6 +68,9 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     for damage in recording.damaged.iter().skip(1).take(10) {
         println!("damage:      {damage}");
     }
+    for note in &recording.notes {
+        println!("warning:     {note}");
+    }
     if let Some(meta) = &recording.meta {
         println!(
             "recorded:    {} on {} by glass {}",

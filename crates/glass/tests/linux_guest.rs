@@ -27,19 +27,28 @@ struct Boot {
     stacks: Vec<(Vec<String>, u64)>,
     err: String,
     console: String,
+    /// `glass report`'s stderr and `glass info`'s output.
+    report_err: String,
+    info: String,
 }
 
 fn boot(arch: &str, name: &str, run_options: &[&str]) -> Boot {
+    boot_with(arch, name, run_options, None)
+}
+
+/// [`boot`] with another symbol table than the kit's kallsyms.
+fn boot_with(arch: &str, name: &str, run_options: &[&str], symbols: Option<&Path>) -> Boot {
     let kit = linux_kit();
     // One guest at a time: two TCG guests on a 2-CPU host starve each other's sampling.
     let _one = exclusive();
     let out = scratch(&format!("linux-{name}"));
     let recording = out.join("guest.glass");
-    let kallsyms = kit.join(arch).join("kallsyms");
+    let kallsyms = symbols.map_or_else(|| kit.join(arch).join("kallsyms"), Path::to_path_buf);
     let mut command = Command::new(repo().join("guests/linux/run.sh"));
     command
+        .args(["--work", "8"])
         .args(run_options)
-        .args(["--work", "8", arch])
+        .arg(arch)
         .arg(kit)
         .arg(&out)
         .args([
@@ -68,10 +77,19 @@ fn boot(arch: &str, name: &str, run_options: &[&str]) -> Boot {
     );
     assert!(err.contains("guest powered off"), "{name}: {err}");
     let stacks = folded(&recording, &["--threads"]);
+    let report_err = stderr(&glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "folded",
+    ]));
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
     Boot {
         stacks,
         err,
         console,
+        report_err,
+        info,
     }
 }
 
@@ -255,6 +273,34 @@ fn arm64_kaslr_kernel_named() {
     check_idle_and_vectors(&boot, name);
     let entries = count(boot.all().filter(|(f, _)| f[0].starts_with("el0t_64_")));
     assert!(entries >= 100, "{name}: {entries} stacks from user entries");
+    assert!(
+        !boot.report_err.contains("warning") && !boot.info.contains("warning:"),
+        "{name}: {}{}",
+        boot.report_err,
+        boot.info
+    );
+
+    // A table without the symbols that tell the slide (no vector tables, no banner):
+    // record, report and info each say why the kernel is not named, in one line.
+    let stripped = scratch("linux-arm64-kaslr-table").join("kallsyms");
+    let table = std::fs::read_to_string(linux_kit().join("aarch64/kallsyms")).unwrap();
+    let kept: String = table
+        .lines()
+        .filter(|l| !l.ends_with("vectors") && !l.ends_with(" linux_banner"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&stripped, kept).unwrap();
+    let boot = boot_with(
+        "aarch64",
+        "arm64-kaslr-unfound",
+        &["--kaslr", "--work", "3"],
+        Some(&stripped),
+    );
+    let why = "where it was moved (KASLR) could not be found";
+    let said = |text: &str| text.lines().filter(|l| l.contains(why)).count();
+    assert_eq!(said(&boot.err), 1, "record: {}", boot.err);
+    assert_eq!(said(&boot.report_err), 1, "report: {}", boot.report_err);
+    assert_eq!(said(&boot.info), 1, "info: {}", boot.info);
 }
 
 #[test]

@@ -58,6 +58,21 @@ impl X86Regs {
         UnwindRegs::new(self.ip, self.sp, self.fp)
     }
 
+    /// On the first instruction of an interrupt or exception entry (QEMU delivers a
+    /// pending interrupt before it honours the stop), the context it interrupted, from
+    /// the hardware frame at the stack pointer (`frame`: its first six words): RIP, CS,
+    /// RFLAGS, RSP, SS, after an error code for the exceptions that push one. Told by
+    /// CS, which must be Linux's kernel or user code segment. rbp is the interrupted
+    /// code's still.
+    pub fn interrupted(&mut self, frame: &[u64; 6]) {
+        const CODE_SEGMENTS: [u64; 3] = [0x10, 0x33, 0x23];
+        let at = (0..2).find(|&k| CODE_SEGMENTS.contains(&frame[k + 1]));
+        if let Some(k) = at {
+            self.ip = frame[k];
+            self.sp = frame[k + 3];
+        }
+    }
+
     pub fn long_mode(&self) -> bool {
         self.efer & EFER_LMA != 0
     }
