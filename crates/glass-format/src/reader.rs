@@ -7,7 +7,7 @@ use crate::{
 };
 use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{KernelSymbol, KernelSymbols, ThreadLost};
+use crate::{KernelSymbol, KernelSymbols, PyCode, PyFrame, PyStack, ThreadLost};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
@@ -144,6 +144,10 @@ pub struct Recording {
     pub thread_lost: Vec<ThreadLost>,
     /// Names of the kernel frames (perf backend with kernel stacks).
     pub kernel_symbols: KernelSymbols,
+    /// The Python code objects the Python frames name.
+    pub py_codes: Vec<PyCode>,
+    /// The Python frames of samples (each after its sample).
+    pub py_stacks: Vec<PyStack>,
     /// The file ended with an End record.
     pub complete: bool,
     /// The first damage found, if any (what stopped the reader early, or the first
@@ -242,6 +246,8 @@ impl Recording {
                 self.kernel_symbols.symbols.sort_by_key(|s| s.start);
                 self.kernel_symbols.symbols.dedup_by_key(|s| s.start);
             }
+            Ok(Record::PyCode(code)) => self.py_codes.push(code),
+            Ok(Record::PyStack(stack)) => self.py_stacks.push(stack),
             Ok(Record::End) => self.complete = true,
             Err(error) => {
                 self.lost_bytes += error.lost_bytes();
@@ -502,6 +508,34 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
                 });
             }
             Record::KernelSymbols(KernelSymbols { symbols })
+        }
+        tag::PY_CODE => Record::PyCode(PyCode {
+            pid: p.u32()?,
+            id: p.u32()?,
+            name: p.string()?,
+            file: p.string()?,
+            first_line: p.u32()?,
+        }),
+        tag::PY_STACK => {
+            let (time_ns, pid, tid, count) = (p.u64()?, p.u32()?, p.u32()?, p.u64()?);
+            // Each frame takes at least three bytes, which bounds the allocation.
+            if count > bytes.len() as u64 {
+                return Err("python frame count out of range");
+            }
+            let mut frames = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                frames.push(PyFrame {
+                    code: p.u32()?,
+                    line: p.u32()?,
+                    entry: p.u8()? != 0,
+                });
+            }
+            Record::PyStack(PyStack {
+                time_ns,
+                pid,
+                tid,
+                frames,
+            })
         }
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,

@@ -27,6 +27,7 @@ mod guest_image;
 mod monitor;
 mod perf;
 mod ptrace;
+mod python;
 mod qemu;
 pub mod recorder;
 mod xen;
@@ -78,6 +79,8 @@ pub struct RecordOptions {
     /// perf backend: time blocked, from context switches.
     pub off_cpu: bool,
     pub no_idle: bool,
+    /// Do not read Python frames (ptrace backend).
+    pub no_python: bool,
     pub command: Vec<String>,
 }
 
@@ -134,6 +137,9 @@ pub struct Recorded {
     pub off_cpu_ns: u64,
     /// The sampling rate.
     pub frequency: u32,
+    /// What became of Python frames (interpreters found, samples with them, failures,
+    /// or why a Python process's were not read); None: no Python met, or not asked.
+    pub python: Option<String>,
 }
 
 /// Where a recording's time went, in ns.
@@ -254,6 +260,11 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
                 ));
             }
             BackendChoice::Perf
+        }
+        // Python frames are read from a thread held stopped: a Python target is
+        // sampled with ptrace unless told otherwise (see `python`).
+        BackendChoice::Auto if !args.no_python && python::is_python_target(args) => {
+            BackendChoice::Ptrace
         }
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
@@ -402,6 +413,7 @@ fn finish_with(
         off_cpu_samples: sink.off_cpu_samples,
         off_cpu_ns: sink.off_cpu_ns,
         frequency: sink.args.frequency,
+        python: sink.python.clone(),
     })
 }
 

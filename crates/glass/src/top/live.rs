@@ -379,6 +379,7 @@ impl Live {
                     stopped_ns: sample.stopped_ns,
                     flags: sample.flags,
                     frames: &sample.frames,
+                    python: &[],
                 });
                 self.since_prune += 1;
                 if self.since_prune >= PRUNE_EVERY {

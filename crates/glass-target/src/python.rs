@@ -1,0 +1,282 @@
+//! CPython's frame chain, read from a thread the ptrace backend holds stopped (3.11 and
+//! 3.12): the sample path's part of Python frames. Only pointers are read here (the
+//! code object and the instruction of each frame); names and lines are read by the
+//! recorder after the thread runs again (`glass-record`'s `python`).
+//!
+//! Why offsets from a table of our own: CPython 3.11 and 3.12 publish no layout of
+//! their runtime structures (3.13's `_Py_DebugOffsets` is the first), and a stripped
+//! interpreter (Debian's `/usr/bin/python3.11`) has no debug info to read them from.
+//! The numbers are those of CPython's headers for each version (`Include/internal/
+//! pycore_runtime.h`, `pycore_interp.h`, `cpython/pystate.h`, `pycore_frame.h`) in a
+//! release (non-`Py_DEBUG`) x86-64 build; `tests/python.rs` checks them against the
+//! DWARF of pyenv's debug-info builds where present. py-spy does the same for the same
+//! reason.
+//!
+//! The chain: `_PyRuntime.interpreters.head` → each interpreter's `threads.head` → the
+//! `PyThreadState` whose `native_thread_id` is the sampled thread's id (cached per
+//! thread, checked at each read) → `cframe->current_frame` → each
+//! `_PyInterpreterFrame` by `previous`. One `_PyEval_EvalFrameDefault` call runs the
+//! frames from the one it entered to the innermost: 3.11 marks that entered frame with
+//! `is_entry`; 3.12 puts a shim frame owned by the C stack (`FRAME_OWNED_BY_CSTACK`)
+//! below it, which is dropped here.
+
+use std::collections::HashMap;
+
+use glass_unwind::RemoteMemory;
+
+/// Where the fields the chain needs sit, for one CPython version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyLayout {
+    pub version: (u8, u8),
+    pub runtime_interpreters_head: u64,
+    pub interp_next: u64,
+    pub interp_threads_head: u64,
+    pub tstate_next: u64,
+    pub tstate_native_thread_id: u64,
+    pub tstate_cframe: u64,
+    pub cframe_current_frame: u64,
+    pub frame_code: u64,
+    pub frame_previous: u64,
+    pub frame_prev_instr: u64,
+    pub frame_owner: u64,
+    /// 3.11 only.
+    pub frame_is_entry: Option<u64>,
+    /// 3.12: the owner value of the C stack's shim frame.
+    pub cstack_owner: Option<u8>,
+    /// `PyCodeObject`: what the recorder reads to name a frame.
+    pub code_name: u64,
+    pub code_qualname: u64,
+    pub code_filename: u64,
+    pub code_firstlineno: u64,
+    pub code_linetable: u64,
+    pub code_code_adaptive: u64,
+    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`: where a compact
+    /// string's characters start.
+    pub ascii_size: u64,
+    pub compact_size: u64,
+}
+
+/// CPython 3.11 (3.11.0 to 3.11.x share the layout).
+pub const PY311: PyLayout = PyLayout {
+    version: (3, 11),
+    runtime_interpreters_head: 0x28,
+    interp_next: 0x0,
+    interp_threads_head: 0x10,
+    tstate_next: 0x8,
+    tstate_native_thread_id: 0xa0,
+    tstate_cframe: 0x38,
+    cframe_current_frame: 0x8,
+    frame_code: 0x20,
+    frame_previous: 0x30,
+    frame_prev_instr: 0x38,
+    frame_owner: 0x45,
+    frame_is_entry: Some(0x44),
+    cstack_owner: None,
+    code_name: 0x78,
+    code_qualname: 0x80,
+    code_filename: 0x70,
+    code_firstlineno: 0x48,
+    code_linetable: 0x88,
+    code_code_adaptive: 0xb8,
+    ascii_size: 48,
+    compact_size: 72,
+};
+
+/// CPython 3.12.
+pub const PY312: PyLayout = PyLayout {
+    version: (3, 12),
+    runtime_interpreters_head: 0x28,
+    interp_next: 0x0,
+    interp_threads_head: 0x48,
+    tstate_next: 0x8,
+    tstate_native_thread_id: 0x90,
+    tstate_cframe: 0x38,
+    cframe_current_frame: 0x0,
+    frame_code: 0x0,
+    frame_previous: 0x8,
+    frame_prev_instr: 0x38,
+    frame_owner: 0x46,
+    frame_is_entry: None,
+    cstack_owner: Some(3),
+    code_name: 0x78,
+    code_qualname: 0x80,
+    code_filename: 0x70,
+    code_firstlineno: 0x44,
+    code_linetable: 0x88,
+    code_code_adaptive: 0xc0,
+    ascii_size: 40,
+    compact_size: 56,
+};
+
+impl PyLayout {
+    /// The layout of a CPython version, if glass knows it.
+    pub fn of(major: u8, minor: u8) -> Option<&'static PyLayout> {
+        match (major, minor) {
+            (3, 11) => Some(&PY311),
+            (3, 12) => Some(&PY312),
+            _ => None,
+        }
+    }
+
+    /// The bytes of a frame read at once (every field the walk needs).
+    fn frame_len(&self) -> usize {
+        (self.frame_owner.max(self.frame_is_entry.unwrap_or(0)) + 1) as usize
+    }
+
+    fn tstate_len(&self) -> usize {
+        (self.tstate_native_thread_id.max(self.tstate_cframe) + 8) as usize
+    }
+}
+
+/// One Python frame as read while the thread was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyRawFrame {
+    /// The `PyCodeObject`.
+    pub code: u64,
+    /// The last instruction the frame began (`prev_instr`), in the code's own bytes.
+    pub instr: u64,
+    /// The frame a `_PyEval_EvalFrameDefault` call entered (see the module's page).
+    pub entry: bool,
+}
+
+/// What reading a thread's chain gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PyRead {
+    /// Not a Python process, or no thread state for this thread (a thread Python does
+    /// not know, or one not yet or no longer running Python).
+    #[default]
+    None,
+    /// The frames were read (possibly none: the thread ran no Python code).
+    Read,
+    /// The chain could not be read (memory unreadable, a cycle, too deep).
+    Failed,
+}
+
+/// A Python process's interpreter, for the sample path.
+#[derive(Debug, Clone)]
+pub struct PyProcess {
+    /// The address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    pub layout: &'static PyLayout,
+    /// Thread id -> its `PyThreadState`, as last found.
+    tstates: HashMap<i32, u64>,
+    scratch: Vec<u8>,
+}
+
+/// Frames read at most per sample: deeper chains are cut (and counted as failed).
+pub const MAX_PY_DEPTH: usize = 1024;
+const MAX_INTERPRETERS: usize = 64;
+const MAX_THREAD_STATES: usize = 4096;
+
+fn word(bytes: &[u8], at: u64) -> u64 {
+    let at = at as usize;
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+impl PyProcess {
+    pub fn new(runtime: u64, layout: &'static PyLayout) -> PyProcess {
+        PyProcess {
+            runtime,
+            layout,
+            tstates: HashMap::new(),
+            scratch: Vec::with_capacity(256),
+        }
+    }
+
+    fn read_word(memory: &mut dyn RemoteMemory, address: u64) -> Option<u64> {
+        let mut buf = [0u8; 8];
+        (address != 0 && memory.read(address, &mut buf) == 8).then(|| u64::from_le_bytes(buf))
+    }
+
+    /// The thread state's `cframe` if `tstate` is `tid`'s.
+    fn cframe_of(&mut self, memory: &mut dyn RemoteMemory, tstate: u64, tid: i32) -> Option<u64> {
+        let len = self.layout.tstate_len();
+        self.scratch.resize(len, 0);
+        if memory.read(tstate, &mut self.scratch) != len {
+            return None;
+        }
+        let native = word(&self.scratch, self.layout.tstate_native_thread_id);
+        (native == tid as u64).then(|| word(&self.scratch, self.layout.tstate_cframe))
+    }
+
+    /// Walks every interpreter's thread states, caching each thread's.
+    fn find_tstates(&mut self, memory: &mut dyn RemoteMemory) -> Option<()> {
+        let l = self.layout;
+        self.tstates.clear();
+        let mut interp = Self::read_word(memory, self.runtime + l.runtime_interpreters_head)?;
+        let mut seen = 0;
+        for _ in 0..MAX_INTERPRETERS {
+            if interp == 0 {
+                break;
+            }
+            let mut tstate = Self::read_word(memory, interp + l.interp_threads_head)?;
+            while tstate != 0 && seen < MAX_THREAD_STATES {
+                seen += 1;
+                let native = Self::read_word(memory, tstate + l.tstate_native_thread_id)?;
+                self.tstates.insert(native as i32, tstate);
+                tstate = Self::read_word(memory, tstate + l.tstate_next)?;
+            }
+            interp = Self::read_word(memory, interp + l.interp_next)?;
+        }
+        Some(())
+    }
+
+    /// Reads thread `tid`'s frames, innermost first, onto `out`.
+    pub fn read_chain(
+        &mut self,
+        memory: &mut dyn RemoteMemory,
+        tid: i32,
+        out: &mut Vec<PyRawFrame>,
+    ) -> PyRead {
+        let cached = self.tstates.get(&tid).copied();
+        let cframe = match cached.and_then(|t| self.cframe_of(memory, t, tid)) {
+            Some(cframe) => cframe,
+            None => {
+                if self.find_tstates(memory).is_none() {
+                    return PyRead::Failed;
+                }
+                match self.tstates.get(&tid).copied() {
+                    Some(tstate) => match self.cframe_of(memory, tstate, tid) {
+                        Some(cframe) => cframe,
+                        None => return PyRead::Failed,
+                    },
+                    None => return PyRead::None,
+                }
+            }
+        };
+        if cframe == 0 {
+            return PyRead::Read;
+        }
+        let l = self.layout;
+        let Some(mut frame) = Self::read_word(memory, cframe + l.cframe_current_frame) else {
+            return PyRead::Failed;
+        };
+        let first = out.len();
+        let len = l.frame_len();
+        self.scratch.resize(len, 0);
+        while frame != 0 {
+            if out.len() - first >= MAX_PY_DEPTH || memory.read(frame, &mut self.scratch) != len {
+                out.truncate(first);
+                return PyRead::Failed;
+            }
+            let owner = self.scratch[l.frame_owner as usize];
+            let previous = word(&self.scratch, l.frame_previous);
+            if l.cstack_owner == Some(owner) {
+                // The shim below the frame a `_PyEval_EvalFrameDefault` call entered.
+                if let Some(last) = out[first..].last_mut() {
+                    last.entry = true;
+                }
+            } else {
+                out.push(PyRawFrame {
+                    code: word(&self.scratch, l.frame_code),
+                    instr: word(&self.scratch, l.frame_prev_instr),
+                    entry: l
+                        .frame_is_entry
+                        .is_some_and(|at| self.scratch[at as usize] != 0),
+                });
+            }
+            frame = previous;
+        }
+        PyRead::Read
+    }
+}
