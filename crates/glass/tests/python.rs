@@ -1,0 +1,313 @@
+//! Python frames (ptrace backend): a CPython 3.11 or 3.12 program's time is split
+//! between its Python functions as the program itself measured it, Python and native
+//! frames interleave in call order, `--pid` of a running Python works, and a Python
+//! glass cannot read says why in one line.
+//!
+//! The programs run on the machine's Pythons: Debian's `/usr/bin/python3.11` (a static,
+//! stripped build: `_PyRuntime` and `Py_Version` from its dynamic symbols), and pyenv's
+//! shared builds with debug info where present (skipped with a printed reason if not).
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEBIAN_311: &str = "/usr/bin/python3.11";
+const FUNCTIONS: [&str; 4] = ["alpha", "beta", "gamma", "sorter"];
+
+fn script() -> PathBuf {
+    fixtures_dir().join("python_split.py")
+}
+
+fn pyenv(version: &str) -> Option<PathBuf> {
+    let minor = version.rsplit_once('.').map_or(version, |(m, _)| m);
+    let path = PathBuf::from(format!("/root/.pyenv/versions/{version}/bin/python{minor}"));
+    if path.exists() {
+        Some(path)
+    } else {
+        println!("skipped: {} is not installed", path.display());
+        None
+    }
+}
+
+/// Whether a folded frame is the Python function `name` (`name (file.py:line)`).
+fn is_py(frame: &str, name: &str) -> bool {
+    frame
+        .strip_prefix(name)
+        .is_some_and(|rest| rest.starts_with(" (python_split.py:"))
+}
+
+/// The script's own measure: function -> ns of CPU time.
+fn truth(stdout: &str) -> Vec<(String, f64)> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("alpha="))
+        .unwrap_or_else(|| panic!("no truth line in {stdout:?}"));
+    line.split_whitespace()
+        .map(|pair| {
+            let (name, ns) = pair.split_once('=').unwrap();
+            (name.to_string(), ns.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Records the script under `python`, checks the split and the interleaving; returns
+/// glass's stderr.
+fn split_under(python: &Path, name: &str) -> String {
+    let _guard = exclusive();
+    let dir = scratch(name);
+    let recording = dir.join("py.glass");
+    let output = record_with(
+        &recording,
+        199,
+        &[],
+        &[python.to_str().unwrap(), script().to_str().unwrap(), "40"],
+    );
+    let err = stderr(&output);
+    assert!(err.contains("frames read in"), "{err}");
+    let truth = truth(&stdout(&output));
+    let stacks = folded(&recording, &[]);
+    let under = |function: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|f| is_py(f, function)))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let counted: u64 = FUNCTIONS.iter().map(|f| under(f)).sum();
+    let true_total: f64 = truth.iter().map(|(_, ns)| ns).sum();
+    assert!(
+        counted > 200,
+        "too few samples under the functions: {stacks:?}"
+    );
+    for (function, ns) in &truth {
+        let expected = 100.0 * ns / true_total;
+        let measured = 100.0 * under(function) as f64 / counted as f64;
+        let bound = share_tolerance(expected, counted, 3.0);
+        println!("{name}: {function} {measured:.1}% (truth {expected:.1}%, bound {bound:.1})");
+        assert!(
+            (measured - expected).abs() <= bound,
+            "{function}: {measured:.1}% against {expected:.1}% (bound {bound:.1}); {err}"
+        );
+    }
+    // sorted() is C calling back into Python: sorter's Python frame, then native
+    // frames (the interpreter's, sorted's), then by_key's Python frame.
+    let interleaved = stacks.iter().find(|(frames, _)| {
+        let sorter = frames.iter().position(|f| is_py(f, "sorter"));
+        let key = frames.iter().position(|f| is_py(f, "by_key"));
+        match (sorter, key) {
+            (Some(s), Some(k)) if s < k => {
+                frames[s + 1..k].iter().any(|f| !f.contains(".py:"))
+                    && is_py(&frames[k + 1], "work")
+            }
+            _ => false,
+        }
+    });
+    assert!(
+        interleaved.is_some(),
+        "no sorter -> native -> by_key -> work stack: {stacks:?}"
+    );
+    // No interpreter frame is left between Python frames of one eval call.
+    for (frames, _) in &stacks {
+        for pair in frames.windows(2) {
+            assert!(
+                !(is_py(&pair[0], "alpha") && pair[1] == "_PyEval_EvalFrameDefault"),
+                "{frames:?}"
+            );
+        }
+    }
+    err
+}
+
+#[test]
+fn debian_python311_split_and_interleaving() {
+    if !Path::new(DEBIAN_311).exists() {
+        println!("skipped: {DEBIAN_311} is not installed");
+        return;
+    }
+    let err = split_under(Path::new(DEBIAN_311), "py_debian311");
+    assert!(err.contains("Python 3.11 (/usr/bin/python3.11)"), "{err}");
+}
+
+#[test]
+fn pyenv_python311_split() {
+    if let Some(python) = pyenv("3.11.7") {
+        let err = split_under(&python, "py_pyenv311");
+        assert!(
+            err.contains("Python 3.11 (") && err.contains("libpython3.11"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn pyenv_python312_split() {
+    if let Some(python) = pyenv("3.12.1") {
+        let err = split_under(&python, "py_pyenv312");
+        assert!(err.contains("Python 3.12 ("), "{err}");
+    }
+}
+
+/// `--no-python` leaves the interpreter's frames as they are.
+#[test]
+fn no_python_keeps_the_interpreter_frames() {
+    if !Path::new(DEBIAN_311).exists() {
+        println!("skipped: {DEBIAN_311} is not installed");
+        return;
+    }
+    let _guard = exclusive();
+    let dir = scratch("py_off");
+    let recording = dir.join("py.glass");
+    let output = record_with(
+        &recording,
+        199,
+        &["--no-python", "--backend", "ptrace"],
+        &[DEBIAN_311, script().to_str().unwrap(), "5"],
+    );
+    assert!(!stderr(&output).contains("Python"), "{}", stderr(&output));
+    let stacks = folded(&recording, &[]);
+    assert!(
+        samples_in(&stacks, "_PyEval_EvalFrameDefault") > 0,
+        "{stacks:?}"
+    );
+    assert!(
+        !stacks
+            .iter()
+            .any(|(f, _)| f.iter().any(|f| f.contains(".py:"))),
+        "{stacks:?}"
+    );
+}
+
+/// `--pid` of a Python already running: its frames are read, and it is left running,
+/// untraced.
+#[test]
+fn pid_of_a_running_python() {
+    if !Path::new(DEBIAN_311).exists() {
+        println!("skipped: {DEBIAN_311} is not installed");
+        return;
+    }
+    let _guard = exclusive();
+    let dir = scratch("py_pid");
+    let recording = dir.join("pid.glass");
+    let mut target = Command::new(DEBIAN_311)
+        .args([script().to_str().unwrap(), "100000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id();
+    // The interpreter runs main() once its module is loaded: wait for the script's
+    // code object in its memory map's stead, i.e. for CPU time spent in it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cpu_ticks(pid) < 10 {
+        assert!(Instant::now() < deadline, "python never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = glass(&[
+        "record",
+        "-F",
+        "199",
+        "-d",
+        "1.5",
+        "--pid",
+        &pid.to_string(),
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    let err = stderr(&output);
+    let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    assert!(err.contains("ptrace backend"), "{err}");
+    assert!(err.contains("Python 3.11 (/usr/bin/python3.11)"), "{err}");
+    assert!(state.contains("TracerPid:\t0"), "left traced: {state}");
+    assert!(!state.contains("State:\tt"), "left stopped: {state}");
+    let stacks = folded(&recording, &[]);
+    let total = total(&stacks);
+    let under: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|f| is_py(f, "main")))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(total > 100, "{stacks:?}");
+    assert!(
+        under * 10 >= total * 9,
+        "{under} of {total} under main(): {stacks:?}"
+    );
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+}
+
+/// A Python without `_PyRuntime` (Debian's python3.11 with the symbol renamed: what a
+/// build glass does not know looks like) and a version glass does not read (3.13,
+/// 3.10) are recorded as native code, the summary saying why in one line.
+#[test]
+fn unknown_python_builds_say_why() {
+    if !Path::new(DEBIAN_311).exists() {
+        println!("skipped: {DEBIAN_311} is not installed");
+        return;
+    }
+    let dir = scratch("py_unknown");
+    let mut binary = std::fs::read(DEBIAN_311).unwrap();
+    let renamed = replace_all(&mut binary, b"\0_PyRuntime\0", b"\0_PyRuntimX\0");
+    assert!(renamed > 0, "no _PyRuntime in {DEBIAN_311}'s symbols");
+    let python = dir.join("python3.11");
+    std::fs::write(&python, &binary).unwrap();
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cases = vec![(python, "no _PyRuntime symbol".to_string())];
+    for version in ["3.13.0", "3.10.13"] {
+        if let Some(python) = pyenv(version) {
+            let minor = version.rsplit_once('.').unwrap().0;
+            cases.push((
+                python,
+                format!("Python {minor} (/root/.pyenv/versions/{version}/lib/libpython{minor}.so.1.0): glass reads the frames of 3.11 and 3.12 only"),
+            ));
+        }
+    }
+    for (python, why) in cases {
+        let recording = dir.join("py.glass");
+        let output = record_with(
+            &recording,
+            99,
+            &[],
+            &[python.to_str().unwrap(), script().to_str().unwrap(), "2"],
+        );
+        let err = stderr(&output);
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains(&why)).collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{}: expected one line with {why:?}: {err}",
+            python.display()
+        );
+        assert!(!err.contains("frames read in"), "{err}");
+        let stacks = folded(&recording, &[]);
+        assert!(
+            samples_in(&stacks, "_PyEval_EvalFrameDefault") > 0,
+            "{stacks:?}"
+        );
+    }
+}
+
+fn replace_all(haystack: &mut [u8], from: &[u8], to: &[u8]) -> usize {
+    let mut count = 0;
+    let mut at = 0;
+    while let Some(found) = haystack[at..].windows(from.len()).position(|w| w == from) {
+        let start = at + found;
+        haystack[start..start + to.len()].copy_from_slice(to);
+        at = start + from.len();
+        count += 1;
+    }
+    count
+}
