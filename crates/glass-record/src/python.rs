@@ -73,6 +73,8 @@ pub struct Python {
     pub samples: u64,
     pub with_frames: u64,
     pub failed: u64,
+    /// Time the thread was held stopped to read its chain, over the samples read.
+    pub read_ns: u64,
     stack: Vec<PyFrame>,
 }
 
@@ -125,6 +127,7 @@ impl Python {
         sample: &SampleHeader,
         frames: &[PyRawFrame],
     ) -> std::io::Result<()> {
+        self.read_ns += u64::from(sample.py_ns);
         match sample.py_read {
             PyRead::None => return Ok(()),
             PyRead::Failed => {
@@ -192,11 +195,12 @@ impl Python {
         let mut parts = Vec::new();
         if !self.found.is_empty() {
             parts.push(format!(
-                "Python {}: frames read in {} of {} samples of its threads ({} failed)",
+                "Python {}: frames read in {} of {} samples of its threads ({} failed), adding {:.1} us a sample to the stopped time",
                 self.found.join(", "),
                 self.with_frames,
                 self.samples,
-                self.failed
+                self.failed,
+                self.read_ns as f64 / self.samples.max(1) as f64 / 1e3
             ));
         }
         parts.extend(self.refused.iter().cloned());

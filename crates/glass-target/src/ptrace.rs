@@ -124,6 +124,8 @@ pub struct SampleHeader {
     pub py_first: usize,
     pub py_count: usize,
     pub py_read: PyRead,
+    /// Of `stopped_ns`, the time reading the Python frames took.
+    pub py_ns: u32,
 }
 
 /// What a tick keeps of each stopped thread.
@@ -578,9 +580,13 @@ impl ProcessTarget {
                         }
                     }
                     let py_first = tick.py_frames.len();
-                    let py_read = match self.python.get_mut(&thread.pid) {
-                        Some(python) => python.read_chain(&mut memory, tid, &mut tick.py_frames),
-                        None => PyRead::None,
+                    let (py_read, py_ns) = match self.python.get_mut(&thread.pid) {
+                        Some(python) => {
+                            let began = Instant::now();
+                            let read = python.read_chain(&mut memory, tid, &mut tick.py_frames);
+                            (read, began.elapsed().as_nanos() as u32)
+                        }
+                        None => (PyRead::None, 0),
                     };
                     resume(tid, 0);
                     let resumed = Instant::now();
@@ -604,6 +610,7 @@ impl ProcessTarget {
                         py_first,
                         py_count: tick.py_frames.len() - py_first,
                         py_read,
+                        py_ns,
                     });
                 }
                 Err(_) => {

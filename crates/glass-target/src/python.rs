@@ -166,6 +166,7 @@ pub struct PyProcess {
 /// Frames read at most per sample: deeper chains are cut (and counted as failed).
 pub const MAX_PY_DEPTH: usize = 1024;
 const MAX_INTERPRETERS: usize = 64;
+const PAGE: u64 = 4096;
 const MAX_THREAD_STATES: usize = 4096;
 
 fn word(bytes: &[u8], at: u64) -> u64 {
@@ -252,15 +253,30 @@ impl PyProcess {
             return PyRead::Failed;
         };
         let first = out.len();
-        let len = l.frame_len();
-        self.scratch.resize(len, 0);
+        let len = l.frame_len() as u64;
+        // A thread's frames sit one after another in its data stack, callers below:
+        // one read from the page a frame starts in up to its end holds the callers
+        // that share that page, so a chain costs a read or two, not one per frame.
+        let mut window = 0..0u64;
         while frame != 0 {
-            if out.len() - first >= MAX_PY_DEPTH || memory.read(frame, &mut self.scratch) != len {
+            if out.len() - first >= MAX_PY_DEPTH {
                 out.truncate(first);
                 return PyRead::Failed;
             }
-            let owner = self.scratch[l.frame_owner as usize];
-            let previous = word(&self.scratch, l.frame_previous);
+            if !(window.start <= frame && frame + len <= window.end) {
+                let start = (frame & !(PAGE - 1)).min(frame);
+                let end = frame.saturating_add(len);
+                self.scratch.resize((end - start) as usize, 0);
+                if memory.read(start, &mut self.scratch) != self.scratch.len() {
+                    out.truncate(first);
+                    return PyRead::Failed;
+                }
+                window = start..end;
+            }
+            let at = frame - window.start;
+            let field = |offset: u64| word(&self.scratch, at + offset);
+            let owner = self.scratch[(at + l.frame_owner) as usize];
+            let previous = field(l.frame_previous);
             if l.cstack_owner == Some(owner) {
                 // The shim below the frame a `_PyEval_EvalFrameDefault` call entered.
                 if let Some(last) = out[first..].last_mut() {
@@ -268,11 +284,11 @@ impl PyProcess {
                 }
             } else {
                 out.push(PyRawFrame {
-                    code: word(&self.scratch, l.frame_code),
-                    instr: word(&self.scratch, l.frame_prev_instr),
+                    code: field(l.frame_code),
+                    instr: field(l.frame_prev_instr),
                     entry: l
                         .frame_is_entry
-                        .is_some_and(|at| self.scratch[at as usize] != 0),
+                        .is_some_and(|e| self.scratch[(at + e) as usize] != 0),
                 });
             }
             frame = previous;

@@ -61,7 +61,7 @@ fn split_under(python: &Path, name: &str) -> String {
     let recording = dir.join("py.glass");
     let output = record_with(
         &recording,
-        199,
+        499,
         &[],
         &[python.to_str().unwrap(), script().to_str().unwrap(), "40"],
     );
