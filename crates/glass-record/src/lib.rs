@@ -269,6 +269,11 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
     };
+    if backend == BackendChoice::Perf && !args.no_python && python::is_python_target(args) {
+        notes.warn(
+            "Python frames are not read with the perf backend (it never stops the target, so the interpreter's frame chain cannot be read consistently): the default backend for a Python target, ptrace, reads them",
+        );
+    }
     let guest = args.vm
         || args.gdb.is_some()
         || args.xen.is_some()

@@ -45,6 +45,23 @@ struct Code {
     linetable: Vec<u8>,
     /// Where its instructions start (`co_code_adaptive`).
     instructions: u64,
+    /// What tells it from another code object made at its address later.
+    signature: [u64; 5],
+    /// The tick it was last found the same.
+    checked: u64,
+}
+
+/// A code object's name, qualified name, file, location table and first line.
+fn signature(head: &[u8], layout: &PyLayout) -> [u64; 5] {
+    let word = |at: u64| u64::from_le_bytes(head[at as usize..at as usize + 8].try_into().unwrap());
+    let at = layout.code_firstlineno as usize;
+    [
+        word(layout.code_name),
+        word(layout.code_qualname),
+        word(layout.code_filename),
+        word(layout.code_linetable),
+        u64::from(u32::from_le_bytes(head[at..at + 4].try_into().unwrap())),
+    ]
 }
 
 enum State {
@@ -147,7 +164,23 @@ impl Python {
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
         let memory = Memory(sample.pid);
+        let tick = sink.ticks;
         for frame in frames {
+            // A code object freed and another made at its address (imports' code is
+            // freed once run): the cache holds a code only while its header is the
+            // same, checked once a tick.
+            if let Some(code) = codes.get_mut(&frame.code) {
+                if code.checked != tick {
+                    let same = memory
+                        .read(frame.code, layout.code_code_adaptive)
+                        .is_some_and(|head| signature(&head, layout) == code.signature);
+                    if same {
+                        code.checked = tick;
+                    } else {
+                        codes.remove(&frame.code);
+                    }
+                }
+            }
             let code = match codes.get(&frame.code) {
                 Some(code) => code,
                 None => {
@@ -160,6 +193,10 @@ impl Python {
                         return Ok(());
                     };
                     self.next_id += 1;
+                    let code = Code {
+                        checked: tick,
+                        ..code
+                    };
                     sink.py_code(&PyCode {
                         pid: sample.pid as u32,
                         ..record
@@ -457,6 +494,8 @@ fn read_code(memory: &Memory, layout: &PyLayout, address: u64, id: u32) -> Optio
             first_line,
             linetable,
             instructions: address + layout.code_code_adaptive,
+            signature: signature(&head, layout),
+            checked: 0,
         },
         PyCode {
             pid: 0,

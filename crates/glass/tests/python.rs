@@ -39,7 +39,10 @@ fn is_py(frame: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.starts_with(" (python_split.py:"))
 }
 
-/// The script's own measure: function -> ns of CPU time.
+/// The script's own measure: function -> ns of wall-clock time. The ptrace backend
+/// samples on the wall clock, so a thread that waits for a core (the machine is shared)
+/// is sampled where it waits: wall time is the split it measures. The CPU time the
+/// script prints too is the same split on an idle machine.
 fn truth(stdout: &str) -> Vec<(String, f64)> {
     let line = stdout
         .lines()
@@ -54,8 +57,8 @@ fn truth(stdout: &str) -> Vec<(String, f64)> {
 }
 
 /// Records the script under `python`, checks the split and the interleaving; returns
-/// glass's stderr.
-fn split_under(python: &Path, name: &str) -> String {
+/// glass's stderr and the recording.
+fn split_under(python: &Path, name: &str) -> (String, PathBuf) {
     let _guard = exclusive();
     let dir = scratch(name);
     let recording = dir.join("py.glass");
@@ -100,7 +103,7 @@ fn split_under(python: &Path, name: &str) -> String {
         match (sorter, key) {
             (Some(s), Some(k)) if s < k => {
                 frames[s + 1..k].iter().any(|f| !f.contains(".py:"))
-                    && is_py(&frames[k + 1], "work")
+                    && frames.get(k + 1).is_some_and(|f| is_py(f, "work"))
             }
             _ => false,
         }
@@ -118,7 +121,7 @@ fn split_under(python: &Path, name: &str) -> String {
             );
         }
     }
-    err
+    (err, recording)
 }
 
 #[test]
@@ -127,14 +130,48 @@ fn debian_python311_split_and_interleaving() {
         println!("skipped: {DEBIAN_311} is not installed");
         return;
     }
-    let err = split_under(Path::new(DEBIAN_311), "py_debian311");
+    let (err, recording) = split_under(Path::new(DEBIAN_311), "py_debian311");
     assert!(err.contains("Python 3.11 (/usr/bin/python3.11)"), "{err}");
+    // Every exporter is a view of the same model: the Python frames are in each.
+    for format in ["top", "flamegraph", "speedscope", "folded"] {
+        let output = glass(&["report", recording.to_str().unwrap(), "--format", format]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert!(
+            stdout(&output).contains("work (python_split.py:"),
+            "--format {format}: no Python frame"
+        );
+    }
+}
+
+/// `--backend perf` asked for a Python target: recorded without Python frames, and
+/// the summary says why.
+#[test]
+fn perf_backend_says_python_frames_are_not_read() {
+    if !Path::new(DEBIAN_311).exists() || perf_event_paranoid() > 2 {
+        println!("skipped: no {DEBIAN_311} or no perf_event_open here");
+        return;
+    }
+    let _guard = exclusive();
+    let dir = scratch("py_perf");
+    let recording = dir.join("py.glass");
+    let output = record_with(
+        &recording,
+        99,
+        &["--backend", "perf"],
+        &[DEBIAN_311, script().to_str().unwrap(), "2"],
+    );
+    let err = stderr(&output);
+    assert!(
+        err.contains("Python frames are not read with the perf backend"),
+        "{err}"
+    );
+    assert!(!err.contains("frames read in"), "{err}");
 }
 
 #[test]
 fn pyenv_python311_split() {
     if let Some(python) = pyenv("3.11.7") {
-        let err = split_under(&python, "py_pyenv311");
+        let (err, _) = split_under(&python, "py_pyenv311");
         assert!(
             err.contains("Python 3.11 (") && err.contains("libpython3.11"),
             "{err}"
@@ -145,7 +182,7 @@ fn pyenv_python311_split() {
 #[test]
 fn pyenv_python312_split() {
     if let Some(python) = pyenv("3.12.1") {
-        let err = split_under(&python, "py_pyenv312");
+        let (err, _) = split_under(&python, "py_pyenv312");
         assert!(err.contains("Python 3.12 ("), "{err}");
     }
 }
@@ -258,6 +295,7 @@ fn unknown_python_builds_say_why() {
         println!("skipped: {DEBIAN_311} is not installed");
         return;
     }
+    let _guard = exclusive();
     let dir = scratch("py_unknown");
     let mut binary = std::fs::read(DEBIAN_311).unwrap();
     let renamed = replace_all(&mut binary, b"\0_PyRuntime\0", b"\0_PyRuntimX\0");
