@@ -108,7 +108,7 @@ impl Python {
                 continue;
             };
             *tries += 1;
-            if *tries > EARLY_TRIES && ticks % LATER_EVERY != 0 {
+            if *tries > EARLY_TRIES && !ticks.is_multiple_of(LATER_EVERY) {
                 continue;
             }
             match find(pid, &mut self.files) {
