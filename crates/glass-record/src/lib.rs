@@ -18,6 +18,17 @@
 //! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
 //! and writes the file after the target has its CPU back.
 
+/// std's `eprintln!` panics when standard error is gone (a closed pipe); the guardian
+/// that prints with it is what must outlive glass and let a target run. As the CLI's
+/// (`glass/src/main.rs`), this one drops what cannot be written, and shadows std's in
+/// every module below.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod driver;
 mod error;
 pub mod event;
