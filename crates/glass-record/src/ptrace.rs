@@ -165,6 +165,7 @@ fn write_tick(
     tick: &Tick,
     mut python: Option<&mut Python>,
 ) -> std::io::Result<()> {
+    let mut frames = Vec::new();
     for sample in &tick.samples {
         if !sink.knows_thread(sample.tid) {
             sink.handle(Event::thread(sample.pid, sample.tid))?;
@@ -180,13 +181,16 @@ fn write_tick(
                 } else {
                     0
                 };
+                frames.clear();
+                frames.extend_from_slice(tick.frames_of(sample));
+                sink.recover_leaf_caller(sample.pid, sample.regs, sample.top, &mut frames)?;
                 sink.handle(Event::Frames {
                     pid: sample.pid,
                     tid: sample.tid,
                     time_ns: sample.time_ns,
                     stopped_ns: sample.stopped_ns,
                     flags,
-                    frames: tick.frames_of(sample),
+                    frames: &frames,
                 })?;
             }
             _ => {

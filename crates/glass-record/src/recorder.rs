@@ -635,6 +635,41 @@ impl<'a> Recorder<'a> {
         self.writer.py_stack(stack)
     }
 
+    /// x86-64, a frame-pointer walk made while the thread was stopped (`frames`): a
+    /// sample in a function without a frame (yet) has its caller skipped by the chain;
+    /// it is taken from the return address at the stack pointer (`top`: the words at
+    /// `regs.sp` and above), as for a stack copy's walk.
+    pub fn recover_leaf_caller(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        top: [Option<u64>; 2],
+        frames: &mut Vec<u64>,
+    ) -> io::Result<()> {
+        if self.arch != Arch::X86_64 || frames.is_empty() {
+            return Ok(());
+        }
+        self.check_modules(pid, frames)?;
+        let space = self.space(pid);
+        let leaf_return = glass_unwind::unchained_return_address(
+            regs,
+            &mut |address| match address.wrapping_sub(regs.sp) {
+                0 => top[0],
+                8 => top[1],
+                _ => None,
+            },
+            frames.get(1).copied(),
+            &|address| space.contains(address),
+        );
+        if let Some(address) = leaf_return {
+            frames.insert(1, address);
+            if frames.len() > self.args.max_depth as usize {
+                frames.pop();
+            }
+        }
+        Ok(())
+    }
+
     /// A sample already unwound (the frame-pointer walk in the stopped window).
     fn frames_sample(
         &mut self,

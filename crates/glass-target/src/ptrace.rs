@@ -126,6 +126,8 @@ pub struct SampleHeader {
     pub py_read: PyRead,
     /// Of `stopped_ns`, the time reading the Python frames took.
     pub py_ns: u32,
+    /// Frame-pointer walks: the words at the stack pointer and above it.
+    pub top: [Option<u64>; 2],
 }
 
 /// What a tick keeps of each stopped thread.
@@ -559,6 +561,7 @@ impl ProcessTarget {
                     let first = tick.frames.len();
                     let stack_first = tick.stack.len();
                     let mut truncated = false;
+                    let mut top = [None; 2];
                     match capture {
                         Capture::FramePointers { max_depth } => {
                             thread.window.fill(&mut memory, registers.unwind.sp);
@@ -570,6 +573,12 @@ impl ProcessTarget {
                                 &mut tick.frames,
                             );
                             truncated = end.is_truncated();
+                            // The stack pointer's words, for a leaf without a frame
+                            // (read from the window the walk filled: no more reads).
+                            top = [
+                                thread.window.word(&mut memory, registers.unwind.sp),
+                                thread.window.word(&mut memory, registers.unwind.sp + 8),
+                            ];
                         }
                         Capture::StackCopy => {
                             tick.stack
@@ -611,6 +620,7 @@ impl ProcessTarget {
                         py_count: tick.py_frames.len() - py_first,
                         py_read,
                         py_ns,
+                        top,
                     });
                 }
                 Err(_) => {
