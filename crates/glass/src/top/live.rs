@@ -17,7 +17,10 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use glass_format::{Backend, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit};
+use glass_format::{
+    Backend, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyStack, Snapshot, Summary,
+    Thread, ThreadExit, ThreadLost,
+};
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
 use glass_report::model::{FrameKind, SampleIn, StackIndex, StringIndex};
@@ -162,6 +165,31 @@ impl Output for LiveOutput<'_> {
     }
     fn progress(&mut self, progress: &Progress) {
         self.send(Message::Progress(*progress));
+    }
+    // The file gets the Python frames; the view does not show them yet (see the README).
+    fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => file.py_code(code),
+            None => Ok(()),
+        }
+    }
+    fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => file.py_stack(stack),
+            None => Ok(()),
+        }
+    }
+    fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => file.thread_lost(lost),
+            None => Ok(()),
+        }
+    }
+    fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => file.kernel_symbols(symbols),
+            None => Ok(()),
+        }
     }
 }
 
