@@ -68,6 +68,14 @@ pub struct LiveOutput<'a> {
 }
 
 impl LiveOutput<'_> {
+    /// A record only the file takes (the view does not show it).
+    fn to_file(&mut self, write: impl FnOnce(&mut dyn Output) -> io::Result<()>) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => write(file.as_mut()),
+            None => Ok(()),
+        }
+    }
+
     fn send(&self, message: Message) {
         // The view may have closed (the user quit): the recording ends by itself.
         let _ = self.to_view.send(message);
@@ -105,10 +113,7 @@ impl Output for LiveOutput<'_> {
         Ok(())
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.thread_exit(exit),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.thread_exit(exit))
     }
     fn sample(
         &mut self,
@@ -134,62 +139,35 @@ impl Output for LiveOutput<'_> {
     }
     fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()> {
         // `glass top` refuses --capture raw: nothing to show of these.
-        match &mut self.file {
-            Some(file) => file.snapshot(snapshot),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.snapshot(snapshot))
     }
     fn summary(&mut self, summary: &Summary) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.summary(summary),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.summary(summary))
     }
     fn jit_map(&mut self, map: &JitMap) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.jit_map(map),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.jit_map(map))
     }
     fn end(&mut self) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.end(),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.end())
     }
     fn flush(&mut self) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.flush(),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.flush())
     }
     fn progress(&mut self, progress: &Progress) {
         self.send(Message::Progress(*progress));
     }
     // The file gets the Python frames; the view does not show them yet (see the README).
     fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.py_code(code),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.py_code(code))
     }
     fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.py_stack(stack),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.py_stack(stack))
     }
     fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.thread_lost(lost),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.thread_lost(lost))
     }
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.kernel_symbols(symbols),
-            None => Ok(()),
-        }
+        self.to_file(|file| file.kernel_symbols(symbols))
     }
 }
 
