@@ -394,3 +394,91 @@ fn replace_all(haystack: &mut [u8], from: &[u8], to: &[u8]) -> usize {
     }
     count
 }
+
+/// The per-version offsets glass reads the chain with (`glass_target::python`, from
+/// CPython's headers) are those of the interpreters' own debug info: gdb reads each
+/// field's offset from the DWARF of pyenv's builds (which have it).
+#[test]
+fn layout_tables_match_the_interpreters_debug_info() {
+    use glass_target::python::{PyLayout, PY311, PY312};
+    if Command::new("gdb").arg("--version").output().is_err() {
+        println!("skipped: gdb is not installed");
+        return;
+    }
+    let fields: [(&str, fn(&PyLayout) -> u64); 18] = [
+        ("((_PyRuntimeState*)0)->interpreters.head", |l| {
+            l.runtime_interpreters_head
+        }),
+        ("((PyInterpreterState*)0)->next", |l| l.interp_next),
+        ("((PyInterpreterState*)0)->threads.head", |l| {
+            l.interp_threads_head
+        }),
+        ("((PyThreadState*)0)->next", |l| l.tstate_next),
+        ("((PyThreadState*)0)->native_thread_id", |l| {
+            l.tstate_native_thread_id
+        }),
+        ("((PyThreadState*)0)->cframe", |l| l.tstate_cframe),
+        ("((_PyCFrame*)0)->current_frame", |l| l.cframe_current_frame),
+        ("((_PyInterpreterFrame*)0)->f_code", |l| l.frame_code),
+        ("((_PyInterpreterFrame*)0)->previous", |l| l.frame_previous),
+        ("((_PyInterpreterFrame*)0)->prev_instr", |l| {
+            l.frame_prev_instr
+        }),
+        ("((_PyInterpreterFrame*)0)->owner", |l| l.frame_owner),
+        ("((PyCodeObject*)0)->co_name", |l| l.code_name),
+        ("((PyCodeObject*)0)->co_qualname", |l| l.code_qualname),
+        ("((PyCodeObject*)0)->co_filename", |l| l.code_filename),
+        ("((PyCodeObject*)0)->co_firstlineno", |l| l.code_firstlineno),
+        ("((PyCodeObject*)0)->co_linetable", |l| l.code_linetable),
+        ("((PyCodeObject*)0)->co_code_adaptive", |l| {
+            l.code_code_adaptive
+        }),
+        ("sizeof(PyASCIIObject)", |l| l.ascii_size),
+    ];
+    for (version, layout) in [("3.11.7", &PY311), ("3.12.1", &PY312)] {
+        let minor = version.rsplit_once('.').unwrap().0;
+        let library = format!("/root/.pyenv/versions/{version}/lib/libpython{minor}.so.1.0");
+        if !Path::new(&library).exists() {
+            println!("skipped {version}: {library} is not installed");
+            continue;
+        }
+        let mut expressions: Vec<String> = fields
+            .iter()
+            .map(|(field, _)| match field.strip_prefix("sizeof") {
+                Some(_) => field.to_string(),
+                None => format!("(unsigned long)&{field}"),
+            })
+            .collect();
+        expressions.push("sizeof(PyCompactUnicodeObject)".into());
+        let mut wanted: Vec<u64> = fields.iter().map(|(_, get)| get(layout)).collect();
+        wanted.push(layout.compact_size);
+        if let Some(at) = layout.frame_is_entry {
+            expressions.push("(unsigned long)&((_PyInterpreterFrame*)0)->is_entry".into());
+            wanted.push(at);
+        }
+        if let Some(owner) = layout.cstack_owner {
+            expressions.push("(int)FRAME_OWNED_BY_CSTACK".into());
+            wanted.push(owner.into());
+        }
+        let mut gdb = Command::new("gdb");
+        gdb.args(["-batch", "-nx", &library]);
+        for expression in &expressions {
+            gdb.args(["-ex", &format!("print {expression}")]);
+        }
+        let output = gdb.output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        let values: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(_, v)| v.trim().parse().unwrap()))
+            .collect();
+        assert_eq!(
+            values.len(),
+            expressions.len(),
+            "{version}: gdb answered {text} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for ((expression, value), want) in expressions.iter().zip(&values).zip(&wanted) {
+            assert_eq!(value, want, "{version}: {expression}");
+        }
+    }
+}
