@@ -482,3 +482,43 @@ fn layout_tables_match_the_interpreters_debug_info() {
         }
     }
 }
+
+/// `glass top` shows the same Python frames as the report (its live model is the
+/// report's), and writes them into its `-o` file.
+#[test]
+fn top_shows_python_frames() {
+    if !Path::new(DEBIAN_311).exists() {
+        println!("skipped: {DEBIAN_311} is not installed");
+        return;
+    }
+    let _guard = exclusive();
+    let dir = scratch("py_top");
+    let recording = dir.join("top.glass");
+    let output = glass(&[
+        "top",
+        "--batch",
+        "--interval",
+        "0.5",
+        "--limit",
+        "500",
+        "-F",
+        "199",
+        "-o",
+        recording.to_str().unwrap(),
+        "--",
+        DEBIAN_311,
+        script().to_str().unwrap(),
+        "20",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let table = stdout(&output);
+    assert!(table.contains("work (python_split.py:12)"), "{table}");
+    assert!(table.contains("by_key (python_split.py:31)"), "{table}");
+    let stacks = folded(&recording, &[]);
+    assert!(
+        stacks
+            .iter()
+            .any(|(f, _)| f.iter().any(|f| is_py(f, "by_key"))),
+        "{stacks:?}"
+    );
+}

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use glass_format::{
-    Backend, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyStack, Snapshot, Summary,
-    Thread, ThreadExit, ThreadLost,
+    Backend, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame, PyStack, Snapshot,
+    Summary, Thread, ThreadExit, ThreadLost,
 };
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
@@ -33,6 +33,8 @@ pub enum Message {
     Module(Module),
     Thread(Thread),
     Sample(Sample),
+    /// A Python code object the Python frames of later samples name.
+    PyCode(PyCode),
     Progress(Progress),
     Note {
         warning: bool,
@@ -55,6 +57,8 @@ pub struct Sample {
     pub flags: u8,
     /// `frames[0]` is the instruction pointer.
     pub frames: Box<[u64]>,
+    /// Its Python frames (innermost first), if it has any.
+    pub python: Box<[PyFrame]>,
 }
 
 /// The recorder's output: every record goes to the view thread; with `-o`, to the file
@@ -65,6 +69,9 @@ pub struct LiveOutput<'a> {
     pub file: Option<Box<dyn Output + 'a>>,
     /// The target's pid once known (a launched command's, which `q` ends).
     pub target_pid: Arc<AtomicU32>,
+    /// The last sample, held until what follows it is known: its Python frames come
+    /// after it (the view appends a sample whole).
+    pub held: Option<Sample>,
 }
 
 impl LiveOutput<'_> {
@@ -76,9 +83,17 @@ impl LiveOutput<'_> {
         }
     }
 
-    fn send(&self, message: Message) {
+    fn send(&mut self, message: Message) {
+        self.release();
         // The view may have closed (the user quit): the recording ends by itself.
         let _ = self.to_view.send(message);
+    }
+
+    /// Sends the held sample.
+    fn release(&mut self) {
+        if let Some(sample) = self.held.take() {
+            let _ = self.to_view.send(Message::Sample(sample));
+        }
     }
 }
 
@@ -127,14 +142,16 @@ impl Output for LiveOutput<'_> {
         if let Some(file) = &mut self.file {
             file.sample(time_ns, pid, tid, stopped_ns, flags, frames)?;
         }
-        self.send(Message::Sample(Sample {
+        self.release();
+        self.held = Some(Sample {
             time_ns,
             pid,
             tid,
             stopped_ns,
             flags,
             frames: frames.into(),
-        }));
+            python: Box::default(),
+        });
         Ok(())
     }
     fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()> {
@@ -148,20 +165,31 @@ impl Output for LiveOutput<'_> {
         self.to_file(|file| file.jit_map(map))
     }
     fn end(&mut self) -> io::Result<()> {
+        self.release();
         self.to_file(|file| file.end())
     }
     fn flush(&mut self) -> io::Result<()> {
+        self.release();
         self.to_file(|file| file.flush())
     }
     fn progress(&mut self, progress: &Progress) {
         self.send(Message::Progress(*progress));
     }
-    // The file gets the Python frames; the view does not show them yet (see the README).
     fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
-        self.to_file(|file| file.py_code(code))
+        self.to_file(|file| file.py_code(code))?;
+        // Not `send`: the held sample's frames may name it.
+        let _ = self.to_view.send(Message::PyCode(code.clone()));
+        Ok(())
     }
     fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
-        self.to_file(|file| file.py_stack(stack))
+        self.to_file(|file| file.py_stack(stack))?;
+        if let Some(held) = &mut self.held {
+            if (held.tid, held.time_ns) == (stack.tid, stack.time_ns) {
+                held.python = stack.frames.clone().into();
+            }
+        }
+        self.release();
+        Ok(())
     }
     fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
         self.to_file(|file| file.thread_lost(lost))
@@ -372,6 +400,7 @@ impl Live {
             }
             Message::Process(process) => self.model.process(&process),
             Message::Module(module) => self.model.module(module),
+            Message::PyCode(code) => self.model.py_code(code),
             Message::Thread(thread) => {
                 self.model.thread(thread.tid, &thread.name);
                 self.thread_names.insert(thread.tid, thread.name);
@@ -385,7 +414,7 @@ impl Live {
                     stopped_ns: sample.stopped_ns,
                     flags: sample.flags,
                     frames: &sample.frames,
-                    python: &[],
+                    python: &sample.python,
                 });
                 self.since_prune += 1;
                 if self.since_prune >= PRUNE_EVERY {
@@ -621,6 +650,7 @@ mod tests {
             stopped_ns: 0,
             flags,
             frames: vec![0x1000, 0x2000].into(),
+            python: Box::default(),
         })
     }
 

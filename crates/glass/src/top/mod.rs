@@ -154,6 +154,7 @@ pub fn run(args: &TopArgs) -> Result<i32> {
         to_view: to_view.clone(),
         file,
         target_pid: shared.target_pid.clone(),
+        held: None,
     };
     let mut notes = LiveNotes {
         to_view: to_view.clone(),
