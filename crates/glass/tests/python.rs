@@ -17,6 +17,15 @@ use std::time::{Duration, Instant};
 const DEBIAN_311: &str = "/usr/bin/python3.11";
 const FUNCTIONS: [&str; 4] = ["alpha", "beta", "gamma", "sorter"];
 
+/// Whether Debian's python3.11 is here (said when it is not: the test is skipped).
+fn debian_311() -> bool {
+    let here = Path::new(DEBIAN_311).exists();
+    if !here {
+        println!("skipped: {DEBIAN_311} is not installed");
+    }
+    here
+}
+
 fn script() -> PathBuf {
     fixtures_dir().join("python_split.py")
 }
@@ -171,8 +180,7 @@ fn split_under(python: &Path, name: &str) -> (String, PathBuf) {
 
 #[test]
 fn debian_python311_split_and_interleaving() {
-    if !Path::new(DEBIAN_311).exists() {
-        println!("skipped: {DEBIAN_311} is not installed");
+    if !debian_311() {
         return;
     }
     let (err, recording) = split_under(Path::new(DEBIAN_311), "py_debian311");
@@ -235,8 +243,7 @@ fn pyenv_python312_split() {
 /// `--no-python` leaves the interpreter's frames as they are.
 #[test]
 fn no_python_keeps_the_interpreter_frames() {
-    if !Path::new(DEBIAN_311).exists() {
-        println!("skipped: {DEBIAN_311} is not installed");
+    if !debian_311() {
         return;
     }
     let _guard = exclusive();
@@ -266,8 +273,7 @@ fn no_python_keeps_the_interpreter_frames() {
 /// untraced.
 #[test]
 fn pid_of_a_running_python() {
-    if !Path::new(DEBIAN_311).exists() {
-        println!("skipped: {DEBIAN_311} is not installed");
+    if !debian_311() {
         return;
     }
     let _guard = exclusive();
@@ -336,8 +342,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// 3.10) are recorded as native code, the summary saying why in one line.
 #[test]
 fn unknown_python_builds_say_why() {
-    if !Path::new(DEBIAN_311).exists() {
-        println!("skipped: {DEBIAN_311} is not installed");
+    if !debian_311() {
         return;
     }
     let _guard = exclusive();
@@ -487,8 +492,7 @@ fn layout_tables_match_the_interpreters_debug_info() {
 /// report's), and writes them into its `-o` file.
 #[test]
 fn top_shows_python_frames() {
-    if !Path::new(DEBIAN_311).exists() {
-        println!("skipped: {DEBIAN_311} is not installed");
+    if !debian_311() {
         return;
     }
     let _guard = exclusive();
