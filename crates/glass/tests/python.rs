@@ -149,14 +149,15 @@ fn split_under(python: &Path, name: &str) -> (String, PathBuf) {
         }
     }
     // Lines: each frame's line comes from its code's location table; work's frames
-    // are on the lines of its body (the loop, mostly), never outside it.
+    // are on the lines of its body (the loop, mostly), or of its `def` (3.12's RESUME
+    // at the function's start is located there), never outside it.
     let kept = glass_format::read_file(&recording).unwrap();
     let work = kept
         .py_codes
         .iter()
         .find(|c| c.name == "work" && c.file.ends_with("python_split.py"))
         .expect("work's code object recorded");
-    let body = work.first_line + 1..=work.first_line + 4;
+    let body = work.first_line..=work.first_line + 4;
     let mut lines = std::collections::BTreeMap::new();
     for stack in &kept.py_stacks {
         for frame in stack.frames.iter().filter(|f| f.code == work.id) {
