@@ -411,7 +411,8 @@ fn layout_tables_match_the_interpreters_debug_info() {
         println!("skipped: gdb is not installed");
         return;
     }
-    let fields: [(&str, fn(&PyLayout) -> u64); 18] = [
+    type Field = (&'static str, fn(&PyLayout) -> u64);
+    let fields: [Field; 18] = [
         ("((_PyRuntimeState*)0)->interpreters.head", |l| {
             l.runtime_interpreters_head
         }),

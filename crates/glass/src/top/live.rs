@@ -76,7 +76,10 @@ pub struct LiveOutput<'a> {
 
 impl LiveOutput<'_> {
     /// A record only the file takes (the view does not show it).
-    fn to_file(&mut self, write: impl FnOnce(&mut dyn Output) -> io::Result<()>) -> io::Result<()> {
+    fn write_file(
+        &mut self,
+        write: impl FnOnce(&mut dyn Output) -> io::Result<()>,
+    ) -> io::Result<()> {
         match &mut self.file {
             Some(file) => write(file.as_mut()),
             None => Ok(()),
@@ -128,7 +131,7 @@ impl Output for LiveOutput<'_> {
         Ok(())
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
-        self.to_file(|file| file.thread_exit(exit))
+        self.write_file(|file| file.thread_exit(exit))
     }
     fn sample(
         &mut self,
@@ -156,33 +159,33 @@ impl Output for LiveOutput<'_> {
     }
     fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()> {
         // `glass top` refuses --capture raw: nothing to show of these.
-        self.to_file(|file| file.snapshot(snapshot))
+        self.write_file(|file| file.snapshot(snapshot))
     }
     fn summary(&mut self, summary: &Summary) -> io::Result<()> {
-        self.to_file(|file| file.summary(summary))
+        self.write_file(|file| file.summary(summary))
     }
     fn jit_map(&mut self, map: &JitMap) -> io::Result<()> {
-        self.to_file(|file| file.jit_map(map))
+        self.write_file(|file| file.jit_map(map))
     }
     fn end(&mut self) -> io::Result<()> {
         self.release();
-        self.to_file(|file| file.end())
+        self.write_file(|file| file.end())
     }
     fn flush(&mut self) -> io::Result<()> {
         self.release();
-        self.to_file(|file| file.flush())
+        self.write_file(|file| file.flush())
     }
     fn progress(&mut self, progress: &Progress) {
         self.send(Message::Progress(*progress));
     }
     fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
-        self.to_file(|file| file.py_code(code))?;
+        self.write_file(|file| file.py_code(code))?;
         // Not `send`: the held sample's frames may name it.
         let _ = self.to_view.send(Message::PyCode(code.clone()));
         Ok(())
     }
     fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
-        self.to_file(|file| file.py_stack(stack))?;
+        self.write_file(|file| file.py_stack(stack))?;
         if let Some(held) = &mut self.held {
             if (held.tid, held.time_ns) == (stack.tid, stack.time_ns) {
                 held.python = stack.frames.clone().into();
@@ -192,10 +195,10 @@ impl Output for LiveOutput<'_> {
         Ok(())
     }
     fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
-        self.to_file(|file| file.thread_lost(lost))
+        self.write_file(|file| file.thread_lost(lost))
     }
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
-        self.to_file(|file| file.kernel_symbols(symbols))
+        self.write_file(|file| file.kernel_symbols(symbols))
     }
 }
 
