@@ -3,7 +3,7 @@
 //! (`glass_target::python`) after the thread runs again — each code object's qualified
 //! name, file and first line read once (cached by its address, written once as a
 //! `PyCode` record), each frame's line from the code's location table
-//! (`co_linetable`, PEP 626's format, the same in 3.11 and 3.12), then a `PyStack`
+//! (`co_linetable`, PEP 626's format, the same in 3.11 to 3.13), then a `PyStack`
 //! record after its sample.
 //!
 //! The interpreter is the `_PyRuntime` symbol of the python executable (Debian's
@@ -18,7 +18,7 @@ use std::path::Path;
 use glass_format::{PyCode, PyFrame, PyStack};
 use glass_target::procfs;
 use glass_target::ptrace::{ProcessTarget, SampleHeader};
-use glass_target::python::{PyLayout, PyProcess, PyRawFrame, PyRead};
+use glass_target::python::{PyLayout, PyProcess, PyRawFrame, PyRead, DEBUG_OFFSETS_LEN};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::recorder::Recorder;
@@ -69,7 +69,7 @@ enum State {
         tries: u32,
     },
     Found {
-        layout: &'static PyLayout,
+        layout: PyLayout,
         codes: HashMap<u64, Code>,
     },
     /// Python, but its frames cannot be read (the reason is in `Python::refused`).
@@ -160,7 +160,7 @@ impl Python {
         let Some(State::Found { layout, codes }) = self.states.get_mut(&sample.pid) else {
             return Ok(());
         };
-        let layout = *layout;
+        let layout = &*layout;
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
         let memory = Memory(sample.pid);
@@ -290,7 +290,7 @@ pub fn is_python_target(args: &crate::RecordOptions) -> bool {
 fn find(
     pid: i32,
     files: &mut HashMap<String, Symbols>,
-) -> Result<Option<(u64, &'static PyLayout, String)>, String> {
+) -> Result<Option<(u64, PyLayout, String)>, String> {
     let Ok(mappings) = procfs::executable_mappings(pid) else {
         return Ok(None);
     };
@@ -326,14 +326,22 @@ fn find(
                 mapping.path
             ));
         };
-        return match PyLayout::of(major, minor) {
+        let runtime = bias.wrapping_add(runtime);
+        // 3.13 and later say where their fields are (`_Py_DebugOffsets`, the first
+        // bytes of `_PyRuntime`); 3.11 and 3.12 have the table.
+        let layout = PyLayout::of(major, minor).copied().or_else(|| {
+            Memory(pid)
+                .read(runtime, DEBUG_OFFSETS_LEN as u64)
+                .and_then(|bytes| PyLayout::from_debug_offsets(&bytes))
+        });
+        return match layout {
             Some(layout) => Ok(Some((
-                bias.wrapping_add(runtime),
+                runtime,
                 layout,
                 format!("{major}.{minor} ({})", mapping.path),
             ))),
             None => Err(format!(
-                "Python {major}.{minor} ({}): glass reads the frames of 3.11 and 3.12 only",
+                "Python {major}.{minor} ({}): glass reads the frames of 3.11, 3.12 and 3.13 only",
                 mapping.path
             )),
         };
@@ -507,7 +515,7 @@ fn read_code(memory: &Memory, layout: &PyLayout, address: u64, id: u32) -> Optio
     ))
 }
 
-/// The line of code unit `unit`, from a 3.11/3.12 location table: entries of a first
+/// The line of code unit `unit`, from a 3.11-3.13 location table: entries of a first
 /// byte (1, then a 4-bit kind, then length - 1 in code units) and the kind's varints
 /// (CPython's `Objects/locations.md`).
 pub fn line_at(table: &[u8], first_line: i64, unit: u64) -> Option<i64> {

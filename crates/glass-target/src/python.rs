@@ -1,5 +1,5 @@
-//! CPython's frame chain, read from a thread the ptrace backend holds stopped (3.11 and
-//! 3.12): the sample path's part of Python frames. Only pointers are read here (the
+//! CPython's frame chain, read from a thread the ptrace backend holds stopped (3.11,
+//! 3.12 and 3.13): the sample path's part of Python frames. Only pointers are read here (the
 //! code object and the instruction of each frame); names and lines are read by the
 //! recorder after the thread runs again (`glass-record`'s `python`).
 //!
@@ -10,7 +10,9 @@
 //! pycore_runtime.h`, `pycore_interp.h`, `cpython/pystate.h`, `pycore_frame.h`) in a
 //! release (non-`Py_DEBUG`) x86-64 build; `tests/python.rs` checks them against the
 //! DWARF of pyenv's debug-info builds where present. py-spy does the same for the same
-//! reason.
+//! reason. 3.13 publishes its offsets (`_Py_DebugOffsets` at the start of `_PyRuntime`),
+//! and they are read from there ([`PyLayout::from_debug_offsets`]); 3.13 keeps no
+//! `_PyCFrame` (the thread state points at its current frame).
 //!
 //! The chain: `_PyRuntime.interpreters.head` → each interpreter's `threads.head` → the
 //! `PyThreadState` whose `native_thread_id` is the sampled thread's id (cached per
@@ -33,8 +35,10 @@ pub struct PyLayout {
     pub interp_threads_head: u64,
     pub tstate_next: u64,
     pub tstate_native_thread_id: u64,
+    /// Where the thread state points to its `_PyCFrame` (3.11, 3.12), or to its
+    /// current frame itself (3.13: `cframe_current_frame` None).
     pub tstate_cframe: u64,
-    pub cframe_current_frame: u64,
+    pub cframe_current_frame: Option<u64>,
     pub frame_code: u64,
     pub frame_previous: u64,
     pub frame_prev_instr: u64,
@@ -65,7 +69,7 @@ pub const PY311: PyLayout = PyLayout {
     tstate_next: 0x8,
     tstate_native_thread_id: 0xa0,
     tstate_cframe: 0x38,
-    cframe_current_frame: 0x8,
+    cframe_current_frame: Some(0x8),
     frame_code: 0x20,
     frame_previous: 0x30,
     frame_prev_instr: 0x38,
@@ -91,7 +95,7 @@ pub const PY312: PyLayout = PyLayout {
     tstate_next: 0x8,
     tstate_native_thread_id: 0x90,
     tstate_cframe: 0x38,
-    cframe_current_frame: 0x0,
+    cframe_current_frame: Some(0x0),
     frame_code: 0x0,
     frame_previous: 0x8,
     frame_prev_instr: 0x38,
@@ -116,6 +120,58 @@ impl PyLayout {
             (3, 12) => Some(&PY312),
             _ => None,
         }
+    }
+
+    /// The layout 3.13's `_Py_DebugOffsets` gives (the first bytes of `_PyRuntime`:
+    /// `bytes`, at least [`DEBUG_OFFSETS_LEN`]), if they are 3.13's: the interpreter
+    /// says where its fields are, and glass reads no table of its own. The struct's own
+    /// layout is 3.13's (`Include/internal/pycore_runtime.h`); a later version changes
+    /// it, so only 3.13 is read. Strings keep 3.12's layout (3.13 does not publish it).
+    pub fn from_debug_offsets(bytes: &[u8]) -> Option<PyLayout> {
+        if bytes.len() < DEBUG_OFFSETS_LEN || &bytes[..8] != b"xdebugpy" {
+            return None;
+        }
+        let at = |offset: u64| word(bytes, offset);
+        let version = at(8);
+        // Free-threaded builds lay out objects differently.
+        if (version >> 16) != 0x030d || at(16) != 0 {
+            return None;
+        }
+        Some(PyLayout {
+            version: (3, 13),
+            runtime_interpreters_head: at(40),
+            interp_next: at(64),
+            interp_threads_head: at(72),
+            tstate_next: at(168),
+            tstate_native_thread_id: at(200),
+            tstate_cframe: at(184),
+            cframe_current_frame: None,
+            frame_code: at(240),
+            frame_previous: at(232),
+            frame_prev_instr: at(248),
+            frame_owner: at(264),
+            frame_is_entry: None,
+            cstack_owner: Some(3),
+            code_name: at(288),
+            code_qualname: at(296),
+            code_filename: at(280),
+            code_firstlineno: at(312),
+            code_linetable: at(304),
+            code_code_adaptive: at(344),
+            ascii_size: PY312.ascii_size,
+            compact_size: PY312.compact_size,
+        })
+        .filter(|l| {
+            // Sane offsets only: each is read into a buffer of that size.
+            [
+                l.tstate_native_thread_id,
+                l.tstate_cframe,
+                l.frame_owner,
+                l.code_code_adaptive,
+            ]
+            .iter()
+            .all(|&o| o < 4096)
+        })
     }
 
     /// The bytes of a frame read at once (every field the walk needs).
@@ -157,11 +213,14 @@ pub enum PyRead {
 pub struct PyProcess {
     /// The address of `_PyRuntime` in the process.
     pub runtime: u64,
-    pub layout: &'static PyLayout,
+    pub layout: PyLayout,
     /// Thread id -> its `PyThreadState`, as last found.
     tstates: HashMap<i32, u64>,
     scratch: Vec<u8>,
 }
+
+/// The bytes of `_Py_DebugOffsets` glass reads (to the end of the code object's).
+pub const DEBUG_OFFSETS_LEN: usize = 352;
 
 /// Frames read at most per sample: deeper chains are cut (and counted as failed).
 pub const MAX_PY_DEPTH: usize = 1024;
@@ -175,7 +234,7 @@ fn word(bytes: &[u8], at: u64) -> u64 {
 }
 
 impl PyProcess {
-    pub fn new(runtime: u64, layout: &'static PyLayout) -> PyProcess {
+    pub fn new(runtime: u64, layout: PyLayout) -> PyProcess {
         PyProcess {
             runtime,
             layout,
@@ -249,8 +308,12 @@ impl PyProcess {
             return PyRead::Read;
         }
         let l = self.layout;
-        let Some(mut frame) = Self::read_word(memory, cframe + l.cframe_current_frame) else {
-            return PyRead::Failed;
+        let mut frame = match l.cframe_current_frame {
+            Some(at) => match Self::read_word(memory, cframe + at) {
+                Some(frame) => frame,
+                None => return PyRead::Failed,
+            },
+            None => cframe,
         };
         let first = out.len();
         let len = l.frame_len() as u64;
