@@ -69,7 +69,7 @@ enum State {
         tries: u32,
     },
     Found {
-        layout: PyLayout,
+        layout: Box<PyLayout>,
         codes: HashMap<u64, Code>,
     },
     /// Python, but its frames cannot be read (the reason is in `Python::refused`).
@@ -117,7 +117,7 @@ impl Python {
                     self.found.push(what);
                     target.set_python(pid, Some(PyProcess::new(runtime, layout)));
                     *state = State::Found {
-                        layout,
+                        layout: Box::new(layout),
                         codes: HashMap::new(),
                     };
                 }
@@ -160,7 +160,7 @@ impl Python {
         let Some(State::Found { layout, codes }) = self.states.get_mut(&sample.pid) else {
             return Ok(());
         };
-        let layout = &*layout;
+        let layout = &**layout;
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
         let memory = Memory(sample.pid);
