@@ -186,6 +186,8 @@ fn debian_python311_split_and_interleaving() {
     }
     let (err, recording) = split_under(Path::new(DEBIAN_311), "py_debian311");
     assert!(err.contains("Python 3.11 (/usr/bin/python3.11)"), "{err}");
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    assert!(info.contains("samples with Python frames"), "{info}");
     // Every exporter is a view of the same model: the Python frames are in each.
     for format in ["top", "flamegraph", "speedscope", "folded"] {
         let output = glass(&["report", recording.to_str().unwrap(), "--format", format]);
