@@ -347,6 +347,44 @@ pub const GUEST_TASK_KERNEL_THREAD: u8 = 1 << 0;
 /// are of no known task).
 pub const GUEST_TASK_UNKNOWN: u8 = 1 << 1;
 
+/// A Python code object a sampled interpreter ran (a function, a module body, a
+/// lambda), as the recorder read it from the process: the Python frames of a
+/// [`PyStack`] name it by `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyCode {
+    pub pid: u32,
+    /// Unique within the recording.
+    pub id: u32,
+    /// `co_qualname` (3.11 and later): `Class.method`, `outer.<locals>.inner`.
+    pub name: String,
+    /// `co_filename`, as the interpreter has it.
+    pub file: String,
+    /// The line of its `def` (`co_firstlineno`).
+    pub first_line: u32,
+}
+
+/// A Python frame of a sample, innermost first in [`PyStack::frames`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyFrame {
+    /// The [`PyCode`] it ran.
+    pub code: u32,
+    /// The line it was at (0: not known).
+    pub line: u32,
+    /// The outermost frame one `_PyEval_EvalFrameDefault` call ran: the frames up to
+    /// and including it replace that native frame (innermost first).
+    pub entry: bool,
+}
+
+/// The Python frames of the sample of the same thread and time (written right after
+/// it): what the interpreter's own frame chain held when the thread was stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyStack {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub frames: Vec<PyFrame>,
+}
+
 /// The cost figures of a recording, written once at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -462,6 +500,8 @@ pub enum Record {
     /// the profile less than it seems, such as a guest kernel whose place (KASLR) was not
     /// found.
     Note(String),
+    PyCode(PyCode),
+    PyStack(PyStack),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -490,5 +530,7 @@ pub(crate) mod tag {
     pub const KERNEL_SYMBOLS: u8 = 16;
     pub const GUEST_TASK: u8 = 17;
     pub const NOTE: u8 = 18;
+    pub const PY_CODE: u8 = 19;
+    pub const PY_STACK: u8 = 20;
     pub const END: u8 = 0xff;
 }

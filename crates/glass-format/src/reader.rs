@@ -8,6 +8,7 @@ use crate::{
 use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
 use crate::{GuestTask, KernelSymbol, KernelSymbols, ThreadLost};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
+use crate::{PyCode, PyFrame, PyStack};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
@@ -148,6 +149,10 @@ pub struct Recording {
     pub guest_tasks: Vec<GuestTask>,
     /// The recorder's warnings that every report repeats ([`Record::Note`]).
     pub notes: Vec<String>,
+    /// The Python code objects the Python frames name.
+    pub py_codes: Vec<PyCode>,
+    /// The Python frames of samples (each after its sample).
+    pub py_stacks: Vec<PyStack>,
     /// The file ended with an End record.
     pub complete: bool,
     /// The first damage found, if any (what stopped the reader early, or the first
@@ -248,6 +253,8 @@ impl Recording {
             }
             Ok(Record::GuestTask(task)) => self.guest_tasks.push(task),
             Ok(Record::Note(note)) => self.notes.push(note),
+            Ok(Record::PyCode(code)) => self.py_codes.push(code),
+            Ok(Record::PyStack(stack)) => self.py_stacks.push(stack),
             Ok(Record::End) => self.complete = true,
             Err(error) => {
                 self.lost_bytes += error.lost_bytes();
@@ -509,6 +516,34 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
                 });
             }
             Record::KernelSymbols(KernelSymbols { symbols })
+        }
+        tag::PY_CODE => Record::PyCode(PyCode {
+            pid: p.u32()?,
+            id: p.u32()?,
+            name: p.string()?,
+            file: p.string()?,
+            first_line: p.u32()?,
+        }),
+        tag::PY_STACK => {
+            let (time_ns, pid, tid, count) = (p.u64()?, p.u32()?, p.u32()?, p.u64()?);
+            // Each frame takes at least three bytes, which bounds the allocation.
+            if count > bytes.len() as u64 {
+                return Err("python frame count out of range");
+            }
+            let mut frames = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                frames.push(PyFrame {
+                    code: p.u32()?,
+                    line: p.u32()?,
+                    entry: p.u8()? != 0,
+                });
+            }
+            Record::PyStack(PyStack {
+                time_ns,
+                pid,
+                tid,
+                frames,
+            })
         }
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,

@@ -3,7 +3,8 @@ use std::io::{self, Write};
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
 use crate::{
-    GuestTask, JitMap, KernelSymbols, ThreadLost, TraceFunction, TraceSkipped, TraceSummary,
+    GuestTask, JitMap, KernelSymbols, PyCode, PyStack, ThreadLost, TraceFunction, TraceSkipped,
+    TraceSummary,
 };
 use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 
@@ -91,6 +92,8 @@ impl<W: Write> Writer<W> {
             Record::KernelSymbols(symbols) => self.kernel_symbols(symbols),
             Record::GuestTask(task) => self.guest_task(task),
             Record::Note(note) => self.note(note),
+            Record::PyCode(code) => self.py_code(code),
+            Record::PyStack(stack) => self.py_stack(stack),
             Record::End => self.end(),
         }
     }
@@ -241,6 +244,32 @@ impl<W: Write> Writer<W> {
             put_str(b, &symbol.module);
         }
         self.emit(tag::KERNEL_SYMBOLS)
+    }
+
+    pub fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, code.pid as u64);
+        put_u64(b, code.id as u64);
+        put_str(b, &code.name);
+        put_str(b, &code.file);
+        put_u64(b, code.first_line as u64);
+        self.emit(tag::PY_CODE)
+    }
+
+    pub fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        put_u64(b, stack.time_ns);
+        put_u64(b, stack.pid as u64);
+        put_u64(b, stack.tid as u64);
+        put_u64(b, stack.frames.len() as u64);
+        for frame in &stack.frames {
+            put_u64(b, frame.code as u64);
+            put_u64(b, frame.line as u64);
+            b.push(frame.entry as u8);
+        }
+        self.emit(tag::PY_STACK)
     }
 
     pub fn summary(&mut self, s: &Summary) -> io::Result<()> {

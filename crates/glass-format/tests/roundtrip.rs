@@ -118,6 +118,30 @@ fn sample_records() -> Vec<Record> {
             ],
         }),
         Record::Note("the guest kernel's place (KASLR) was not found".into()),
+        Record::PyCode(PyCode {
+            pid: 4242,
+            id: 3,
+            name: "Parser.parse".into(),
+            file: "/usr/lib/python3.11/parse.py".into(),
+            first_line: 120,
+        }),
+        Record::PyStack(PyStack {
+            time_ns: 2_000_000,
+            pid: 4242,
+            tid: 4243,
+            frames: vec![
+                PyFrame {
+                    code: 3,
+                    line: 127,
+                    entry: false,
+                },
+                PyFrame {
+                    code: 0,
+                    line: 0,
+                    entry: true,
+                },
+            ],
+        }),
         Record::End,
     ]
 }

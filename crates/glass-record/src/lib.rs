@@ -18,6 +18,17 @@
 //! All hand their samples to a [`recorder::Recorder`], which unwinds, keeps module maps,
 //! and writes the file after the target has its CPU back.
 
+/// std's `eprintln!` panics when standard error is gone (a closed pipe); the guardian
+/// that prints with it is what must outlive glass and let a target run. As the CLI's
+/// (`glass/src/main.rs`), this one drops what cannot be written, and shadows std's in
+/// every module below.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod driver;
 mod error;
 pub mod event;
@@ -28,6 +39,7 @@ mod linux_guest;
 mod monitor;
 mod perf;
 mod ptrace;
+mod python;
 mod qemu;
 pub mod recorder;
 mod xen;
@@ -82,6 +94,8 @@ pub struct RecordOptions {
     /// perf backend: time blocked, from context switches.
     pub off_cpu: bool,
     pub no_idle: bool,
+    /// Do not read Python frames (ptrace backend).
+    pub no_python: bool,
     pub command: Vec<String>,
 }
 
@@ -138,6 +152,9 @@ pub struct Recorded {
     pub off_cpu_ns: u64,
     /// The sampling rate.
     pub frequency: u32,
+    /// What became of Python frames (interpreters found, samples with them, failures,
+    /// or why a Python process's were not read); None: no Python met, or not asked.
+    pub python: Option<String>,
 }
 
 /// Where a recording's time went, in ns.
@@ -259,9 +276,19 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
             }
             BackendChoice::Perf
         }
+        // Python frames are read from a thread held stopped: a Python target is
+        // sampled with ptrace unless told otherwise (see `python`).
+        BackendChoice::Auto if !args.no_python && python::is_python_target(args) => {
+            BackendChoice::Ptrace
+        }
         BackendChoice::Auto if glass_target::perf::available() => BackendChoice::Perf,
         BackendChoice::Auto => BackendChoice::Ptrace,
     };
+    if backend == BackendChoice::Perf && !args.no_python && python::is_python_target(args) {
+        notes.warn(
+            "Python frames are not read with the perf backend (it never stops the target, so the interpreter's frame chain cannot be read consistently): the default backend for a Python target, ptrace, reads them",
+        );
+    }
     let guest = args.vm
         || args.gdb.is_some()
         || args.xen.is_some()
@@ -406,6 +433,7 @@ fn finish_with(
         off_cpu_samples: sink.off_cpu_samples,
         off_cpu_ns: sink.off_cpu_ns,
         frequency: sink.args.frequency,
+        python: sink.python.clone(),
     })
 }
 

@@ -15,6 +15,7 @@ use nix::sys::signalfd::SignalFd;
 
 use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
+use super::python::Python;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{CaptureMode, UnwindMode};
@@ -48,7 +49,7 @@ pub fn record(
     let _ = sink.refresh_thread_names(&target.threads());
     target.detach();
     guardian.done();
-    let _ = write_events(&mut sink, &mut target);
+    let _ = write_events(&mut sink, &mut target, None);
     Ok(finish(
         sink,
         outcome,
@@ -91,6 +92,7 @@ fn run(
         target,
         tick: Tick::default(),
         capture,
+        python: (!args.no_python).then(Python::default),
     };
     sink.sampling_began();
     let outcome = drive(
@@ -101,6 +103,7 @@ fn run(
         args.duration,
     );
     sink.sampling_ended();
+    sink.python = sampler.python.as_ref().and_then(Python::note);
     outcome
 }
 
@@ -109,6 +112,8 @@ struct PtraceSampler<'t> {
     target: &'t mut ProcessTarget,
     tick: Tick,
     capture: Capture,
+    /// Python frames, unless `--no-python`.
+    python: Option<Python>,
 }
 
 impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
@@ -117,7 +122,7 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
     }
 
     fn gather(&mut self, sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
-        write_events(sink, self.target)?;
+        write_events(sink, self.target, self.python.as_mut())?;
         Ok(Gathered::ended_if(self.target.leader_status().is_some()))
     }
 
@@ -139,8 +144,11 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
             sink.tick(tick.stopped_ns);
         }
         // Events the tick handled (an exec, a new thread) precede its samples.
-        write_events(sink, self.target)?;
-        write_tick(sink, self.target, &self.tick)?;
+        write_events(sink, self.target, self.python.as_mut())?;
+        write_tick(sink, self.target, &self.tick, self.python.as_mut())?;
+        if let Some(python) = &mut self.python {
+            python.look(self.target, sink.ticks);
+        }
         Ok(Ok(self.tick.stopped_ns))
     }
 
@@ -151,7 +159,13 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
 }
 
 /// Everything here runs after the target has resumed.
-fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::io::Result<()> {
+fn write_tick(
+    sink: &mut Sink,
+    target: &mut ProcessTarget,
+    tick: &Tick,
+    mut python: Option<&mut Python>,
+) -> std::io::Result<()> {
+    let mut frames = Vec::new();
     for sample in &tick.samples {
         if !sink.knows_thread(sample.tid) {
             sink.handle(Event::thread(sample.pid, sample.tid))?;
@@ -167,13 +181,16 @@ fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::
                 } else {
                     0
                 };
+                frames.clear();
+                frames.extend_from_slice(tick.frames_of(sample));
+                sink.recover_leaf_caller(sample.pid, sample.regs, sample.top, &mut frames)?;
                 sink.handle(Event::Frames {
                     pid: sample.pid,
                     tid: sample.tid,
                     time_ns: sample.time_ns,
                     stopped_ns: sample.stopped_ns,
                     flags,
-                    frames: tick.frames_of(sample),
+                    frames: &frames,
                 })?;
             }
             _ => {
@@ -196,11 +213,18 @@ fn write_tick(sink: &mut Sink, target: &mut ProcessTarget, tick: &Tick) -> std::
                 }
             }
         }
+        if let Some(python) = python.as_deref_mut() {
+            python.write(sink, sample, tick.python_of(sample))?;
+        }
     }
     Ok(())
 }
 
-fn write_events(sink: &mut Sink, target: &mut ProcessTarget) -> std::io::Result<()> {
+fn write_events(
+    sink: &mut Sink,
+    target: &mut ProcessTarget,
+    mut python: Option<&mut Python>,
+) -> std::io::Result<()> {
     let events: Vec<(Instant, TargetEvent)> = target.take_events().collect();
     for (seen, event) in events {
         // Stamped when the kernel reported it, not when written: samples taken in
@@ -224,10 +248,16 @@ fn write_events(sink: &mut Sink, target: &mut ProcessTarget) -> std::io::Result<
                 sink.handle(Event::thread(child, child))?;
             }
             TargetEvent::ProcessExec { pid } => {
+                if let Some(python) = python.as_deref_mut() {
+                    python.forget(target, pid);
+                }
                 sink.handle(Event::process(pid, 0, ProcessKind::Exec, time_ns, true))?;
                 sink.refresh_thread_names(&target.threads())?;
             }
             TargetEvent::ProcessExited { pid, .. } => {
+                if let Some(python) = python.as_deref_mut() {
+                    python.forget(target, pid);
+                }
                 sink.handle(Event::ProcessExit { pid })?;
             }
         }

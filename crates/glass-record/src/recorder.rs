@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, Snapshot,
-    Summary, Thread, ThreadExit, ThreadLost, Writer,
+    Arch, Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, PyCode,
+    PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -154,6 +154,14 @@ pub trait Output {
     fn note(&mut self, _note: &str) -> io::Result<()> {
         Ok(())
     }
+    /// A Python code object the Python frames name.
+    fn py_code(&mut self, _code: &PyCode) -> io::Result<()> {
+        Ok(())
+    }
+    /// The Python frames of the sample just written.
+    fn py_stack(&mut self, _stack: &PyStack) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The recording's counts so far, for [`Output::progress`].
@@ -212,6 +220,12 @@ impl<W: io::Write> Output for Writer<W> {
     fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
         Writer::thread_lost(self, lost)
     }
+    fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
+        Writer::py_code(self, code)
+    }
+    fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
+        Writer::py_stack(self, stack)
+    }
     fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
         Writer::kernel_symbols(self, symbols)
     }
@@ -261,6 +275,8 @@ pub struct Recorder<'a> {
     pub off_cpu_ns: u64,
     /// perf backend: whether kernel stacks are recorded, or why not.
     pub kernel_stacks: Option<Result<(), String>>,
+    /// The summary's line about Python frames (ptrace backend), if any.
+    pub python: Option<String>,
     /// Module maps may be refreshed from /proc (not for VM guests).
     use_proc: bool,
     /// The sampled code's architecture (set with the meta record).
@@ -316,6 +332,7 @@ impl<'a> Recorder<'a> {
             off_cpu_samples: 0,
             off_cpu_ns: 0,
             kernel_stacks: None,
+            python: None,
             use_proc: true,
             arch: Arch::host(),
             jitdumps_mapped: Vec::new(),
@@ -684,6 +701,51 @@ impl<'a> Recorder<'a> {
             missed_deadlines: self.missed_deadlines,
         };
         self.writer.progress(&progress);
+    }
+
+    /// A Python code object (before the first Python frames that name it).
+    pub fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
+        self.writer.py_code(code)
+    }
+
+    /// The Python frames of the sample just written.
+    pub fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
+        self.writer.py_stack(stack)
+    }
+
+    /// x86-64, a frame-pointer walk made while the thread was stopped (`frames`): a
+    /// sample in a function without a frame (yet) has its caller skipped by the chain;
+    /// it is taken from the return address at the stack pointer (`top`: the words at
+    /// `regs.sp` and above), as for a stack copy's walk.
+    pub fn recover_leaf_caller(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        top: [Option<u64>; 2],
+        frames: &mut Vec<u64>,
+    ) -> io::Result<()> {
+        if self.arch != Arch::X86_64 || frames.is_empty() {
+            return Ok(());
+        }
+        self.check_modules(pid, frames)?;
+        let space = self.space(pid);
+        let leaf_return = glass_unwind::unchained_return_address(
+            regs,
+            &mut |address| match address.wrapping_sub(regs.sp) {
+                0 => top[0],
+                8 => top[1],
+                _ => None,
+            },
+            frames.get(1).copied(),
+            &|address| space.contains(address),
+        );
+        if let Some(address) = leaf_return {
+            frames.insert(1, address);
+            if frames.len() > self.args.max_depth as usize {
+                frames.pop();
+            }
+        }
+        Ok(())
     }
 
     /// A sample already unwound (the frame-pointer walk in the stopped window).

@@ -86,6 +86,11 @@ impl LiveModel {
         space.insert(at, index);
     }
 
+    /// A Python code object, which later samples' Python frames name.
+    pub fn py_code(&mut self, code: glass_format::PyCode) {
+        self.namer.py_codes.insert((code.pid, code.id), code);
+    }
+
     pub fn thread(&mut self, tid: u32, name: &str) {
         if !name.is_empty() {
             self.thread_names.insert(tid, name.to_string());

@@ -24,6 +24,9 @@ use crate::calltrace::CallTrace;
 use crate::modules::ModuleTimeline;
 use crate::UNKNOWN_FRAME;
 
+/// The interpreter's function whose frames a sample's Python frames replace.
+const PYTHON_EVAL: &str = "_PyEval_EvalFrameDefault";
+
 /// Every how many samples the report looks for the modules to prepare (see
 /// `Symbolizer::prepare`): a module missed is prepared when first met, in turn.
 const PREPARE_STRIDE: usize = 8;
@@ -248,6 +251,9 @@ pub struct SampleIn<'a> {
     /// A VM guest's sample in the user space of one of the guest's processes: its
     /// frames below the kernel's half are shown as this one (`[user] comm`).
     pub guest_user: Option<&'a str>,
+    /// The Python frames read with it (innermost first; names in [`Namer::py_codes`]):
+    /// they replace the interpreter's `_PyEval_EvalFrameDefault` frames.
+    pub python: &'a [glass_format::PyFrame],
 }
 
 /// What names the frames of the samples appended to a model: the symbolizer, and the
@@ -266,6 +272,8 @@ pub struct Namer {
     thread_rows: FxHashMap<(u32, u32, StringIndex), usize>,
     /// A sample's frames while it is appended (reused).
     frames: Vec<FrameIndex>,
+    /// (pid, id) -> the Python code object a Python frame names.
+    pub py_codes: FxHashMap<(u32, u32), glass_format::PyCode>,
 }
 
 impl Namer {
@@ -279,6 +287,7 @@ impl Namer {
             off_cpu_carry: HashMap::new(),
             thread_rows: FxHashMap::default(),
             frames: Vec::with_capacity(64),
+            py_codes: FxHashMap::default(),
         }
     }
 
@@ -465,6 +474,14 @@ impl Model {
         for module in &recording.modules {
             namer.symbolizer.note_module(module.pid, &module.path);
         }
+        for code in &recording.py_codes {
+            namer.py_codes.insert((code.pid, code.id), code.clone());
+        }
+        let py_stacks: FxHashMap<(u32, u64), &[glass_format::PyFrame]> = recording
+            .py_stacks
+            .iter()
+            .map(|s| ((s.tid, s.time_ns), &s.frames[..]))
+            .collect();
         let (process_names, thread_names) = last_names(recording);
         let guest_tasks = crate::guest_tasks::GuestTasks::new(recording);
         // The process name at each exec: a sample is named after the program it ran.
@@ -562,6 +579,10 @@ impl Model {
                     flags: sample.flags,
                     frames: &sample.frames,
                     guest_user: guest_user.as_deref(),
+                    python: py_stacks
+                        .get(&(sample.tid, sample.time_ns))
+                        .copied()
+                        .unwrap_or(&[]),
                 },
                 &process,
                 &thread_name,
@@ -574,6 +595,86 @@ impl Model {
         }
         model.warnings = std::mem::take(&mut namer.symbolizer.warnings);
         model
+    }
+
+    /// Puts a sample's Python frames in place of the interpreter's frames (`frames`:
+    /// outermost first): each `_PyEval_EvalFrameDefault` call ran the Python frames
+    /// from the innermost up to the one it entered, so the innermost call gets the
+    /// innermost run, and so on out; runs beyond the native calls found (a walk that
+    /// stopped early) go to the outermost. No interpreter frame: the Python frames are
+    /// left out rather than placed where they did not run.
+    fn interleave_python(
+        &mut self,
+        namer: &Namer,
+        sample: &SampleIn,
+        frames: &mut Vec<FrameIndex>,
+    ) {
+        let evals: Vec<usize> = (0..frames.len())
+            .filter(|&i| {
+                let row = &self.frames[frames[i] as usize];
+                row.kind == FrameKind::Code && self.strings.get(row.function) == PYTHON_EVAL
+            })
+            .collect();
+        let Some(&outermost) = evals.first() else {
+            return;
+        };
+        // Runs, innermost first, each innermost frame first.
+        let mut runs: Vec<&[glass_format::PyFrame]> = Vec::new();
+        let mut start = 0;
+        for (i, frame) in sample.python.iter().enumerate() {
+            if frame.entry {
+                runs.push(&sample.python[start..=i]);
+                start = i + 1;
+            }
+        }
+        if start < sample.python.len() {
+            runs.push(&sample.python[start..]);
+        }
+        let module = self.frames[frames[outermost] as usize].module;
+        // Eval frame position -> the runs it gets (innermost eval: the first run).
+        let mut given: FxHashMap<usize, Vec<&[glass_format::PyFrame]>> = FxHashMap::default();
+        for (n, run) in runs.into_iter().enumerate() {
+            let at = evals
+                .len()
+                .checked_sub(n + 1)
+                .map_or(outermost, |i| evals[i]);
+            given.entry(at).or_default().push(run);
+        }
+        let mut out = Vec::with_capacity(frames.len() + sample.python.len());
+        for (i, &frame) in frames.iter().enumerate() {
+            let Some(runs) = given.get(&i) else {
+                out.push(frame);
+                continue;
+            };
+            // Outermost first: the last run first, each run from its entered frame.
+            for run in runs.iter().rev() {
+                for py in run.iter().rev() {
+                    let name = match namer.py_codes.get(&(sample.pid, py.code)) {
+                        Some(code) => {
+                            let file = code.file.rsplit('/').next().unwrap_or(&code.file);
+                            (
+                                format!("{} ({file}:{})", code.name, code.first_line),
+                                file.to_string(),
+                            )
+                        }
+                        None => ("[python]".to_string(), "[python]".to_string()),
+                    };
+                    if !self.function_modules.contains_key(&name.0) {
+                        self.function_modules.insert(name.0.clone(), name.1);
+                    }
+                    let function = self.strings.intern(&name.0);
+                    out.push(self.intern_frame(FrameRow {
+                        kind: FrameKind::Code,
+                        module,
+                        address: u64::from(py.code),
+                        function,
+                        inline_depth: 0,
+                        category: Category::User,
+                    }));
+                }
+            }
+        }
+        *frames = out;
     }
 
     /// The sampling period and start time a recording's meta gives.
@@ -737,6 +838,9 @@ impl Model {
                     }));
                 }
             }
+        }
+        if !sample.python.is_empty() {
+            self.interleave_python(namer, sample, &mut frames);
         }
         if sample.flags & SAMPLE_HALTED != 0 {
             frames.push(self.special_frame(FrameKind::Halted, HALTED_FRAME, Category::GuestHalted));

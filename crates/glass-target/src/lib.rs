@@ -17,6 +17,7 @@ pub mod libvirt;
 pub mod perf;
 pub mod procfs;
 pub mod ptrace;
+pub mod python;
 pub mod qmp;
 mod regs;
 pub mod stop_mark;

@@ -31,6 +31,7 @@ use glass_unwind::{walk_frame_pointers, RemoteMemory, StackWindow, UnwindRegs};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::python::{PyProcess, PyRawFrame, PyRead};
 use crate::regs;
 use crate::stop_mark::StopMark;
 use crate::TargetError;
@@ -119,6 +120,14 @@ pub struct SampleHeader {
     /// Copied stack from `regs.sp`: `stack[stack_first..stack_first + stack_len]`.
     pub stack_first: usize,
     pub stack_len: usize,
+    /// Python frames: `py_frames[py_first..py_first + py_count]` of the tick.
+    pub py_first: usize,
+    pub py_count: usize,
+    pub py_read: PyRead,
+    /// Of `stopped_ns`, the time reading the Python frames took.
+    pub py_ns: u32,
+    /// Frame-pointer walks: the words at the stack pointer and above it.
+    pub top: [Option<u64>; 2],
 }
 
 /// What a tick keeps of each stopped thread.
@@ -141,6 +150,7 @@ pub struct Tick {
     pub samples: Vec<SampleHeader>,
     pub frames: Vec<u64>,
     pub stack: Vec<u8>,
+    pub py_frames: Vec<PyRawFrame>,
     /// From the first interrupt to the last resume: the time some thread of the target
     /// was stopped by this tick.
     pub stopped_ns: u64,
@@ -155,6 +165,10 @@ impl Tick {
 
     pub fn stack_of(&self, sample: &SampleHeader) -> &[u8] {
         &self.stack[sample.stack_first..sample.stack_first + sample.stack_len]
+    }
+
+    pub fn python_of(&self, sample: &SampleHeader) -> &[PyRawFrame] {
+        &self.py_frames[sample.py_first..sample.py_first + sample.py_count]
     }
 }
 
@@ -231,6 +245,9 @@ pub struct ProcessTarget {
     /// stopped inside a sample by construction.
     ticks: u64,
     stop_in_sample: Option<u64>,
+    /// Per process, its CPython interpreter: each stopped thread's Python frames are
+    /// read before it resumes.
+    python: HashMap<i32, PyProcess>,
 }
 
 fn errno() -> i32 {
@@ -318,6 +335,7 @@ impl ProcessTarget {
             stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
                 .ok()
                 .and_then(|n| n.parse().ok()),
+            python: HashMap::new(),
         })
     }
 
@@ -478,6 +496,14 @@ impl ProcessTarget {
         self.stop_wait = STOP_TIMEOUT.min(bound / 2);
     }
 
+    /// Reads `pid`'s Python frames at each sample from now on (None: no longer).
+    pub fn set_python(&mut self, pid: i32, python: Option<PyProcess>) {
+        match python {
+            Some(python) => self.python.insert(pid, python),
+            None => self.python.remove(&pid),
+        };
+    }
+
     /// The first process's exit status, once it has exited.
     pub fn leader_status(&self) -> Option<i32> {
         self.leader_status
@@ -489,6 +515,7 @@ impl ProcessTarget {
         tick.samples.clear();
         tick.frames.clear();
         tick.stack.clear();
+        tick.py_frames.clear();
         tick.lost = 0;
         tick.stopped_ns = 0;
         self.awaiting.clear();
@@ -534,6 +561,7 @@ impl ProcessTarget {
                     let first = tick.frames.len();
                     let stack_first = tick.stack.len();
                     let mut truncated = false;
+                    let mut top = [None; 2];
                     match capture {
                         Capture::FramePointers { max_depth } => {
                             thread.window.fill(&mut memory, registers.unwind.sp);
@@ -545,6 +573,12 @@ impl ProcessTarget {
                                 &mut tick.frames,
                             );
                             truncated = end.is_truncated();
+                            // The stack pointer's words, for a leaf without a frame
+                            // (read from the window the walk filled: no more reads).
+                            top = [
+                                thread.window.word(&mut memory, registers.unwind.sp),
+                                thread.window.word(&mut memory, registers.unwind.sp + 8),
+                            ];
                         }
                         Capture::StackCopy => {
                             tick.stack
@@ -554,6 +588,15 @@ impl ProcessTarget {
                             tick.stack.truncate(stack_first + got);
                         }
                     }
+                    let py_first = tick.py_frames.len();
+                    let (py_read, py_ns) = match self.python.get_mut(&thread.pid) {
+                        Some(python) => {
+                            let began = Instant::now();
+                            let read = python.read_chain(&mut memory, tid, &mut tick.py_frames);
+                            (read, began.elapsed().as_nanos() as u32)
+                        }
+                        None => (PyRead::None, 0),
+                    };
                     resume(tid, 0);
                     let resumed = Instant::now();
                     thread.window.finish();
@@ -573,6 +616,11 @@ impl ProcessTarget {
                         count: tick.frames.len() - first,
                         stack_first,
                         stack_len: tick.stack.len() - stack_first,
+                        py_first,
+                        py_count: tick.py_frames.len() - py_first,
+                        py_read,
+                        py_ns,
+                        top,
                     });
                 }
                 Err(_) => {

@@ -236,6 +236,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             }
         );
     }
+    if !recording.py_stacks.is_empty() {
+        println!(
+            "python:      {} samples with Python frames, {} code objects named",
+            recording.py_stacks.len(),
+            recording.py_codes.len()
+        );
+    }
     cfi_info(&recording);
     Ok(())
 }

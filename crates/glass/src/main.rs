@@ -217,6 +217,12 @@ pub struct RecordArgs {
     /// Xen: blocked in SCHEDOP_block/poll)
     #[arg(long)]
     pub no_idle: bool,
+    /// Do not read Python frames. By default, in a CPython 3.11, 3.12 or 3.13 process (ptrace
+    /// backend, which a Python target gets unless --backend perf), each thread's Python
+    /// frames are read while it is stopped and shown in place of the interpreter's
+    /// `_PyEval_EvalFrameDefault` frames
+    #[arg(long)]
+    pub no_python: bool,
     /// Do not print the cost summary at the end
     #[arg(short, long)]
     pub quiet: bool,

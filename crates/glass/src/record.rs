@@ -82,12 +82,16 @@ pub fn options(args: &RecordArgs) -> RecordOptions {
         },
         off_cpu: args.off_cpu,
         no_idle: args.no_idle,
+        no_python: args.no_python,
         command: args.command.clone(),
     }
 }
 
-/// Whether kernel stacks (and off-CPU time) were recorded, and why not.
+/// Whether kernel stacks (and off-CPU time) were recorded, and why not; Python frames.
 fn print_kernel(recorded: &glass_record::Recorded) {
+    if let Some(python) = &recorded.python {
+        eprintln!("glass: {python}");
+    }
     match &recorded.kernel_stacks {
         None => {}
         Some(Ok(samples)) => eprintln!(

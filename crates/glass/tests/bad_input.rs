@@ -509,21 +509,25 @@ fn an_unprivileged_user_is_told_what_is_needed() {
 }
 
 /// The recording's directory removed while glass writes into it: no "wrote …", a
-/// failure; the file alone removed: written again from glass's open copy.
+/// failure; the file alone removed: written again from glass's open copy. The same for
+/// `glass top -o` (its text view, --batch), which writes the same file.
 #[test]
 fn a_recording_removed_mid_run_is_not_reported_as_written() {
     let dir = scratch("removed_mid_run");
     let split = compile(&dir, "split.c", "split", &[]);
-    for whole_directory in [true, false] {
-        let inner = dir.join(format!("out-{whole_directory}"));
+    let commands: [&[&str]; 2] = [&["record"], &["top", "--batch", "-d", "4"]];
+    for (command, whole_directory) in commands.iter().flat_map(|c| [(c, true), (c, false)]) {
+        let inner = dir.join(format!("out-{}-{whole_directory}", command[0]));
         std::fs::create_dir_all(&inner).unwrap();
         let recording = inner.join("prof.glass");
         let glass = std::process::Command::new(GLASS)
-            .args(["record", "-F", "499", "-o"])
+            .args(*command)
+            .args(["-F", "499", "-o"])
             .arg(&recording)
             .arg("--")
             .arg(&split)
             .arg("8000")
+            .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -534,7 +538,7 @@ fn a_recording_removed_mid_run_is_not_reported_as_written() {
             std::fs::remove_file(&recording).unwrap();
         }
         let output = glass.wait_with_output().unwrap();
-        let err = stderr(&output);
+        let err = format!("{command:?}: {}", stderr(&output));
         assert!(!err.contains("panicked"), "{err}");
         if whole_directory {
             assert_eq!(output.status.code(), Some(1), "{err}");
@@ -622,17 +626,24 @@ fn a_full_disk_keeps_every_whole_block() {
             .arg(format!("of={}", filler.display()))
             .stderr(std::process::Stdio::null())
             .status();
+        // `glass top -o` writes the same file, and ends it the same way.
+        let command: &[&str] = match run {
+            0 => &["record"],
+            _ => &["top", "--batch"],
+        };
         let output = std::process::Command::new(GLASS)
-            .args(["record", "-F", "999", "-o"])
+            .args(command)
+            .args(["-F", "999", "-o"])
             .arg(&recording)
             .arg("--")
             .arg(&split)
             .arg("8000")
             .output()
             .unwrap();
-        let err = stderr(&output);
+        let err = format!("{command:?}: {}", stderr(&output));
         assert_eq!(output.status.code(), Some(1), "{err}");
         assert!(err.contains("No space left on device"), "{err}");
+        assert!(err.contains("ended cleanly"), "{err}");
         let kept = glass_format::read_file(&recording).unwrap();
         assert!(kept.complete, "run {run}: {:?}", kept.damage);
         assert!(!kept.samples.is_empty(), "run {run}: no samples kept");

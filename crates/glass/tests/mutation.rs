@@ -415,6 +415,23 @@ fn mutated_sample_recordings() {
     check_recording("raw snapshots", &dir, &raw, 2);
 }
 
+/// Python frames (PyCode and PyStack records) read back damaged as everything else does.
+#[test]
+fn mutated_python_recording() {
+    let python = "/usr/bin/python3.11";
+    if !Path::new(python).exists() {
+        eprintln!("skipped: {python} is not installed");
+        return;
+    }
+    let dir = scratch("mutation_python");
+    let recording = dir.join("python.glass");
+    let script = fixtures_dir().join("python_split.py");
+    record(&recording, 499, &[python, script.to_str().unwrap(), "20"]);
+    let kept = glass_format::read_file(&recording).unwrap();
+    assert!(!kept.py_stacks.is_empty() && !kept.py_codes.is_empty());
+    check_recording("python", &dir, &recording, 6);
+}
+
 #[test]
 fn mutated_off_cpu_recording() {
     if perf_event_paranoid() > 1 && unsafe { libc::geteuid() } != 0 {

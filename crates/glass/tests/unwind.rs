@@ -99,17 +99,17 @@ fn frameless_leaves_are_attributed_to_their_real_caller() {
     let _alone = exclusive();
     let dir = scratch("leaves");
     let program = compile(&dir, "leaves.c", "leaves", &[]);
-    let run = |unwind: &str| {
-        let recording = dir.join(format!("leaves-{unwind}.glass"));
+    let run = |unwind: &str, backend: &[&str]| {
+        let recording = dir.join(format!("leaves-{unwind}-{}.glass", backend.len()));
         record_with(
             &recording,
             999,
-            &["--unwind", unwind],
+            &[&["--unwind", unwind], backend].concat(),
             &[program.to_str().unwrap(), "6000"],
         );
         folded(&recording, &[])
     };
-    let with_cfi = run("auto");
+    let with_cfi = run("auto", &[]);
     let in_leaf = samples_in(&with_cfi, "leaf_sum");
     let via_caller = chain_count(&with_cfi, &["via_alpha", "leaf_sum"])
         + chain_count(&with_cfi, &["via_beta", "leaf_sum"]);
@@ -120,16 +120,19 @@ fn frameless_leaves_are_attributed_to_their_real_caller() {
     );
     // A bare frame-pointer walk loses the leaf's caller, as `perf record -g` does; glass
     // takes the leaf's return address from the stack pointer when the chain skips it
-    // (the perf backend's walk; glass_unwind::unchained_return_address).
-    let with_fp = run("fp");
-    let fp_in_leaf = samples_in(&with_fp, "leaf_sum");
-    let fp_via_caller = chain_count(&with_fp, &["via_alpha", "leaf_sum"])
-        + chain_count(&with_fp, &["via_beta", "leaf_sum"]);
-    assert!(fp_in_leaf > 300, "{fp_in_leaf}");
-    assert!(
-        fp_via_caller as f64 >= 0.95 * fp_in_leaf as f64,
-        "fp: {fp_via_caller} of {fp_in_leaf}"
-    );
+    // (glass_unwind::unchained_return_address): in the walk of the perf backend's copy
+    // (the default backend here) and in the ptrace backend's walk of the stopped thread.
+    for backend in [&[][..], &["--backend", "ptrace"][..]] {
+        let with_fp = run("fp", backend);
+        let fp_in_leaf = samples_in(&with_fp, "leaf_sum");
+        let fp_via_caller = chain_count(&with_fp, &["via_alpha", "leaf_sum"])
+            + chain_count(&with_fp, &["via_beta", "leaf_sum"]);
+        assert!(fp_in_leaf > 300, "{backend:?}: {fp_in_leaf}");
+        assert!(
+            fp_via_caller as f64 >= 0.95 * fp_in_leaf as f64,
+            "fp {backend:?}: {fp_via_caller} of {fp_in_leaf}"
+        );
+    }
 }
 
 #[test]

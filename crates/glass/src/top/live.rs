@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use glass_format::{
-    Backend, GuestTask, JitMap, Meta, Module, Process, Snapshot, Summary, Thread, ThreadExit,
+    Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame, PyStack,
+    Snapshot, Summary, Thread, ThreadExit, ThreadLost,
 };
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
@@ -33,6 +34,8 @@ pub enum Message {
     Thread(Thread),
     GuestTask(GuestTask),
     Sample(Sample),
+    /// A Python code object the Python frames of later samples name.
+    PyCode(PyCode),
     Progress(Progress),
     Note {
         warning: bool,
@@ -55,6 +58,8 @@ pub struct Sample {
     pub flags: u8,
     /// `frames[0]` is the instruction pointer.
     pub frames: Box<[u64]>,
+    /// Its Python frames (innermost first), if it has any.
+    pub python: Box<[PyFrame]>,
 }
 
 /// The recorder's output: every record goes to the view thread; with `-o`, to the file
@@ -65,12 +70,34 @@ pub struct LiveOutput<'a> {
     pub file: Option<Box<dyn Output + 'a>>,
     /// The target's pid once known (a launched command's, which `q` ends).
     pub target_pid: Arc<AtomicU32>,
+    /// The last sample, held until what follows it is known: its Python frames come
+    /// after it (the view appends a sample whole).
+    pub held: Option<Sample>,
 }
 
 impl LiveOutput<'_> {
-    fn send(&self, message: Message) {
+    /// A record only the file takes (the view does not show it).
+    fn write_file(
+        &mut self,
+        write: impl FnOnce(&mut dyn Output) -> io::Result<()>,
+    ) -> io::Result<()> {
+        match &mut self.file {
+            Some(file) => write(file.as_mut()),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&mut self, message: Message) {
+        self.release();
         // The view may have closed (the user quit): the recording ends by itself.
         let _ = self.to_view.send(message);
+    }
+
+    /// Sends the held sample.
+    fn release(&mut self) {
+        if let Some(sample) = self.held.take() {
+            let _ = self.to_view.send(Message::Sample(sample));
+        }
     }
 }
 
@@ -112,10 +139,7 @@ impl Output for LiveOutput<'_> {
         Ok(())
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.thread_exit(exit),
-            None => Ok(()),
-        }
+        self.write_file(|file| file.thread_exit(exit))
     }
     fn sample(
         &mut self,
@@ -129,49 +153,60 @@ impl Output for LiveOutput<'_> {
         if let Some(file) = &mut self.file {
             file.sample(time_ns, pid, tid, stopped_ns, flags, frames)?;
         }
-        self.send(Message::Sample(Sample {
+        self.release();
+        self.held = Some(Sample {
             time_ns,
             pid,
             tid,
             stopped_ns,
             flags,
             frames: frames.into(),
-        }));
+            python: Box::default(),
+        });
         Ok(())
     }
     fn snapshot(&mut self, snapshot: &Snapshot) -> io::Result<()> {
         // `glass top` refuses --capture raw: nothing to show of these.
-        match &mut self.file {
-            Some(file) => file.snapshot(snapshot),
-            None => Ok(()),
-        }
+        self.write_file(|file| file.snapshot(snapshot))
     }
     fn summary(&mut self, summary: &Summary) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.summary(summary),
-            None => Ok(()),
-        }
+        self.write_file(|file| file.summary(summary))
     }
     fn jit_map(&mut self, map: &JitMap) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.jit_map(map),
-            None => Ok(()),
-        }
+        self.write_file(|file| file.jit_map(map))
     }
     fn end(&mut self) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.end(),
-            None => Ok(()),
-        }
+        self.release();
+        self.write_file(|file| file.end())
     }
     fn flush(&mut self) -> io::Result<()> {
-        match &mut self.file {
-            Some(file) => file.flush(),
-            None => Ok(()),
-        }
+        self.release();
+        self.write_file(|file| file.flush())
     }
     fn progress(&mut self, progress: &Progress) {
         self.send(Message::Progress(*progress));
+    }
+    fn py_code(&mut self, code: &PyCode) -> io::Result<()> {
+        self.write_file(|file| file.py_code(code))?;
+        // Not `send`: the held sample's frames may name it.
+        let _ = self.to_view.send(Message::PyCode(code.clone()));
+        Ok(())
+    }
+    fn py_stack(&mut self, stack: &PyStack) -> io::Result<()> {
+        self.write_file(|file| file.py_stack(stack))?;
+        if let Some(held) = &mut self.held {
+            if (held.tid, held.time_ns) == (stack.tid, stack.time_ns) {
+                held.python = stack.frames.clone().into();
+            }
+        }
+        self.release();
+        Ok(())
+    }
+    fn thread_lost(&mut self, lost: &ThreadLost) -> io::Result<()> {
+        self.write_file(|file| file.thread_lost(lost))
+    }
+    fn kernel_symbols(&mut self, symbols: &KernelSymbols) -> io::Result<()> {
+        self.write_file(|file| file.kernel_symbols(symbols))
     }
 }
 
@@ -377,6 +412,7 @@ impl Live {
             }
             Message::Process(process) => self.model.process(&process),
             Message::Module(module) => self.model.module(module),
+            Message::PyCode(code) => self.model.py_code(code),
             Message::Thread(thread) => {
                 self.model.thread(thread.tid, &thread.name);
                 self.thread_names.insert(thread.tid, thread.name);
@@ -392,6 +428,7 @@ impl Live {
                     flags: sample.flags,
                     frames: &sample.frames,
                     guest_user: None,
+                    python: &sample.python,
                 });
                 self.since_prune += 1;
                 if self.since_prune >= PRUNE_EVERY {
@@ -644,6 +681,7 @@ mod tests {
             stopped_ns: 0,
             flags,
             frames: vec![0x1000, 0x2000].into(),
+            python: Box::default(),
         })
     }
 

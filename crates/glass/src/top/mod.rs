@@ -106,9 +106,11 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     stop.thread_block()
         .map_err(|e| Failure::runtime(format!("cannot set up signal handling: {e}")))?;
 
+    let mut kept = None;
     let file: Option<Box<dyn Output>> = match &file_path {
         Some(path) => {
             let file = glass_record::create_output(path)?;
+            kept = Some(glass_record::OutputFile::new(path, &file)?);
             // The header goes out at once, as in `glass record`.
             let mut writer = Writer::new(BufWriter::with_capacity(256 << 10, file))
                 .map_err(|e| glass_record::write_failure(path, &e))?;
@@ -152,6 +154,7 @@ pub fn run(args: &TopArgs) -> Result<i32> {
         to_view: to_view.clone(),
         file,
         target_pid: shared.target_pid.clone(),
+        held: None,
     };
     let mut notes = LiveNotes {
         to_view: to_view.clone(),
@@ -159,6 +162,24 @@ pub fn run(args: &TopArgs) -> Result<i32> {
     };
     let result =
         glass_record::record_to(&options, Box::new(output), file_path.as_deref(), &mut notes);
+    // As `glass record` does (its writer is dropped by now): a file removed with its
+    // directory is a failure, never "wrote …"; one that failed to be written (a full
+    // disk) is ended cleanly after its last whole block.
+    let result = match (result, &kept) {
+        (Ok(recorded), Some(kept)) => match kept.check_kept() {
+            Ok(Some(warning)) => {
+                glass_record::Notes::warn(&mut notes, &warning);
+                Ok(recorded)
+            }
+            Ok(None) => Ok(recorded),
+            Err(failure) => Err(failure),
+        },
+        (Err(mut failure), Some(kept)) if failure.exit_code == 1 => {
+            failure.message += &kept.seal(&[]);
+            Err(failure)
+        }
+        (result, _) => result,
+    };
     let (text, linger) = match &result {
         Ok(recorded) => match &recorded.outcome {
             Outcome::TargetExited => (
