@@ -22,7 +22,7 @@ log() { echo "linux-kit: $*" >&2; }
 # shellcheck source=../../scripts/kit-lib.sh
 . "$HERE/../../scripts/kit-lib.sh"
 need_debs --no-install-recommends qemu-system-x86 qemu-system-arm busybox-static gcc \
-    gcc-aarch64-linux-gnu kmod cpio gzip binutils
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross kmod cpio gzip binutils
 
 for arch in "${ARCHES[@]}"; do
     case "$arch" in
