@@ -974,7 +974,13 @@ fn take_sample(
             copied
         };
         vcpu.other_copied = 0;
-        if let Some(at) = chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]) {
+        // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
+        // stopped past the stop bound (a unikernel's debug-build run did).
+        let other = backend.physical_memory().is_some();
+        if let Some(at) = other
+            .then(|| chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]))
+            .flatten()
+        {
             let buf = &mut vcpu.other;
             vcpu.other_at = at;
             // Unreadable: the walk ends there and is counted as cut.
