@@ -47,25 +47,31 @@ impl ProcessRam {
     }
 
     fn read_host(&self, address: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: address as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: the local iovec covers `buf`, which we own mutably; the remote one is
-        // only read by the kernel, in the other process.
-        let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if n as usize != buf.len() {
-            return Err(std::io::Error::other("short read"));
-        }
-        Ok(())
+        read_process(self.pid, address, buf)
     }
+}
+
+/// Reads all of `buf` from `address` in process `pid` (process_vm_readv): an error for a
+/// failed or short read.
+pub fn read_process(pid: i32, address: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: the local iovec covers `buf`, which we own mutably; the remote one is
+    // only read by the kernel, in the other process.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != buf.len() {
+        return Err(std::io::Error::other("short read"));
+    }
+    Ok(())
 }
 
 impl PhysicalMemory for ProcessRam {

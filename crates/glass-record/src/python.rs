@@ -416,17 +416,8 @@ struct Memory(i32);
 impl Memory {
     fn read(&self, address: u64, len: u64) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; len as usize];
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: address as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: `local` is our own buffer of that length; the kernel checks `remote`.
-        let n = unsafe { libc::process_vm_readv(self.0, &local, 1, &remote, 1, 0) };
-        (address != 0 && n == len as isize).then_some(buf)
+        (address != 0 && glass_mem::process::read_process(self.0, address, &mut buf).is_ok())
+            .then_some(buf)
     }
 
     fn word(&self, address: u64) -> Option<u64> {
