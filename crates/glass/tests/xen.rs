@@ -169,13 +169,7 @@ fn read(out: &Path, name: &str) -> String {
 /// last `split ... time=A/B/G` lines before and after the recording where it prints
 /// them, else its last line's percentages.
 fn own_split(before: &str, after: &str) -> [f64; 3] {
-    let last = |console: &str| {
-        console
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("split "))
-            .map(str::to_string)
-    };
+    let last = |console: &str| last_split_line(console).map(str::to_string);
     let line = last(after).unwrap_or_else(|| panic!("no split line: {after}"));
     let field = |line: &str, key: &str| -> Option<String> {
         line.split_whitespace()

@@ -90,10 +90,9 @@ fn read(out: &Path, name: &str) -> String {
 }
 
 /// The guest's cumulative ticks (alpha, beta, gamma, halted, all) from the `time=` field
-/// of the last split line of a console log.
+/// of the last whole split line of a console log.
 fn ticks(console: &str) -> Option<[f64; 5]> {
-    let line = console.lines().rev().find(|l| l.starts_with("split "))?;
-    let text = line
+    let text = last_split_line(console)?
         .split_whitespace()
         .find_map(|f| f.strip_prefix("time="))?;
     let v: Vec<f64> = text.split('/').filter_map(|n| n.parse().ok()).collect();

@@ -141,10 +141,7 @@ pub fn qemu_command<'a>(vcpus: &'a str, extra: &[&'a str], image: &'a str) -> Ve
 /// and guests/aarch64 print it): the truth a profile is checked against.
 pub fn guest_split(serial: &Path) -> [f64; 4] {
     let text = std::fs::read_to_string(serial).unwrap();
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("split "))
+    let line = super::last_split_line(&text)
         .unwrap_or_else(|| panic!("no split line on the serial port: {text}"));
     let value = |key: &str| -> f64 {
         line.split_whitespace()

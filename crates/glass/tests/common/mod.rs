@@ -175,6 +175,16 @@ mod attached;
 #[allow(unused_imports)]
 pub use attached::*;
 
+/// The last whole `split ...` line of a guest console. Consoles are copied while the
+/// guest writes them, so the last line may be cut anywhere (a CI run's was): a line
+/// without its newline is never read, so a cut number is never taken for a count.
+pub fn last_split_line(console: &str) -> Option<&str> {
+    console[..console.rfind('\n').map_or(0, |end| end + 1)]
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("split "))
+}
+
 mod guest_vm;
 #[allow(unused_imports)]
 pub use guest_vm::*;
