@@ -189,6 +189,10 @@ mod guest_vm;
 #[allow(unused_imports)]
 pub use guest_vm::*;
 
+mod linux_work;
+#[allow(unused_imports)]
+pub use linux_work::*;
+
 /// Lets `nobody` reach `dir` (every directory above it searchable) and write in it, for
 /// tests that run glass as an unprivileged user.
 pub fn open_to_nobody(dir: &Path) {

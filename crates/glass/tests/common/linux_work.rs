@@ -1,0 +1,110 @@
+//! The Linux kit's workload (guests/linux: `userspin` and `dd` on vCPU 0, each one's
+//! ticks printed every second) read from its serial log, and glass's per-process split
+//! (`--guest-btf`) held to it: shared by the tests that profile that guest however it
+//! was started (under `--vm`, over QMP, through libvirt).
+
+use std::path::Path;
+
+use super::*;
+
+/// A `name=NUMBER` field of a line the guest printed.
+pub fn field(line: &str, name: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(name))
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// The `glass-work up=.. spin=TICKS dd=TICKS idle1=..` lines of the guest's serial log.
+pub fn work_lines(serial: &Path) -> Vec<(u64, u64)> {
+    let text = std::fs::read_to_string(serial).unwrap_or_default();
+    text.lines()
+        .filter(|line| line.starts_with("glass-work "))
+        .filter_map(|line| Some((field(line, "spin=")?, field(line, "dd=")?)))
+        .collect()
+}
+
+/// `glass-truth spin_pid=P dd_pid=P spin=TICKS dd=TICKS hz=100`: the pids and the
+/// whole run's ticks.
+pub fn truth(serial: &Path) -> Option<(u32, u32, u64, u64)> {
+    let text = std::fs::read_to_string(serial).ok()?;
+    let line = text.lines().find(|l| l.starts_with("glass-truth "))?;
+    Some((
+        field(line, "spin_pid=")? as u32,
+        field(line, "dd_pid=")? as u32,
+        field(line, "spin=")?,
+        field(line, "dd=")?,
+    ))
+}
+
+/// Samples per guest process label (`userspin (pid 52)`), from `--threads` folded
+/// stacks (the thread frame is `vcpuN: comm (pid N)/tid`), and those of `spin` whose
+/// leaf is `[user] userspin`.
+pub fn per_process(recording: &Path, spin: &str, dd: &str) -> (u64, u64, u64) {
+    let stacks = folded(recording, &["--threads"]);
+    let (mut spin_samples, mut dd_samples, mut spin_user) = (0, 0, 0);
+    for (frames, count) in &stacks {
+        let thread = frames.get(1).map_or("", String::as_str);
+        if thread.starts_with("vcpu0: ") && thread.contains(spin) {
+            spin_samples += count;
+            if frames.last().is_some_and(|leaf| leaf == "[user] userspin") {
+                spin_user += count;
+            }
+        }
+        if thread.starts_with("vcpu0: ") && thread.contains(dd) {
+            dd_samples += count;
+        }
+    }
+    (spin_samples, dd_samples, spin_user)
+}
+
+/// The split glass saw against the guest's own, and the names every report shows.
+pub fn check_split(recording: &Path, spin_pid: u32, dd_pid: u32, true_spin: u64, true_dd: u64) {
+    let spin = format!("userspin (pid {spin_pid})");
+    let dd = format!("dd (pid {dd_pid})");
+    let (spin_samples, dd_samples, spin_user) = per_process(recording, &spin, &dd);
+    let samples = spin_samples + dd_samples;
+    assert!(
+        samples >= 300,
+        "too few samples of the two processes: {spin_samples} {spin}, {dd_samples} {dd}"
+    );
+    let measured = 100.0 * spin_samples as f64 / samples as f64;
+    let expected = 100.0 * true_spin as f64 / (true_spin + true_dd) as f64;
+    let tolerance = share_tolerance(expected, samples, 3.0);
+    eprintln!(
+        "{}: {spin} {spin_samples}, {dd} {dd_samples}: {measured:.1}% against the guest's {expected:.1}% ({true_spin}:{true_dd} ticks), tolerance {tolerance:.1}",
+        recording.display()
+    );
+    assert!(
+        (measured - expected).abs() <= tolerance,
+        "userspin's share {measured:.1}% is not the guest's {expected:.1}% within {tolerance:.1}"
+    );
+    // userspin spins in user space: its samples are mostly its own code, named by the
+    // process (the kernel's part is interrupts).
+    assert!(
+        spin_user * 10 >= spin_samples * 7,
+        "{spin_user} of {spin_samples} samples of {spin} under [user] userspin"
+    );
+    let top = glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--threads",
+        "--limit",
+        "3",
+    ]);
+    let text = stdout(&top);
+    for name in [&spin, &dd] {
+        assert!(
+            text.contains(&format!("thread vcpu0: {name} (tid 1)")),
+            "--threads names no vcpu0: {name}:\n{text}"
+        );
+    }
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    assert!(info.contains("guest: "), "{info}");
+    for name in [&spin, &dd] {
+        assert!(
+            info.lines()
+                .any(|line| line.trim_start().ends_with(name.as_str())),
+            "glass info lists no {name}:\n{info}"
+        );
+    }
+}
