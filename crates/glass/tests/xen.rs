@@ -434,7 +434,10 @@ fn own_kernel_share(before: &str, after: &str) -> (f64, u64) {
     let (start, end) = (ticks(before), ticks(after));
     let delta: Vec<u64> = (0..4).map(|i| end[i] - start[i]).collect();
     let all: u64 = delta.iter().sum();
-    assert!(all >= 500, "too few ticks over the recording: {delta:?}");
+    assert!(
+        all >= 500,
+        "too few ticks over the recording: {delta:?} (from {start:?} to {end:?})"
+    );
     // dd's and spin's system ticks (the second of each pair).
     ((delta[1] + delta[3]) as f64 * 100.0 / all as f64, all)
 }
@@ -446,10 +449,30 @@ fn the_linux_pvh_domu_is_profiled_with_its_kernel_split_named_from_kallsyms() {
     assert_eq!(read(out, "pvhl.rc").trim(), "0", "{err}");
     assert!(err.contains("HVM/PVH"), "{err}");
     let stacks = folded(&out.join("pvhl.glass"), &["--threads"]);
-    let (own, ticks) = own_kernel_share(
-        &read(out, "pvhl.console.before"),
-        &read(out, "pvhl.console"),
+    let (before, after) = (read(out, "pvhl.console.before"), read(out, "pvhl.console"));
+    // A guest that printed no count over the recording cannot be judged: say what its
+    // domain did (state and vCPU time before and after, Xen's log) and what it printed.
+    let tail = |console: &str| {
+        console
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let ksplits = |console: &str| {
+        console
+            .lines()
+            .filter(|l| l.starts_with("ksplit dd="))
+            .count()
+    };
+    assert!(
+        ksplits(&after) > ksplits(&before),
+        "the PVH Linux domU printed no ksplit line during or after the recording:\n{}\nglass: {err}\nconsole tail:\n{}",
+        read(out, "pvhl.state"),
+        tail(&after)
     );
+    let (own, ticks) = own_kernel_share(&before, &after);
     // A sample's leaf is a kernel function named from kallsyms, or [unknown]: user space
     // (busybox, whose symbols glass was not given). The one vCPU never idles.
     let count = |leaf: &dyn Fn(&str) -> bool| -> u64 {

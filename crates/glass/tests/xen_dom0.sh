@@ -283,6 +283,11 @@ tr -d '\r' <"$(console pvhl)" | sed -n '/^kallsyms-begin/,/^kallsyms-end/p' | se
     base64 -d | gunzip >"$OUT/pvhl.kallsyms"
 echo "kallsyms: $(wc -l <"$OUT/pvhl.kallsyms") text symbols, $(grep -w _text "$OUT/pvhl.kallsyms")"
 tr -d '\r' <"$(console pvhl)" >"$OUT/pvhl.console.before"
+# The domain's state and its vCPU's run time (Xen's own count) before and after, so that a
+# guest that printed nothing over the recording is told apart: paused, stopped running, or
+# running without printing.
+pvhl_state() { echo "$1: $(xl list pvhl 2>&1 | awk 'NR == 2 { print "state=" $5 " time=" $6 }') vcpu: $(xl vcpu-list pvhl 2>&1 | awk 'NR == 2 { print $5, $6 }')"; }
+pvhl_state before >"$OUT/pvhl.state"
 # At 19 Hz, a rate glass keeps up with under nested TCG (at 499 Hz asked it took 33
 # stops/s at host load 7, every tick then due at once after the last unpause). Its share
 # of kernel time still exceeds the kernel's own accounting by 8-12 points: hypercalls and
@@ -294,6 +299,14 @@ echo "$?" >"$OUT/pvhl.rc"
 want=$(($(ksplits) + 1))
 limit=$(($(date +%s) + 30))
 while [ "$(ksplits)" -lt "$want" ] && [ "$(date +%s)" -lt "$limit" ]; do sleep 0.2; done
+pvhl_state after >>"$OUT/pvhl.state"
+if [ "$(ksplits)" -lt "$want" ]; then
+    # Nothing printed for 30 s after glass ended: keep what tells why.
+    sleep 5
+    pvhl_state "5 s later" >>"$OUT/pvhl.state"
+    { echo "== the domU printed no ksplit line in 30 s after the recording"; xl dmesg | tail -n 30; } >>"$OUT/pvhl.state"
+fi
+cat "$OUT/pvhl.state"
 tr -d '\r' <"$(console pvhl)" >"$OUT/pvhl.console"
 cat "$OUT/pvhl.err"
 grep '^ksplit' "$OUT/pvhl.console" | tail -n 2
