@@ -6,9 +6,9 @@ use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
 use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+use crate::{GuestRam, PyCode, PyFrame, PyStack};
 use crate::{GuestTask, KernelSymbol, KernelSymbols, ThreadLost};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{GuestRam, PyCode, PyFrame, PyStack};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;

@@ -3,8 +3,8 @@ use std::io::{self, Write};
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
 use crate::{
-    GuestRam, GuestTask, JitMap, KernelSymbols, PyCode, PyStack, ThreadLost, TraceFunction, TraceSkipped,
-    TraceSummary,
+    GuestRam, GuestTask, JitMap, KernelSymbols, PyCode, PyStack, ThreadLost, TraceFunction,
+    TraceSkipped, TraceSummary,
 };
 use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, PyCode,
-    PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost, Writer,
+    Arch, Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind,
+    PyCode, PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;

@@ -391,13 +391,8 @@ fn a_libvirt_domain_running_debians_kernel_is_split_by_process() {
         assert!(Instant::now() < deadline, "the guest stopped counting");
         std::thread::sleep(Duration::from_millis(200));
     };
-    check_split(
-        &recording,
-        spin_pid,
-        dd_pid,
-        last.0 - first.0,
-        last.1 - first.1,
-    );
+    let (spin_ticks, dd_ticks) = (last.0 - first.0, last.1 - first.1);
+    check_split(&recording, spin_pid, dd_pid, spin_ticks, dd_ticks);
     // The recording says where guest RAM was read from: QEMU's own address space, the
     // domain's QEMU, no shared memory backend.
     let info = stdout(&glass(&["info", recording.to_str().unwrap()]));

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use glass_format::{
-    Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame, PyStack,
-    Snapshot, Summary, Thread, ThreadExit, ThreadLost,
+    Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame,
+    PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost,
 };
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
