@@ -347,6 +347,36 @@ pub const GUEST_TASK_KERNEL_THREAD: u8 = 1 << 0;
 /// are of no known task).
 pub const GUEST_TASK_UNKNOWN: u8 = 1 << 1;
 
+/// Where a VM guest's RAM was read from, written once at the start of a guest recording:
+/// the stops are short when RAM is read directly, several times longer through the stub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestRam {
+    /// Only through the GDB stub's `m` packets.
+    Stub,
+    /// A file QEMU backs the RAM with (`--guest-memory`, `--vm`'s memfd), of `bytes`.
+    File { path: String, bytes: u64 },
+    /// QEMU's own address space (process `pid`, read with process_vm_readv): `blocks`
+    /// host ranges of RAM holding `bytes` in all.
+    Process { pid: u32, blocks: u32, bytes: u64 },
+}
+
+impl std::fmt::Display for GuestRam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestRam::Stub => write!(f, "the GDB stub's m packets"),
+            GuestRam::File { path, bytes } => {
+                write!(f, "the RAM file {path} ({} MiB)", bytes >> 20)
+            }
+            GuestRam::Process { pid, blocks, bytes } => write!(
+                f,
+                "QEMU's own memory (pid {pid}, its address space read with process_vm_readv: {} MiB in {blocks} RAM block{})",
+                bytes >> 20,
+                if *blocks == 1 { "" } else { "s" }
+            ),
+        }
+    }
+}
+
 /// A Python code object a sampled interpreter ran (a function, a module body, a
 /// lambda), as the recorder read it from the process: the Python frames of a
 /// [`PyStack`] name it by `id`.
@@ -502,6 +532,7 @@ pub enum Record {
     Note(String),
     PyCode(PyCode),
     PyStack(PyStack),
+    GuestRam(GuestRam),
     /// The recorder finished cleanly; nothing follows.
     End,
 }
@@ -532,5 +563,6 @@ pub(crate) mod tag {
     pub const NOTE: u8 = 18;
     pub const PY_CODE: u8 = 19;
     pub const PY_STACK: u8 = 20;
+    pub const GUEST_RAM: u8 = 21;
     pub const END: u8 = 0xff;
 }

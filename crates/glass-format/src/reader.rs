@@ -6,9 +6,9 @@ use crate::{
     tag, Meta, Module, Process, ProcessKind, Record, Sample, Snapshot, Summary, Thread, ThreadExit,
 };
 use crate::{Arch, Backend, BLOCKS_VERSION, HEADER_LEN, MAGIC, OLDEST_VERSION, VERSION};
+use crate::{GuestRam, PyCode, PyFrame, PyStack};
 use crate::{GuestTask, KernelSymbol, KernelSymbols, ThreadLost};
 use crate::{JitMap, TraceChunk, TraceFunction, TraceSkipped, TraceSummary};
-use crate::{PyCode, PyFrame, PyStack};
 
 /// Records larger than this are taken as corruption rather than allocated.
 pub(crate) const MAX_RECORD_LEN: usize = 64 << 20;
@@ -153,6 +153,9 @@ pub struct Recording {
     pub py_codes: Vec<PyCode>,
     /// The Python frames of samples (each after its sample).
     pub py_stacks: Vec<PyStack>,
+    /// Where a VM guest's RAM was read from (absent in other recordings and in files
+    /// written before it was recorded).
+    pub guest_ram: Option<GuestRam>,
     /// The file ended with an End record.
     pub complete: bool,
     /// The first damage found, if any (what stopped the reader early, or the first
@@ -255,6 +258,7 @@ impl Recording {
             Ok(Record::Note(note)) => self.notes.push(note),
             Ok(Record::PyCode(code)) => self.py_codes.push(code),
             Ok(Record::PyStack(stack)) => self.py_stacks.push(stack),
+            Ok(Record::GuestRam(ram)) => self.guest_ram = Some(ram),
             Ok(Record::End) => self.complete = true,
             Err(error) => {
                 self.lost_bytes += error.lost_bytes();
@@ -641,6 +645,19 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             task_tgid: p.u32()?,
             flags: p.u8()?,
             comm: p.string()?,
+        }),
+        tag::GUEST_RAM => Record::GuestRam(match p.u8()? {
+            0 => GuestRam::Stub,
+            1 => GuestRam::File {
+                path: p.string()?,
+                bytes: p.u64()?,
+            },
+            2 => GuestRam::Process {
+                pid: p.u32()?,
+                blocks: p.u32()?,
+                bytes: p.u64()?,
+            },
+            _ => return Err("unknown guest RAM source"),
         }),
         tag::END => Record::End,
         _ => return Err("unknown record tag"),

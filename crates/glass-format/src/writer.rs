@@ -3,8 +3,8 @@ use std::io::{self, Write};
 use crate::varint::{put_i64, put_u64};
 use crate::{tag, Meta, Module, Process, Record, Snapshot, Summary, Thread, ThreadExit};
 use crate::{
-    GuestTask, JitMap, KernelSymbols, PyCode, PyStack, ThreadLost, TraceFunction, TraceSkipped,
-    TraceSummary,
+    GuestRam, GuestTask, JitMap, KernelSymbols, PyCode, PyStack, ThreadLost, TraceFunction,
+    TraceSkipped, TraceSummary,
 };
 use crate::{BLOCK_HEAD_LEN, BLOCK_MARKER, BLOCK_TARGET, HEADER_LEN, MAGIC, VERSION};
 
@@ -94,6 +94,7 @@ impl<W: Write> Writer<W> {
             Record::Note(note) => self.note(note),
             Record::PyCode(code) => self.py_code(code),
             Record::PyStack(stack) => self.py_stack(stack),
+            Record::GuestRam(ram) => self.guest_ram(ram),
             Record::End => self.end(),
         }
     }
@@ -222,6 +223,26 @@ impl<W: Write> Writer<W> {
         b.push(task.flags);
         put_str(b, &task.comm);
         self.emit(tag::GUEST_TASK)
+    }
+
+    pub fn guest_ram(&mut self, ram: &GuestRam) -> io::Result<()> {
+        let b = &mut self.scratch;
+        b.clear();
+        match ram {
+            GuestRam::Stub => b.push(0),
+            GuestRam::File { path, bytes } => {
+                b.push(1);
+                put_str(b, path);
+                put_u64(b, *bytes);
+            }
+            GuestRam::Process { pid, blocks, bytes } => {
+                b.push(2);
+                put_u64(b, *pid as u64);
+                put_u64(b, *blocks as u64);
+                put_u64(b, *bytes);
+            }
+        }
+        self.emit(tag::GUEST_RAM)
     }
 
     pub fn note(&mut self, note: &str) -> io::Result<()> {

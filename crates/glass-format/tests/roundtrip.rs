@@ -118,6 +118,16 @@ fn sample_records() -> Vec<Record> {
             ],
         }),
         Record::Note("the guest kernel's place (KASLR) was not found".into()),
+        Record::GuestRam(GuestRam::Stub),
+        Record::GuestRam(GuestRam::File {
+            path: "/dev/shm/guest-ram".into(),
+            bytes: 256 << 20,
+        }),
+        Record::GuestRam(GuestRam::Process {
+            pid: 5151,
+            blocks: 3,
+            bytes: 128 << 20,
+        }),
         Record::PyCode(PyCode {
             pid: 4242,
             id: 3,
@@ -192,6 +202,11 @@ fn every_record_round_trips() {
     assert_eq!(recording.guest_tasks.len(), 1);
     assert_eq!(recording.guest_tasks[0].comm, "kworker/1:0");
     assert_eq!(recording.guest_tasks[0].task_pid, 312);
+    // One per recording; the last written is the one kept.
+    assert_eq!(
+        recording.guest_ram.as_ref().unwrap().to_string(),
+        "QEMU's own memory (pid 5151, its address space read with process_vm_readv: 128 MiB in 3 RAM blocks)"
+    );
     let kernel = &recording.kernel_symbols;
     assert_eq!(
         kernel.find(0xffff_ffff_8100_0010).unwrap().name,

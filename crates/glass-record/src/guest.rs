@@ -113,6 +113,19 @@ fn map_ram(path: &std::path::Path, arch: Arch) -> std::result::Result<GuestRam, 
     GuestRam::open(path, layout).map_err(TargetError::Io)
 }
 
+/// A RAM file's name as the recording keeps it: `--vm`'s memfd, which glass reaches
+/// through its own `/proc/self/fd`, by the memfd's name (`memfd:glass-vm-ram`).
+fn file_name(path: &std::path::Path) -> String {
+    match std::fs::read_link(path) {
+        Ok(target) if path.starts_with("/proc/self/fd") => {
+            let target = target.to_string_lossy();
+            let target = target.strip_suffix(" (deleted)").unwrap_or(&target);
+            target.trim_start_matches('/').to_string()
+        }
+        _ => path.display().to_string(),
+    }
+}
+
 /// Connects, samples until the end, and lets the guest go. `vm` is the QEMU glass
 /// launched, whose exit ends the recording. Every moment glass holds the VM stopped
 /// (the connection's handshake, each sample, the detach) is marked in `mark` for the
@@ -155,14 +168,17 @@ pub(super) fn sample_guest<'a>(
     }
     let arch = client.arch();
     image.check_arch(symbols, arch)?;
-    let (ram, memory) = match ram {
+    let (ram, source) = match ram {
         RamSource::File(path) => {
             let ram = map_ram(&path, arch)?;
-            let said = format!("the RAM file {} ({} MiB)", path.display(), ram.size() >> 20);
-            (Some(Box::new(ram) as Box<dyn PhysicalMemory>), said)
+            let source = glass_format::GuestRam::File {
+                path: file_name(&path),
+                bytes: ram.size(),
+            };
+            (Some(Box::new(ram) as Box<dyn PhysicalMemory>), source)
         }
-        RamSource::Process(ram, said) => (Some(ram), said),
-        RamSource::Stub => (None, "the GDB stub's m packets".to_string()),
+        RamSource::Process(ram, source) => (Some(ram), source),
+        RamSource::Stub => (None, glass_format::GuestRam::Stub),
     };
     let mut backend = GdbBackend::with_memory(client, ram);
     if let (Some(tasks), Some(btf)) = (linux.as_mut(), sink.args.guest_btf.as_deref()) {
@@ -175,7 +191,7 @@ pub(super) fn sample_guest<'a>(
     }
     // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
-        .figure(&format!("guest memory read from {memory}"));
+        .figure(&format!("guest memory read from {source}"));
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
@@ -185,6 +201,7 @@ pub(super) fn sample_guest<'a>(
         &mut vmm,
         Some(mark),
         linux.as_mut(),
+        Some(&source),
     ) {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
@@ -217,8 +234,8 @@ pub(super) enum RamSource {
     Stub,
     /// A file QEMU backs the RAM with (`--guest-memory`, `--vm`'s memfd).
     File(std::path::PathBuf),
-    /// QEMU's own memory, and how the summary names it.
-    Process(Box<dyn PhysicalMemory>, String),
+    /// QEMU's own memory, and what the recording says of it.
+    Process(Box<dyn PhysicalMemory>, glass_format::GuestRam),
 }
 
 /// What holds the VM besides its GDB stub: how glass learns that it ended, and how.
@@ -458,12 +475,14 @@ pub(super) fn run(
         &mut vmm,
         stop_mark,
         None,
+        None,
     )
     .map(|(outcome, _)| outcome)
 }
 
 /// [`run`], with how the VM ended when it did (`Outcome::TargetExited`) and the monitor
-/// or stub said so; `linux`: each sample's Linux task read (`--guest-btf`).
+/// or stub said so; `linux`: each sample's Linux task read (`--guest-btf`); `ram`: where
+/// the guest's RAM is read from, recorded after the Meta record.
 #[allow(clippy::too_many_arguments)]
 fn run_with(
     sink: &mut Sink,
@@ -474,6 +493,7 @@ fn run_with(
     vmm: &mut Vmm<'_>,
     stop_mark: Option<&StopMark>,
     mut linux: Option<&mut LinuxTasks>,
+    ram: Option<&glass_format::GuestRam>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -492,6 +512,9 @@ fn run_with(
         unwind_name(args.unwind),
         0,
     )?;
+    if let Some(ram) = ram {
+        sink.guest_ram(ram)?;
+    }
     // Guest addresses are not host processes: never consult /proc for them.
     sink.without_proc();
     let name = symbols

@@ -128,12 +128,12 @@ fn enable_and_sample(
         .and_then(|ranges| ProcessRam::open(pid, ranges).map_err(|e| crate::error_text(&e)))
     {
         Ok(ram) => {
-            let said = format!(
-                "QEMU's own memory (pid {pid}, process_vm_readv: {} MiB in {} ranges)",
-                ram.size() >> 20,
-                ram.ranges().len()
-            );
-            RamSource::Process(Box::new(ram) as Box<dyn PhysicalMemory>, said)
+            let source = glass_format::GuestRam::Process {
+                pid: pid as u32,
+                blocks: ram.ranges().len() as u32,
+                bytes: ram.size(),
+            };
+            RamSource::Process(Box::new(ram) as Box<dyn PhysicalMemory>, source)
         }
         Err(why) => {
             sink.notes.warn(&format!(

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
-    Arch, Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind, PyCode,
-    PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost, Writer,
+    Arch, Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, ProcessKind,
+    PyCode, PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost, Writer,
 };
 use glass_target::procfs::{self, Mapping};
 use glass_unwind::snapshot::compact;
@@ -158,6 +158,10 @@ pub trait Output {
     fn py_code(&mut self, _code: &PyCode) -> io::Result<()> {
         Ok(())
     }
+    /// Where a VM guest's RAM is read from (once, after the Meta record).
+    fn guest_ram(&mut self, _ram: &GuestRam) -> io::Result<()> {
+        Ok(())
+    }
     /// The Python frames of the sample just written.
     fn py_stack(&mut self, _stack: &PyStack) -> io::Result<()> {
         Ok(())
@@ -234,6 +238,9 @@ impl<W: io::Write> Output for Writer<W> {
     }
     fn note(&mut self, note: &str) -> io::Result<()> {
         Writer::note(self, note)
+    }
+    fn guest_ram(&mut self, ram: &GuestRam) -> io::Result<()> {
+        Writer::guest_ram(self, ram)
     }
 }
 
@@ -830,6 +837,11 @@ impl<'a> Recorder<'a> {
             self.kernel_samples += 1;
             self.kernel_addresses.extend(kernel);
         }
+    }
+
+    /// Records where a VM guest's RAM is read from.
+    pub fn guest_ram(&mut self, ram: &GuestRam) -> io::Result<()> {
+        self.writer.guest_ram(ram)
     }
 
     /// Warns now and keeps the warning in the recording, for every report to repeat.

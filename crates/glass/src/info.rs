@@ -108,6 +108,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                     count(vcpus as u64, "vCPU")
                 ),
             }
+            // Absent in files written before glass recorded it.
+            if let Some(ram) = &recording.guest_ram {
+                println!("guest RAM:   {ram}");
+            }
         } else if meta.command.is_empty() {
             let command = glass_report::calltrace::target_command(&recording);
             if command.is_empty() {

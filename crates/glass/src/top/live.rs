@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use glass_format::{
-    Backend, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame, PyStack,
-    Snapshot, Summary, Thread, ThreadExit, ThreadLost,
+    Backend, GuestRam, GuestTask, JitMap, KernelSymbols, Meta, Module, Process, PyCode, PyFrame,
+    PyStack, Snapshot, Summary, Thread, ThreadExit, ThreadLost,
 };
 use glass_record::recorder::{Output, Progress};
 use glass_record::Notes;
@@ -140,6 +140,9 @@ impl Output for LiveOutput<'_> {
     }
     fn thread_exit(&mut self, exit: &ThreadExit) -> io::Result<()> {
         self.write_file(|file| file.thread_exit(exit))
+    }
+    fn guest_ram(&mut self, ram: &GuestRam) -> io::Result<()> {
+        self.write_file(|file| file.guest_ram(ram))
     }
     fn sample(
         &mut self,
