@@ -84,7 +84,10 @@ pub struct OrcTable {
 pub enum OrcError {
     Empty,
     /// The two tables disagree on the entry count.
-    Counts { ips: usize, entries: usize },
+    Counts {
+        ips: usize,
+        entries: usize,
+    },
     /// Entries with fields 6.1 never writes (another kernel version's layout).
     Layout,
 }
@@ -318,10 +321,24 @@ impl OrcTable {
 mod tests {
     use super::*;
 
-    fn entry(sp_reg: u8, sp_offset: i16, bp_reg: u8, bp_offset: i16, kind: u8, end: bool) -> [u8; 6] {
+    fn entry(
+        sp_reg: u8,
+        sp_offset: i16,
+        bp_reg: u8,
+        bp_offset: i16,
+        kind: u8,
+        end: bool,
+    ) -> [u8; 6] {
         let sp = sp_offset.to_le_bytes();
         let bp = bp_offset.to_le_bytes();
-        [sp[0], sp[1], bp[0], bp[1], sp_reg | bp_reg << 4, kind | u8::from(end) << 2]
+        [
+            sp[0],
+            sp[1],
+            bp[0],
+            bp[1],
+            sp_reg | bp_reg << 4,
+            kind | u8::from(end) << 2,
+        ]
     }
 
     /// A table at 0x1000 for code at 0x10_0000..: (code address, entry) each.
@@ -339,7 +356,14 @@ mod tests {
 
     #[test]
     fn parses_the_packed_entry() {
-        let e = OrcEntry::parse(&entry(REG_SP_INDIRECT, -8, REG_PREV_SP, -16, TYPE_REGS, true));
+        let e = OrcEntry::parse(&entry(
+            REG_SP_INDIRECT,
+            -8,
+            REG_PREV_SP,
+            -16,
+            TYPE_REGS,
+            true,
+        ));
         assert_eq!(
             e,
             OrcEntry {
@@ -358,10 +382,22 @@ mod tests {
     #[test]
     fn walks_calls_then_stops_at_user_regs() {
         let t = table(&[
-            (0x10_0000, entry(REG_SP, 16, REG_UNDEFINED, 0, TYPE_CALL, false)), // leaf
-            (0x10_0100, entry(REG_SP, 24, REG_PREV_SP, -16, TYPE_CALL, false)), // middle
-            (0x10_0200, entry(REG_SP, 0, REG_UNDEFINED, 0, TYPE_REGS, false)), // entry
-            (0x10_0300, entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false)),
+            (
+                0x10_0000,
+                entry(REG_SP, 16, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // leaf
+            (
+                0x10_0100,
+                entry(REG_SP, 24, REG_PREV_SP, -16, TYPE_CALL, false),
+            ), // middle
+            (
+                0x10_0200,
+                entry(REG_SP, 0, REG_UNDEFINED, 0, TYPE_REGS, false),
+            ), // entry
+            (
+                0x10_0300,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ),
         ]);
         let sp = 0x8000u64;
         let mut stack = std::collections::HashMap::new();
@@ -392,19 +428,37 @@ mod tests {
     #[test]
     fn follows_the_irq_stack_switch_and_kernel_regs() {
         let t = table(&[
-            (0x10_0000, entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false)), // handler
-            (0x10_0100, entry(REG_SP_INDIRECT, 8, REG_UNDEFINED, 0, TYPE_CALL, false)), // after the swizzle
-            (0x10_0200, entry(REG_SP, 0, REG_UNDEFINED, 0, TYPE_REGS, false)), // asm_ entry
-            (0x10_0300, entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false)), // interrupted
-            (0x10_0400, entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, true)), // ret_from_fork
-            (0x10_0500, entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false)),
+            (
+                0x10_0000,
+                entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // handler
+            (
+                0x10_0100,
+                entry(REG_SP_INDIRECT, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // after the swizzle
+            (
+                0x10_0200,
+                entry(REG_SP, 0, REG_UNDEFINED, 0, TYPE_REGS, false),
+            ), // asm_ entry
+            (
+                0x10_0300,
+                entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // interrupted
+            (
+                0x10_0400,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, true),
+            ), // ret_from_fork
+            (
+                0x10_0500,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ),
         ]);
         let irq_sp = 0xc000u64;
         let task_sp = 0x8000u64;
         let mut stack = std::collections::HashMap::new();
         stack.insert(irq_sp, 0x10_0110); // handler's return, into the swizzling function
         stack.insert(irq_sp + 8, task_sp); // the top word: the task's rsp
-        // On the task stack: the sysvec function's return into the asm_ entry.
+                                           // On the task stack: the sysvec function's return into the asm_ entry.
         stack.insert(task_sp, 0x10_0210);
         let regs = task_sp + 8;
         stack.insert(regs + PT_IP, 0x10_0320);
@@ -429,11 +483,22 @@ mod tests {
     #[test]
     fn stops_where_memory_or_tables_end() {
         let t = table(&[
-            (0x10_0000, entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false)),
-            (0x10_0100, entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false)),
+            (
+                0x10_0000,
+                entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ),
+            (
+                0x10_0100,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ),
         ]);
         let mut frames = Vec::new();
-        let end = t.walk(UnwindRegs::new(0x10_0010, 0x8000, 0), &mut |_| None, 64, &mut frames);
+        let end = t.walk(
+            UnwindRegs::new(0x10_0010, 0x8000, 0),
+            &mut |_| None,
+            64,
+            &mut frames,
+        );
         assert_eq!(end, WalkEnd::Unreadable);
         frames.clear();
         // A return into code no entry covers.

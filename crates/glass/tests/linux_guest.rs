@@ -310,3 +310,94 @@ fn x86_64_kaslr_kernel_idle_named() {
     check_kaslr(&boot, name);
     check_idle_and_vectors(&boot, name);
 }
+
+/// x86-64: Debian's kernel keeps no frame pointers; glass reads its ORC tables from guest
+/// RAM and walks kernel stacks with them, through the IRQ stack back to the task.
+#[test]
+fn x86_64_kernel_seen_whole() {
+    let boot = boot("x86_64", "x86-64-orc", &[]);
+    let name = "x86-64 ORC";
+    check_idle_and_vectors(&boot, name);
+    assert!(
+        boot.err
+            .contains("walked with the guest kernel's ORC tables"),
+        "{name}: {}",
+        boot.err
+    );
+
+    // dd's read() of /dev/zero: named down to the syscall entry.
+    let entry =
+        |f: &[String]| has(f, "entry_SYSCALL_64_after_hwframe") || has(f, "entry_SYSCALL_64");
+    let reads: Vec<_> = boot
+        .vcpu(0)
+        .filter(|(f, _)| {
+            has(f, "read_zero") || f.last().is_some_and(|l| l.starts_with("clear_user"))
+        })
+        .collect();
+    let read_total = count(reads.iter().map(|(f, n)| (*f, *n)));
+    let rooted = count(
+        reads
+            .iter()
+            .filter(|(f, _)| entry(f))
+            .map(|(f, n)| (*f, *n)),
+    );
+    eprintln!("{name}: read() stacks reaching the syscall entry: {rooted} of {read_total}");
+    assert!(
+        read_total >= 20 && rooted * 100 >= read_total * 90,
+        "{name}: {rooted} of {read_total} read() stacks reach entry_SYSCALL_64:\n{}",
+        show(reads.iter().map(|(f, n)| (*f, *n)), 10)
+    );
+
+    // Timer interrupts: from user space the kernel stack ends at the entry (its pt_regs
+    // say user mode); from the kernel the handler ran on the IRQ stack and the walk goes
+    // back through its top word to the interrupted task's own roots.
+    let irq = |f: &[String]| {
+        has(f, "asm_sysvec_apic_timer_interrupt") || has(f, "__sysvec_apic_timer_interrupt")
+    };
+    let task_roots = [
+        "asm_sysvec_apic_timer_interrupt",
+        "entry_SYSCALL_64_after_hwframe",
+        "entry_SYSCALL_64",
+        "ret_from_fork",
+        "secondary_startup_64_no_verify",
+        "secondary_startup_64",
+    ];
+    let irqs = count(boot.all().filter(|(f, _)| irq(f)));
+    let rooted = count(
+        boot.all()
+            .filter(|(f, _)| irq(f) && task_roots.contains(&f[0].as_str())),
+    );
+    let from_kernel = count(boot.all().filter(|(f, _)| {
+        irq(f) && f[0] != "asm_sysvec_apic_timer_interrupt" && task_roots.contains(&f[0].as_str())
+    }));
+    eprintln!(
+        "{name}: timer IRQ samples {irqs} ({:.1}% of all), rooted in the interrupted task {rooted}, of which interrupted in the kernel {from_kernel}",
+        irqs as f64 * 100.0 / count(boot.all()).max(1) as f64
+    );
+    assert!(
+        irqs >= 20 && rooted * 100 >= irqs * 90,
+        "{name}: {rooted} of {irqs} IRQ samples rooted in the task:\n{}",
+        show(
+            boot.all()
+                .filter(|(f, _)| irq(f) && !task_roots.contains(&f[0].as_str())),
+            12
+        )
+    );
+    for line in boot.err.lines().filter(|l| l.contains("vcpu")) {
+        eprintln!("{name}: {line}");
+    }
+
+    // No frame twice in a row (a walk that stalls repeats its frame).
+    let all = count(boot.all());
+    let repeated: Vec<_> = boot
+        .all()
+        .filter(|(f, _)| f.windows(2).any(|w| w[0] == w[1] && !w[0].starts_with('[')))
+        .collect();
+    let repeated_count = count(repeated.iter().map(|(f, n)| (*f, *n)));
+    eprintln!("{name}: stacks with a frame repeated: {repeated_count} of {all}");
+    assert!(
+        repeated_count * 100 <= all,
+        "{name}: frames repeated:\n{}",
+        show(repeated.into_iter(), 10)
+    );
+}
