@@ -151,8 +151,10 @@ pub(super) fn sample_guest<'a>(
             "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
         )),
     })?;
-    // x86-64 keeps its GS base for the IRQ stack's way back (crate::linux_orc).
-    if linux.is_none() && client.arch() != Arch::X86_64 {
+    // An x86-64 kernel's symbol table keeps its GS base for the IRQ stack's way back
+    // (crate::linux_orc).
+    let irq_stacks = client.arch() == Arch::X86_64 && image.arch.is_none();
+    if linux.is_none() && !irq_stacks {
         client.without_task_registers();
     }
     let arch = client.arch();
@@ -953,6 +955,7 @@ impl GuestSampler<'_, '_, '_> {
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
+#[allow(clippy::too_many_arguments)]
 fn take_sample(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,

@@ -32,6 +32,9 @@ const IP_START: &str = "__start_orc_unwind_ip";
 const IP_STOP: &str = "__stop_orc_unwind_ip";
 const ORC_START: &str = "__start_orc_unwind";
 const HARDIRQ_STACK_PTR: &str = "hardirq_stack_ptr";
+/// The kernel's own text (a kallsyms also lists modules', far above).
+const TEXT_START: &str = "_stext";
+const TEXT_END: &str = "_etext";
 /// A symbol only an x86-64 Linux kernel's map has: the syscall entry.
 const LINUX_X86: &str = "entry_SYSCALL_64";
 
@@ -40,6 +43,10 @@ pub struct LinuxOrc {
     ip_start: u64,
     ip_stop: u64,
     orc_start: u64,
+    /// The kernel's text in the map, where a sampled pc tells that the map (slid) is
+    /// where the kernel runs: a kallsyms spans modules too, where a KASLR kernel's pcs
+    /// may fall before the slide is known.
+    text: Option<(u64, u64)>,
     /// `hardirq_stack_ptr`'s per-CPU offset (zero-based in a kallsyms).
     hardirq_stack_ptr: Option<u64>,
     tries: u32,
@@ -62,7 +69,15 @@ impl LinuxOrc {
         if arch != Arch::X86_64 || image.arch.is_some() {
             return None;
         }
-        let names = [IP_START, IP_STOP, ORC_START, HARDIRQ_STACK_PTR, LINUX_X86];
+        let names = [
+            IP_START,
+            IP_STOP,
+            ORC_START,
+            HARDIRQ_STACK_PTR,
+            LINUX_X86,
+            TEXT_START,
+            TEXT_END,
+        ];
         let found = symbol_addresses(symbols, &names).ok()?;
         found.get(LINUX_X86)?;
         let (Some(&ip_start), Some(&ip_stop), Some(&orc_start)) = (
@@ -86,6 +101,10 @@ impl LinuxOrc {
             ip_start,
             ip_stop,
             orc_start,
+            text: found
+                .get(TEXT_START)
+                .zip(found.get(TEXT_END))
+                .map(|(a, b)| (*a, *b)),
             hardirq_stack_ptr: found.get(HARDIRQ_STACK_PTR).copied(),
             tries: 0,
             irq_tops: vec![(0, 0); vcpus],
@@ -107,6 +126,11 @@ impl LinuxOrc {
         ip: u64,
         read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
     ) -> Result<Option<OrcTable>, String> {
+        if let Some((start, end)) = self.text {
+            if !(start.wrapping_add(slide)..end.wrapping_add(slide)).contains(&ip) {
+                return Ok(None);
+            }
+        }
         self.tries += 1;
         let size = (self.ip_stop - self.ip_start) as usize;
         let mut ips = vec![0u8; size];
