@@ -885,6 +885,14 @@ impl GuestSampler<'_, '_, '_> {
         let Some(orc) = self.orc.as_mut() else {
             return Ok(());
         };
+        if backend.physical_memory().is_none() {
+            // Megabytes through m packets, which QEMU answers only while the VM is
+            // stopped: not worth the stopped time.
+            self.orc = None;
+            return sink.warn_kept(
+                "the guest kernel's ORC tables are read from guest RAM, which glass reaches only through the GDB stub here: kernel frames past the leaf are frame-pointer guesses (--guest-memory gives the RAM)",
+            );
+        }
         let slide = self.image.slide.unwrap_or(0);
         let loaded = orc.load(slide, r.ip(), &mut |address, buf| {
             backend

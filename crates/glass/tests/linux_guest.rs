@@ -365,24 +365,35 @@ fn x86_64_kernel_seen_whole() {
     );
 
     // dd's read() of /dev/zero: named down to the syscall entry.
+    let dd_read =
+        |f: &[String]| has(f, "read_zero") || f.last().is_some_and(|l| l.starts_with("clear_user"));
     let entry =
         |f: &[String]| has(f, "entry_SYSCALL_64_after_hwframe") || has(f, "entry_SYSCALL_64");
-    check_reads_rooted(
-        &boot,
-        name,
-        |f| has(f, "read_zero") || f.last().is_some_and(|l| l.starts_with("clear_user")),
-        ("entry_SYSCALL_64", entry),
-        90,
-    );
+    // Measured: 949 of 949, 935 of 935, 852 of 852, 846 of 846 (without ORC: 0 of 315,
+    // 0 of 379).
+    check_reads_rooted(&boot, name, dd_read, ("entry_SYSCALL_64", entry), 90);
 
     // Timer interrupts: from user space the kernel stack ends at the entry (its pt_regs
     // say user mode); from the kernel the handler ran on the IRQ stack and the walk goes
-    // back through its top word to the interrupted task's own roots.
+    // back through its top word to the interrupted task's own roots. Interrupts of a
+    // module's code (virtio_pci probing at boot: `func [module]`) are left out: modules'
+    // ORC is not read, and how many there are follows the boot's length. Measured with
+    // them: 340 of 361 and 235 of 247 rooted; without them, and with the roots below:
+    // 287 of 287 and 296 of 297 (the one: an interrupted static-call trampoline, named
+    // after the symbol before it).
     let irq = |f: &[String]| {
-        has(f, "asm_sysvec_apic_timer_interrupt") || has(f, "__sysvec_apic_timer_interrupt")
+        (has(f, "asm_sysvec_apic_timer_interrupt") || has(f, "__sysvec_apic_timer_interrupt"))
+            && !f
+                .iter()
+                .any(|frame| frame.ends_with(']') && frame.contains(" ["))
     };
+    // The task's roots: its kernel entries from user space, kernel threads, idle.
     let task_roots = [
         "asm_sysvec_apic_timer_interrupt",
+        "asm_exc_page_fault",
+        "asm_sysvec_reschedule_ipi",
+        "asm_sysvec_call_function_single",
+        "asm_common_interrupt",
         "entry_SYSCALL_64_after_hwframe",
         "entry_SYSCALL_64",
         "ret_from_fork",
@@ -415,5 +426,31 @@ fn x86_64_kernel_seen_whole() {
         repeated_count * 100 <= all,
         "{name}: frames repeated:\n{}",
         show(repeated.into_iter(), 10)
+    );
+
+    // A map without the tables' symbols: the walk is as before, and record, report and
+    // info each say why in one line.
+    let stripped = scratch("linux-x86-64-no-orc-table").join("kallsyms");
+    let table = std::fs::read_to_string(linux_kit().join("x86_64/kallsyms")).unwrap();
+    let kept: String = table
+        .lines()
+        .filter(|l| !l.ends_with("_orc_unwind_ip"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&stripped, kept).unwrap();
+    let before = boot_with("x86_64", "x86-64-no-orc", &["--work", "3"], Some(&stripped));
+    let why = "the kernel's ORC tables cannot be found";
+    let said = |text: &str| text.lines().filter(|l| l.contains(why)).count();
+    assert_eq!(said(&before.err), 1, "record: {}", before.err);
+    assert_eq!(said(&before.report_err), 1, "report: {}", before.report_err);
+    assert_eq!(said(&before.info), 1, "info: {}", before.info);
+    let reads = |b: &Boot| {
+        let all: Vec<_> = b.vcpu(0).filter(|(f, _)| dd_read(f)).collect();
+        let rooted = count(all.iter().filter(|(f, _)| entry(f)).map(|(f, n)| (*f, *n)));
+        (rooted, count(all.into_iter()))
+    };
+    eprintln!(
+        "{name}: without ORC, read() stacks reaching the syscall entry: {:?} (rooted, of)",
+        reads(&before)
     );
 }
