@@ -37,6 +37,7 @@ use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
 use super::linux_guest::LinuxTasks;
+use super::linux_orc::LinuxOrc;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{Notes, Recorded, Result};
@@ -163,7 +164,10 @@ pub(super) fn sample_guest<'a>(
             "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
         )),
     })?;
-    if linux.is_none() {
+    // An x86-64 kernel's symbol table keeps its GS base for the IRQ stack's way back
+    // (crate::linux_orc).
+    let irq_stacks = client.arch() == Arch::X86_64 && image.arch.is_none();
+    if linux.is_none() && !irq_stacks {
         client.without_task_registers();
     }
     let arch = client.arch();
@@ -566,7 +570,16 @@ fn run_with(
         registers_ns: Vec::new(),
         last_registers_ns: 0,
     };
+    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count) {
+        Some(Ok(orc)) => Some(orc),
+        Some(Err(note)) => {
+            sink.warn_kept(&note)?;
+            None
+        }
+        None => None,
+    };
     let mut sampler = GuestSampler {
+        orc,
         vcpus: &mut vcpus,
         outside: OutsideText::default(),
         backend,
@@ -719,6 +732,8 @@ struct GuestSampler<'s, 'b, 'v> {
     stop_in_sample: Option<u64>,
     /// Samples in the kernel outside the symbol table that did not tell its slide.
     slide_tries: u32,
+    /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
+    orc: Option<LinuxOrc>,
 }
 
 /// How many samples outside a symbol table may try to find the kernel's slide.
@@ -758,6 +773,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             self.no_idle,
             stopped_at,
             self.linux.as_deref_mut(),
+            self.orc.as_mut(),
         );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
@@ -868,12 +884,58 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         if image.may_slide() && self.slide_tries < SLIDE_TRIES {
             self.find_slide(sink, time_ns)?;
         }
+        if self.orc.as_ref().is_some_and(LinuxOrc::pending) {
+            self.load_orc(sink)?;
+        }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
     }
 }
 
 impl GuestSampler<'_, '_, '_> {
+    /// Reads the kernel's ORC tables (crate::linux_orc) once a vCPU is in the kernel
+    /// where the map (slid, with KASLR) puts it: while the VM runs, they are read-only.
+    fn load_orc(&mut self, sink: &mut Sink) -> std::io::Result<()> {
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let Some(r) = self
+            .vcpus
+            .iter()
+            .map(|v| v.regs)
+            .find(|r| r.paging_on() && r.ip() >> 63 == 1 && self.image.contains(r.ip()))
+        else {
+            return Ok(());
+        };
+        let Some(orc) = self.orc.as_mut() else {
+            return Ok(());
+        };
+        if backend.physical_memory().is_none() {
+            // Megabytes through m packets, which QEMU answers only while the VM is
+            // stopped: not worth the stopped time.
+            self.orc = None;
+            return sink.warn_kept(
+                "the guest kernel's ORC tables are read from guest RAM, which glass reaches only through the GDB stub here: kernel frames past the leaf are frame-pointer guesses (--guest-memory gives the RAM)",
+            );
+        }
+        let slide = self.image.slide.unwrap_or(0);
+        let loaded = orc.load(slide, r.ip(), &mut |address, buf| {
+            backend
+                .physical_memory()
+                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+        });
+        match loaded {
+            Ok(Some(table)) => {
+                sink.notes.figure(&format!(
+                    "kernel stacks walked with the guest kernel's ORC tables ({} entries)",
+                    table.len()
+                ));
+                sink.guest_orc = Some(table);
+            }
+            Ok(None) => {}
+            Err(note) => sink.warn_kept(&note)?,
+        }
+        Ok(())
+    }
+
     /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
     /// stopped in the kernel outside the table (its registers, or the kernel's banner
     /// read from guest RAM: kernel data that does not change while the guest runs). Once
@@ -924,6 +986,7 @@ impl GuestSampler<'_, '_, '_> {
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
+#[allow(clippy::too_many_arguments)]
 fn take_sample(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,
@@ -932,6 +995,7 @@ fn take_sample(
     no_idle: bool,
     started: Instant,
     mut linux: Option<&mut LinuxTasks>,
+    mut orc: Option<&mut LinuxOrc>,
 ) -> std::result::Result<(), GuestError> {
     backend.stop_with_registers(&mut source.regs)?;
     let mut step = Instant::now();
@@ -969,6 +1033,18 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
+        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word,
+        // and the copy runs to that word for the walk to find it.
+        let irq_switch = match (orc.as_deref_mut(), &r) {
+            (Some(orc), VcpuRegs::X86_64(x)) if orc.loaded && !user_mode => {
+                let mut word = [0u8; 8];
+                orc.irq_stack_switch(index, x, &mut |at| {
+                    (copy_from(backend, &mut source.cache, index, &r, at, &mut word).ok()? == 8)
+                        .then(|| u64::from_le_bytes(word))
+                })
+            }
+            _ => None,
+        };
         vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0
@@ -985,6 +1061,10 @@ fn take_sample(
             } else {
                 vcpu.copy_len
             };
+            let len = match irq_switch {
+                Some((_, top)) => len.max((top + 8 - r.sp()) as usize).min(vcpu.stack.len()),
+                None => len,
+            };
             vcpu.asked = len;
             let copied = copy_stack(
                 backend,
@@ -1000,10 +1080,15 @@ fn take_sample(
         // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
         // stopped past the stop bound (a unikernel's debug-build run did).
         let other = backend.physical_memory().is_some();
-        if let Some(at) = other
-            .then(|| chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]))
-            .flatten()
-        {
+        // With ORC an x86-64 kernel's stacks hold no frame records to follow: the IRQ
+        // stack's saved word says where the task's stack is.
+        let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
+        let leaves = match irq_switch {
+            Some((task_sp, _)) => Some(task_sp),
+            None if orc_walked => None,
+            None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
+        };
+        if let Some(at) = other.then_some(leaves).flatten() {
             let buf = &mut vcpu.other;
             vcpu.other_at = at;
             // Unreadable: the walk ends there and is counted as cut.

@@ -36,6 +36,7 @@ pub mod guardian;
 mod guest;
 mod guest_image;
 mod linux_guest;
+mod linux_orc;
 mod monitor;
 mod perf;
 mod ptrace;

@@ -640,7 +640,10 @@ fn members(
 /// The addresses of `names` in the kernel's symbol map: an ELF vmlinux's symbol table,
 /// or a kallsyms / System.map / `nm` table (`ADDRESS TYPE NAME`, any type: per-CPU and
 /// data symbols too).
-fn symbol_addresses(path: &Path, names: &[&str]) -> Result<HashMap<String, u64>, TargetError> {
+pub(super) fn symbol_addresses(
+    path: &Path,
+    names: &[&str],
+) -> Result<HashMap<String, u64>, TargetError> {
     use object::{Object, ObjectSymbol};
     let bytes = std::fs::read(path)
         .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;

@@ -277,6 +277,9 @@ pub struct Recorder<'a> {
     /// Walks that wanted stack memory outside every copy (another stack than the one
     /// copied): cut, though not by the copy's length.
     pub walks_outside_copies: u64,
+    /// An x86-64 Linux guest kernel's ORC tables (crate::linux_orc), once read: kernel
+    /// pcs they cover are walked with them.
+    pub guest_orc: Option<glass_unwind::orc::OrcTable>,
     /// Off-CPU samples written, and the time they stand for.
     pub off_cpu_samples: u64,
     pub off_cpu_ns: u64,
@@ -336,6 +339,7 @@ impl<'a> Recorder<'a> {
             kernel_samples: 0,
             other_stack: None,
             walks_outside_copies: 0,
+            guest_orc: None,
             off_cpu_samples: 0,
             off_cpu_ns: 0,
             kernel_stacks: None,
@@ -918,7 +922,13 @@ impl<'a> Recorder<'a> {
             .spaces
             .entry(pid)
             .or_insert_with(|| AddressSpace::new(arch));
+        let orc_end = self
+            .guest_orc
+            .as_ref()
+            .filter(|orc| arch == Arch::X86_64 && orc.find(regs.ip).is_some())
+            .map(|orc| orc.walk(regs, &mut |address| copy.word(address), max_depth, frames));
         let end = match unwind {
+            _ if orc_end.is_some() => orc_end.unwrap_or(WalkEnd::Complete),
             UnwindMode::Fp if arch == Arch::Aarch64 => {
                 let unwinder = &space.unwinder;
                 glass_unwind::aarch64::walk_frame_records(

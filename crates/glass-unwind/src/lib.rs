@@ -11,6 +11,7 @@ pub mod aarch64;
 pub mod cfi;
 pub mod dwarf;
 pub mod fp;
+pub mod orc;
 pub mod snapshot;
 pub mod window;
 pub mod x86_64;
