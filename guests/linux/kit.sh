@@ -5,6 +5,8 @@
 #   initramfs.cpio.gz   busybox-static (the ARCH's .deb), init, userspin, the modules
 #   userspin, userspin.syms   the user-space spinner (ELF with symbols; nm -n)
 #   modules/            the modules init loads (virtio disk), load.order
+#   root/               the guest's binaries at their guest paths (/userspin, /bin/busybox):
+#                       what `glass record --guest-root` takes
 #   kallsyms, vmlinux.btf    the guest's /proc/kallsyms and /sys/kernel/btf/vmlinux,
 #                       copied out of a boot with nokaslr (what --symbols takes)
 #   kernel.version, kernel.config
@@ -51,7 +53,7 @@ for arch in "${ARCHES[@]}"; do
 
     if ! fresh "$out/userspin" "$HERE/spin.c"; then
         log "$arch userspin"
-        "$cc" -static -nostdlib -ffreestanding -fno-pie -no-pie -O2 -g -fno-omit-frame-pointer \
+        "$cc" -static -nostdlib -ffreestanding -fno-pie -no-pie -O2 -g -fno-omit-frame-pointer -fno-optimize-sibling-calls \
             -Wall -o "$out/userspin.tmp" "$HERE/spin.c"
         mv "$out/userspin.tmp" "$out/userspin"
         "$nm" -n "$out/userspin" >"$out/userspin.syms"
@@ -71,6 +73,13 @@ for arch in "${ARCHES[@]}"; do
         mknod -m 600 "$st/dev/console" c 5 1
         mkcpio "$st" "$out/initramfs.cpio.gz"
         rm -rf "$st"
+    fi
+
+    # The guest's filesystem as far as its binaries go, for --guest-root.
+    if ! fresh "$out/root/userspin" "$out/userspin" || ! fresh "$out/root/bin/busybox" "$out/busybox"; then
+        mkdir -p "$out/root/bin"
+        cp "$out/userspin" "$out/root/userspin"
+        cp "$out/busybox" "$out/root/bin/busybox"
     fi
 
     # The guest's own symbol table and BTF, from a boot with nokaslr and no workload.

@@ -36,6 +36,7 @@ use nix::sys::signalfd::SignalFd;
 use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
+use super::guest_user::{self, GuestProcesses, MmLayout};
 use super::linux_guest::LinuxTasks;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
@@ -49,6 +50,9 @@ const FIRST_STACK_COPY: usize = 16 << 10;
 /// The second range's size: a Linux task stack is 16 KiB (arm64 and x86-64), and the
 /// copy ends at the first unmapped page.
 const OTHER_STACK_COPY: usize = 16 << 10;
+/// A user stack's copy (`--guest-root`): the frames of a process's user code sit near
+/// its stack pointer, and its stack's top (arguments, environment) is no use to a walk.
+const USER_STACK_COPY: usize = 16 << 10;
 /// How many of a vCPU's last walks its stack copy is sized for at least.
 const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
@@ -132,6 +136,13 @@ pub(super) fn sample_guest<'a>(
         Some(btf) => Some(LinuxTasks::load(btf, symbols)?),
         None => None,
     };
+    let mut user = match (&sink.args.guest_root, &sink.args.guest_btf, &linux) {
+        (Some(root), Some(btf), Some(tasks)) => Some(GuestProcesses::new(
+            MmLayout::load(btf, tasks.mm_offset())?,
+            root.clone(),
+        )),
+        _ => None,
+    };
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -185,6 +196,7 @@ pub(super) fn sample_guest<'a>(
         &mut vmm,
         Some(mark),
         linux.as_mut(),
+        user.as_mut(),
     ) {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
@@ -458,6 +470,7 @@ pub(super) fn run(
         &mut vmm,
         stop_mark,
         None,
+        None,
     )
     .map(|(outcome, _)| outcome)
 }
@@ -474,6 +487,7 @@ fn run_with(
     vmm: &mut Vmm<'_>,
     stop_mark: Option<&StopMark>,
     mut linux: Option<&mut LinuxTasks>,
+    mut user: Option<&mut GuestProcesses>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -552,6 +566,7 @@ fn run_with(
         vmm,
         fate: None,
         linux: linux.as_deref_mut(),
+        user: user.as_deref_mut(),
         no_idle: args.no_idle,
         stop_mark,
         ticks: 0,
@@ -612,6 +627,9 @@ fn run_with(
             sink.notes.warn(&note);
         }
         sink.notes.figure(&tasks.figures());
+    }
+    if let Some(user) = user {
+        sink.notes.figure(&user.figures());
     }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
@@ -685,6 +703,8 @@ struct GuestSampler<'s, 'b, 'v> {
     fate: Option<String>,
     /// A Linux guest's tasks (`--guest-btf`).
     linux: Option<&'s mut LinuxTasks>,
+    /// Its processes' user space (`--guest-root`).
+    user: Option<&'s mut GuestProcesses>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -735,6 +755,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             self.no_idle,
             stopped_at,
             self.linux.as_deref_mut(),
+            self.user.is_some(),
         );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
@@ -783,6 +804,20 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                     sink.handle(Event::GuestTask(task))?;
                 }
                 user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+            }
+            let walked = match (self.linux.as_deref(), self.user.as_deref_mut()) {
+                (Some(tasks), Some(user)) if user_mode && vcpu.copied > 0 => {
+                    let at = UserSample {
+                        vcpu: index,
+                        time_ns,
+                        stopped_ns,
+                    };
+                    user_stack(sink, tasks, user, &mut *self.backend, source, vcpu, at)?
+                }
+                _ => false,
+            };
+            if walked {
+                continue;
             }
             if user_mode {
                 // A user process of the guest: its code is not the kernel image's, and
@@ -835,6 +870,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 stack: &vcpu.stack[..vcpu.copied],
                 other_stack: (vcpu.other_copied > 0)
                     .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
+                space: None,
             })?;
             vcpu.switched += u64::from(vcpu.other_copied > 0);
             // A walk that wanted memory outside its copies was cut too, wherever it was.
@@ -898,6 +934,77 @@ impl GuestSampler<'_, '_, '_> {
     }
 }
 
+/// Which sample [`user_stack`] takes.
+struct UserSample {
+vcpu: usize,
+time_ns: u64,
+stopped_ns: u64,
+}
+
+/// A user-mode sample of vCPU `index` with its user stack copied (`--guest-root`):
+/// the process's mappings read from guest memory when it is first seen (the VM
+/// runs again: only the copy was taken while it was stopped), its binaries in DIR
+/// recorded as its modules, the stack unwound with them. False when its code is in
+/// no binary of DIR (the sample stays `[user] comm`).
+fn user_stack(
+    sink: &mut Sink,
+    tasks: &LinuxTasks,
+    user: &mut GuestProcesses,
+    backend: &mut dyn GuestBackend,
+    source: &mut StackSource,
+    vcpu: &Vcpu,
+    at: UserSample,
+) -> std::io::Result<bool> {
+    let UserSample { vcpu: index, time_ns, stopped_ns } = at;
+    let r = vcpu.regs;
+    let Some((task, tgid, _comm)) = tasks.user_task(index) else {
+        user.not_walked += 1;
+        return Ok(false);
+    };
+    let space = (glass_format::GUEST_PROCESS_PIDS | tgid) as i32;
+    if user.wants_read(tgid, r.ip()) {
+        let kernel_regs = tasks.kernel_regs().unwrap_or(r);
+        let cache = &mut source.cache;
+        let mut read = |at: u64, buf: &mut [u8]| match backend.physical_memory() {
+            Some(ram) => cache.read_with(ram, &paging_of(&kernel_regs), at, buf) == buf.len(),
+            None => false,
+        };
+        let layout = user.layout;
+        let mut found = guest_user::mappings(&layout, task, &mut read);
+        if found.as_ref().is_none_or(Vec::is_empty) {
+            // The executable alone, where no VMA could be read.
+            if let Some(exe) = guest_user::exe_path(&layout, task, &mut read) {
+                let file = user.in_root(&exe);
+                found = Some(guest_user::exe_mappings(&exe, &file)).filter(|m| !m.is_empty());
+            }
+        }
+        for mapping in user.learned(tgid, found) {
+            sink.handle(Event::Mapping {
+                pid: space,
+                mapping,
+                time_ns,
+            })?;
+        }
+    }
+    if !user.walkable(tgid, r.ip()) {
+        user.not_walked += 1;
+        return Ok(false);
+    }
+    user.walked += 1;
+    sink.handle(Event::Stack {
+        pid: GUEST_PID,
+        tid: index as i32 + 1,
+        time_ns,
+        stopped_ns: stopped_ns as u32,
+        flags: 0,
+        regs: r.unwind(),
+        stack: &vcpu.stack[..vcpu.copied],
+        other_stack: None,
+        space: Some(space),
+    })?;
+    Ok(true)
+}
+
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
@@ -909,6 +1016,7 @@ fn take_sample(
     no_idle: bool,
     started: Instant,
     mut linux: Option<&mut LinuxTasks>,
+    walk_user: bool,
 ) -> std::result::Result<(), GuestError> {
     backend.stop_with_registers(&mut source.regs)?;
     let mut step = Instant::now();
@@ -946,7 +1054,12 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
-        vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
+        vcpu.copied = if user_mode && walk_user && !left_out {
+            // A process's user stack, through this vCPU's own page tables (its
+            // process's): a fixed cap, sized apart from the kernel stacks'.
+            let len = USER_STACK_COPY.min(vcpu.stack.len());
+            copy_stack(backend, &mut source.cache, index, &r, &mut vcpu.stack[..len])?
+        } else if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0
         } else {
@@ -976,7 +1089,7 @@ fn take_sample(
         vcpu.other_copied = 0;
         // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
         // stopped past the stop bound (a unikernel's debug-build run did).
-        let other = backend.physical_memory().is_some();
+        let other = backend.physical_memory().is_some() && !user_mode;
         if let Some(at) = other
             .then(|| chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]))
             .flatten()

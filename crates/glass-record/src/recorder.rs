@@ -267,6 +267,8 @@ pub struct Recorder<'a> {
     kernel_samples: u64,
     /// The current sample's second stack range ([`Event::Stack`]'s `other_stack`).
     other_stack: Option<(u64, Vec<u8>)>,
+    /// The current sample's address space to unwind in ([`Event::Stack`]'s `space`).
+    unwind_space: Option<i32>,
     /// Walks that wanted stack memory outside every copy (another stack than the one
     /// copied): cut, though not by the copy's length.
     pub walks_outside_copies: u64,
@@ -328,6 +330,7 @@ impl<'a> Recorder<'a> {
             kernel_addresses: HashSet::new(),
             kernel_samples: 0,
             other_stack: None,
+            unwind_space: None,
             walks_outside_copies: 0,
             off_cpu_samples: 0,
             off_cpu_ns: 0,
@@ -462,10 +465,13 @@ impl<'a> Recorder<'a> {
                 regs,
                 stack,
                 other_stack,
+                space,
             } => {
                 self.other_stack = other_stack.map(|(at, bytes)| (at, bytes.to_vec()));
+                self.unwind_space = space;
                 let wanted = self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack);
                 self.other_stack = None;
+                self.unwind_space = None;
                 return wanted;
             }
         }
@@ -893,6 +899,7 @@ impl<'a> Recorder<'a> {
         frames: &mut Vec<u64>,
     ) -> (u8, usize) {
         let other = self.other_stack.take();
+        let pid = self.unwind_space.unwrap_or(pid);
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
