@@ -899,7 +899,9 @@ impl<'a> Recorder<'a> {
         frames: &mut Vec<u64>,
     ) -> (u8, usize) {
         let other = self.other_stack.take();
+        let guest_user = self.unwind_space.is_some();
         let pid = self.unwind_space.unwrap_or(pid);
+        let first = frames.len();
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
@@ -951,6 +953,13 @@ impl<'a> Recorder<'a> {
                     .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
+        if guest_user {
+            // A guest process's stack ends at its outermost frame in its own code: past
+            // `_start` a walk reads whatever the kernel put there (argc).
+            while frames.len() > first + 1 && frames.last().is_some_and(|&a| !space.contains(a)) {
+                frames.pop();
+            }
+        }
         self.walks_outside_copies += u64::from(copy.outside && end == WalkEnd::Unreadable);
         let wanted = (copy.high_water - regs.sp) as usize;
         (truncation_flags(end, wanted, stack.len()), wanted)

@@ -6,7 +6,9 @@
 //! One boot per architecture (about a minute for both, the kit built once in ~1.5 min):
 //! arm64 under `glass record --vm` (the whole run), x86-64
 //! attached over QMP (`--qmp`, a BTF of the other architecture refused first, then a
-//! recording of 5 s, judged against the guest's own counts over that window).
+//! recording of 5 s, judged against the guest's own counts over that window). Both
+//! recordings take `--guest-root KIT/ARCH/root`: userspin's user stacks are walked
+//! through its own page tables, `_start;main;spin_outer;spin_inner`.
 
 mod common;
 
@@ -42,13 +44,15 @@ fn arm64_processes_under_vm() {
         .arg(kit.join("kallsyms"))
         .arg("--guest-btf")
         .arg(kit.join("vmlinux.btf"))
+        .arg("--guest-root")
+        .arg(kit.join("root"))
         .arg("--")
         .status()
         .expect("guests/linux/run.sh");
     assert!(status.success(), "run.sh under glass: {status}");
     let (spin_pid, dd_pid, spin, dd) =
         truth(&out.join("serial.log")).expect("the guest's glass-truth line");
-    check_split(&recording, spin_pid, dd_pid, spin, dd);
+    check_split(&recording, spin_pid, dd_pid, spin, dd, true);
 }
 
 #[test]
@@ -104,12 +108,18 @@ fn x86_64_processes_over_qmp() {
     );
     assert_clean_failure(&refused, 2, "not the running kernel's BTF");
     let before = work_lines(&serial);
+    let root = kit.join("root");
     let (recorded, recording) = record(
         &kit.join("vmlinux.btf"),
         "x.glass",
-        &["-F", "297", "-d", "5"],
+        &["-F", "297", "-d", "5", "--guest-root", root.to_str().unwrap()],
     );
     assert!(recorded.status.success(), "{}", stderr(&recorded));
+    assert!(
+        stderr(&recorded).contains("guest user stacks (--guest-root)"),
+        "{}",
+        stderr(&recorded)
+    );
     assert!(
         stderr(&recorded).contains("guest tasks (--guest-btf)"),
         "{}",
@@ -163,6 +173,7 @@ fn x86_64_processes_over_qmp() {
         dd_pid,
         last.0 - first.0,
         last.1 - first.1,
+        true,
     );
 }
 
@@ -193,6 +204,32 @@ fn bad_btf_is_refused() {
         (not_btf, "not BTF"),
         (empty, "without struct task_struct"),
     ];
+    // --guest-root wants --guest-btf, and a directory.
+    let btf = dir.join("some.btf");
+    std::fs::write(&btf, &header).unwrap();
+    let output_path = dir.join("x.glass");
+    let record_with = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--gdb",
+            "127.0.0.1:9",
+            "--symbols",
+            symbols.to_str().unwrap(),
+            "-o",
+            output_path.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        glass(&args)
+    };
+    let output = record_with(&["--guest-root", dir.to_str().unwrap()]);
+    assert_clean_failure(&output, 2, "--guest-root needs --guest-btf");
+    let output = record_with(&[
+        "--guest-btf",
+        btf.to_str().unwrap(),
+        "--guest-root",
+        symbols.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&output, 2, "not a directory");
     for (btf, needle) in cases {
         let output = glass(&[
             "record",
