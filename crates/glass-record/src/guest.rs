@@ -936,9 +936,9 @@ impl GuestSampler<'_, '_, '_> {
 
 /// Which sample [`user_stack`] takes.
 struct UserSample {
-vcpu: usize,
-time_ns: u64,
-stopped_ns: u64,
+    vcpu: usize,
+    time_ns: u64,
+    stopped_ns: u64,
 }
 
 /// A user-mode sample of vCPU `index` with its user stack copied (`--guest-root`):
@@ -955,7 +955,11 @@ fn user_stack(
     vcpu: &Vcpu,
     at: UserSample,
 ) -> std::io::Result<bool> {
-    let UserSample { vcpu: index, time_ns, stopped_ns } = at;
+    let UserSample {
+        vcpu: index,
+        time_ns,
+        stopped_ns,
+    } = at;
     let r = vcpu.regs;
     let Some((task, tgid, _comm)) = tasks.user_task(index) else {
         user.not_walked += 1;
@@ -1008,6 +1012,7 @@ fn user_stack(
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
+#[allow(clippy::too_many_arguments)]
 fn take_sample(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,
@@ -1058,7 +1063,13 @@ fn take_sample(
             // A process's user stack, through this vCPU's own page tables (its
             // process's): a fixed cap, sized apart from the kernel stacks'.
             let len = USER_STACK_COPY.min(vcpu.stack.len());
-            copy_stack(backend, &mut source.cache, index, &r, &mut vcpu.stack[..len])?
+            copy_stack(
+                backend,
+                &mut source.cache,
+                index,
+                &r,
+                &mut vcpu.stack[..len],
+            )?
         } else if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0

@@ -66,7 +66,9 @@ fn x86_64_processes_over_qmp() {
     let mut vm = Command::new(repo().join("guests/linux/run.sh"))
         .arg("--qmp")
         .arg(&socket)
-        .args(["--work", "20", "x86_64"])
+        // 30 s: a loaded 2-core machine took over 20 s from the workload's start to the
+        // end of `glass top` below once (QMP attaches, each recording's set-up).
+        .args(["--work", "30", "x86_64"])
         .arg(kit_dir)
         .arg(&out)
         .stdout(Stdio::null())
@@ -112,7 +114,14 @@ fn x86_64_processes_over_qmp() {
     let (recorded, recording) = record(
         &kit.join("vmlinux.btf"),
         "x.glass",
-        &["-F", "297", "-d", "5", "--guest-root", root.to_str().unwrap()],
+        &[
+            "-F",
+            "297",
+            "-d",
+            "5",
+            "--guest-root",
+            root.to_str().unwrap(),
+        ],
     );
     assert!(recorded.status.success(), "{}", stderr(&recorded));
     assert!(
