@@ -49,6 +49,10 @@ pub struct Split {
     /// Those walked whole: `spin_inner` under `spin_outer` under `main`, from `_start`
     /// or `main` on.
     pub spin_walked: u64,
+    /// dd's samples whose leaf is `[user] dd` (its user code not walked), and those
+    /// whose stack holds a frame of busybox (walked with its binary).
+    pub dd_user: u64,
+    pub dd_busybox: u64,
 }
 
 /// Samples per guest process label (`userspin (pid 52)`), from `--threads` folded
@@ -57,6 +61,7 @@ pub struct Split {
 pub fn per_process(recording: &Path, spin: &str, dd: &str) -> Split {
     let stacks = folded(recording, &["--threads"]);
     let (mut spin_samples, mut dd_samples, mut spin_user, mut spin_walked) = (0, 0, 0, 0);
+    let (mut dd_user, mut dd_busybox) = (0, 0);
     for (frames, count) in &stacks {
         let thread = frames.get(1).map_or("", String::as_str);
         if thread.starts_with("vcpu0: ") && thread.contains(spin) {
@@ -74,6 +79,12 @@ pub fn per_process(recording: &Path, spin: &str, dd: &str) -> Split {
         }
         if thread.starts_with("vcpu0: ") && thread.contains(dd) {
             dd_samples += count;
+            if frames.last().is_some_and(|leaf| leaf == "[user] dd") {
+                dd_user += count;
+            }
+            if frames.iter().any(|f| f.starts_with("busybox+")) {
+                dd_busybox += count;
+            }
         }
     }
     Split {
@@ -81,6 +92,8 @@ pub fn per_process(recording: &Path, spin: &str, dd: &str) -> Split {
         dd: dd_samples,
         spin_user,
         spin_walked,
+        dd_user,
+        dd_busybox,
     }
 }
 
