@@ -187,6 +187,11 @@ pub(super) fn sample_guest<'a>(
     // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
         .figure(&format!("guest memory read from {memory}"));
+    if user.is_some() && backend.physical_memory().is_none() {
+        sink.notes.warn(
+            "--guest-root: a process's mappings are read from guest RAM glass maps (--vm, --guest-memory, --qmp, --libvirt), not through the stub: user samples stay [user] comm",
+        );
+    }
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
@@ -1059,6 +1064,10 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
+        // Only from mapped RAM: the process's mappings are read from it once the VM runs
+        // (through m packets there is no reading then), and 16 KiB of packets would hold
+        // the VM stopped for nothing.
+        let walk_user = walk_user && backend.physical_memory().is_some();
         vcpu.copied = if user_mode && walk_user && !left_out {
             // A process's user stack, through this vCPU's own page tables (its
             // process's): a fixed cap, sized apart from the kernel stacks'.
