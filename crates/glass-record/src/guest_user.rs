@@ -442,3 +442,80 @@ impl GuestProcesses {
         self.root.join(guest_path.trim_start_matches('/'))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's own kernel BTF, where this machine has one: every offset the
+    /// mappings are read through is found, and consistent with the kernel's structs.
+    #[test]
+    fn host_btf_mm_layout() {
+        let path = Path::new("/sys/kernel/btf/vmlinux");
+        if !path.exists() {
+            eprintln!("no /sys/kernel/btf/vmlinux here");
+            return;
+        }
+        let task = super::super::linux_guest::task_layout(path).unwrap();
+        let layout = MmLayout::load(path, task.mm).unwrap();
+        // vm_start and vm_end are adjacent longs; a 6.1+ kernel has the maple tree.
+        assert_eq!(layout.vm_end, layout.vm_start + 8);
+        assert!(layout.maple_root.is_some() || layout.mmap.is_some());
+        assert!(layout.name_len < layout.name, "{layout:?}");
+        assert!(layout.exe_file.is_some());
+    }
+
+    /// The `exe_file` fallback on a real non-PIE binary (the kit's userspin, built
+    /// here with the host's compiler): its text is inside the one range found; a PIE
+    /// (this test's own binary) gives none.
+    #[test]
+    fn exe_mappings_of_a_static_binary() {
+        use object::{Object, ObjectSymbol};
+        let dir = std::env::temp_dir().join(format!("glass-exe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("userspin");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/linux/spin.c");
+        let built = std::process::Command::new("cc")
+            .args([
+                "-static",
+                "-nostdlib",
+                "-ffreestanding",
+                "-fno-pie",
+                "-no-pie",
+                "-O2",
+            ])
+            .arg("-o")
+            .arg(&exe)
+            .arg(&source)
+            .status();
+        if !built.is_ok_and(|s| s.success()) {
+            eprintln!("no C compiler here");
+            return;
+        }
+        let found = exe_mappings("/userspin", &exe);
+        let bytes = std::fs::read(&exe).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        let inner = elf
+            .symbols()
+            .find(|s| s.name() == Ok("spin_inner"))
+            .unwrap()
+            .address();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!((found[0].start..found[0].end).contains(&inner), "{found:?}");
+        assert_eq!(found[0].path, "/userspin");
+        let own = std::env::current_exe().unwrap();
+        assert!(exe_mappings("/x", &own).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn guest_root_without_btf_structs_is_one_line() {
+        let dir = std::env::temp_dir().join(format!("glass-mm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_btf = dir.join("not-btf");
+        std::fs::write(&not_btf, b"hello").unwrap();
+        let e = MmLayout::load(&not_btf, Some(0)).unwrap_err().to_string();
+        assert!(e.contains("not BTF"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
