@@ -4,7 +4,9 @@
  * and a walk of its user stack (glass --guest-root) can be checked frame by frame. */
 #include <stdint.h>
 
-/* Freestanding (-nostdlib): no libc to cross-build or ship for either architecture. */
+/* Freestanding (-nostdlib): no libc to cross-build or ship for either architecture.
+ * With -DUSERSPIN_LIBC it is userspin-dyn instead: a PIE linked against glibc, whose
+ * _start and __libc_start_main (in libc.so.6) call main. */
 
 static volatile uint64_t counter;
 
@@ -29,9 +31,11 @@ __attribute__((noinline)) int main(void)
     return 0;
 }
 
+#ifndef USERSPIN_LIBC
 void _start(void)
 {
     main();
     for (;;)
         __asm__ volatile("" ::: "memory");
 }
+#endif

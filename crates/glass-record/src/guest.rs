@@ -971,11 +971,24 @@ fn user_stack(
         return Ok(false);
     };
     let space = (glass_format::GUEST_PROCESS_PIDS | tgid) as i32;
-    if user.wants_read(tgid, r.ip()) {
-        let kernel_regs = tasks.kernel_regs().unwrap_or(r);
+    if user.wants_read(tgid, r.ip(), time_ns) {
+        // Page tables that map the kernel and stay valid while the VM runs: the
+        // process's own (alive: it is the one read), or with PTI their kernel half (the
+        // page below the user's: CR3 bit 12 clear), before the last vCPU's seen in the
+        // kernel, whose process may have exited since (its tables freed).
+        let mut tables = vec![r];
+        if let VcpuRegs::X86_64(mut x) = r {
+            if x.cr3 & (1 << 12) != 0 {
+                x.cr3 &= !(1 << 12);
+                tables.push(VcpuRegs::X86_64(x));
+            }
+        }
+        tables.extend(tasks.kernel_regs());
         let cache = &mut source.cache;
         let mut read = |at: u64, buf: &mut [u8]| match backend.physical_memory() {
-            Some(ram) => cache.read_with(ram, &paging_of(&kernel_regs), at, buf) == buf.len(),
+            Some(ram) => tables
+                .iter()
+                .any(|t| cache.read_with(ram, &paging_of(t), at, buf) == buf.len()),
             None => false,
         };
         let layout = user.layout;
@@ -987,7 +1000,7 @@ fn user_stack(
                 found = Some(guest_user::exe_mappings(&exe, &file)).filter(|m| !m.is_empty());
             }
         }
-        for mapping in user.learned(tgid, found) {
+        for mapping in user.learned(tgid, time_ns, found) {
             sink.handle(Event::Mapping {
                 pid: space,
                 mapping,

@@ -144,7 +144,13 @@ pub fn mappings(layout: &MmLayout, task: u64, read: &mut ReadKernel) -> Option<V
     if let Some(root_at) = layout.maple_root {
         let root = word(read, mm.wrapping_add(root_at))?;
         let mut nodes = 0;
-        maple_entries(read, root, u64::MAX, 0, &mut nodes, &mut vmas);
+        // The root is a node where it is marked as one (xa_is_node: MAPLE_ROOT_NODE, 2,
+        // in the low bits), else the tree's one entry.
+        if root & 3 == 2 && root > 4096 {
+            maple_entries(read, root, u64::MAX, 0, &mut nodes, &mut vmas);
+        } else if kernel_data(root) {
+            vmas.push(root);
+        }
     } else if let (Some(mmap), Some(next)) = (layout.mmap, layout.vm_next) {
         let mut vma = word(read, mm.wrapping_add(mmap))?;
         while kernel_data(vma) && vmas.len() < MAX_VMAS {
@@ -173,7 +179,9 @@ pub fn exe_path(layout: &MmLayout, task: u64, read: &mut ReadKernel) -> Option<S
 
 /// A maple tree node's entries (the leaves' VMA pointers), depth first: each slot's
 /// range ends at its pivot (the last at the node's own end), and a node's data ends at
-/// the first zero pivot past the first or at a pivot that reaches the node's end.
+/// the first zero pivot past the first or at a pivot that reaches the node's end. An
+/// encoded node (`mt_mk_node`) is the node's address with its type in bits 3-6; an
+/// internal node's slots are all nodes.
 fn maple_entries(
     read: &mut ReadKernel,
     entry: u64,
@@ -182,14 +190,6 @@ fn maple_entries(
     nodes: &mut usize,
     into: &mut Vec<u64>,
 ) {
-    let is_node = entry & 3 == 2 && entry > 4096;
-    if !is_node {
-        // A tree of one entry holds it in the root.
-        if kernel_data(entry) && into.len() < MAX_VMAS {
-            into.push(entry);
-        }
-        return;
-    }
     if depth > MAX_DEPTH || *nodes >= MAX_NODES {
         return;
     }
@@ -294,6 +294,8 @@ struct Known {
     /// Those of its binaries found in DIR.
     walkable: Vec<(u64, u64)>,
     reads: u32,
+    /// When it was last read (ns since the recording's start).
+    read_at_ns: u64,
 }
 
 /// The guest processes seen in user mode, and the figures said at the end.
@@ -308,8 +310,14 @@ pub struct GuestProcesses {
     unreadable: u64,
 }
 
-/// How often one process's mappings are read again for a pc outside them.
+/// How often one process's mappings are read again for a pc outside them, or as time
+/// passes.
 const MAX_READS: u32 = 8;
+/// A process's mappings are read again after this long, doubled at each read (while
+/// [`MAX_READS`] allow: 0.1 s to 12.8 s): a process first seen in its dynamic loader
+/// maps its libraries after that read, and only its callers' frames, not its pc, lie
+/// in them (userspin-dyn's first second walked to `main` only, at 1 s fixed).
+const REREAD_NS: u64 = 100_000_000;
 
 impl GuestProcesses {
     pub fn new(layout: MmLayout, root: PathBuf) -> Self {
@@ -325,13 +333,17 @@ impl GuestProcesses {
         }
     }
 
-    /// Whether process `tgid`'s mappings are to be read for a sample at `pc`: first
-    /// seen, or `pc` outside what is known (a library mapped since), a few times.
-    pub fn wants_read(&self, tgid: u32, pc: u64) -> bool {
+    /// Whether process `tgid`'s mappings are to be read for a sample at `pc` at
+    /// `time_ns`: first seen, or (a few times) `pc` outside what is known or the last
+    /// read a while ago (a library mapped since).
+    pub fn wants_read(&self, tgid: u32, pc: u64, time_ns: u64) -> bool {
         match self.known.get(&tgid) {
             None => true,
             Some(known) => {
-                known.reads < MAX_READS && !known.ranges.iter().any(|&(s, e)| (s..e).contains(&pc))
+                known.reads < MAX_READS
+                    && (!known.ranges.iter().any(|&(s, e)| (s..e).contains(&pc))
+                        || time_ns.saturating_sub(known.read_at_ns)
+                            >= REREAD_NS << known.reads.saturating_sub(1))
             }
         }
     }
@@ -341,10 +353,12 @@ impl GuestProcesses {
     pub fn learned(
         &mut self,
         tgid: u32,
+        time_ns: u64,
         read: Option<Vec<UserMapping>>,
     ) -> Vec<glass_target::procfs::Mapping> {
         let known = self.known.entry(tgid).or_default();
         known.reads += 1;
+        known.read_at_ns = time_ns;
         let Some(read) = read else {
             self.unreadable += 1;
             return Vec::new();

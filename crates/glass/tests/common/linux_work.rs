@@ -39,6 +39,28 @@ pub fn truth(serial: &Path) -> Option<(u32, u32, u64, u64)> {
 /// userspin's functions (guests/linux/spin.c), outermost first.
 pub const USERSPIN_CHAIN: [&str; 4] = ["_start", "main", "spin_outer", "spin_inner"];
 
+/// userspin-dyn's user samples (on vCPU 1, its thread label holding `dyn`) and those
+/// walked through libc: `_start`, libc's frames (at least one), then `main;spin_outer;
+/// spin_inner`.
+pub fn dyn_walked(recording: &Path, dyn_label: &str) -> (u64, u64) {
+    let (mut user, mut walked) = (0, 0);
+    for (frames, count) in folded(recording, &["--threads"]) {
+        let thread = frames.get(1).map_or("", String::as_str);
+        if !thread.contains(dyn_label) {
+            continue;
+        }
+        let code: Vec<&str> = frames.iter().skip(2).map(String::as_str).collect();
+        let leaf = code.last().copied().unwrap_or("");
+        if leaf.starts_with("[user] ") || USERSPIN_CHAIN.contains(&leaf) {
+            user += count;
+        }
+        if code.len() >= 5 && code[0] == "_start" && code.ends_with(&USERSPIN_CHAIN[1..]) {
+            walked += count;
+        }
+    }
+    (user, walked)
+}
+
 /// Samples per guest process label, from [`per_process`].
 pub struct Split {
     pub spin: u64,
