@@ -89,7 +89,8 @@ fn x86_64_processes_over_qmp() {
     let mut vm = Command::new(repo().join("guests/linux/run.sh"))
         .arg("--qmp")
         .arg(&socket)
-        // userspin-dyn (a PIE against glibc) on vCPU 1, CPU 0's split untouched.
+        // userspin-dyn (a PIE against glibc) on vCPU 0 too: userspin's and dd's split
+        // is judged between the two, and vCPU 1 stays idle.
         .args(["--append", "glass_dyn=1"])
         // 30 s: a loaded 2-core machine took over 20 s from the workload's start to the
         // end of `glass top` below once (QMP attaches, each recording's set-up).

@@ -39,7 +39,7 @@ pub fn truth(serial: &Path) -> Option<(u32, u32, u64, u64)> {
 /// userspin's functions (guests/linux/spin.c), outermost first.
 pub const USERSPIN_CHAIN: [&str; 4] = ["_start", "main", "spin_outer", "spin_inner"];
 
-/// userspin-dyn's user samples (on vCPU 1, its thread label holding `dyn`) and those
+/// userspin-dyn's user samples (the thread label `dyn_label` names it) and those
 /// walked through libc: `_start`, libc's frames (at least one), then `main;spin_outer;
 /// spin_inner`.
 pub fn dyn_walked(recording: &Path, dyn_label: &str) -> (u64, u64) {
