@@ -61,6 +61,19 @@ pub fn dyn_walked(recording: &Path, dyn_label: &str) -> (u64, u64) {
     (user, walked)
 }
 
+/// At least 90% of userspin-dyn's user samples walked through libc (`--guest-root`).
+pub fn check_dyn_walked(recording: &Path) {
+    let (user, walked) = dyn_walked(recording, "userspin-dyn (pid ");
+    eprintln!(
+        "{}: {walked} of {user} user samples of userspin-dyn walked to _start;...libc...;main;spin_outer;spin_inner",
+        recording.display()
+    );
+    assert!(
+        user >= 100 && walked * 10 >= user * 9,
+        "only {walked} of {user} user samples of userspin-dyn walked through libc"
+    );
+}
+
 /// Samples per guest process label, from [`per_process`].
 pub struct Split {
     pub spin: u64,
