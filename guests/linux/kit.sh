@@ -5,6 +5,10 @@
 #   initramfs.cpio.gz   busybox-static (the ARCH's .deb), init, userspin, the modules
 #   userspin, userspin.syms   the user-space spinner (ELF with symbols; nm -n)
 #   modules/            the modules init loads (virtio disk), load.order
+#   userspin-dyn        the spinner as a PIE against glibc (libc/: its loader and libc.so.6)
+#   root/               the guest's binaries at their guest paths (/userspin, /bin/busybox,
+#                       /userspin-dyn, its loader and libc):
+#                       what `glass record --guest-root` takes
 #   kallsyms, vmlinux.btf    the guest's /proc/kallsyms and /sys/kernel/btf/vmlinux,
 #                       copied out of a boot with nokaslr (what --symbols takes)
 #   kernel.version, kernel.config
@@ -26,8 +30,12 @@ need_debs --no-install-recommends qemu-system-x86 qemu-system-arm busybox-static
 
 for arch in "${ARCHES[@]}"; do
     case "$arch" in
-        x86_64) deb=amd64 cc=gcc nm=nm mods=(virtio_pci virtio_blk) ;;
-        aarch64) deb=arm64 cc=aarch64-linux-gnu-gcc nm=aarch64-linux-gnu-nm mods=(virtio_mmio virtio_blk) ;;
+        x86_64) deb=amd64 cc=gcc nm=nm mods=(virtio_pci virtio_blk)
+            libdir=/lib/x86_64-linux-gnu ldso=ld-linux-x86-64.so.2 interp=/lib64/ld-linux-x86-64.so.2
+            hostlib=/lib/x86_64-linux-gnu ;;
+        aarch64) deb=arm64 cc=aarch64-linux-gnu-gcc nm=aarch64-linux-gnu-nm mods=(virtio_mmio virtio_blk)
+            libdir=/lib/aarch64-linux-gnu ldso=ld-linux-aarch64.so.1 interp=/lib/ld-linux-aarch64.so.1
+            hostlib=/usr/aarch64-linux-gnu/lib ;;
         *) echo "kit.sh: no such architecture: $arch (x86_64 or aarch64)" >&2; exit 2 ;;
     esac
     out="$KIT/$arch"
@@ -51,13 +59,29 @@ for arch in "${ARCHES[@]}"; do
 
     if ! fresh "$out/userspin" "$HERE/spin.c"; then
         log "$arch userspin"
-        "$cc" -static -nostdlib -ffreestanding -fno-pie -no-pie -O2 -g -fno-omit-frame-pointer \
+        "$cc" -static -nostdlib -ffreestanding -fno-pie -no-pie -O2 -g -fno-omit-frame-pointer -fno-optimize-sibling-calls \
             -Wall -o "$out/userspin.tmp" "$HERE/spin.c"
         mv "$out/userspin.tmp" "$out/userspin"
         "$nm" -n "$out/userspin" >"$out/userspin.syms"
     fi
 
-    if ! fresh "$out/initramfs.cpio.gz" "$HERE/init" "$out/userspin" "$out/busybox" "$out/modules/load.order"; then
+    # userspin-dyn: the same spinner as a PIE against glibc (its loader and libc.so.6
+    # shipped in the initramfs at their guest paths), for shared libraries' unwinding.
+    if ! fresh "$out/userspin-dyn" "$HERE/spin.c"; then
+        log "$arch userspin-dyn"
+        "$cc" -DUSERSPIN_LIBC -fpie -pie -O2 -g -fno-omit-frame-pointer -fno-optimize-sibling-calls \
+            -Wall -o "$out/userspin-dyn.tmp" "$HERE/spin.c"
+        mv "$out/userspin-dyn.tmp" "$out/userspin-dyn"
+    fi
+    # The files userspin-dyn needs, laid out as in the guest (lib/, lib64/).
+    if ! fresh "$out/libc$libdir/libc.so.6" "$hostlib/libc.so.6"; then
+        rm -rf "$out/libc"
+        mkdir -p "$out/libc$libdir" "$out/libc$(dirname "$interp")"
+        cp -L "$hostlib/libc.so.6" "$hostlib/$ldso" "$out/libc$libdir/"
+        [ "$interp" = "$libdir/$ldso" ] || ln -sf "$libdir/$ldso" "$out/libc$interp"
+    fi
+
+    if ! fresh "$out/initramfs.cpio.gz" "$HERE/init" "$out/userspin" "$out/userspin-dyn" "$out/busybox" "$out/modules/load.order"; then
         log "$arch initramfs.cpio.gz"
         st="$out/.initramfs"
         rm -rf "$st"
@@ -66,11 +90,23 @@ for arch in "${ARCHES[@]}"; do
         ln -s busybox "$st/bin/sh"
         cp "$HERE/init" "$st/init"
         cp "$out/userspin" "$st/userspin"
-        chmod 755 "$st/init" "$st/userspin"
+        cp "$out/userspin-dyn" "$st/userspin-dyn"
+        cp -a "$out/libc/." "$st/"
+        chmod 755 "$st/init" "$st/userspin" "$st/userspin-dyn"
         cp "$out"/modules/* "$st/lib/modules/"
         mknod -m 600 "$st/dev/console" c 5 1
         mkcpio "$st" "$out/initramfs.cpio.gz"
         rm -rf "$st"
+    fi
+
+    # The guest's filesystem as far as its binaries go, for --guest-root.
+    if ! fresh "$out/root/userspin" "$out/userspin" || ! fresh "$out/root/bin/busybox" "$out/busybox" ||
+        ! fresh "$out/root/userspin-dyn" "$out/userspin-dyn"; then
+        rm -rf "$out/root"
+        mkdir -p "$out/root/bin"
+        cp "$out/userspin" "$out/userspin-dyn" "$out/root/"
+        cp "$out/busybox" "$out/root/bin/busybox"
+        cp -a "$out/libc/." "$out/root/"
     fi
 
     # The guest's own symbol table and BTF, from a boot with nokaslr and no workload.

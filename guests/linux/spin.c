@@ -1,9 +1,12 @@
 /* userspin: the guest workload's user-space process. It spins in user space, in a call
- * chain with frame pointers (_start -> spin_outer -> spin_inner), so that a sample taken in it
- * names a user-mode leaf under a known process and stacks through its frames can be told. */
+ * chain with frame pointers (_start -> main -> spin_outer -> spin_inner, none inlined nor
+ * tail-called), so that a sample taken in it names a user-mode leaf under a known process
+ * and a walk of its user stack (glass --guest-root) can be checked frame by frame. */
 #include <stdint.h>
 
-/* Freestanding (-nostdlib): no libc to cross-build or ship for either architecture. */
+/* Freestanding (-nostdlib): no libc to cross-build or ship for either architecture.
+ * With -DUSERSPIN_LIBC it is userspin-dyn instead: a PIE linked against glibc, whose
+ * _start and __libc_start_main (in libc.so.6) call main. */
 
 static volatile uint64_t counter;
 
@@ -21,7 +24,18 @@ __attribute__((noinline)) void spin_outer(void)
     }
 }
 
-void _start(void)
+__attribute__((noinline)) int main(void)
 {
     spin_outer();
+    __asm__ volatile("" ::: "memory");
+    return 0;
 }
+
+#ifndef USERSPIN_LIBC
+void _start(void)
+{
+    main();
+    for (;;)
+        __asm__ volatile("" ::: "memory");
+}
+#endif

@@ -346,6 +346,19 @@ pub const GUEST_TASK_KERNEL_THREAD: u8 = 1 << 0;
 /// GuestTask flag: the task could not be read at this sample (the samples that follow
 /// are of no known task).
 pub const GUEST_TASK_UNKNOWN: u8 = 1 << 1;
+/// Where a Linux guest process's own binaries are recorded (`--guest-root`): Module
+/// records under its tgid in a pid range of its own, which meets no host pid (Linux's
+/// pids stay below 2^22). Its user-mode samples stay under the vCPU's thread.
+pub const GUEST_PROCESS_PIDS: u32 = 0x4000_0000;
+
+impl GuestTask {
+    /// The pid this task's user-space modules are recorded under; None for a kernel
+    /// thread (no user space) or a task that could not be read.
+    pub fn user_space(&self) -> Option<u32> {
+        (self.flags & (GUEST_TASK_KERNEL_THREAD | GUEST_TASK_UNKNOWN) == 0)
+            .then_some(GUEST_PROCESS_PIDS | self.task_tgid)
+    }
+}
 
 /// Where a VM guest's RAM was read from, written once at the start of a guest recording:
 /// the stops are short when RAM is read directly, several times longer through the stub.

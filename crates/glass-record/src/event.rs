@@ -64,6 +64,10 @@ pub enum Event<'s> {
         /// A second stack range (its address, its bytes) where the walk leaves the first
         /// for another stack (a Linux guest's IRQ stack back to the interrupted task's).
         other_stack: Option<(u64, &'s [u8])>,
+        /// The address space whose modules unwind it, where not `pid`'s: a Linux
+        /// guest process's user stack (its binaries under a pid of its own,
+        /// `glass_format::GUEST_PROCESS_PIDS`) sampled on a vCPU thread.
+        space: Option<i32>,
     },
 }
 

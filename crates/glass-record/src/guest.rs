@@ -36,6 +36,7 @@ use nix::sys::signalfd::SignalFd;
 use super::driver::{drive, Clock, Gathered, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
+use super::guest_user::{self, GuestProcesses, MmLayout};
 use super::linux_guest::LinuxTasks;
 use super::linux_orc::LinuxOrc;
 use super::recorder::Recorder as Sink;
@@ -50,6 +51,9 @@ const FIRST_STACK_COPY: usize = 16 << 10;
 /// The second range's size: a Linux task stack is 16 KiB (arm64 and x86-64), and the
 /// copy ends at the first unmapped page.
 const OTHER_STACK_COPY: usize = 16 << 10;
+/// A user stack's copy (`--guest-root`): the frames of a process's user code sit near
+/// its stack pointer, and its stack's top (arguments, environment) is no use to a walk.
+const USER_STACK_COPY: usize = 16 << 10;
 /// How many of a vCPU's last walks its stack copy is sized for at least.
 const RECENT_WALKS: usize = 64;
 /// The most a vCPU's stack copy grows to unless `--stack-size` says otherwise.
@@ -146,6 +150,13 @@ pub(super) fn sample_guest<'a>(
         Some(btf) => Some(LinuxTasks::load(btf, symbols)?),
         None => None,
     };
+    let mut user = match (&sink.args.guest_root, &sink.args.guest_btf, &linux) {
+        (Some(root), Some(btf), Some(tasks)) => Some(GuestProcesses::new(
+            MmLayout::load(btf, tasks.mm_offset())?,
+            root.clone(),
+        )),
+        _ => None,
+    };
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -196,6 +207,11 @@ pub(super) fn sample_guest<'a>(
     // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
         .figure(&format!("guest memory read from {source}"));
+    if user.is_some() && backend.physical_memory().is_none() {
+        sink.notes.warn(
+            "--guest-root: a process's mappings are read from guest RAM glass maps (--vm, --guest-memory, --qmp, --libvirt), not through the stub: user samples stay [user] comm",
+        );
+    }
     let (outcome, fate) = match run_with(
         &mut sink,
         &mut backend,
@@ -206,6 +222,7 @@ pub(super) fn sample_guest<'a>(
         Some(mark),
         linux.as_mut(),
         Some(&source),
+        user.as_mut(),
     ) {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
@@ -480,6 +497,7 @@ pub(super) fn run(
         stop_mark,
         None,
         None,
+        None,
     )
     .map(|(outcome, _)| outcome)
 }
@@ -498,6 +516,7 @@ fn run_with(
     stop_mark: Option<&StopMark>,
     mut linux: Option<&mut LinuxTasks>,
     ram: Option<&glass_format::GuestRam>,
+    mut user: Option<&mut GuestProcesses>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
@@ -588,6 +607,7 @@ fn run_with(
         vmm,
         fate: None,
         linux: linux.as_deref_mut(),
+        user: user.as_deref_mut(),
         no_idle: args.no_idle,
         stop_mark,
         ticks: 0,
@@ -648,6 +668,9 @@ fn run_with(
             sink.notes.warn(&note);
         }
         sink.notes.figure(&tasks.figures());
+    }
+    if let Some(user) = user {
+        sink.notes.figure(&user.figures());
     }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
@@ -721,6 +744,8 @@ struct GuestSampler<'s, 'b, 'v> {
     fate: Option<String>,
     /// A Linux guest's tasks (`--guest-btf`).
     linux: Option<&'s mut LinuxTasks>,
+    /// Its processes' user space (`--guest-root`).
+    user: Option<&'s mut GuestProcesses>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -774,6 +799,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             stopped_at,
             self.linux.as_deref_mut(),
             self.orc.as_mut(),
+            self.user.is_some(),
         );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
@@ -822,6 +848,20 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                     sink.handle(Event::GuestTask(task))?;
                 }
                 user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
+            }
+            let walked = match (self.linux.as_deref(), self.user.as_deref_mut()) {
+                (Some(tasks), Some(user)) if user_mode && vcpu.copied > 0 => {
+                    let at = UserSample {
+                        vcpu: index,
+                        time_ns,
+                        stopped_ns,
+                    };
+                    user_stack(sink, tasks, user, &mut *self.backend, source, vcpu, at)?
+                }
+                _ => false,
+            };
+            if walked {
+                continue;
             }
             if user_mode {
                 // A user process of the guest: its code is not the kernel image's, and
@@ -874,6 +914,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 stack: &vcpu.stack[..vcpu.copied],
                 other_stack: (vcpu.other_copied > 0)
                     .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
+                space: None,
             })?;
             vcpu.switched += u64::from(vcpu.other_copied > 0);
             // A walk that wanted memory outside its copies was cut too, wherever it was.
@@ -983,6 +1024,94 @@ impl GuestSampler<'_, '_, '_> {
     }
 }
 
+/// Which sample [`user_stack`] takes.
+struct UserSample {
+    vcpu: usize,
+    time_ns: u64,
+    stopped_ns: u64,
+}
+
+/// A user-mode sample of vCPU `index` with its user stack copied (`--guest-root`):
+/// the process's mappings read from guest memory when it is first seen (the VM
+/// runs again: only the copy was taken while it was stopped), its binaries in DIR
+/// recorded as its modules, the stack unwound with them. False when its code is in
+/// no binary of DIR (the sample stays `[user] comm`).
+fn user_stack(
+    sink: &mut Sink,
+    tasks: &LinuxTasks,
+    user: &mut GuestProcesses,
+    backend: &mut dyn GuestBackend,
+    source: &mut StackSource,
+    vcpu: &Vcpu,
+    at: UserSample,
+) -> std::io::Result<bool> {
+    let UserSample {
+        vcpu: index,
+        time_ns,
+        stopped_ns,
+    } = at;
+    let r = vcpu.regs;
+    let Some((task, tgid, _comm)) = tasks.user_task(index) else {
+        user.not_walked += 1;
+        return Ok(false);
+    };
+    let space = (glass_format::GUEST_PROCESS_PIDS | tgid) as i32;
+    if user.wants_read(tgid, r.ip(), time_ns) {
+        // Page tables that map the kernel and stay valid while the VM runs: the
+        // process's own (alive: it is the one read), or with PTI their kernel half (the
+        // page below the user's: CR3 bit 12 clear), before the last vCPU's seen in the
+        // kernel, whose process may have exited since (its tables freed).
+        let mut tables = vec![r];
+        if let VcpuRegs::X86_64(mut x) = r {
+            if x.cr3 & (1 << 12) != 0 {
+                x.cr3 &= !(1 << 12);
+                tables.push(VcpuRegs::X86_64(x));
+            }
+        }
+        tables.extend(tasks.kernel_regs());
+        let cache = &mut source.cache;
+        let mut read = |at: u64, buf: &mut [u8]| match backend.physical_memory() {
+            Some(ram) => tables
+                .iter()
+                .any(|t| cache.read_with(ram, &paging_of(t), at, buf) == buf.len()),
+            None => false,
+        };
+        let layout = user.layout;
+        let mut found = guest_user::mappings(&layout, task, &mut read);
+        if found.as_ref().is_none_or(Vec::is_empty) {
+            // The executable alone, where no VMA could be read.
+            if let Some(exe) = guest_user::exe_path(&layout, task, &mut read) {
+                let file = user.in_root(&exe);
+                found = Some(guest_user::exe_mappings(&exe, &file)).filter(|m| !m.is_empty());
+            }
+        }
+        for mapping in user.learned(tgid, time_ns, found) {
+            sink.handle(Event::Mapping {
+                pid: space,
+                mapping,
+                time_ns,
+            })?;
+        }
+    }
+    if !user.walkable(tgid, r.ip()) {
+        user.not_walked += 1;
+        return Ok(false);
+    }
+    user.walked += 1;
+    sink.handle(Event::Stack {
+        pid: GUEST_PID,
+        tid: index as i32 + 1,
+        time_ns,
+        stopped_ns: stopped_ns as u32,
+        flags: 0,
+        regs: r.unwind(),
+        stack: &vcpu.stack[..vcpu.copied],
+        other_stack: None,
+        space: Some(space),
+    })?;
+    Ok(true)
+}
+
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
@@ -996,6 +1125,7 @@ fn take_sample(
     started: Instant,
     mut linux: Option<&mut LinuxTasks>,
     mut orc: Option<&mut LinuxOrc>,
+    walk_user: bool,
 ) -> std::result::Result<(), GuestError> {
     backend.stop_with_registers(&mut source.regs)?;
     let mut step = Instant::now();
@@ -1045,7 +1175,22 @@ fn take_sample(
             }
             _ => None,
         };
-        vcpu.copied = if vcpu.in_firmware || left_out || user_mode {
+        // Only from mapped RAM: the process's mappings are read from it once the VM runs
+        // (through m packets there is no reading then), and 16 KiB of packets would hold
+        // the VM stopped for nothing.
+        let walk_user = walk_user && backend.physical_memory().is_some();
+        vcpu.copied = if user_mode && walk_user && !left_out {
+            // A process's user stack, through this vCPU's own page tables (its
+            // process's): a fixed cap, sized apart from the kernel stacks'.
+            let len = USER_STACK_COPY.min(vcpu.stack.len());
+            copy_stack(
+                backend,
+                &mut source.cache,
+                index,
+                &r,
+                &mut vcpu.stack[..len],
+            )?
+        } else if vcpu.in_firmware || left_out || user_mode {
             // Nothing of its stack is recorded.
             0
         } else {
@@ -1079,7 +1224,7 @@ fn take_sample(
         vcpu.other_copied = 0;
         // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
         // stopped past the stop bound (a unikernel's debug-build run did).
-        let other = backend.physical_memory().is_some();
+        let other = backend.physical_memory().is_some() && !user_mode;
         // With ORC an x86-64 kernel's stacks hold no frame records to follow: the IRQ
         // stack's saved word says where the task's stack is.
         let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);

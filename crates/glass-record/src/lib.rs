@@ -35,6 +35,7 @@ pub mod event;
 pub mod guardian;
 mod guest;
 mod guest_image;
+mod guest_user;
 mod linux_guest;
 mod linux_orc;
 mod monitor;
@@ -79,6 +80,9 @@ pub struct RecordOptions {
     /// A Linux guest kernel's BTF (a copy of its /sys/kernel/btf/vmlinux): each guest
     /// sample's task read and recorded.
     pub guest_btf: Option<PathBuf>,
+    /// A copy of a Linux guest's filesystem (`--guest-root`): user-mode samples are
+    /// walked with the binaries found there.
+    pub guest_root: Option<PathBuf>,
     pub vm: bool,
     pub keep_vm: bool,
     pub no_translation_cache: bool,

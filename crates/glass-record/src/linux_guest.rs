@@ -40,7 +40,7 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 /// A kernel data address: top byte all ones. Not [`KERNEL_HALF`]: AArch64's linear map,
 /// where tasks live (all but `init_task`), starts at 0xffff000000000000 with 48-bit VAs,
 /// and x86-64's with 5-level paging at 0xff11000000000000.
-fn kernel_data(address: u64) -> bool {
+pub(crate) fn kernel_data(address: u64) -> bool {
     address >> 56 == 0xff
 }
 
@@ -61,6 +61,8 @@ pub struct TaskLayout {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct TaskRead {
     read: bool,
+    /// The `task_struct`'s address.
+    task: u64,
     pid: u32,
     tgid: u32,
     flags: u32,
@@ -353,7 +355,10 @@ impl LinuxTasks {
         task: u64,
     ) -> TaskRead {
         let layout = self.layout;
-        let mut got = TaskRead::default();
+        let mut got = TaskRead {
+            task,
+            ..TaskRead::default()
+        };
         let mut word = |at: u64, ok: &mut bool, cache: &mut TranslationCache| {
             let mut four = [0u8; 4];
             *ok = *ok
@@ -490,6 +495,24 @@ impl LinuxTasks {
         })
     }
 
+    /// The user task vCPU `vcpu` ran at this sample, as read: its `task_struct`'s
+    /// address, its tgid and name. None for a kernel thread or a task not read.
+    pub fn user_task(&self, vcpu: usize) -> Option<(u64, u32, String)> {
+        let now = self.now.get(vcpu)?;
+        (now.read && now.flags & PF_KTHREAD == 0 && now.pid != 0)
+            .then(|| (now.task, now.tgid, comm_string(&now.comm)))
+    }
+
+    /// Page tables that map the guest's kernel: the last vCPU's seen in the kernel.
+    pub fn kernel_regs(&self) -> Option<VcpuRegs> {
+        self.kernel_regs
+    }
+
+    /// `task_struct.mm`'s offset, where BTF has it.
+    pub fn mm_offset(&self) -> Option<u64> {
+        self.layout.mm
+    }
+
     /// The vCPU is in user mode at this sample (a Linux user process runs).
     pub fn in_user_mode(r: &VcpuRegs) -> bool {
         r.paging_on() && !in_kernel(r)
@@ -556,6 +579,45 @@ fn comm_string(comm: &[u8]) -> String {
 /// `task_struct`'s field offsets from a BTF file.
 pub fn task_layout(path: &Path) -> Result<TaskLayout, TargetError> {
     let bad = |what: String| TargetError::BadInput(format!("{}: {what}", path.display()));
+    let btf = read_btf(path)?;
+    let task = struct_offsets(&btf, "task_struct").ok_or_else(|| {
+        bad("BTF without struct task_struct (is it a Linux kernel's vmlinux BTF?)".into())
+    })?;
+    let field = |name: &str| {
+        task.get(name)
+            .copied()
+            .ok_or_else(|| bad(format!("task_struct has no {name} member")))
+    };
+    let mm_offsets = struct_offsets(&btf, "mm_struct").unwrap_or_default();
+    Ok(TaskLayout {
+        pid: field("pid")?,
+        tgid: field("tgid")?,
+        comm: field("comm")?,
+        flags: field("flags")?,
+        mm: task.get("mm").copied(),
+        pgd: mm_offsets.get("pgd").copied(),
+    })
+}
+
+/// The named members' byte offsets of BTF's struct `name` (the one with members, not a
+/// forward declaration), anonymous structs and unions looked into.
+pub(crate) fn struct_offsets(btf: &Btf, name: &str) -> Option<HashMap<String, u64>> {
+    let found = btf
+        .resolve_types_by_name(name)
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })?;
+    let mut offsets = HashMap::new();
+    members(btf, &found, 0, 0, &mut offsets);
+    Some(offsets)
+}
+
+/// A BTF file, parsed; every failure is one line of bad input.
+pub(crate) fn read_btf(path: &Path) -> Result<Btf, TargetError> {
+    let bad = |what: String| TargetError::BadInput(format!("{}: {what}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     // BTF's magic 0xeB9F, little- or big-endian.
     if !(bytes.starts_with(&[0x9f, 0xeb]) || bytes.starts_with(&[0xeb, 0x9f])) {
@@ -571,45 +633,7 @@ pub fn task_layout(path: &Path) -> Result<TaskLayout, TargetError> {
         Ok(Err(e)) => return Err(bad(format!("not readable BTF ({e})"))),
         Err(_) => return Err(bad("not readable BTF".into())),
     };
-    let task = btf
-        .resolve_types_by_name("task_struct")
-        .unwrap_or_default()
-        .into_iter()
-        .find_map(|t| match t {
-            Type::Struct(s) if !s.members.is_empty() => Some(s),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            bad("BTF without struct task_struct (is it a Linux kernel's vmlinux BTF?)".into())
-        })?;
-    let mut offsets = HashMap::new();
-    members(&btf, &task, 0, 0, &mut offsets);
-    let field = |name: &str| {
-        offsets
-            .get(name)
-            .copied()
-            .ok_or_else(|| bad(format!("task_struct has no {name} member")))
-    };
-    let mut mm_offsets = HashMap::new();
-    if let Some(mm) = btf
-        .resolve_types_by_name("mm_struct")
-        .unwrap_or_default()
-        .into_iter()
-        .find_map(|t| match t {
-            Type::Struct(s) if !s.members.is_empty() => Some(s),
-            _ => None,
-        })
-    {
-        members(&btf, &mm, 0, 0, &mut mm_offsets);
-    }
-    Ok(TaskLayout {
-        pid: field("pid")?,
-        tgid: field("tgid")?,
-        comm: field("comm")?,
-        flags: field("flags")?,
-        mm: offsets.get("mm").copied(),
-        pgd: mm_offsets.get("pgd").copied(),
-    })
+    Ok(btf)
 }
 
 /// The byte offsets of a struct's named members, looking into anonymous structs and

@@ -207,6 +207,7 @@ fn write_tick(
                     regs: sample.regs,
                     stack: tick.stack_of(sample),
                     other_stack: None,
+                    space: None,
                 })?;
                 if wanted > sample.stack_len {
                     target.want_stack_copy(sample.tid, wanted);

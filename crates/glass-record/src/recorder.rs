@@ -274,6 +274,8 @@ pub struct Recorder<'a> {
     kernel_samples: u64,
     /// The current sample's second stack range ([`Event::Stack`]'s `other_stack`).
     other_stack: Option<(u64, Vec<u8>)>,
+    /// The current sample's address space to unwind in ([`Event::Stack`]'s `space`).
+    unwind_space: Option<i32>,
     /// Walks that wanted stack memory outside every copy (another stack than the one
     /// copied): cut, though not by the copy's length.
     pub walks_outside_copies: u64,
@@ -338,6 +340,7 @@ impl<'a> Recorder<'a> {
             kernel_addresses: HashSet::new(),
             kernel_samples: 0,
             other_stack: None,
+            unwind_space: None,
             walks_outside_copies: 0,
             guest_orc: None,
             off_cpu_samples: 0,
@@ -473,10 +476,13 @@ impl<'a> Recorder<'a> {
                 regs,
                 stack,
                 other_stack,
+                space,
             } => {
                 self.other_stack = other_stack.map(|(at, bytes)| (at, bytes.to_vec()));
+                self.unwind_space = space;
                 let wanted = self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack);
                 self.other_stack = None;
+                self.unwind_space = None;
                 return wanted;
             }
         }
@@ -909,6 +915,9 @@ impl<'a> Recorder<'a> {
         frames: &mut Vec<u64>,
     ) -> (u8, usize) {
         let other = self.other_stack.take();
+        let guest_user = self.unwind_space.is_some();
+        let pid = self.unwind_space.unwrap_or(pid);
+        let first = frames.len();
         let mut copy = CopiedStack {
             sp: regs.sp,
             bytes: stack,
@@ -966,6 +975,13 @@ impl<'a> Recorder<'a> {
                     .walk(regs, &mut |address| copy.word(address), max_depth, frames)
             }
         };
+        if guest_user {
+            // A guest process's stack ends at its outermost frame in its own code: past
+            // `_start` a walk reads whatever the kernel put there (argc).
+            while frames.len() > first + 1 && frames.last().is_some_and(|&a| !space.contains(a)) {
+                frames.pop();
+            }
+        }
         self.walks_outside_copies += u64::from(copy.outside && end == WalkEnd::Unreadable);
         let wanted = (copy.high_water - regs.sp) as usize;
         (truncation_flags(end, wanted, stack.len()), wanted)

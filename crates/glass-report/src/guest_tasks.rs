@@ -3,7 +3,8 @@
 //! time on, so a sample's task is the vCPU's last record at or before the sample.
 //! Reports name the task as Linux users know it: `userspin (pid 52)` as the process,
 //! `vcpu0: userspin (pid 52)` as the thread, and a sample in the task's user space
-//! `[user] userspin` (glass does not walk a guest process's own code).
+//! `[user] userspin` where its binaries were not given (`--guest-root`: then its user
+//! frames are named from its own modules, [`GuestTask::user_space`]).
 
 use std::collections::HashMap;
 

@@ -140,8 +140,15 @@ impl LiveModel {
         };
         let (modules, spaces) = (&self.modules, &self.spaces);
         let space = spaces.get(&sample.pid);
+        // A guest process's user addresses are in its own modules (--guest-root).
+        let user_space = task
+            .and_then(GuestTask::user_space)
+            .and_then(|pid| spaces.get(&pid));
         let mut module_of = |address: u64| {
-            let space = space?;
+            let space = match user_space {
+                Some(user) if !glass_format::is_kernel_address(address) => user,
+                _ => space?,
+            };
             let at = space.partition_point(|&m| modules[m].start <= address);
             let index = *space.get(at.checked_sub(1)?)?;
             (address < modules[index].end).then(|| (index, &modules[index]))

@@ -561,12 +561,18 @@ impl Model {
                 None => process,
             };
             let epoch = timeline.epoch(sample.pid, sample.time_ns);
+            // A guest process's user addresses are in its own modules (--guest-root).
+            let user_space = task.and_then(glass_format::GuestTask::user_space);
             // The mappings in force depend only on the process and its epoch: each
             // address of an address space is looked up once.
             let mut module_of = |address: u64| {
+                let (pid, epoch) = match user_space {
+                    Some(space) if !is_kernel_address(address) => (space, None),
+                    _ => (sample.pid, epoch),
+                };
                 module_at
-                    .entry((sample.pid, epoch, address))
-                    .or_insert_with(|| timeline.find(sample.pid, sample.time_ns, address))
+                    .entry((pid, epoch, address))
+                    .or_insert_with(|| timeline.find(pid, sample.time_ns, address))
                     .map(|m| (m as *const glass_format::Module as usize, m))
             };
             model.add_sample(
@@ -739,9 +745,12 @@ impl Model {
             } else {
                 address
             };
+            // A guest process's code is named where its binary was given (--guest-root).
             if let Some(user) = sample.guest_user.filter(|_| !is_kernel_address(address)) {
-                frames.push(self.special_frame(FrameKind::Unknown, user, Category::User));
-                continue;
+                if module_of(address).is_none() {
+                    frames.push(self.special_frame(FrameKind::Unknown, user, Category::User));
+                    continue;
+                }
             }
             let symbol = kernel
                 .filter(|_| is_kernel_address(address))

@@ -43,6 +43,20 @@ pub fn check_record(args: &RecordArgs) -> Result<()> {
     if let Some(btf) = &args.guest_btf {
         check_input(btf, "--guest-btf")?;
     }
+    if let Some(root) = &args.guest_root {
+        if args.guest_btf.is_none() {
+            return Err(Failure::bad_input(format!(
+                "{}: --guest-root needs --guest-btf (the guest kernel's BTF tells where a process's mappings are)",
+                root.display()
+            )));
+        }
+        if !root.is_dir() {
+            return Err(Failure::bad_input(format!(
+                "{}: not a directory (--guest-root wants a copy of the guest's filesystem)",
+                root.display()
+            )));
+        }
+    }
     // (glass top's empty -o stands for no file.)
     if !args.output.as_os_str().is_empty() {
         check_recording_output(&args.output)?;

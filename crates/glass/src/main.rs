@@ -165,6 +165,11 @@ pub struct RecordArgs {
         conflicts_with = "xen"
     )]
     pub guest_btf: Option<PathBuf>,
+    /// A copy of a Linux guest's filesystem (its binaries at their guest paths): with
+    /// --guest-btf, user-mode samples are walked through the process's own page tables
+    /// and named from DIR's binaries (else shown as `[user] comm`)
+    #[arg(long, value_name = "DIR")]
+    pub guest_root: Option<PathBuf>,
     /// Launch the VM given after `--` (a qemu-system-x86_64 command line) with a private
     /// GDB stub and shared guest RAM, and sample it; symbols default to its -kernel
     #[arg(long, conflicts_with_all = ["pid", "gdb"])]

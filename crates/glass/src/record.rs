@@ -64,6 +64,7 @@ pub fn options(args: &RecordArgs) -> RecordOptions {
         symbols: args.symbols.clone(),
         guest_memory: args.guest_memory.clone(),
         guest_btf: args.guest_btf.clone(),
+        guest_root: args.guest_root.clone(),
         vm: args.vm,
         keep_vm: args.keep_vm,
         no_translation_cache: args.no_translation_cache,
