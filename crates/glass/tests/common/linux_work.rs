@@ -17,7 +17,11 @@ pub fn field(line: &str, name: &str) -> Option<u64> {
 /// The `glass-work up=.. spin=TICKS dd=TICKS idle1=..` lines of the guest's serial log.
 pub fn work_lines(serial: &Path) -> Vec<(u64, u64)> {
     let text = std::fs::read_to_string(serial).unwrap_or_default();
-    text.lines()
+    // Only whole lines: the log is read while the guest writes it, and a line cut after
+    // `dd=1` would read as a count.
+    let whole = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+    whole
+        .lines()
         .filter(|line| line.starts_with("glass-work "))
         .filter_map(|line| Some((field(line, "spin=")?, field(line, "dd=")?)))
         .collect()
