@@ -84,11 +84,11 @@ def glass_figures(err, timing):
     f = {}
     m = re.search(r"target stopped per sample: mean ([\d.]+) us, p50 ([\d.]+) us, p99 ([\d.]+) us", text)
     f.update(stopped_p50=float(m[2]), stopped_p99=float(m[3]))
-    m = re.search(r"stop and registers of \d+ vCPUs in one exchange: p50 ([\d.]+) us, p99 ([\d.]+) us", text)
+    m = re.search(r"stop and registers of \d+ vCPUs? in one exchange: p50 ([\d.]+) us, p99 ([\d.]+) us", text)
     f.update(exchange_p50=float(m[1]), exchange_p99=float(m[2]))
     m = re.search(r"vcpu0: (\d+) samples.*?stack read in p50 ([\d.]+) us", text)
     f.update(stops=int(m[1]), read0_p50=float(m[2]))
-    m = re.search(r"\d+ samples, \d+ threads in \d+ processes, ([\d.]+) s at", text)
+    m = re.search(r"\d+ samples, \d+ threads? in \d+ process(?:es)?, ([\d.]+) s at", text)
     f["seconds"] = float(m[1])
     user, system, _elapsed = (float(x) for x in timing.read_text().split()[-3:])
     f["cpu_per_stop_ms"] = (user + system) * 1000 / max(f["stops"], 1)

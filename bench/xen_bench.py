@@ -92,7 +92,7 @@ def glass_figures(lines):
         raise RuntimeError("no stopped-time summary in glass's output:\n" + text)
     f.update(mean=float(m[1]), p50=float(m[2]), p99=float(m[3]), max=float(m[4]), overhead=float(m[5]),
              missed=int(m[6]))
-    m = re.search(r"stop and registers of \d+ vCPUs in one exchange: p50 ([\d.]+) us, p99 ([\d.]+) us", text)
+    m = re.search(r"stop and registers of \d+ vCPUs? in one exchange: p50 ([\d.]+) us, p99 ([\d.]+) us", text)
     f.update(exchange_p50=float(m[1]), exchange_p99=float(m[2]))
     for vcpu in (0, 1):
         m = re.search(rf"vcpu{vcpu}: (\d+) samples.*?stack read in p50 ([\d.]+) us, p99 ([\d.]+) us; "

@@ -28,6 +28,17 @@ pub use reader::{read_bytes, read_file, read_from, FormatError, Reader, Recordin
 pub use seal::{seal, Sealed};
 pub use writer::{Writer, TRACE_PIECE};
 
+/// `n` and the noun, singular for one (every count glass prints in words): "1 thread",
+/// "2 threads", "1 process", "3 processes", "1 vCPU".
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    match n {
+        1 => format!("1 {noun}"),
+        _ if noun.ends_with('s') => format!("{n} {noun}es"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 /// The first eight bytes of every `.glass` file.
 pub const MAGIC: [u8; 8] = *b"GLASSREC";
 /// Bumped whenever a record's layout changes incompatibly. Version 2 added the

@@ -635,8 +635,8 @@ fn run_with(
     let times = &mut source.registers_ns;
     times.sort_unstable();
     sink.notes.figure(&format!(
-        "stop and registers of {} vCPUs in one exchange: p50 {:.1} us, p99 {:.1} us",
-        vcpus.len(),
+        "stop and registers of {} in one exchange: p50 {:.1} us, p99 {:.1} us",
+        glass_format::count(vcpus.len() as u64, "vCPU"),
         percentile(times, 0.5),
         percentile(times, 0.99)
     ));

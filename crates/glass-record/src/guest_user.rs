@@ -411,10 +411,10 @@ impl GuestProcesses {
             )
         };
         format!(
-            "guest user stacks (--guest-root): {} processes read ({} unreadable), {} binaries recorded; {} user samples walked, {} left as [user]{missing}",
-            self.known.len(),
+            "guest user stacks (--guest-root): {} read ({} unreadable), {} recorded; {} user samples walked, {} left as [user]{missing}",
+            glass_format::count(self.known.len() as u64, "process"),
             self.unreadable,
-            self.recorded,
+            glass_format::count(self.recorded, "module"),
             self.walked,
             self.not_walked
         )

@@ -34,9 +34,9 @@ pub fn record(
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
     sink.notes.figure(&format!(
-        "Xen domain {name} (id {}): {} vCPUs ({} online), {}",
+        "Xen domain {name} (id {}): {} ({} online), {}",
         info.domid,
-        info.max_vcpu_id + 1,
+        glass_format::count(info.max_vcpu_id + 1, "vCPU"),
         info.online_vcpus,
         info.kind()
     ));

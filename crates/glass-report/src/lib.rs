@@ -141,15 +141,9 @@ pub fn kernel_frame_name(symbol: &glass_format::KernelSymbol) -> String {
     }
 }
 
-/// `n` and the noun, singular for one: "1 thread", "2 threads", "1 process", "3 processes".
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    let n = n.into();
-    match n {
-        1 => format!("1 {noun}"),
-        _ if noun.ends_with('s') => format!("{n} {noun}es"),
-        _ => format!("{n} {noun}s"),
-    }
-}
+/// `n` and the noun, singular for one (kept in glass-format, where the recorder's
+/// figures find it too).
+pub use glass_format::count;
 
 /// Why stacks were truncated, in words: of `truncated`, `cut` needed more stack than the
 /// recorder copied (a larger copy would reach further), `at_depth` reached the depth
