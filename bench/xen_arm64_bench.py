@@ -150,7 +150,7 @@ def markdown(rows, meta):
         "",
         "Under nested TCG every hypercall is emulated twice over (QEMU emulating the CPUs that "
         "Xen, dom0 and the guest run on), so absolute times are 10-100x native ones and swing "
-        "with the host's load (here other builds kept it at the load above). The stopped time "
+        "with the host's load. The stopped time "
         "per trace runs from before the pause until the unpause returned to glass; the one "
         "multicall (pause, both contexts and states) and the stack reads are the parts glass "
         "times itself, the rest is the unpause and dom0 waiting for its emulated CPU. dom0 CPU "
