@@ -429,8 +429,8 @@ impl Client {
     ) -> Result<(), StubError> {
         if out.len() != self.vcpus.len() {
             return Err(StubError::Protocol(format!(
-                "{} vCPUs asked for, the stub has {}",
-                out.len(),
+                "{} asked for, the stub has {}",
+                glass_format::count(out.len() as u64, "vCPU"),
                 self.vcpus.len()
             )));
         }
