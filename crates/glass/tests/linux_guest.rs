@@ -167,7 +167,7 @@ fn check_idle_and_vectors(boot: &Boot, name: &str) {
 }
 
 /// Of vCPU 0's stacks in dd's read() of /dev/zero (`read`), at least `percent`% reach the
-/// user entry (`entry`: its name and the test), of at least 20.
+/// user entry (`entry`: its name and the test), of at least 100.
 fn check_reads_rooted(
     boot: &Boot,
     name: &str,
@@ -188,7 +188,7 @@ fn check_reads_rooted(
         entry.0
     );
     assert!(
-        read_total >= 20 && rooted * 100 >= read_total * percent,
+        read_total >= 100 && rooted * 100 >= read_total * percent,
         "{name}: {rooted} of {read_total} read() stacks reach {}:\n{}",
         entry.0,
         show(reads.iter().map(|(f, n)| (*f, *n)), 10)
@@ -223,7 +223,14 @@ fn check_irqs_rooted(
 
 #[test]
 fn arm64_pac_kernel_seen_whole() {
-    let boot = boot("aarch64", "arm64-pac", &["--cpu", "max"]);
+    // dd reads 64 KiB at a time: with 4 KiB reads under -cpu max, dd spent ~7% of its
+    // time in read() (19-29 read() samples of ~5300 on vCPU 0 over 8 s, one CI run below
+    // this test's 20), the rest in its own code and the system call's way in and out.
+    let boot = boot(
+        "aarch64",
+        "arm64-pac",
+        &["--cpu", "max", "--append", "glass_ddbs=64k"],
+    );
     let name = "arm64 -cpu max";
     check_idle_and_vectors(&boot, name);
 
