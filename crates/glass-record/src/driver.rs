@@ -67,6 +67,22 @@ pub trait Sampler<C: ?Sized> {
     fn housekeeping(&mut self, _context: &mut C) -> std::io::Result<()> {
         Ok(())
     }
+
+    /// The loop waited this long for something to happen (a tick, a descriptor, a
+    /// signal) before this turn: for a backend that reports where its time went.
+    fn waited(&mut self, _waited: Duration) {}
+}
+
+/// What the clock does about a deadline found already passed when it wakes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LateTicks {
+    /// Counted as missed; the loop waits for the next deadline.
+    Skip,
+    /// The latest deadline that passed is taken at once, right after this tick (one, never
+    /// a burst; the others count as missed). For a Xen dom0 under nested TCG: a dom0 that
+    /// sleeps, even for less than a period, gives its pCPU to a guest vCPU and wakes late,
+    /// so waiting for the next deadline halved the stops taken at 997 Hz.
+    TakeOne,
 }
 
 /// When samples are taken.
@@ -75,7 +91,7 @@ pub enum Clock {
     Wall(u32),
     /// glass takes them at this rate, spaced in the target's running time: a VM guest's
     /// clocks stand still while it is stopped (see [`Ticker::postpone`]).
-    Running(u32),
+    Running(u32, LateTicks),
     /// Something else takes them (the kernel for perf, the target's own probes for
     /// `glass trace`): no clock here; the loop wakes at least this often.
     None(Duration),
@@ -91,8 +107,16 @@ pub fn drive<C: ?Sized>(
     duration: Option<f64>,
 ) -> std::io::Result<Outcome> {
     let (mut ticker, postpone, idle_wake) = match clock {
-        Clock::Wall(hz) => (Some(Ticker::new(hz)?), false, Duration::from_millis(500)),
-        Clock::Running(hz) => (Some(Ticker::new(hz)?), true, Duration::from_millis(500)),
+        Clock::Wall(hz) => (
+            Some(Ticker::new(hz, LateTicks::Skip)?),
+            false,
+            Duration::from_millis(500),
+        ),
+        Clock::Running(hz, late) => (
+            Some(Ticker::new(hz, late)?),
+            true,
+            Duration::from_millis(500),
+        ),
         Clock::None(wake) => (None, false, wake),
     };
     // (The command line refuses durations a `Duration` cannot hold; a library caller's
@@ -122,14 +146,18 @@ pub fn drive<C: ?Sized>(
             next_housekeeping = now + HOUSEKEEPING_PERIOD;
             sampler.housekeeping(context)?;
         }
-        let wait = if gathered.more {
+        // A late tick to take at once (LateTicks::TakeOne) waits for nothing.
+        let due = ticker.as_ref().is_some_and(Ticker::due);
+        let wait = if gathered.more || due {
             Duration::ZERO
         } else {
             deadline.map_or(idle_wake, |d| {
                 (d.saturating_duration_since(now) + Duration::from_millis(1)).min(idle_wake)
             })
         };
+        let polled = Instant::now();
         poll_readable(&fds, wait, &mut polls, &mut ready);
+        sampler.waited(polled.elapsed());
         if let Some(signals) = stop_signals {
             if ready[ready.len() - 1] {
                 if let Some(signal) = take_stop_signal(signals) {
@@ -144,7 +172,7 @@ pub fn drive<C: ?Sized>(
         let Some(ticker) = ticker.as_mut() else {
             continue;
         };
-        if !ready[0] {
+        if !ready[0] && !due {
             continue;
         }
         let Some(missed) = ticker.fired(!postpone) else {

@@ -33,7 +33,7 @@ use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Gathered, Sampler};
+use super::driver::{drive, Clock, Gathered, LateTicks, Sampler};
 use super::event::Event;
 use super::guest_image::GuestImage;
 use super::guest_user::{self, GuestProcesses, MmLayout};
@@ -597,6 +597,7 @@ fn run_with(
         }
         None => None,
     };
+    let backend_takes_late_ticks = backend.takes_late_ticks_at_once();
     let mut sampler = GuestSampler {
         orc,
         vcpus: &mut vcpus,
@@ -615,6 +616,7 @@ fn run_with(
             .ok()
             .and_then(|n| n.parse().ok()),
         slide_tries: 0,
+        waited: Duration::ZERO,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -622,7 +624,14 @@ fn run_with(
         &mut sampler,
         sink,
         Some(stop_signals),
-        Clock::Running(args.frequency),
+        Clock::Running(
+            args.frequency,
+            if backend_takes_late_ticks {
+                LateTicks::TakeOne
+            } else {
+                LateTicks::Skip
+            },
+        ),
         args.duration,
     );
     sink.sampling_ended();
@@ -631,6 +640,7 @@ fn run_with(
     let seconds = began.elapsed().as_secs_f64();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
+    let waited = sampler.waited;
     let fate = sampler.fate.take();
     let times = &mut source.registers_ns;
     times.sort_unstable();
@@ -645,12 +655,13 @@ fn run_with(
     // there until every vCPU of the domain is descheduled).
     let stops = times.len().max(1) as f64;
     sink.notes.figure(&format!(
-        "stops taken: {} in {seconds:.1} s ({:.1}/s, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system",
+        "stops taken: {} in {seconds:.1} s ({:.1}/s, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system; waiting between stops: {:.0}% of the time",
         times.len(),
         times.len() as f64 / seconds.max(1e-9),
         args.frequency,
         user_us as f64 / stops,
-        system_us as f64 / stops
+        system_us as f64 / stops,
+        100.0 * waited.as_secs_f64() / seconds.max(1e-9)
     ));
     print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
     for figure in backend_figures {
@@ -759,6 +770,8 @@ struct GuestSampler<'s, 'b, 'v> {
     slide_tries: u32,
     /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
     orc: Option<LinuxOrc>,
+    /// Time the loop spent waiting (for the next tick, mostly).
+    waited: Duration,
 }
 
 /// How many samples outside a symbol table may try to find the kernel's slide.
@@ -775,6 +788,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
 
     fn housekeeping(&mut self, sink: &mut Sink<'a>) -> std::io::Result<()> {
         sink.flush()
+    }
+
+    fn waited(&mut self, waited: Duration) {
+        self.waited += waited;
     }
 
     fn tick(

@@ -52,6 +52,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use driver::LateTicks;
 use glass_format::{Backend, Writer};
 use glass_target::TargetError;
 use nix::sys::signal::{SigSet, Signal};
@@ -593,6 +594,7 @@ pub struct Ticker {
     start_ns: u64,
     period_ns: u64,
     next: u64,
+    late: LateTicks,
 }
 
 pub fn monotonic_now_ns() -> u64 {
@@ -614,7 +616,7 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl Ticker {
-    pub fn new(frequency_hz: u32) -> std::io::Result<Self> {
+    pub fn new(frequency_hz: u32, late: LateTicks) -> std::io::Result<Self> {
         // SAFETY: creates a descriptor we own.
         let fd = unsafe {
             libc::timerfd_create(
@@ -631,6 +633,7 @@ impl Ticker {
             start_ns: monotonic_now_ns(),
             period_ns: 1_000_000_000u64 / frequency_hz.max(1) as u64,
             next: 1,
+            late,
         };
         ticker.arm()?;
         Ok(ticker)
@@ -673,6 +676,13 @@ impl Ticker {
         Ok(())
     }
 
+    /// Whether a late deadline is to be taken now, without waiting for the timer: in a
+    /// Xen dom0 even a wait for a timer already due lets the pCPU go (the timer's
+    /// interrupt comes back through Xen).
+    pub fn due(&self) -> bool {
+        self.late == LateTicks::TakeOne && self.deadline(self.next) <= monotonic_now_ns()
+    }
+
     /// Moves every later deadline by `ns`: the schedule then counts only the time the
     /// target ran. A VM guest's clocks stand still while glass holds it stopped, so with
     /// wall-clock deadlines the code where stops take longer would get more samples per
@@ -689,18 +699,25 @@ impl Ticker {
     /// the sample is taken, and arming twice cost a system call per sample (in a Xen
     /// dom0 under TCG, tens of microseconds each).
     pub fn fired(&mut self, arm: bool) -> Option<u64> {
+        // The descriptor only wakes the loop: a tick is due when its deadline has passed
+        // (a late one taken at once is due before the timer has told it).
         let mut count = 0u64;
         // SAFETY: reads 8 bytes into `count`.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-        if n != 8 || count == 0 {
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        let now = monotonic_now_ns();
+        if self.deadline(self.next) > now {
             return None;
         }
-        let now = monotonic_now_ns();
         let mut missed = 0;
         self.next += 1;
         while self.deadline(self.next) <= now {
             self.next += 1;
             missed += 1;
+        }
+        if missed > 0 && self.late == LateTicks::TakeOne {
+            // The latest deadline that passed is armed: the timer fires at once.
+            self.next -= 1;
+            missed -= 1;
         }
         if arm {
             let _ = self.arm();
@@ -711,7 +728,7 @@ impl Ticker {
 
 #[cfg(test)]
 mod ticker_tests {
-    use super::Ticker;
+    use super::{LateTicks, Ticker};
 
     fn readable_within(ticker: &Ticker, ms: i32) -> bool {
         let mut poll = libc::pollfd {
@@ -724,8 +741,25 @@ mod ticker_tests {
     }
 
     #[test]
+    fn a_late_tick_taken_one_at_a_time_fires_again_at_once() {
+        let mut ticker = Ticker::new(1000, LateTicks::TakeOne).unwrap();
+        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // About 20 deadlines passed: one is taken now, one armed at once, the rest missed.
+        let missed = ticker.fired(true).expect("a tick was due");
+        assert!((10..=30).contains(&missed), "{missed} missed");
+        assert!(
+            ticker.due(),
+            "the latest passed deadline is not due at once"
+        );
+        // Taken at once, it counts no more missed (the one after it is not due yet, or
+        // barely: never a burst).
+        assert!(ticker.fired(true).expect("a tick was due") <= 1);
+    }
+
+    #[test]
     fn a_tick_taken_unarmed_waits_for_the_postponement_to_arm_the_next() {
-        let mut ticker = Ticker::new(1000).unwrap();
+        let mut ticker = Ticker::new(1000, LateTicks::Skip).unwrap();
         assert!(readable_within(&ticker, 5000), "the first tick never came");
         assert!(ticker.fired(false).is_some());
         // Nothing armed: no tick however long one waits.

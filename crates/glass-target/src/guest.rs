@@ -64,6 +64,12 @@ pub trait GuestBackend {
         None
     }
 
+    /// Whether the sampling clock, when it finds it missed a deadline, takes the latest
+    /// one at once rather than wait for the next (see glass-record's `LateTicks`).
+    fn takes_late_ticks_at_once(&self) -> bool {
+        false
+    }
+
     /// The guest no longer exists (after an error: it ended, it was destroyed).
     fn gone(&self) -> bool {
         false
