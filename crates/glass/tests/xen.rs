@@ -506,6 +506,24 @@ fn the_linux_pvh_domu_is_profiled_with_its_kernel_split_named_from_kallsyms() {
         zeroing * 2 >= kernel,
         "{zeroing} of {kernel} kernel samples in /dev/zero's read: {stacks:?}"
     );
+    // Walked whole with the kernel's own ORC tables (the map places them): the zeroing
+    // stacks reach the system call entry (without the tables, frame-pointer guesses).
+    let rooted: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.get(1).is_some_and(|t| t.starts_with("vcpu0/")))
+        .filter(|(frames, _)| {
+            frames.last().is_some_and(|l| {
+                l.contains("clear_user") || l == "read_iter_zero" || l == "iov_iter_zero"
+            })
+        })
+        .filter(|(frames, _)| frames.iter().any(|f| f.starts_with("entry_SYSCALL_64")))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("zeroing stacks reaching entry_SYSCALL_64: {rooted} of {zeroing}");
+    assert!(
+        rooted * 100 >= zeroing * 90,
+        "{rooted} of {zeroing} zeroing stacks reach entry_SYSCALL_64: {err}"
+    );
 }
 
 #[test]
