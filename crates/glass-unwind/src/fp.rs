@@ -119,7 +119,16 @@ pub fn walk_frame_pointers_32(
         Some(u64::from(u32::from_le_bytes(bytes.try_into().ok()?)))
     };
     frames.push(regs.ip);
-    let end = follow_chain_of(4, regs.fp, regs.sp, &mut read_word, max_depth, frames, &|a| a, 0);
+    let end = follow_chain_of(
+        4,
+        regs.fp,
+        regs.sp,
+        &mut read_word,
+        max_depth,
+        frames,
+        &|a| a,
+        0,
+    );
     (end, wanted)
 }
 
