@@ -176,6 +176,15 @@ fn leaf(entry_address: u64, entry: u64, base: u64, page_size: u64, vaddr: u64) -
     }
 }
 
+/// The 8 bytes at `address`, an entry of `level` that must be present.
+fn present_entry(memory: &dyn PhysicalMemory, address: u64, level: u32) -> Result<u64, WalkError> {
+    let entry = memory.read_u64(address).ok_or(WalkError::OutsideRam)?;
+    if entry & PRESENT == 0 {
+        return Err(WalkError::NotPresent { level });
+    }
+    Ok(entry)
+}
+
 /// 32-bit paging: levels 2 (the page directory) and 1 (a page table), 4-byte entries.
 /// Entries are read as 8 bytes (the next entry in the upper half), so that the cache's
 /// verification, which reads 8 bytes, compares the same word; a change in the
@@ -190,22 +199,16 @@ fn translate_two_level(
         return Err(WalkError::NonCanonical);
     }
     let pde_address = (cr3 & 0xffff_f000) + ((vaddr >> 22) & 0x3ff) * 4;
-    let pde_word = memory.read_u64(pde_address).ok_or(WalkError::OutsideRam)?;
+    let pde_word = present_entry(memory, pde_address, 2)?;
     let pde = pde_word & 0xffff_ffff;
-    if pde & PRESENT == 0 {
-        return Err(WalkError::NotPresent { level: 2 });
-    }
     if pse && pde & PAGE_SIZE_BIT != 0 {
         // PSE-36: PDE bits 20:13 are physical bits 39:32.
         let base = (pde & 0xffc0_0000) | ((pde >> 13) & 0xff) << 32;
         return Ok(leaf(pde_address, pde_word, base, 4 << 20, vaddr));
     }
     let pte_address = (pde & 0xffff_f000) + ((vaddr >> 12) & 0x3ff) * 4;
-    let pte_word = memory.read_u64(pte_address).ok_or(WalkError::OutsideRam)?;
+    let pte_word = present_entry(memory, pte_address, 1)?;
     let pte = pte_word & 0xffff_ffff;
-    if pte & PRESENT == 0 {
-        return Err(WalkError::NotPresent { level: 1 });
-    }
     Ok(leaf(pte_address, pte_word, pte & 0xffff_f000, 4096, vaddr))
 }
 
@@ -222,26 +225,15 @@ fn translate_pae(
         return Err(WalkError::NonCanonical);
     }
     let pdpte_address = (cr3 & 0xffff_ffe0) + ((vaddr >> 30) & 3) * 8;
-    let pdpte = memory
-        .read_u64(pdpte_address)
-        .ok_or(WalkError::OutsideRam)?;
-    if pdpte & PRESENT == 0 {
-        return Err(WalkError::NotPresent { level: 3 });
-    }
+    let pdpte = present_entry(memory, pdpte_address, 3)?;
     let pde_address = (pdpte & PAE_ADDRESS_MASK) + ((vaddr >> 21) & 0x1ff) * 8;
-    let pde = memory.read_u64(pde_address).ok_or(WalkError::OutsideRam)?;
-    if pde & PRESENT == 0 {
-        return Err(WalkError::NotPresent { level: 2 });
-    }
+    let pde = present_entry(memory, pde_address, 2)?;
     if pde & PAGE_SIZE_BIT != 0 {
         let base = pde & PAE_ADDRESS_MASK & !((2 << 20) - 1);
         return Ok(leaf(pde_address, pde, base, 2 << 20, vaddr));
     }
     let pte_address = (pde & PAE_ADDRESS_MASK) + ((vaddr >> 12) & 0x1ff) * 8;
-    let pte = memory.read_u64(pte_address).ok_or(WalkError::OutsideRam)?;
-    if pte & PRESENT == 0 {
-        return Err(WalkError::NotPresent { level: 1 });
-    }
+    let pte = present_entry(memory, pte_address, 1)?;
     Ok(leaf(pte_address, pte, pte & PAE_ADDRESS_MASK, 4096, vaddr))
 }
 

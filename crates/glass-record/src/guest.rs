@@ -899,6 +899,11 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                     continue;
                 }
             }
+            let flags = if halted {
+                glass_format::SAMPLE_HALTED
+            } else {
+                0
+            };
             if r.protected_32() {
                 // 32-bit frames: walked here, once the VM runs again (the sink's
                 // unwinders read 64-bit words).
@@ -914,11 +919,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                     tid,
                     time_ns,
                     stopped_ns: stopped_ns as u32,
-                    flags: if halted {
-                        glass_format::SAMPLE_HALTED
-                    } else {
-                        0
-                    },
+                    flags,
                     frames: &frames,
                 })?;
                 vcpu.cut += u64::from(end == glass_unwind::WalkEnd::Unreadable);
@@ -932,11 +933,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 tid,
                 time_ns,
                 stopped_ns: stopped_ns as u32,
-                flags: if halted {
-                    glass_format::SAMPLE_HALTED
-                } else {
-                    0
-                },
+                flags,
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
                 other_stack: (vcpu.other_copied > 0)
