@@ -15,9 +15,11 @@
 //! per vCPU. Where the backend maps guest RAM, a vCPU's first copy runs from its stack
 //! pointer to the end of the stack's mapping (the page walk's first unmapped page, or
 //! `--stack-size`), so a deep stack is whole on its first sample; later copies shrink
-//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not in long mode (firmware,
-//! boot loader, an application processor the guest never started) is recorded with its
-//! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
+//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not
+//! paging (firmware, boot loader, an application processor the guest never started), or
+//! an x86 vCPU in real mode, is recorded with its instruction pointer only, flagged
+//! `FIRMWARE`; an x86 vCPU in 32-bit protected mode in the image is walked by 32-bit
+//! frame records here (the sink's unwinders read 64-bit words); one stopped right after a `hlt` of the
 //! image is flagged `HALTED` (left out with `--no-idle`).
 
 use std::time::{Duration, Instant};
@@ -358,7 +360,7 @@ struct Vcpu {
     asked: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
     ran_image: bool,
-    /// At this sample: still in firmware (not yet in long mode nor in the image).
+    /// At this sample: in firmware (x86 real mode, or not paging and not yet in the image).
     in_firmware: bool,
     /// The stack read's time at this sample, kept in `read_ns` once the VM runs (a push
     /// may allocate: never while it is stopped).

@@ -14,11 +14,13 @@
 //! its user page table (`ctrlreg[1]`). For HVM/PVH, each vCPU's registers come from
 //! `XEN_DOMCTL_gethvmcontext_partial` (HVM_SAVE_CODE(CPU), in the same multicall where
 //! PV's come from `getvcpucontext`): the same RIP/RSP/RBP/CR3/CR4 as getvcpucontext gives,
-//! plus CR0 and EFER, which say whether the vCPU pages in long mode. CR3 is then a
-//! guest-physical address and the frames map by GFN through the same [`frames`] code
-//! (xenforeignmemory takes GFNs for them). A vCPU not paging in long mode (real mode:
-//! firmware, hvmloader, SeaBIOS; a PVH entry before it turned paging on) is reported
-//! with its instruction pointer only, which the loop records as `[firmware]`.
+//! plus CR0 and EFER, which say how the vCPU pages (off, 32-bit, PAE, long mode: glass-mem
+//! walks each). CR3 is then a guest-physical address and the frames map by GFN through
+//! the same [`frames`] code (xenforeignmemory takes GFNs for them). The loop records a
+//! vCPU in real mode, or outside the image before it ran image code (hvmloader,
+//! SeaBIOS), with its instruction pointer only, as `[firmware]`; a PVH entry in 32-bit
+//! protected mode inside the image is walked by 32-bit frames. Hypercall stubs are
+//! stepped out of in long mode only.
 //!
 //! Idle vCPUs: the same multicall asks `XEN_DOMCTL_getvcpuinfo` of every vCPU, and a
 //! vCPU Xen reports blocked (waiting for an event: `SCHEDOP_block`/`poll`, the PV idle
