@@ -37,7 +37,7 @@ pub enum WalkError {
     Reserved { level: u32 },
     /// A table lies outside guest RAM.
     OutsideRam,
-    /// x86-64: not a canonical address for the paging mode.
+    /// x86: not a canonical address for the paging mode (above 4 GiB outside long mode).
     NonCanonical,
     /// AArch64: in neither the TTBR0 nor the TTBR1 range (the bits above the region
     /// size are neither all zeros nor all ones).

@@ -1,5 +1,7 @@
-//! The x86-64 page-table walk: 4-level and 5-level (LA57) paging, 4 KiB, 2 MiB and
-//! 1 GiB pages, from a guest's CR3.
+//! The x86 page-table walk, in whichever mode the vCPU's CR0, CR4 and EFER say: paging
+//! off (linear = physical, 32-bit), 32-bit 2-level paging (4 KiB pages, 4 MiB with
+//! CR4.PSE), PAE 3-level (2 MiB pages), and long mode's 4-level and 5-level (LA57)
+//! paging (2 MiB and 1 GiB pages), from a guest's CR3.
 //!
 //! glass walks the guest's tables itself, in mapped guest RAM, because asking the VMM
 //! to translate costs a GDB stub round trip per read while the guest is stopped, where
@@ -13,32 +15,71 @@ const PAGE_SIZE_BIT: u64 = 1 << 7;
 /// Physical address bits of an entry (bits 12..51).
 const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
 
+/// Physical address bits of a PAE PDPTE, PDE or PTE (bits 12..51, as in long mode).
+const PAE_ADDRESS_MASK: u64 = ADDRESS_MASK;
+/// CR0.PG: paging on.
+const CR0_PG: u64 = 1 << 31;
+/// CR4.PSE: 4 MiB pages in 32-bit paging.
+const CR4_PSE: u64 = 1 << 4;
+/// CR4.PAE: 64-bit entries, the 4-entry PDPT.
+const CR4_PAE: u64 = 1 << 5;
+/// CR4.LA57: a fifth level in long mode.
+const CR4_LA57: u64 = 1 << 12;
+/// EFER.LMA: long mode active.
+const EFER_LMA: u64 = 1 << 10;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PagingMode {
+    /// CR0.PG clear (protected mode without paging): linear addresses are physical,
+    /// 32 bits wide.
+    Off,
+    /// 32-bit paging (CR0.PG, no CR4.PAE): a page directory and page tables of 4-byte
+    /// entries; `pse` (CR4.PSE) allows 4 MiB pages.
+    TwoLevel {
+        pse: bool,
+    },
+    /// PAE paging outside long mode: CR3 points at a 4-entry PDPT, then 8-byte entries.
+    Pae,
     FourLevel,
     /// CR4.LA57: 57-bit virtual addresses, a fifth level.
     FiveLevel,
 }
 
 impl PagingMode {
-    /// From CR4 (bit 12 is LA57).
+    /// Long mode's, from CR4 (bit 12 is LA57).
     pub fn from_cr4(cr4: u64) -> Self {
-        if cr4 & (1 << 12) != 0 {
+        if cr4 & CR4_LA57 != 0 {
             PagingMode::FiveLevel
         } else {
             PagingMode::FourLevel
         }
     }
 
+    /// As the processor decides it: EFER.LMA long mode (which implies CR0.PG), else
+    /// CR0.PG off, else CR4.PAE.
+    pub fn from_registers(cr0: u64, cr4: u64, efer: u64) -> Self {
+        if efer & EFER_LMA != 0 {
+            PagingMode::from_cr4(cr4)
+        } else if cr0 & CR0_PG == 0 {
+            PagingMode::Off
+        } else if cr4 & CR4_PAE != 0 {
+            PagingMode::Pae
+        } else {
+            PagingMode::TwoLevel {
+                pse: cr4 & CR4_PSE != 0,
+            }
+        }
+    }
+
     fn levels(self) -> u32 {
         match self {
-            PagingMode::FourLevel => 4,
             PagingMode::FiveLevel => 5,
+            _ => 4,
         }
     }
 }
 
-/// An x86-64 vCPU's paging: CR3 and whether CR4.LA57 is set.
+/// An x86 vCPU's paging: CR3 and the mode its control registers select.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct X86Paging {
     pub cr3: u64,
@@ -51,8 +92,14 @@ impl PageWalk for X86Paging {
     }
 
     /// CR3's table address: PCID (bits 11:0) left out, since a walk does not use it.
+    /// Paging off has no table: 1, which no table address is.
     fn cache_root(&self, _vaddr: u64) -> u64 {
-        self.cr3 & ADDRESS_MASK
+        match self.mode {
+            PagingMode::Off => 1,
+            PagingMode::TwoLevel { .. } => self.cr3 & 0xffff_f000,
+            PagingMode::Pae => self.cr3 & 0xffff_ffe0,
+            PagingMode::FourLevel | PagingMode::FiveLevel => self.cr3 & ADDRESS_MASK,
+        }
     }
 
     fn page_granule(&self) -> u64 {
@@ -67,6 +114,22 @@ pub fn translate(
     mode: PagingMode,
     vaddr: u64,
 ) -> Result<Translation, WalkError> {
+    match mode {
+        PagingMode::Off => {
+            if vaddr >> 32 != 0 {
+                return Err(WalkError::NonCanonical);
+            }
+            // Nothing walked, so nothing for the cache to verify.
+            return Ok(Translation {
+                physical: vaddr,
+                page_size: 4096,
+                leaf: None,
+            });
+        }
+        PagingMode::TwoLevel { pse } => return translate_two_level(memory, cr3, pse, vaddr),
+        PagingMode::Pae => return translate_pae(memory, cr3, vaddr),
+        PagingMode::FourLevel | PagingMode::FiveLevel => {}
+    }
     let virtual_bits = if mode == PagingMode::FiveLevel {
         57
     } else {
@@ -93,18 +156,85 @@ pub fn translate(
         if large && level >= 2 || level == 1 {
             let page_size = 1u64 << (12 + 9 * (level - 1));
             let base = entry & ADDRESS_MASK & !(page_size - 1);
-            return Ok(Translation {
-                physical: base | (vaddr & (page_size - 1)),
-                page_size,
-                leaf: Some(LeafEntry {
-                    address: entry_address,
-                    value: entry,
-                }),
-            });
+            return Ok(leaf(entry_address, entry, base, page_size, vaddr));
         }
         table = entry & ADDRESS_MASK;
     }
     unreachable!("level 1 always returns")
+}
+
+/// A leaf found at `entry_address` (`entry` as walked) mapping a page of `page_size`
+/// at `base`.
+fn leaf(entry_address: u64, entry: u64, base: u64, page_size: u64, vaddr: u64) -> Translation {
+    Translation {
+        physical: base | (vaddr & (page_size - 1)),
+        page_size,
+        leaf: Some(LeafEntry {
+            address: entry_address,
+            value: entry,
+        }),
+    }
+}
+
+/// The 8 bytes at `address`, an entry of `level` that must be present.
+fn present_entry(memory: &dyn PhysicalMemory, address: u64, level: u32) -> Result<u64, WalkError> {
+    let entry = memory.read_u64(address).ok_or(WalkError::OutsideRam)?;
+    if entry & PRESENT == 0 {
+        return Err(WalkError::NotPresent { level });
+    }
+    Ok(entry)
+}
+
+/// 32-bit paging: levels 2 (the page directory) and 1 (a page table), 4-byte entries.
+/// Entries are read as 8 bytes (the next entry in the upper half), so that the cache's
+/// verification, which reads 8 bytes, compares the same word; a change in the
+/// neighbour only costs a fresh walk.
+fn translate_two_level(
+    memory: &dyn PhysicalMemory,
+    cr3: u64,
+    pse: bool,
+    vaddr: u64,
+) -> Result<Translation, WalkError> {
+    if vaddr >> 32 != 0 {
+        return Err(WalkError::NonCanonical);
+    }
+    let pde_address = (cr3 & 0xffff_f000) + ((vaddr >> 22) & 0x3ff) * 4;
+    let pde_word = present_entry(memory, pde_address, 2)?;
+    let pde = pde_word & 0xffff_ffff;
+    if pse && pde & PAGE_SIZE_BIT != 0 {
+        // PSE-36: PDE bits 20:13 are physical bits 39:32.
+        let base = (pde & 0xffc0_0000) | ((pde >> 13) & 0xff) << 32;
+        return Ok(leaf(pde_address, pde_word, base, 4 << 20, vaddr));
+    }
+    let pte_address = (pde & 0xffff_f000) + ((vaddr >> 12) & 0x3ff) * 4;
+    let pte_word = present_entry(memory, pte_address, 1)?;
+    let pte = pte_word & 0xffff_ffff;
+    Ok(leaf(pte_address, pte_word, pte & 0xffff_f000, 4096, vaddr))
+}
+
+/// PAE paging outside long mode: level 3 (the 4-entry PDPT at CR3 bits 31:5), 2 (a
+/// page directory, 2 MiB pages) and 1. The processor loads the PDPTEs when CR3 is
+/// written; glass reads them from memory, which differs only if the guest changed
+/// its PDPT without reloading CR3.
+fn translate_pae(
+    memory: &dyn PhysicalMemory,
+    cr3: u64,
+    vaddr: u64,
+) -> Result<Translation, WalkError> {
+    if vaddr >> 32 != 0 {
+        return Err(WalkError::NonCanonical);
+    }
+    let pdpte_address = (cr3 & 0xffff_ffe0) + ((vaddr >> 30) & 3) * 8;
+    let pdpte = present_entry(memory, pdpte_address, 3)?;
+    let pde_address = (pdpte & PAE_ADDRESS_MASK) + ((vaddr >> 21) & 0x1ff) * 8;
+    let pde = present_entry(memory, pde_address, 2)?;
+    if pde & PAGE_SIZE_BIT != 0 {
+        let base = pde & PAE_ADDRESS_MASK & !((2 << 20) - 1);
+        return Ok(leaf(pde_address, pde, base, 2 << 20, vaddr));
+    }
+    let pte_address = (pde & PAE_ADDRESS_MASK) + ((vaddr >> 12) & 0x1ff) * 8;
+    let pte = present_entry(memory, pte_address, 1)?;
+    Ok(leaf(pte_address, pte, pte & PAE_ADDRESS_MASK, 4096, vaddr))
 }
 
 #[cfg(test)]
@@ -331,5 +461,96 @@ mod tests {
             Ok(0x20_5010)
         );
         assert_eq!((cache.hits, cache.misses), (1, 1));
+    }
+
+    fn set32(t: &mut Tables, at: u64, entry: u32) {
+        t.ram[at as usize..at as usize + 4].copy_from_slice(&entry.to_le_bytes());
+    }
+
+    #[test]
+    fn paging_off_is_the_identity_in_32_bits() {
+        let memory = Tables::new().memory();
+        let m = PagingMode::from_registers(1, 0, 0);
+        assert_eq!(m, PagingMode::Off);
+        let one = translate(&memory, 0, m, 0x10_2345).unwrap();
+        assert_eq!((one.physical, one.leaf), (0x10_2345, None));
+        assert_eq!(
+            translate(&memory, 0, m, 1 << 32),
+            Err(WalkError::NonCanonical)
+        );
+    }
+
+    #[test]
+    fn two_level_paging_with_4k_and_4m_pages() {
+        let mut t = Tables::new();
+        let (pd, pt) = (t.table(), t.table());
+        // 0xc010_3000 -> 0x20_7000 through a page table; 0x8040_0000 a 4 MiB page at 0x80_0000.
+        set32(&mut t, pd + (0xc010_3000u64 >> 22) * 4, pt as u32 | 3);
+        set32(&mut t, pt + ((0xc010_3000u64 >> 12) & 0x3ff) * 4, 0x20_7003);
+        set32(&mut t, pd + (0x8040_0000u64 >> 22) * 4, 0x80_0083);
+        let memory = t.memory();
+        let cr0_pg = 1 << 31 | 1;
+        let pse = PagingMode::from_registers(cr0_pg, CR4_PSE, 0);
+        assert_eq!(pse, PagingMode::TwoLevel { pse: true });
+        let small = translate(&memory, pd, pse, 0xc010_3abc).unwrap();
+        assert_eq!((small.physical, small.page_size), (0x20_7abc, 4096));
+        let big = translate(&memory, pd, pse, 0x8051_2345).unwrap();
+        assert_eq!((big.physical, big.page_size), (0x91_2345, 4 << 20));
+        // Without CR4.PSE the PS bit is ignored: the PDE points at a page table.
+        let no_pse = PagingMode::from_registers(cr0_pg, 0, 0);
+        assert_ne!(
+            translate(&memory, pd, no_pse, 0x8051_2345)
+                .ok()
+                .map(|t| t.physical),
+            Some(0x91_2345)
+        );
+        assert_eq!(
+            translate(&memory, pd, pse, 0xc040_0000),
+            Err(WalkError::NotPresent { level: 2 })
+        );
+        assert_eq!(
+            translate(&memory, pd, pse, 0xc010_4000),
+            Err(WalkError::NotPresent { level: 1 })
+        );
+        // Through the cache, which verifies the 4-byte leaf.
+        let paging = X86Paging { cr3: pd, mode: pse };
+        let mut cache = TranslationCache::new();
+        assert_eq!(
+            cache.translate_with(&memory, &paging, 0xc010_3008),
+            Ok(0x20_7008)
+        );
+        assert_eq!(
+            cache.translate_with(&memory, &paging, 0xc010_3010),
+            Ok(0x20_7010)
+        );
+        assert_eq!((cache.hits, cache.misses), (1, 1));
+    }
+
+    #[test]
+    fn pae_paging_with_4k_and_2m_pages() {
+        let mut t = Tables::new();
+        let (pdpt, pd, pt) = (t.table() + 0x20, t.table(), t.table());
+        // 0xc010_3000 -> 0x30_5000 through a PT; 0xc060_0000 a 2 MiB page at 0xa0_0000.
+        t.set(pdpt, 3, pd | 1);
+        t.set(pd, (0xc010_3000u64 >> 21) & 0x1ff, pt | 3);
+        t.set(pt, (0xc010_3000u64 >> 12) & 0x1ff, 0x30_5003 | 1 << 63);
+        t.set(pd, (0xc060_0000u64 >> 21) & 0x1ff, 0xa0_0083);
+        let memory = t.memory();
+        let m = PagingMode::from_registers(1 << 31 | 1, CR4_PAE, 0);
+        assert_eq!(m, PagingMode::Pae);
+        let small = translate(&memory, pdpt, m, 0xc010_3abc).unwrap();
+        assert_eq!((small.physical, small.page_size), (0x30_5abc, 4096));
+        let big = translate(&memory, pdpt, m, 0xc071_2345).unwrap();
+        assert_eq!((big.physical, big.page_size), (0xb1_2345, 2 << 20));
+        assert_eq!(
+            translate(&memory, pdpt, m, 0x4000_0000),
+            Err(WalkError::NotPresent { level: 3 })
+        );
+        assert_eq!(X86Paging { cr3: pdpt, mode: m }.cache_root(0), pdpt);
+        // Long mode wins over CR0/CR4.PAE: EFER.LMA selects the 4-level walk.
+        assert_eq!(
+            PagingMode::from_registers(1 << 31 | 1, CR4_PAE, EFER_LMA),
+            PagingMode::FourLevel
+        );
     }
 }

@@ -15,9 +15,11 @@
 //! per vCPU. Where the backend maps guest RAM, a vCPU's first copy runs from its stack
 //! pointer to the end of the stack's mapping (the page walk's first unmapped page, or
 //! `--stack-size`), so a deep stack is whole on its first sample; later copies shrink
-//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not in long mode (firmware,
-//! boot loader, an application processor the guest never started) is recorded with its
-//! instruction pointer only, flagged `FIRMWARE`; one stopped right after a `hlt` of the
+//! from there as the deepest walk decays. A vCPU that has not yet run the image and is not
+//! paging (firmware, boot loader, an application processor the guest never started), or
+//! an x86 vCPU in real mode, is recorded with its instruction pointer only, flagged
+//! `FIRMWARE`; an x86 vCPU in 32-bit protected mode in the image is walked by 32-bit
+//! frame records here (the sink's unwinders read 64-bit words); one stopped right after a `hlt` of the
 //! image is flagged `HALTED` (left out with `--no-idle`).
 
 use std::time::{Duration, Instant};
@@ -358,7 +360,7 @@ struct Vcpu {
     asked: usize,
     /// The vCPU has executed inside the image (so it is past its firmware).
     ran_image: bool,
-    /// At this sample: still in firmware (not yet in long mode nor in the image).
+    /// At this sample: in firmware (x86 real mode, or not paging and not yet in the image).
     in_firmware: bool,
     /// The stack read's time at this sample, kept in `read_ns` once the VM runs (a push
     /// may allocate: never while it is stopped).
@@ -916,17 +918,41 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                     continue;
                 }
             }
+            let flags = if halted {
+                glass_format::SAMPLE_HALTED
+            } else {
+                0
+            };
+            if r.protected_32() {
+                // 32-bit frames: walked here, once the VM runs again (the sink's
+                // unwinders read 64-bit words).
+                let mut frames = Vec::new();
+                let (end, wanted) = glass_unwind::walk_frame_pointers_32(
+                    r.unwind(),
+                    &vcpu.stack[..vcpu.copied],
+                    sink.args.max_depth as usize,
+                    &mut frames,
+                );
+                sink.handle(Event::Frames {
+                    pid: GUEST_PID,
+                    tid,
+                    time_ns,
+                    stopped_ns: stopped_ns as u32,
+                    flags,
+                    frames: &frames,
+                })?;
+                vcpu.cut += u64::from(end == glass_unwind::WalkEnd::Unreadable);
+                vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
+                vcpu.last_sample_ns = time_ns;
+                continue;
+            }
             let outside_before = sink.walks_outside_copies;
             let wanted = sink.handle(Event::Stack {
                 pid: GUEST_PID,
                 tid,
                 time_ns,
                 stopped_ns: stopped_ns as u32,
-                flags: if halted {
-                    glass_format::SAMPLE_HALTED
-                } else {
-                    0
-                },
+                flags,
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
                 other_stack: (vcpu.other_copied > 0)
@@ -1151,7 +1177,8 @@ fn take_sample(
         let mut r = source.regs[index];
         r.interrupted_in_tables(image.vector_tables());
         if let VcpuRegs::X86_64(x86) = &mut r {
-            if image.is_entry(x86.ip) {
+            // Linux's x86-64 entries: a 64-bit hardware frame.
+            if image.is_entry(x86.ip) && x86.long_mode() {
                 let mut bytes = [0u8; 48];
                 let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
                 // A frame that cannot be read leaves the registers as they are.
@@ -1166,8 +1193,9 @@ fn take_sample(
         vcpu.regs = r;
         // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
         // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
-        vcpu.ran_image |= r.paging_on() && image.contains(r.ip());
-        vcpu.in_firmware = !vcpu.ran_image && !r.paging_on();
+        // A 32-bit x86 image may run with paging off (protected mode): its code counts.
+        vcpu.ran_image |= (r.paging_on() || r.protected_32()) && image.contains(r.ip());
+        vcpu.in_firmware = !vcpu.ran_image && !r.paging_on() || r.real_mode();
         let mut user_mode = false;
         if let Some(tasks) = linux.as_deref_mut() {
             tasks.read_task(backend, &mut source.cache, index, &r);
@@ -1247,7 +1275,7 @@ fn take_sample(
         let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
         let leaves = match irq_switch {
             Some((task_sp, _)) => Some(task_sp),
-            None if orc_walked => None,
+            None if orc_walked || r.protected_32() => None,
             None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
         };
         if let Some(at) = other.then_some(leaves).flatten() {

@@ -19,7 +19,7 @@ use glass_format::Arch;
 use glass_target::procfs::Mapping;
 use glass_target::TargetError;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
-use object::{Object, ObjectSegment, ObjectSymbol, SegmentFlags, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags, SymbolKind};
 
 pub struct GuestImage {
     /// The executable segments at their link addresses.
@@ -385,10 +385,26 @@ fn naming_problem(elf: &object::File) -> Option<&'static str> {
             "has no function symbols (stripped): guest frames will show as addresses; give the image's unstripped 64-bit ELF",
         );
     }
-    if !elf.is_64() {
+    if !elf.is_64() && !built_32_bit(elf) {
         return Some(
             "is a 32-bit ELF (the multiboot copy QEMU's -kernel loads): symbols above 4 GiB and unwind tables may be lost; give the image's 64-bit ELF",
         );
     }
     None
+}
+
+/// An ELF32 whose debug information has 4-byte addresses was compiled as 32-bit code (a
+/// 32-bit guest, guests/demo32), not converted from a 64-bit image by `objcopy -O
+/// elf32-i386` (which keeps the 8-byte DWARF of the code inside). Read from the first
+/// unit's header: its address size is at byte 10 (DWARF 2-4) or 7 (DWARF 5).
+fn built_32_bit(elf: &object::File) -> bool {
+    let Some(info) = elf
+        .section_by_name(".debug_info")
+        .and_then(|s| s.data().ok())
+    else {
+        return false;
+    };
+    let version = info.get(4..6).map(|v| u16::from_le_bytes([v[0], v[1]]));
+    let at = if version == Some(5) { 7 } else { 10 };
+    info.get(at) == Some(&4)
 }

@@ -91,7 +91,7 @@ pub fn paging_of(regs: &VcpuRegs) -> GuestPaging {
     match regs {
         VcpuRegs::X86_64(r) => GuestPaging::X86_64(glass_mem::X86Paging {
             cr3: r.cr3,
-            mode: glass_mem::PagingMode::from_cr4(r.cr4),
+            mode: glass_mem::PagingMode::from_registers(r.cr0, r.cr4, r.efer),
         }),
         VcpuRegs::Aarch64(r) => GuestPaging::Aarch64(glass_mem::Aarch64Paging {
             ttbr0: r.ttbr0_el1,

@@ -87,6 +87,55 @@ pub fn unchained_return_address(
 /// leads to a lower address: Linux's IRQ stack back to the task's, as the kernel's own
 /// unwinder allows once per kind of stack); after a switch the chain must rise again.
 pub(crate) fn follow_chain(
+    fp: u64,
+    sp: u64,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+    strip: &dyn Fn(u64) -> u64,
+    switches: usize,
+) -> WalkEnd {
+    follow_chain_of(8, fp, sp, read_word, max_depth, frames, strip, switches)
+}
+
+/// 32-bit x86 (protected mode guests): frame records of 4-byte words (saved ebp at ebp,
+/// the return address at ebp + 4) in `stack`, a copy of the stack from `regs.sp`.
+/// Appends the instruction pointer and each return address to `frames`; returns how
+/// the walk ended and how many bytes from `regs.sp` it read (what a next copy needs).
+/// Frame pointers only: framehop unwinds x86-64 and AArch64 CFI, not i386's. A sample
+/// in a function before its `push ebp; mov ebp, esp` (or a frameless leaf) loses its
+/// caller, as a 64-bit walk without CFI does.
+pub fn walk_frame_pointers_32(
+    regs: UnwindRegs,
+    stack: &[u8],
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+) -> (WalkEnd, usize) {
+    let mut wanted = 0usize;
+    let mut read_word = |address: u64| {
+        let offset = usize::try_from(address.checked_sub(regs.sp)?).ok()?;
+        wanted = wanted.max(offset + 4);
+        let bytes = stack.get(offset..offset.checked_add(4)?)?;
+        Some(u64::from(u32::from_le_bytes(bytes.try_into().ok()?)))
+    };
+    frames.push(regs.ip);
+    let end = follow_chain_of(
+        4,
+        regs.fp,
+        regs.sp,
+        &mut read_word,
+        max_depth,
+        frames,
+        &|a| a,
+        0,
+    );
+    (end, wanted)
+}
+
+/// [`follow_chain`] for frame records of `word`-byte words.
+#[allow(clippy::too_many_arguments)]
+fn follow_chain_of(
+    word: u64,
     mut fp: u64,
     sp: u64,
     read_word: &mut dyn FnMut(u64) -> Option<u64>,
@@ -102,18 +151,18 @@ pub(crate) fn follow_chain(
         if fp == 0 {
             return WalkEnd::Complete;
         }
-        if fp < lowest_allowed && fp.is_multiple_of(8) && switches > 0 {
+        if fp < lowest_allowed && fp.is_multiple_of(word) && switches > 0 {
             switches -= 1;
             lowest_allowed = fp;
             stack_base = fp;
         }
-        if fp < lowest_allowed || !fp.is_multiple_of(8) || fp - stack_base > MAX_STACK_SPAN {
+        if fp < lowest_allowed || !fp.is_multiple_of(word) || fp - stack_base > MAX_STACK_SPAN {
             return WalkEnd::BadFramePointer;
         }
         if frames.len() - start >= max_depth {
             return WalkEnd::DepthLimit;
         }
-        let Some(return_address) = read_word(fp + 8) else {
+        let Some(return_address) = read_word(fp + word) else {
             return WalkEnd::Unreadable;
         };
         let Some(caller_fp) = read_word(fp) else {
@@ -124,7 +173,7 @@ pub(crate) fn follow_chain(
         }
         frames.push(strip(return_address));
         // The caller's frame must lie strictly above this one: this is the loop check.
-        lowest_allowed = fp + 16;
+        lowest_allowed = fp + 2 * word;
         fp = caller_fp;
     }
 }
@@ -132,6 +181,27 @@ pub(crate) fn follow_chain(
 #[cfg(test)]
 mod leaf_tests {
     use super::*;
+
+    #[test]
+    fn a_32_bit_chain_is_walked_in_4_byte_words_to_its_zero_frame_pointer() {
+        // sp 0x1000: [0x1008] = 0x1010 (saved ebp), [0x100c] = 0x2222; [0x1010] = 0,
+        // [0x1014] = 0x3333 (the outermost frame's return address).
+        let mut stack = vec![0u8; 0x20];
+        let mut put = |at: usize, v: u32| stack[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        put(0x8, 0x1010);
+        put(0xc, 0x2222);
+        put(0x10, 0);
+        put(0x14, 0x3333);
+        let regs = UnwindRegs::new(0x1111, 0x1000, 0x1008);
+        let mut frames = Vec::new();
+        let (end, wanted) = walk_frame_pointers_32(regs, &stack, 64, &mut frames);
+        assert_eq!(frames, [0x1111, 0x2222, 0x3333]);
+        assert_eq!((end, wanted), (WalkEnd::Complete, 0x18));
+        // A chain that leaves the copy is unreadable there.
+        let mut frames = Vec::new();
+        let (end, _) = walk_frame_pointers_32(regs, &stack[..0x12], 64, &mut frames);
+        assert_eq!((end, frames.len()), (WalkEnd::Unreadable, 2));
+    }
 
     #[test]
     fn a_frameless_leafs_return_address_is_found_and_a_framed_functions_is_not_doubled() {

@@ -102,13 +102,23 @@ impl VcpuRegs {
         }
     }
 
-    /// The vCPU translates addresses through page tables (x86: long mode; AArch64: the
+    /// The vCPU translates addresses through page tables (x86: long mode, 32-bit or PAE paging; AArch64: the
     /// stage-1 MMU on). A vCPU that does not and has not yet run the guest image is
     /// still in its firmware or has not been started.
     pub fn paging_on(&self) -> bool {
         match self {
-            VcpuRegs::X86_64(r) => r.long_mode(),
+            VcpuRegs::X86_64(r) => r.paging(),
             VcpuRegs::Aarch64(r) => r.mmu_on(),
         }
+    }
+
+    /// x86 in 32-bit protected mode (paging on or off): its frames are 32-bit.
+    pub fn protected_32(&self) -> bool {
+        matches!(self, VcpuRegs::X86_64(r) if r.protected_32())
+    }
+
+    /// x86 in real mode (CR0.PE clear, not long mode): firmware, whatever it runs.
+    pub fn real_mode(&self) -> bool {
+        matches!(self, VcpuRegs::X86_64(r) if !r.long_mode() && !r.protected_32())
     }
 }

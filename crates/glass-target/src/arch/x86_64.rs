@@ -1,5 +1,6 @@
-//! x86-64: the instruction, stack and frame pointers, and the control registers of the
-//! page-table walk (CR3 its root, CR4.LA57 its depth, EFER.LMA long mode), and the GS
+//! x86-64 (and 32-bit x86 guests, whose registers the same stub gives zero-extended):
+//! the instruction, stack and frame pointers, and the control registers of the
+//! page-table walk (CR3 its root, CR0.PE/PG, CR4.PAE/PSE/LA57 and EFER.LMA its mode), and the GS
 //! bases a Linux guest's current task is found through (`--guest-btf`: the kernel's
 //! per-CPU area is GS in the kernel, KERNEL_GS_BASE in user mode after `swapgs`).
 
@@ -7,6 +8,10 @@ use glass_unwind::UnwindRegs;
 
 /// EFER.LMA: the vCPU runs in long mode.
 const EFER_LMA: u64 = 1 << 10;
+/// CR0.PE: protected mode (clear: real mode, the firmware's).
+const CR0_PE: u64 = 1;
+/// CR0.PG: paging on.
+const CR0_PG: u64 = 1 << 31;
 
 /// The names asked of a backend, each with the aliases stubs use; the order of
 /// [`X86Regs::from_values`].
@@ -17,12 +22,13 @@ pub const NAMES: &[&[&str]] = &[
     &["cr3"],
     &["cr4"],
     &["efer"],
+    &["cr0"],
     &["gs_base"],
     &["k_gs_base"],
 ];
 
 /// The names from here on find a Linux guest's current task (`--guest-btf`) only.
-pub const TASK_REGISTERS_FROM: usize = 6;
+pub const TASK_REGISTERS_FROM: usize = 7;
 
 /// How many of [`NAMES`] a backend must have (the rest read as 0 when missing).
 pub const REQUIRED: usize = 3;
@@ -35,6 +41,8 @@ pub struct X86Regs {
     pub cr3: u64,
     pub cr4: u64,
     pub efer: u64,
+    /// 0 where the backend lacks it: read as real mode unless EFER.LMA says long mode.
+    pub cr0: u64,
     pub gs_base: u64,
     pub k_gs_base: u64,
 }
@@ -49,8 +57,9 @@ impl X86Regs {
             cr3: at(3),
             cr4: at(4),
             efer: at(5),
-            gs_base: at(6),
-            k_gs_base: at(7),
+            cr0: at(6),
+            gs_base: at(7),
+            k_gs_base: at(8),
         }
     }
 
@@ -75,5 +84,15 @@ impl X86Regs {
 
     pub fn long_mode(&self) -> bool {
         self.efer & EFER_LMA != 0
+    }
+
+    /// 32-bit protected mode (paging on or off), not long mode.
+    pub fn protected_32(&self) -> bool {
+        !self.long_mode() && self.cr0 & CR0_PE != 0
+    }
+
+    /// Addresses go through page tables: long mode, or 32-bit paging (2-level or PAE).
+    pub fn paging(&self) -> bool {
+        self.long_mode() || self.cr0 & (CR0_PE | CR0_PG) == CR0_PE | CR0_PG
     }
 }

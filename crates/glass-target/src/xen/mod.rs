@@ -14,11 +14,13 @@
 //! its user page table (`ctrlreg[1]`). For HVM/PVH, each vCPU's registers come from
 //! `XEN_DOMCTL_gethvmcontext_partial` (HVM_SAVE_CODE(CPU), in the same multicall where
 //! PV's come from `getvcpucontext`): the same RIP/RSP/RBP/CR3/CR4 as getvcpucontext gives,
-//! plus CR0 and EFER, which say whether the vCPU pages in long mode. CR3 is then a
-//! guest-physical address and the frames map by GFN through the same [`frames`] code
-//! (xenforeignmemory takes GFNs for them). A vCPU not paging in long mode (real mode:
-//! firmware, hvmloader, SeaBIOS; a PVH entry before it turned paging on) is reported
-//! with its instruction pointer only, which the loop records as `[firmware]`.
+//! plus CR0 and EFER, which say how the vCPU pages (off, 32-bit, PAE, long mode: glass-mem
+//! walks each). CR3 is then a guest-physical address and the frames map by GFN through
+//! the same [`frames`] code (xenforeignmemory takes GFNs for them). The loop records a
+//! vCPU in real mode, or outside the image before it ran image code (hvmloader,
+//! SeaBIOS), with its instruction pointer only, as `[firmware]`; a PVH entry in 32-bit
+//! protected mode inside the image is walked by 32-bit frames. Hypercall stubs are
+//! stepped out of in long mode only.
 //!
 //! Idle vCPUs: the same multicall asks `XEN_DOMCTL_getvcpuinfo` of every vCPU, and a
 //! vCPU Xen reports blocked (waiting for an event: `SCHEDOP_block`/`poll`, the PV idle
@@ -71,6 +73,8 @@ const EFER_LMA: u64 = 1 << 10;
 const CR4_PAE: u64 = 1 << 5;
 /// CR0.PG: paging on (an HVM vCPU in real mode or unpaged protected mode has it clear).
 const CR0_PG: u64 = 1 << 31;
+/// CR0.PE: protected mode (a PV guest always is).
+const CR0_PE: u64 = 1;
 /// What `getvcpucontext` answers for a vCPU the guest never brought up.
 const ENODATA: i64 = 61;
 
@@ -581,6 +585,8 @@ impl XenBackend {
                 fp: read_u64(context, HVM_CPU_RBP),
                 cr3: read_u64(context, HVM_CPU_CR3),
                 cr4: read_u64(context, HVM_CPU_CR4),
+                // The walk's mode (paging off, 2-level, PAE, long) as for a QEMU guest.
+                cr0,
                 // EFER.LMA implies CR0.PG; checked anyway, as the walk needs both.
                 efer: if cr0 & CR0_PG != 0 {
                     read_u64(context, HVM_CPU_EFER)
@@ -606,6 +612,7 @@ impl XenBackend {
                 cr3,
                 cr4: CR4_PAE,
                 efer: EFER_LMA,
+                cr0: CR0_PE | CR0_PG,
                 ..X86Regs::default()
             };
             (regs, read_u64(context, CONTEXT_RDI))
@@ -635,7 +642,7 @@ impl XenBackend {
     fn read_virtual_exact(&mut self, regs: &X86Regs, address: u64, buf: &mut [u8]) -> bool {
         let paging = X86Paging {
             cr3: regs.cr3,
-            mode: PagingMode::from_cr4(regs.cr4),
+            mode: PagingMode::from_registers(regs.cr0, regs.cr4, regs.efer),
         };
         self.translations
             .read_with(&self.frames, &paging, address, buf)

@@ -187,3 +187,36 @@ pub fn linux_kit() -> &'static Path {
         kit
     })
 }
+
+/// The stacks of the first profile of `recording`'s speedscope export (written to
+/// `out`), each root first, in the order of the samples (time order).
+pub fn speedscope_stacks(recording: &Path, out: &Path) -> Vec<Vec<String>> {
+    let output = super::glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "speedscope",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", super::stderr(&output));
+    let json: glass_report::serde_json::Value =
+        glass_report::serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
+    let names = &json["shared"]["frames"];
+    json["profiles"][0]["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|stack| {
+            let frames = stack.as_array().unwrap().iter();
+            frames
+                .map(|i| {
+                    names[i.as_u64().unwrap() as usize]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect()
+        })
+        .collect()
+}
