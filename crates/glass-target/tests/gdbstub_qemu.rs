@@ -66,8 +66,20 @@ fn talks_to_qemu() {
             "{register} missing from the target description"
         );
     }
-    // Let the firmware run, then sample it a few times.
-    std::thread::sleep(Duration::from_millis(200));
+    // Let the firmware run until it waits in its "no bootable device" loop, below 1 MiB
+    // (SeaBIOS's set-up runs relocated near the top of RAM first: on a loaded host that
+    // outlasted a fixed 200 ms wait), then sample it a few times.
+    // (Three stops in a row there: its real-mode start is below 1 MiB too, briefly.)
+    let settled = Instant::now() + Duration::from_secs(30);
+    let mut below = 0;
+    while below < 3 {
+        client.stop().unwrap();
+        let ip = client.registers(0).unwrap().ip();
+        client.resume().unwrap();
+        below = if ip < 0x10_0000 { below + 1 } else { 0 };
+        assert!(Instant::now() < settled, "the firmware still ran at {ip:#x}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut instruction_pointers = Vec::new();
     for _ in 0..5 {
         let t0 = Instant::now();
