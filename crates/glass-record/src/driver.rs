@@ -81,7 +81,9 @@ pub enum LateTicks {
     /// The latest deadline that passed is taken at once, right after this tick (one, never
     /// a burst; the others count as missed). For a Xen dom0 under nested TCG: a dom0 that
     /// sleeps, even for less than a period, gives its pCPU to a guest vCPU and wakes late,
-    /// so waiting for the next deadline halved the stops taken at 997 Hz.
+    /// so waiting for the next deadline halved the stops taken at 997 Hz. Only while the
+    /// target was held stopped within a budget of wall time (`LATE_TICKS_STOPPED_BUDGET`);
+    /// beyond it, as `Skip`.
     TakeOne,
 }
 

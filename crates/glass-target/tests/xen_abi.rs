@@ -48,6 +48,7 @@ int main(void) {
            D(u.hvmcontext_partial.type), D(u.hvmcontext_partial.instance), D(u.hvmcontext_partial.bufsz),
            D(u.hvmcontext_partial.buffer), HVM_SAVE_CODE(CPU), sizeof(struct hvm_hw_cpu), H(rbp), H(rdi),
            H(rsp), H(rip), H(cr0), H(cr3), H(cr4), H(msr_efer));
+    printf("%zu %zu %zu %zu\n", H(gs_base), H(shadow_gs), C(gs_base_kernel), C(gs_base_user));
     return 0;
 }
 "#,
@@ -126,6 +127,10 @@ int main(void) {
         HVM_CPU_CR3 as u64,
         HVM_CPU_CR4 as u64,
         HVM_CPU_EFER as u64,
+        HVM_CPU_GS_BASE as u64,
+        HVM_CPU_SHADOW_GS as u64,
+        CONTEXT_GS_BASE_KERNEL as u64,
+        CONTEXT_GS_BASE_USER as u64,
     ];
     assert_eq!(
         numbers, ours,

@@ -57,6 +57,10 @@ pub const HVM_CPU_CR0: usize = 656;
 pub const HVM_CPU_CR3: usize = 672;
 pub const HVM_CPU_CR4: usize = 680;
 pub const HVM_CPU_EFER: usize = 992;
+/// The GS base in use, and the one `swapgs` exchanges it with (KERNEL_GS_BASE): a Linux
+/// guest's per-CPU area is one of them (its current task, its IRQ stack).
+pub const HVM_CPU_GS_BASE: usize = 840;
+pub const HVM_CPU_SHADOW_GS: usize = 944;
 
 /// `XEN_DOMINF_*` flags of `getdomaininfo`.
 pub const DOMINF_DYING: u32 = 1 << 0;
@@ -74,6 +78,9 @@ pub const CONTEXT_RIP: usize = 648;
 pub const CONTEXT_RSP: usize = 672;
 /// `ctrlreg[8]`; on x86-64 PV `ctrlreg[1]` is the user page table's base.
 pub const CONTEXT_CTRLREG: usize = 4984;
+/// A PV guest's GS bases for kernel and user mode (Xen swaps them for it).
+pub const CONTEXT_GS_BASE_KERNEL: usize = 5152;
+pub const CONTEXT_GS_BASE_USER: usize = 5160;
 /// `VGCF_in_kernel`: the vCPU runs guest-kernel code (else guest-user code).
 pub const VGCF_IN_KERNEL: u64 = 1 << 2;
 

@@ -593,17 +593,29 @@ impl XenBackend {
                 } else {
                     0
                 },
-                ..X86Regs::default()
+                gs_base: read_u64(context, HVM_CPU_GS_BASE),
+                k_gs_base: read_u64(context, HVM_CPU_SHADOW_GS),
             };
             (regs, read_u64(context, HVM_CPU_RDI))
         } else {
             let flags = read_u64(context, CONTEXT_FLAGS);
             let kernel_table = read_u64(context, CONTEXT_CTRLREG + 3 * 8);
             let user_table = read_u64(context, CONTEXT_CTRLREG + 8);
-            let cr3 = if flags & VGCF_IN_KERNEL == 0 && user_table != 0 {
+            let in_user = flags & VGCF_IN_KERNEL == 0;
+            let cr3 = if in_user && user_table != 0 {
                 user_table
             } else {
                 kernel_table
+            };
+            // Xen swaps a PV guest's GS bases for it at each change of mode.
+            let (kernel_gs, user_gs) = (
+                read_u64(context, CONTEXT_GS_BASE_KERNEL),
+                read_u64(context, CONTEXT_GS_BASE_USER),
+            );
+            let (gs_base, k_gs_base) = if in_user {
+                (user_gs, kernel_gs)
+            } else {
+                (kernel_gs, user_gs)
             };
             let regs = X86Regs {
                 ip: read_u64(context, CONTEXT_RIP),
@@ -613,7 +625,8 @@ impl XenBackend {
                 cr4: CR4_PAE,
                 efer: EFER_LMA,
                 cr0: CR0_PE | CR0_PG,
-                ..X86Regs::default()
+                gs_base,
+                k_gs_base,
             };
             (regs, read_u64(context, CONTEXT_RDI))
         };
