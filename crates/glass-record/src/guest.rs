@@ -589,7 +589,8 @@ fn run_with(
         registers_ns: Vec::new(),
         last_registers_ns: 0,
     };
-    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count) {
+    let btf = sink.args.guest_btf.clone();
+    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count, btf.as_deref()) {
         Some(Ok(orc)) => Some(orc),
         Some(Err(note)) => {
             sink.warn_kept(&note)?;
@@ -615,6 +616,9 @@ fn run_with(
             .ok()
             .and_then(|n| n.parse().ok()),
         slide_tries: 0,
+        kernel_orc: None,
+        module_spans: Vec::new(),
+        modules_read: None,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -759,6 +763,11 @@ struct GuestSampler<'s, 'b, 'v> {
     slide_tries: u32,
     /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
     orc: Option<LinuxOrc>,
+    /// The kernel's own ORC table once read, the modules' (their code's spans) merged
+    /// with it into the sink's, and when the modules list was last read.
+    kernel_orc: Option<glass_unwind::orc::OrcTable>,
+    module_spans: Vec<(u64, u64)>,
+    modules_read: Option<Instant>,
 }
 
 /// How many samples outside a symbol table may try to find the kernel's slide.
@@ -927,6 +936,8 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         }
         if self.orc.as_ref().is_some_and(LinuxOrc::pending) {
             self.load_orc(sink)?;
+        } else if self.modules_to_read() {
+            self.load_module_orc(sink);
         }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
@@ -965,16 +976,86 @@ impl GuestSampler<'_, '_, '_> {
         });
         match loaded {
             Ok(Some(table)) => {
+                let modules = if orc.module_layout.is_some() {
+                    "; loadable modules' ORC read from the modules list"
+                } else {
+                    "; loadable modules' ORC is read only with --guest-btf: a module frame ends a walk"
+                };
                 sink.notes.figure(&format!(
-                    "kernel stacks walked with the guest kernel's ORC tables ({} entries)",
+                    "kernel stacks walked with the guest kernel's ORC tables ({} entries{modules})",
                     table.len()
                 ));
+                self.kernel_orc = Some(table.clone());
                 sink.guest_orc = Some(table);
+                self.load_module_orc(sink);
             }
             Ok(None) => {}
             Err(note) => sink.warn_kept(&note)?,
         }
         Ok(())
+    }
+
+    /// Whether a vCPU runs module code that no module table read so far covers (a module
+    /// loaded since), and the last reading is old enough to try again (code there that
+    /// no module's ORC covers, a BPF program's, is tried again only that often).
+    fn modules_to_read(&self) -> bool {
+        const AGAIN: std::time::Duration = std::time::Duration::from_millis(250);
+        if !self
+            .orc
+            .as_ref()
+            .is_some_and(|o| o.loaded && o.module_layout.is_some())
+        {
+            return false;
+        }
+        if self.modules_read.is_some_and(|at| at.elapsed() < AGAIN) {
+            return false;
+        }
+        self.vcpus.iter().any(|v| {
+            let ip = v.regs.ip();
+            LinuxOrc::in_modules(ip)
+                && !v.in_firmware
+                && !self.module_spans.iter().any(|(a, b)| (*a..=*b).contains(&ip))
+        })
+    }
+
+    /// Reads the loaded modules' ORC tables (crate::linux_orc) while the VM runs, and
+    /// walks with the kernel's and theirs from the next sample on.
+    fn load_module_orc(&mut self, sink: &mut Sink) {
+        self.modules_read = Some(Instant::now());
+        let (Some(orc), Some(kernel)) = (self.orc.as_ref(), self.kernel_orc.as_ref()) else {
+            return;
+        };
+        if orc.module_layout.is_none() {
+            return;
+        }
+        let Some(r) = self
+            .vcpus
+            .iter()
+            .map(|v| v.regs)
+            .find(|r| r.paging_on() && r.ip() >> 63 == 1)
+        else {
+            return;
+        };
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let slide = self.image.slide.unwrap_or(0);
+        let tables = orc.read_modules(slide, &mut |address, buf| {
+            backend
+                .physical_memory()
+                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+        });
+        let spans: Vec<(u64, u64)> = tables.iter().filter_map(|t| t.span()).collect();
+        if spans == self.module_spans {
+            return;
+        }
+        if tables.len() > self.module_spans.len() {
+            sink.notes.figure(&format!(
+                "loadable modules' ORC tables read: {}, {} entries",
+                glass_format::count(tables.len() as u64, "module"),
+                tables.iter().map(|t| t.len()).sum::<usize>()
+            ));
+        }
+        self.module_spans = spans;
+        sink.guest_orc = Some(kernel.merged(&tables));
     }
 
     /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
@@ -1163,12 +1244,13 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
-        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word,
-        // and the copy runs to that word for the walk to find it.
+        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word;
+        // on an exception (IST) stack: the interrupted one in the frame at its top. The
+        // copy runs to the top for the walk to find it.
         let irq_switch = match (orc.as_deref_mut(), &r) {
             (Some(orc), VcpuRegs::X86_64(x)) if orc.loaded && !user_mode => {
                 let mut word = [0u8; 8];
-                orc.irq_stack_switch(index, x, &mut |at| {
+                orc.stack_switch(index, x, &mut |at| {
                     (copy_from(backend, &mut source.cache, index, &r, at, &mut word).ok()? == 8)
                         .then(|| u64::from_le_bytes(word))
                 })
@@ -1207,7 +1289,7 @@ fn take_sample(
                 vcpu.copy_len
             };
             let len = match irq_switch {
-                Some((_, top)) => len.max((top + 8 - r.sp()) as usize).min(vcpu.stack.len()),
+                Some((_, end)) => len.max((end - r.sp()) as usize).min(vcpu.stack.len()),
                 None => len,
             };
             vcpu.asked = len;
@@ -1226,7 +1308,7 @@ fn take_sample(
         // stopped past the stop bound (a unikernel's debug-build run did).
         let other = backend.physical_memory().is_some() && !user_mode;
         // With ORC an x86-64 kernel's stacks hold no frame records to follow: the IRQ
-        // stack's saved word says where the task's stack is.
+        // stack's saved word or the IST stack's frame says where the other stack is.
         let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
         let leaves = match irq_switch {
             Some((task_sp, _)) => Some(task_sp),

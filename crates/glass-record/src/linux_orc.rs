@@ -7,9 +7,13 @@
 //! KASLR slide once glass knows it. They are read while the VM runs: they are read-only
 //! kernel data. The IRQ stack is told while the VM is stopped, from the per-CPU
 //! `hardirq_stack_ptr` at the kernel's GS base (it points at the IRQ stack's top word,
-//! where `call_on_irq_stack` saves the task's stack pointer).
-//! Modules' ORC (each module's own `.orc_unwind`) is not read: a module frame ends the
-//! walk.
+//! where `call_on_irq_stack` saves the task's stack pointer). The exception (IST) stacks
+//! (#DF, NMI, #DB, #MC) are told from the per-CPU TSS's `ist[]` tops (`cpu_tss_rw`): the
+//! CPU pushed the interrupted context's frame at the stack's top, and its stack pointer is
+//! where the walk goes on.
+//! Loadable modules' ORC (`struct module`'s `arch.orc_unwind_ip`/`orc_unwind`, on the
+//! `modules` list) is read with `--guest-btf`'s offsets, again whenever a vCPU runs module
+//! code no table covers; without BTF a module frame ends the walk.
 
 use std::path::Path;
 
@@ -18,7 +22,7 @@ use glass_target::arch::x86_64::X86Regs;
 use glass_unwind::orc::OrcTable;
 
 use super::guest_image::GuestImage;
-use super::linux_guest::symbol_addresses;
+use super::linux_guest::{read_btf, struct_offsets, symbol_addresses};
 
 /// x86-64's IRQ stack size (`IRQ_STACK_SIZE`, 16 KiB in 6.1).
 const IRQ_STACK_SIZE: u64 = 16 << 10;
@@ -32,6 +36,19 @@ const IP_START: &str = "__start_orc_unwind_ip";
 const IP_STOP: &str = "__stop_orc_unwind_ip";
 const ORC_START: &str = "__start_orc_unwind";
 const HARDIRQ_STACK_PTR: &str = "hardirq_stack_ptr";
+const CPU_TSS: &str = "cpu_tss_rw";
+const MODULES: &str = "modules";
+/// `struct x86_hw_tss`'s `ist[7]` (packed: u32 reserved1, u64 sp0..sp2, u64 reserved2).
+const TSS_IST: u64 = 36;
+/// The IST stacks in `ist[]`'s order (IST_INDEX_DF, _NMI, _DB, _MCE; #VC's is unused
+/// without SEV), each below a guard page in the CPU entry area.
+const IST_STACKS: usize = 4;
+const PAGE: u64 = 4096;
+/// Where module code lies (x86-64's MODULES_VADDR..MODULES_END).
+const MODULES_AREA: std::ops::Range<u64> = 0xffff_ffff_a000_0000..0xffff_ffff_ff00_0000;
+/// The most modules and ORC entries per module believed.
+const MOST_MODULES: usize = 4096;
+const MOST_MODULE_ORCS: u64 = 1 << 20;
 /// The kernel's own text (a kallsyms also lists modules', far above).
 const TEXT_START: &str = "_stext";
 const TEXT_END: &str = "_etext";
@@ -52,6 +69,13 @@ pub struct LinuxOrc {
     tries: u32,
     /// Per vCPU: (GS base, its IRQ stack's top word) once read.
     irq_tops: Vec<(u64, u64)>,
+    /// `cpu_tss_rw`'s per-CPU offset.
+    cpu_tss: Option<u64>,
+    /// Per vCPU: (GS base, its IST stacks' tops, their size) once read.
+    ist_tops: Vec<(u64, [u64; IST_STACKS], u64)>,
+    /// The `modules` list head in the map, and `struct module`'s offsets from BTF.
+    modules: Option<u64>,
+    pub module_layout: Option<ModuleLayout>,
     /// The tables are in the recorder: the IRQ stack is worth copying.
     pub loaded: bool,
 }
@@ -65,6 +89,7 @@ impl LinuxOrc {
         symbols: &Path,
         image: &GuestImage,
         vcpus: usize,
+        btf: Option<&Path>,
     ) -> Option<Result<LinuxOrc, String>> {
         if arch != Arch::X86_64 || image.arch.is_some() {
             return None;
@@ -74,6 +99,8 @@ impl LinuxOrc {
             IP_STOP,
             ORC_START,
             HARDIRQ_STACK_PTR,
+            CPU_TSS,
+            MODULES,
             LINUX_X86,
             TEXT_START,
             TEXT_END,
@@ -108,6 +135,10 @@ impl LinuxOrc {
             hardirq_stack_ptr: found.get(HARDIRQ_STACK_PTR).copied(),
             tries: 0,
             irq_tops: vec![(0, 0); vcpus],
+            cpu_tss: found.get(CPU_TSS).copied(),
+            ist_tops: vec![(0, [0; IST_STACKS], 0); vcpus],
+            modules: found.get(MODULES).copied(),
+            module_layout: btf.and_then(ModuleLayout::from_btf),
             loaded: false,
         }))
     }
@@ -158,10 +189,66 @@ impl LinuxOrc {
         ))
     }
 
-    /// While the VM is stopped: where the interrupted task's stack pointer is when
-    /// `vcpu` runs on its IRQ stack (the saved word and the IRQ stack's top word's
-    /// address), read through `read_word`.
-    pub fn irq_stack_switch(
+    /// While the VM is stopped: where the interrupted stack pointer is when `vcpu` runs
+    /// on its IRQ stack or one of its exception (IST) stacks, and where the copy of the
+    /// stack it runs on must reach (exclusive), read through `read_word`.
+    pub fn stack_switch(
+        &mut self,
+        vcpu: usize,
+        r: &X86Regs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<(u64, u64)> {
+        if let Some(found) = self.ist_stack_switch(vcpu, r, read_word) {
+            return Some(found);
+        }
+        self.irq_stack_switch(vcpu, r, read_word)
+            .map(|(task_sp, top)| (task_sp, top + 8))
+    }
+
+    /// On an IST stack, the CPU pushed the interrupted context's interrupt frame (ip,
+    /// cs, flags, sp, ss) at its top: the NMI entry's copies of it ("nested NMI") and
+    /// the handler's pt_regs lie below, on the same stack. Only a kernel context is
+    /// another stack (from user mode the entry moves to the task's stack first).
+    fn ist_stack_switch(
+        &mut self,
+        vcpu: usize,
+        r: &X86Regs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<(u64, u64)> {
+        let offset = self.cpu_tss.filter(|_| self.loaded)?;
+        if r.gs_base >> 56 != 0xff || r.sp >> 63 == 0 {
+            return None;
+        }
+        let slot = self.ist_tops.get_mut(vcpu)?;
+        if slot.0 != r.gs_base {
+            let ist = r.gs_base.wrapping_add(offset + TSS_IST);
+            let mut tops = [0; IST_STACKS];
+            for (i, top) in tops.iter_mut().enumerate() {
+                *top = read_word(ist + 8 * i as u64).filter(|top| top >> 63 == 1)?;
+            }
+            // Equal steps, each a stack and its guard page (8 KiB stacks in 6.1 without
+            // KASAN): anything else is not the layout known here.
+            let step = tops[1].wrapping_sub(tops[0]);
+            let size = step.wrapping_sub(PAGE);
+            if !(PAGE..=64 << 10).contains(&size)
+                || tops.windows(2).any(|w| w[1].wrapping_sub(w[0]) != step)
+            {
+                return None;
+            }
+            *slot = (r.gs_base, tops, size);
+        }
+        let (_, tops, size) = *slot;
+        let top = *tops
+            .iter()
+            .find(|&&top| top.wrapping_sub(size) <= r.sp && r.sp < top)?;
+        let (cs, sp) = (read_word(top - 32)?, read_word(top - 16)?);
+        let same = top.wrapping_sub(size) <= sp && sp < top;
+        (cs & 3 == 0 && sp >> 63 == 1 && !same).then_some((sp, top))
+    }
+
+    /// The IRQ stack: the task's stack pointer saved on its top word, and that word's
+    /// address.
+    fn irq_stack_switch(
         &mut self,
         vcpu: usize,
         r: &X86Regs,
@@ -186,5 +273,82 @@ impl LinuxOrc {
         // The task's stack, not the IRQ stack itself (a word not yet written).
         let on_irq_stack = top.wrapping_sub(IRQ_STACK_SIZE) < task_sp && task_sp <= top;
         (task_sp >> 63 == 1 && !on_irq_stack).then_some((task_sp, top))
+    }
+}
+
+/// Where `struct module` keeps what the module walk needs (byte offsets, from BTF).
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleLayout {
+    /// `module.list` (on the `modules` list).
+    list: u64,
+    /// `module.arch` plus `mod_arch_specific`'s `num_orcs`, `orc_unwind_ip`, `orc_unwind`.
+    num_orcs: u64,
+    orc_unwind_ip: u64,
+    orc_unwind: u64,
+}
+
+impl ModuleLayout {
+    fn from_btf(path: &Path) -> Option<ModuleLayout> {
+        let btf = read_btf(path).ok()?;
+        let module = struct_offsets(&btf, "module")?;
+        let arch = struct_offsets(&btf, "mod_arch_specific")?;
+        let base = *module.get("arch")?;
+        Some(ModuleLayout {
+            list: *module.get("list")?,
+            num_orcs: base + arch.get("num_orcs")?,
+            orc_unwind_ip: base + arch.get("orc_unwind_ip")?,
+            orc_unwind: base + arch.get("orc_unwind")?,
+        })
+    }
+}
+
+impl LinuxOrc {
+    /// Whether `ip` is module code (where a module table may be missing).
+    pub fn in_modules(ip: u64) -> bool {
+        MODULES_AREA.contains(&ip)
+    }
+
+    /// Each loaded module's ORC tables, read through `read` (guest-virtual memory) from
+    /// the `modules` list (the map moved by `slide`). Empty without BTF's offsets.
+    /// Modules come and go while the VM runs: a list that ends badly ends the reading.
+    pub fn read_modules(
+        &self,
+        slide: u64,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    ) -> Vec<OrcTable> {
+        let (Some(layout), Some(head)) = (self.module_layout, self.modules) else {
+            return Vec::new();
+        };
+        let head = head.wrapping_add(slide);
+        let mut word = |at: u64| {
+            let mut b = [0u8; 8];
+            (read(at, &mut b) == 8).then(|| u64::from_le_bytes(b))
+        };
+        let mut found = Vec::new();
+        let mut node = word(head);
+        let mut tables = Vec::new();
+        for _ in 0..MOST_MODULES {
+            let Some(at) = node.filter(|&n| n != head && n >> 63 == 1) else {
+                break;
+            };
+            let module = at.wrapping_sub(layout.list);
+            let count = word(module + layout.num_orcs).map(|w| w & 0xffff_ffff);
+            let ips = word(module + layout.orc_unwind_ip);
+            let orcs = word(module + layout.orc_unwind);
+            if let (Some(n @ 1..MOST_MODULE_ORCS), Some(ips), Some(orcs)) = (count, ips, orcs) {
+                found.push((n as usize, ips, orcs));
+            }
+            node = word(at);
+        }
+        for (n, ips_at, orcs_at) in found {
+            let mut ips = vec![0u8; n * 4];
+            let mut orcs = vec![0u8; n * glass_unwind::orc::OrcEntry::SIZE];
+            if read(ips_at, &mut ips) == ips.len() && read(orcs_at, &mut orcs) == orcs.len() {
+                if let Ok(table) = OrcTable::parse(ips_at, &ips, &orcs) {
+                    tables.push(table);
+                }
+            }
+        }
+        tables
     }
 }

@@ -150,6 +150,26 @@ impl OrcTable {
         })
     }
 
+    /// This table with `others` (loadable modules' tables, each sorted, at addresses of
+    /// their own): one table for the walk. Each table ends with a terminator entry
+    /// (objtool's, at its section's end), so the code between them stays uncovered.
+    pub fn merged(&self, others: &[OrcTable]) -> OrcTable {
+        let mut pairs: Vec<(u64, OrcEntry)> = std::iter::once(self)
+            .chain(others)
+            .flat_map(|t| t.ips.iter().copied().zip(t.entries.iter().copied()))
+            .collect();
+        pairs.sort_by_key(|p| p.0);
+        OrcTable {
+            ips: pairs.iter().map(|p| p.0).collect(),
+            entries: pairs.iter().map(|p| p.1).collect(),
+        }
+    }
+
+    /// The first and last code addresses the table's entries start at.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        Some((*self.ips.first()?, *self.ips.last()?))
+    }
+
     pub fn len(&self) -> usize {
         self.ips.len()
     }
