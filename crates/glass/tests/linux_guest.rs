@@ -51,8 +51,11 @@ fn boot_injecting_nmis(arch: &str, name: &str, run_options: &[&str], glass_optio
 }
 
 /// Sends `inject-nmi` over the QMP socket at `socket` (retried until QEMU listens)
-/// every `every` until `stop`; how many QEMU took.
+/// every `every` from when the guest's console (`serial`) says the workload began until
+/// `stop`; how many QEMU took. (An NMI before the kernel set up its IDT resets the
+/// guest.)
 fn inject_nmis(
+    serial: &Path,
     socket: &Path,
     every: std::time::Duration,
     stop: &std::sync::atomic::AtomicBool,
@@ -88,6 +91,12 @@ fn inject_nmis(
     };
     if !answer(&mut writer, "{\"execute\":\"qmp_capabilities\"}\n") {
         return 0;
+    }
+    while !std::fs::read_to_string(serial).is_ok_and(|s| s.contains("glass-init: workload")) {
+        if stop.load(Ordering::Relaxed) {
+            return 0;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let mut injected = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -141,9 +150,10 @@ fn boot_full(
         .args(glass_options)
         .arg("--");
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let serial = out.join("serial.log");
     let (output, nmis) = std::thread::scope(|scope| {
         let injector = nmis.then(|| {
-            scope.spawn(|| inject_nmis(&socket, std::time::Duration::from_millis(4), &stop))
+            scope.spawn(|| inject_nmis(&serial, &socket, std::time::Duration::from_millis(4), &stop))
         });
         let output = command.output().expect("guests/linux/run.sh runs");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
