@@ -619,6 +619,10 @@ fn run_with(
         kernel_orc: None,
         module_spans: Vec::new(),
         modules_read: None,
+        modules_ends: None,
+        modules_incomplete: false,
+        modules_readings: 0,
+        modules_tables: None,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -635,6 +639,13 @@ fn run_with(
     let seconds = began.elapsed().as_secs_f64();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
+    let modules_figure = sampler.modules_tables.map(|(modules, entries)| {
+        format!(
+            "loadable modules' ORC tables read: {}, {entries} entries (the modules list read {} times)",
+            glass_format::count(modules as u64, "module"),
+            sampler.modules_readings
+        )
+    });
     let fate = sampler.fate.take();
     let times = &mut source.registers_ns;
     times.sort_unstable();
@@ -675,6 +686,9 @@ fn run_with(
     }
     if let Some(user) = user {
         sink.notes.figure(&user.figures());
+    }
+    if let Some(figure) = modules_figure {
+        sink.notes.figure(&figure);
     }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
@@ -768,6 +782,13 @@ struct GuestSampler<'s, 'b, 'v> {
     kernel_orc: Option<glass_unwind::orc::OrcTable>,
     module_spans: Vec<(u64, u64)>,
     modules_read: Option<Instant>,
+    /// The `modules` list head's words at the last reading, and whether a module on it
+    /// had no ORC yet.
+    modules_ends: Option<[u8; 16]>,
+    modules_incomplete: bool,
+    /// Readings of the list, and the modules and entries the last that changed found.
+    modules_readings: u32,
+    modules_tables: Option<(usize, usize)>,
 }
 
 /// How many samples outside a symbol table may try to find the kernel's slide.
@@ -995,65 +1016,82 @@ impl GuestSampler<'_, '_, '_> {
         Ok(())
     }
 
-    /// Whether a vCPU runs module code that no module table read so far covers (a module
-    /// loaded since), and the last reading is old enough to try again (code there that
-    /// no module's ORC covers, a BPF program's, is tried again only that often).
-    fn modules_to_read(&self) -> bool {
-        const AGAIN: std::time::Duration = std::time::Duration::from_millis(250);
-        if !self
+    /// A vCPU stopped in the kernel (its page tables map the kernel's data), for reads
+    /// of kernel memory while the VM runs.
+    fn kernel_regs(&self) -> Option<VcpuRegs> {
+        self.vcpus
+            .iter()
+            .map(|v| v.regs)
+            .find(|r| r.paging_on() && r.ip() >> 63 == 1)
+    }
+
+    /// Whether the modules' tables are to be read again: the `modules` list's head moved
+    /// (a module loaded or gone), or, at most every 100 ms, the last reading found a
+    /// module whose ORC was not set up yet (it is on the list before) or a vCPU runs
+    /// module code no table covers (code there that no module's ORC covers, a BPF
+    /// program's, is tried again only that often).
+    fn modules_to_read(&mut self) -> bool {
+        const AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
+        let Some(orc) = self
             .orc
             .as_ref()
-            .is_some_and(|o| o.loaded && o.module_layout.is_some())
-        {
+            .filter(|o| o.loaded && o.module_layout.is_some())
+        else {
             return false;
+        };
+        let Some(r) = self.kernel_regs() else {
+            return false;
+        };
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let ends = orc.modules_ends(self.image.slide.unwrap_or(0), &mut |address, buf| {
+            backend
+                .physical_memory()
+                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+        });
+        if ends.is_some() && ends != self.modules_ends {
+            return true;
         }
         if self.modules_read.is_some_and(|at| at.elapsed() < AGAIN) {
             return false;
         }
-        self.vcpus.iter().any(|v| {
-            let ip = v.regs.ip();
-            LinuxOrc::in_modules(ip)
-                && !v.in_firmware
-                && !self.module_spans.iter().any(|(a, b)| (*a..=*b).contains(&ip))
-        })
+        self.modules_incomplete
+            || self.vcpus.iter().any(|v| {
+                let ip = v.regs.ip();
+                LinuxOrc::in_modules(ip)
+                    && !v.in_firmware
+                    && !self.module_spans.iter().any(|(a, b)| (*a..=*b).contains(&ip))
+            })
     }
 
     /// Reads the loaded modules' ORC tables (crate::linux_orc) while the VM runs, and
     /// walks with the kernel's and theirs from the next sample on.
     fn load_module_orc(&mut self, sink: &mut Sink) {
         self.modules_read = Some(Instant::now());
+        self.modules_readings += 1;
         let (Some(orc), Some(kernel)) = (self.orc.as_ref(), self.kernel_orc.as_ref()) else {
             return;
         };
         if orc.module_layout.is_none() {
             return;
         }
-        let Some(r) = self
-            .vcpus
-            .iter()
-            .map(|v| v.regs)
-            .find(|r| r.paging_on() && r.ip() >> 63 == 1)
-        else {
+        let Some(r) = self.kernel_regs() else {
             return;
         };
         let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
         let slide = self.image.slide.unwrap_or(0);
-        let tables = orc.read_modules(slide, &mut |address, buf| {
+        let mut read = |address, buf: &mut [u8]| {
             backend
                 .physical_memory()
                 .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
-        });
+        };
+        self.modules_ends = orc.modules_ends(slide, &mut read);
+        let (tables, listed) = orc.read_modules(slide, &mut read);
+        self.modules_incomplete = tables.len() < listed;
         let spans: Vec<(u64, u64)> = tables.iter().filter_map(|t| t.span()).collect();
         if spans == self.module_spans {
             return;
         }
-        if tables.len() > self.module_spans.len() {
-            sink.notes.figure(&format!(
-                "loadable modules' ORC tables read: {}, {} entries",
-                glass_format::count(tables.len() as u64, "module"),
-                tables.iter().map(|t| t.len()).sum::<usize>()
-            ));
-        }
+        self.modules_tables = Some((tables.len(), tables.iter().map(|t| t.len()).sum()));
         self.module_spans = spans;
         sink.guest_orc = Some(kernel.merged(&tables));
     }

@@ -308,16 +308,29 @@ impl LinuxOrc {
         MODULES_AREA.contains(&ip)
     }
 
+    /// The `modules` list head's two words (a module loads at the head, `list_add_rcu`,
+    /// and may go from anywhere): they move when a module comes or goes.
+    pub fn modules_ends(
+        &self,
+        slide: u64,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    ) -> Option<[u8; 16]> {
+        let mut b = [0u8; 16];
+        let head = self.modules?.wrapping_add(slide);
+        (read(head, &mut b) == 16).then_some(b)
+    }
+
     /// Each loaded module's ORC tables, read through `read` (guest-virtual memory) from
-    /// the `modules` list (the map moved by `slide`). Empty without BTF's offsets.
-    /// Modules come and go while the VM runs: a list that ends badly ends the reading.
+    /// the `modules` list (the map moved by `slide`), and how many modules the list
+    /// held. Empty without BTF's offsets. Modules come and go while the VM runs: a list
+    /// that ends badly ends the reading.
     pub fn read_modules(
         &self,
         slide: u64,
         read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
-    ) -> Vec<OrcTable> {
+    ) -> (Vec<OrcTable>, usize) {
         let (Some(layout), Some(head)) = (self.module_layout, self.modules) else {
-            return Vec::new();
+            return (Vec::new(), 0);
         };
         let head = head.wrapping_add(slide);
         let mut word = |at: u64| {
@@ -325,12 +338,14 @@ impl LinuxOrc {
             (read(at, &mut b) == 8).then(|| u64::from_le_bytes(b))
         };
         let mut found = Vec::new();
+        let mut listed = 0;
         let mut node = word(head);
         let mut tables = Vec::new();
         for _ in 0..MOST_MODULES {
             let Some(at) = node.filter(|&n| n != head && n >> 63 == 1) else {
                 break;
             };
+            listed += 1;
             let module = at.wrapping_sub(layout.list);
             let count = word(module + layout.num_orcs).map(|w| w & 0xffff_ffff);
             let ips = word(module + layout.orc_unwind_ip);
@@ -349,6 +364,6 @@ impl LinuxOrc {
                 }
             }
         }
-        tables
+        (tables, listed)
     }
 }
