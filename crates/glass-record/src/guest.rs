@@ -621,6 +621,7 @@ fn run_with(
         modules_read: None,
         modules_ends: None,
         modules_incomplete: false,
+        incomplete_readings: 0,
         modules_readings: 0,
         modules_tables: None,
     };
@@ -786,6 +787,7 @@ struct GuestSampler<'s, 'b, 'v> {
     /// had no ORC yet.
     modules_ends: Option<[u8; 16]>,
     modules_incomplete: bool,
+    incomplete_readings: u32,
     /// Readings of the list, and the modules and entries the last that changed found.
     modules_readings: u32,
     modules_tables: Option<(usize, usize)>,
@@ -1026,9 +1028,9 @@ impl GuestSampler<'_, '_, '_> {
     }
 
     /// Whether the modules' tables are to be read again: the `modules` list's head moved
-    /// (a module loaded or gone), or, at most every 100 ms, the last reading found a
-    /// module whose ORC was not set up yet (it is on the list before) or a vCPU runs
-    /// module code no table covers (code there that no module's ORC covers, a BPF
+    /// (a module loaded or gone), the last reading found a module whose ORC was not set
+    /// up yet (it is on the list before: at every tick for 64, then as below), or, at
+    /// most every 100 ms, a vCPU runs module code no table covers (code there that no module's ORC covers, a BPF
     /// program's, is tried again only that often).
     fn modules_to_read(&mut self) -> bool {
         const AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -1048,7 +1050,11 @@ impl GuestSampler<'_, '_, '_> {
                 .physical_memory()
                 .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
         });
-        if ends.is_some() && ends != self.modules_ends {
+        // A module on the list before its ORC is set up runs its init right after:
+        // read again at every tick for a while.
+        if (ends.is_some() && ends != self.modules_ends)
+            || (self.modules_incomplete && self.incomplete_readings < 64)
+        {
             return true;
         }
         if self.modules_read.is_some_and(|at| at.elapsed() < AGAIN) {
@@ -1087,6 +1093,11 @@ impl GuestSampler<'_, '_, '_> {
         self.modules_ends = orc.modules_ends(slide, &mut read);
         let (tables, listed) = orc.read_modules(slide, &mut read);
         self.modules_incomplete = tables.len() < listed;
+        self.incomplete_readings = if self.modules_incomplete {
+            self.incomplete_readings + 1
+        } else {
+            0
+        };
         let spans: Vec<(u64, u64)> = tables.iter().filter_map(|t| t.span()).collect();
         if spans == self.module_spans {
             return;
