@@ -1065,7 +1065,10 @@ impl GuestSampler<'_, '_, '_> {
                 let ip = v.regs.ip();
                 LinuxOrc::in_modules(ip)
                     && !v.in_firmware
-                    && !self.module_spans.iter().any(|(a, b)| (*a..=*b).contains(&ip))
+                    && !self
+                        .module_spans
+                        .iter()
+                        .any(|(a, b)| (*a..=*b).contains(&ip))
             })
     }
 

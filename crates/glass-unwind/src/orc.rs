@@ -500,6 +500,61 @@ mod tests {
         );
     }
 
+    /// A module's table merged with the kernel's: a kernel function called from module
+    /// code walks on through the module's frame; code between the two tables (past the
+    /// kernel's terminator) stays uncovered.
+    #[test]
+    fn merged_tables_walk_through_a_module() {
+        let kernel = table(&[
+            (
+                0x10_0000,
+                entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // kernel leaf
+            (
+                0x10_0100,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, true),
+            ), // kernel root
+            (
+                0x10_0200,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // terminator
+        ]);
+        let module = table(&[
+            (
+                0x80_0000,
+                entry(REG_SP, 16, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // module function
+            (
+                0x80_0100,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // terminator
+        ]);
+        let stack: std::collections::HashMap<u64, u64> =
+            [(0x8000, 0x80_0010), (0x8010, 0x10_0110)].into();
+        let walk = |t: &OrcTable| {
+            let mut frames = Vec::new();
+            let end = t.walk(
+                UnwindRegs::new(0x10_0010, 0x8000, 0),
+                &mut |a| stack.get(&a).copied(),
+                64,
+                &mut frames,
+            );
+            (end, frames)
+        };
+        assert_eq!(
+            walk(&kernel),
+            (WalkEnd::BadFramePointer, vec![0x10_0010, 0x80_0010])
+        );
+        let both = kernel.merged(std::slice::from_ref(&module));
+        assert_eq!(both.len(), 5);
+        assert_eq!(
+            walk(&both),
+            (WalkEnd::Complete, vec![0x10_0010, 0x80_0010, 0x10_0110])
+        );
+        assert_eq!(both.find(0x40_0000).map(|e| e.sp_reg), Some(REG_UNDEFINED));
+        assert_eq!(module.span(), Some((0x80_0000, 0x80_0100)));
+    }
+
     #[test]
     fn stops_where_memory_or_tables_end() {
         let t = table(&[

@@ -46,7 +46,12 @@ fn boot_with(arch: &str, name: &str, run_options: &[&str], symbols: Option<&Path
 
 /// [`boot`] with `glass_options` for `glass record`, and an NMI injected to every vCPU
 /// over QMP (`inject-nmi`) every 4 ms for as long as the guest runs.
-fn boot_injecting_nmis(arch: &str, name: &str, run_options: &[&str], glass_options: &[&str]) -> Boot {
+fn boot_injecting_nmis(
+    arch: &str,
+    name: &str,
+    run_options: &[&str],
+    glass_options: &[&str],
+) -> Boot {
     boot_full(arch, name, run_options, None, glass_options, true)
 }
 
@@ -153,7 +158,8 @@ fn boot_full(
     let serial = out.join("serial.log");
     let (output, nmis) = std::thread::scope(|scope| {
         let injector = nmis.then(|| {
-            scope.spawn(|| inject_nmis(&serial, &socket, std::time::Duration::from_millis(4), &stop))
+            scope
+                .spawn(|| inject_nmis(&serial, &socket, std::time::Duration::from_millis(4), &stop))
         });
         let output = command.output().expect("guests/linux/run.sh runs");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -483,7 +489,11 @@ fn x86_64_exception_stacks_and_modules() {
         &["--guest-btf", btf.to_str().unwrap()],
     );
     let name = "x86-64 NMIs and modules";
-    for line in boot.err.lines().filter(|l| l.contains("vcpu") || l.contains("ORC")) {
+    for line in boot
+        .err
+        .lines()
+        .filter(|l| l.contains("vcpu") || l.contains("ORC"))
+    {
         eprintln!("{name}: {line}");
     }
     assert!(
@@ -507,11 +517,13 @@ fn x86_64_exception_stacks_and_modules() {
         }),
         (20, 80),
     );
-    let in_kernel = count(
-        boot.all()
-            .filter(|(f, _)| nmi(f) && f[0] != "asm_exc_nmi" && X86_TASK_ROOTS.contains(&f[0].as_str())),
+    let in_kernel = count(boot.all().filter(|(f, _)| {
+        nmi(f) && f[0] != "asm_exc_nmi" && X86_TASK_ROOTS.contains(&f[0].as_str())
+    }));
+    assert!(
+        in_kernel >= 10,
+        "{name}: {in_kernel} NMI samples walked off the exception stack"
     );
-    assert!(in_kernel >= 10, "{name}: {in_kernel} NMI samples walked off the exception stack");
 
     let in_module = |f: &[String]| f.iter().any(|frame| module_frame(frame));
     let modules = count(boot.all().filter(|(f, _)| in_module(f)));
@@ -521,7 +533,8 @@ fn x86_64_exception_stacks_and_modules() {
     );
     eprintln!("{name}: samples in module code {modules}, walked to an entry {rooted}");
     assert!(
-        boot.err.contains("loadable modules' ORC tables read: 6 modules"),
+        boot.err
+            .contains("loadable modules' ORC tables read: 6 modules"),
         "{name}: {}",
         boot.err
     );
