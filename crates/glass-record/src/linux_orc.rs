@@ -198,6 +198,10 @@ impl LinuxOrc {
         r: &X86Regs,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(u64, u64)> {
+        // In the kernel its GS base is the per-CPU area (a kernel address).
+        if !self.loaded || r.gs_base >> 56 != 0xff || r.sp >> 63 == 0 {
+            return None;
+        }
         if let Some(found) = self.ist_stack_switch(vcpu, r, read_word) {
             return Some(found);
         }
@@ -215,10 +219,7 @@ impl LinuxOrc {
         r: &X86Regs,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(u64, u64)> {
-        let offset = self.cpu_tss.filter(|_| self.loaded)?;
-        if r.gs_base >> 56 != 0xff || r.sp >> 63 == 0 {
-            return None;
-        }
+        let offset = self.cpu_tss?;
         let slot = self.ist_tops.get_mut(vcpu)?;
         if slot.0 != r.gs_base {
             let ist = r.gs_base.wrapping_add(offset + TSS_IST);
@@ -254,11 +255,7 @@ impl LinuxOrc {
         r: &X86Regs,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(u64, u64)> {
-        let offset = self.hardirq_stack_ptr.filter(|_| self.loaded)?;
-        // In the kernel its GS base is the per-CPU area (a kernel address).
-        if r.gs_base >> 56 != 0xff || r.sp >> 63 == 0 {
-            return None;
-        }
+        let offset = self.hardirq_stack_ptr?;
         let slot = self.irq_tops.get_mut(vcpu)?;
         if slot.0 != r.gs_base {
             // Kept once set: early in the boot the pointer is still 0.
