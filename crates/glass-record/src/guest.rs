@@ -370,10 +370,14 @@ struct Vcpu {
     /// Stacks the unwinder wanted more of than was copied, or memory outside the copies.
     cut: u64,
     /// The second range: where the frame chain leaves the first copy for another stack
-    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied.
+    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied;
+    /// and a third (an x86-64 exception stack back to the IRQ stack, then the task's).
     other: Vec<u8>,
     other_at: u64,
     other_copied: usize,
+    third: Vec<u8>,
+    third_at: u64,
+    third_copied: usize,
     /// Samples that took a second range.
     switched: u64,
 }
@@ -403,6 +407,9 @@ impl Vcpu {
             other: vec![0; limit.min(OTHER_STACK_COPY)],
             other_at: 0,
             other_copied: 0,
+            third: vec![0; limit.min(OTHER_STACK_COPY)],
+            third_at: 0,
+            third_copied: 0,
             switched: 0,
         }
     }
@@ -944,8 +951,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 },
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
-                other_stack: (vcpu.other_copied > 0)
-                    .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
+                other_stacks: &[
+                    (vcpu.other_at, &vcpu.other[..vcpu.other_copied]),
+                    (vcpu.third_at, &vcpu.third[..vcpu.third_copied]),
+                ][..usize::from(vcpu.other_copied > 0) + usize::from(vcpu.third_copied > 0)],
                 space: None,
             })?;
             vcpu.switched += u64::from(vcpu.other_copied > 0);
@@ -1239,7 +1248,7 @@ fn user_stack(
         flags: 0,
         regs: r.unwind(),
         stack: &vcpu.stack[..vcpu.copied],
-        other_stack: None,
+        other_stacks: &[],
         space: Some(space),
     })?;
     Ok(true)
@@ -1341,7 +1350,9 @@ fn take_sample(
                 vcpu.copy_len
             };
             let len = match irq_switch {
-                Some((_, end)) => len.max((end - r.sp()) as usize).min(vcpu.stack.len()),
+                Some(switch) => len
+                    .max((switch.copy_to - r.sp()) as usize)
+                    .min(vcpu.stack.len()),
                 None => len,
             };
             vcpu.asked = len;
@@ -1356,6 +1367,7 @@ fn take_sample(
             copied
         };
         vcpu.other_copied = 0;
+        vcpu.third_copied = 0;
         // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
         // stopped past the stop bound (a unikernel's debug-build run did).
         let other = backend.physical_memory().is_some() && !user_mode;
@@ -1363,7 +1375,7 @@ fn take_sample(
         // stack's saved word or the IST stack's frame says where the other stack is.
         let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
         let leaves = match irq_switch {
-            Some((task_sp, _)) => Some(task_sp),
+            Some(switch) => Some(switch.other),
             None if orc_walked => None,
             None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
         };
@@ -1373,6 +1385,12 @@ fn take_sample(
             // Unreadable: the walk ends there and is counted as cut.
             vcpu.other_copied =
                 copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
+        }
+        if let Some(at) = irq_switch.and_then(|s| s.then).filter(|_| other) {
+            vcpu.third_at = at;
+            vcpu.third_copied =
+                copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third)
+                    .unwrap_or(0);
         }
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;

@@ -190,23 +190,36 @@ impl LinuxOrc {
     }
 
     /// While the VM is stopped: where the interrupted stack pointer is when `vcpu` runs
-    /// on its IRQ stack or one of its exception (IST) stacks, and where the copy of the
-    /// stack it runs on must reach (exclusive), read through `read_word`.
+    /// on its IRQ stack or one of its exception (IST) stacks, where the copy of the
+    /// stack it runs on must reach (exclusive), and, when an exception interrupted the
+    /// IRQ stack, the task's stack pointer saved on that one's top word (a third stack),
+    /// read through `read_word`.
     pub fn stack_switch(
         &mut self,
         vcpu: usize,
         r: &X86Regs,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
-    ) -> Option<(u64, u64)> {
+    ) -> Option<StackSwitch> {
         // In the kernel its GS base is the per-CPU area (a kernel address).
         if !self.loaded || r.gs_base >> 56 != 0xff || r.sp >> 63 == 0 {
             return None;
         }
-        if let Some(found) = self.ist_stack_switch(vcpu, r, read_word) {
-            return Some(found);
+        if let Some((sp, top)) = self.ist_stack_switch(vcpu, r, read_word) {
+            let then = self
+                .irq_stack_switch(vcpu, r, sp, read_word)
+                .map(|(task_sp, _)| task_sp);
+            return Some(StackSwitch {
+                copy_to: top,
+                other: sp,
+                then,
+            });
         }
-        self.irq_stack_switch(vcpu, r, read_word)
-            .map(|(task_sp, top)| (task_sp, top + 8))
+        self.irq_stack_switch(vcpu, r, r.sp, read_word)
+            .map(|(task_sp, top)| StackSwitch {
+                copy_to: top + 8,
+                other: task_sp,
+                then: None,
+            })
     }
 
     /// On an IST stack, the CPU pushed the interrupted context's interrupt frame (ip,
@@ -247,12 +260,13 @@ impl LinuxOrc {
         (cs & 3 == 0 && sp >> 63 == 1 && !same).then_some((sp, top))
     }
 
-    /// The IRQ stack: the task's stack pointer saved on its top word, and that word's
-    /// address.
+    /// When `sp` lies on the IRQ stack: the task's stack pointer saved on its top word,
+    /// and that word's address.
     fn irq_stack_switch(
         &mut self,
         vcpu: usize,
         r: &X86Regs,
+        sp: u64,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(u64, u64)> {
         let offset = self.hardirq_stack_ptr?;
@@ -263,7 +277,7 @@ impl LinuxOrc {
             *slot = (r.gs_base, top);
         }
         let top = slot.1;
-        if !(top.wrapping_sub(IRQ_STACK_SIZE) < r.sp && r.sp <= top) {
+        if !(top.wrapping_sub(IRQ_STACK_SIZE) < sp && sp <= top) {
             return None;
         }
         let task_sp = read_word(top)?;
@@ -271,6 +285,16 @@ impl LinuxOrc {
         let on_irq_stack = top.wrapping_sub(IRQ_STACK_SIZE) < task_sp && task_sp <= top;
         (task_sp >> 63 == 1 && !on_irq_stack).then_some((task_sp, top))
     }
+}
+
+/// A vCPU stopped on another stack than its task's: the stack it runs on is copied up to
+/// `copy_to` (exclusive), the one it interrupted from `other`, and a third from `then`
+/// (an exception in an IRQ handler: the task's stack under the IRQ stack).
+#[derive(Debug, Clone, Copy)]
+pub struct StackSwitch {
+    pub copy_to: u64,
+    pub other: u64,
+    pub then: Option<u64>,
 }
 
 /// Where `struct module` keeps what the module walk needs (byte offsets, from BTF).
