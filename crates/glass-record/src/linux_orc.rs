@@ -306,6 +306,12 @@ pub struct ModuleLayout {
     num_orcs: u64,
     orc_unwind_ip: u64,
     orc_unwind: u64,
+    /// `module.core_layout` and `module.init_layout` plus `module_layout`'s `base` and
+    /// `text_size` (Linux 6.1; 6.4 has `mem[]` instead): the module's code now.
+    core_base: u64,
+    core_text_size: u64,
+    init_base: u64,
+    init_text_size: u64,
 }
 
 impl ModuleLayout {
@@ -313,12 +319,19 @@ impl ModuleLayout {
         let btf = read_btf(path).ok()?;
         let module = struct_offsets(&btf, "module")?;
         let arch = struct_offsets(&btf, "mod_arch_specific")?;
+        let layout = struct_offsets(&btf, "module_layout")?;
         let base = *module.get("arch")?;
+        let (core, init) = (*module.get("core_layout")?, *module.get("init_layout")?);
+        let (text_base, text_size) = (*layout.get("base")?, *layout.get("text_size")?);
         Some(ModuleLayout {
             list: *module.get("list")?,
             num_orcs: base + arch.get("num_orcs")?,
             orc_unwind_ip: base + arch.get("orc_unwind_ip")?,
             orc_unwind: base + arch.get("orc_unwind")?,
+            core_base: core + text_base,
+            core_text_size: core + text_size,
+            init_base: init + text_base,
+            init_text_size: init + text_size,
         })
     }
 }
@@ -371,17 +384,31 @@ impl LinuxOrc {
             let count = word(module + layout.num_orcs).map(|w| w & 0xffff_ffff);
             let ips = word(module + layout.orc_unwind_ip);
             let orcs = word(module + layout.orc_unwind);
+            // Its code now: the init text is freed after init (base NULL) and its place
+            // given to the next module's, while the table keeps the entries.
+            let mut text = |base: u64, size: u64| {
+                let base = word(module + base).filter(|&b| b >> 63 == 1)?;
+                let size = word(module + size)? & 0xffff_ffff;
+                Some(base..base + size + 1)
+            };
+            let code = [
+                text(layout.core_base, layout.core_text_size),
+                text(layout.init_base, layout.init_text_size),
+            ];
             if let (Some(n @ 1..MOST_MODULE_ORCS), Some(ips), Some(orcs)) = (count, ips, orcs) {
-                found.push((n as usize, ips, orcs));
+                found.push((n as usize, ips, orcs, code));
             }
             node = word(at);
         }
-        for (n, ips_at, orcs_at) in found {
+        for (n, ips_at, orcs_at, code) in found {
             let mut ips = vec![0u8; n * 4];
             let mut orcs = vec![0u8; n * glass_unwind::orc::OrcEntry::SIZE];
             if read(ips_at, &mut ips) == ips.len() && read(orcs_at, &mut orcs) == orcs.len() {
                 if let Ok(table) = OrcTable::parse(ips_at, &ips, &orcs) {
-                    tables.push(table);
+                    let table = table.within(&code.into_iter().flatten().collect::<Vec<_>>());
+                    if !table.is_empty() {
+                        tables.push(table);
+                    }
                 }
             }
         }

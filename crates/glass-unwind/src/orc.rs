@@ -165,6 +165,19 @@ impl OrcTable {
         }
     }
 
+    /// The entries for code in `ranges` only (a module's live text: the kernel looks a
+    /// module's table up only for addresses inside the module).
+    pub fn within(&self, ranges: &[std::ops::Range<u64>]) -> OrcTable {
+        let (ips, entries) = self
+            .ips
+            .iter()
+            .zip(&self.entries)
+            .filter(|(ip, _)| ranges.iter().any(|r| r.contains(ip)))
+            .map(|(ip, e)| (*ip, *e))
+            .unzip();
+        OrcTable { ips, entries }
+    }
+
     /// The first and last code addresses the table's entries start at.
     pub fn span(&self) -> Option<(u64, u64)> {
         Some((*self.ips.first()?, *self.ips.last()?))
@@ -553,6 +566,8 @@ mod tests {
         );
         assert_eq!(both.find(0x40_0000).map(|e| e.sp_reg), Some(REG_UNDEFINED));
         assert_eq!(module.span(), Some((0x80_0000, 0x80_0100)));
+        // A module's freed init text: its entries left out.
+        assert_eq!(module.within(&[0x80_0100..0x80_0101]).len(), 1);
     }
 
     #[test]
