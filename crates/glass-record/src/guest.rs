@@ -1389,8 +1389,7 @@ fn take_sample(
         if let Some(at) = irq_switch.and_then(|s| s.then).filter(|_| other) {
             vcpu.third_at = at;
             vcpu.third_copied =
-                copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third)
-                    .unwrap_or(0);
+                copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third).unwrap_or(0);
         }
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;

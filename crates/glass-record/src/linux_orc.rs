@@ -12,8 +12,9 @@
 //! CPU pushed the interrupted context's frame at the stack's top, and its stack pointer is
 //! where the walk goes on.
 //! Loadable modules' ORC (`struct module`'s `arch.orc_unwind_ip`/`orc_unwind`, on the
-//! `modules` list) is read with `--guest-btf`'s offsets, again whenever a vCPU runs module
-//! code no table covers; without BTF a module frame ends the walk.
+//! `modules` list, kept to the module's live text) is read with `--guest-btf`'s offsets,
+//! again when the list changes (crate::guest decides when); without BTF a module frame
+//! ends the walk.
 
 use std::path::Path;
 
