@@ -507,6 +507,11 @@ fn x86_64_exception_stacks_and_modules() {
             .any(|n| has(f, n))
     };
     eprintln!("{name}: {} NMIs injected", boot.nmis);
+    // NMI samples rooted in the interrupted context (an NMI from user mode ends at its
+    // entry, `asm_exc_nmi`; from the kernel the walk goes on, off the NMI stack).
+    // Measured: 498 of 504, 538 of 549, 396 of 404 (159-244 of them from the kernel: 0 without
+    // the stack switch, which failed this at 335 of 605); 90% leaves room for the few
+    // that land on entry code's edges on a loaded host.
     check_irqs_rooted(
         &boot,
         name,
@@ -515,7 +520,7 @@ fn x86_64_exception_stacks_and_modules() {
         ("interrupted in the kernel (off the exception stack)", |f| {
             f[0] != "asm_exc_nmi"
         }),
-        (20, 80),
+        (20, 90),
     );
     let in_kernel = count(boot.all().filter(|(f, _)| {
         nmi(f) && f[0] != "asm_exc_nmi" && X86_TASK_ROOTS.contains(&f[0].as_str())
@@ -525,6 +530,8 @@ fn x86_64_exception_stacks_and_modules() {
         "{name}: {in_kernel} NMI samples walked off the exception stack"
     );
 
+    // Module frames walked through to an entry. Measured: 368 of 370 (330-642 such
+    // samples in a boot: insmod's probing and the disk reader), 716 of 716.
     let in_module = |f: &[String]| f.iter().any(|frame| module_frame(frame));
     let modules = count(boot.all().filter(|(f, _)| in_module(f)));
     let rooted = count(
@@ -539,7 +546,7 @@ fn x86_64_exception_stacks_and_modules() {
         boot.err
     );
     assert!(
-        modules >= 20 && rooted * 100 >= modules * 80,
+        modules >= 20 && rooted * 100 >= modules * 90,
         "{name}: {rooted} of {modules} module samples walked to an entry:\n{}",
         show(
             boot.all()
