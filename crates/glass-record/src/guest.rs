@@ -623,6 +623,7 @@ fn run_with(
             .ok()
             .and_then(|n| n.parse().ok()),
         slide_tries: 0,
+        btf_given: btf.is_some(),
         kernel_orc: None,
         module_spans: Vec::new(),
         modules_read: None,
@@ -785,6 +786,8 @@ struct GuestSampler<'s, 'b, 'v> {
     slide_tries: u32,
     /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
     orc: Option<LinuxOrc>,
+    /// `--guest-btf` was given (a BTF without modules' layout is said so).
+    btf_given: bool,
     /// The kernel's own ORC table once read, the modules' (their code's spans) merged
     /// with it into the sink's, and when the modules list was last read.
     kernel_orc: Option<glass_unwind::orc::OrcTable>,
@@ -1008,10 +1011,14 @@ impl GuestSampler<'_, '_, '_> {
         });
         match loaded {
             Ok(Some(table)) => {
-                let modules = if orc.module_layout.is_some() {
-                    "; loadable modules' ORC read from the modules list"
-                } else {
-                    "; loadable modules' ORC is read only with --guest-btf: a module frame ends a walk"
+                let modules = match (&orc.module_layout, &self.btf_given) {
+                    (Some(_), _) => "; loadable modules' ORC read from the modules list",
+                    (None, true) => {
+                        "; the BTF has no Linux 6.1 `struct module` (`core_layout`, `arch.orc_unwind`): a module frame ends a walk"
+                    }
+                    (None, false) => {
+                        "; loadable modules' ORC is read only with --guest-btf: a module frame ends a walk"
+                    }
                 };
                 sink.notes.figure(&format!(
                     "kernel stacks walked with the guest kernel's ORC tables ({} entries{modules})",

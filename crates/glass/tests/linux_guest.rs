@@ -567,6 +567,13 @@ fn x86_64_kernel_seen_whole() {
         "{name}: {}",
         boot.err
     );
+    // No --guest-btf: no modules' ORC, and the summary says what that costs.
+    assert!(
+        boot.err
+            .contains("read only with --guest-btf: a module frame ends a walk"),
+        "{name}: {}",
+        boot.err
+    );
 
     // dd's read() of /dev/zero: named down to the syscall entry.
     let dd_read =
