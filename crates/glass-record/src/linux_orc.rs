@@ -416,3 +416,95 @@ impl LinuxOrc {
         (tables, listed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GS: u64 = 0xffff_8880_0f00_0000;
+    const TSS: u64 = 0x6000;
+    const HARDIRQ: u64 = 0x1fb48;
+    /// Linux 6.1's CPU entry area: IST tops 12 KiB apart (8 KiB stacks, guard pages).
+    const DF_TOP: u64 = 0xffff_fe00_0000_a000 + 0x3000;
+    const NMI_TOP: u64 = DF_TOP + 0x3000;
+    const IRQ_TOP: u64 = 0xffff_c900_0000_3ff8;
+    const TASK_SP: u64 = 0xffff_c900_0040_3e00;
+
+    fn orc() -> LinuxOrc {
+        LinuxOrc {
+            ip_start: 0,
+            ip_stop: 4,
+            orc_start: 0,
+            text: None,
+            hardirq_stack_ptr: Some(HARDIRQ),
+            tries: 0,
+            irq_tops: vec![(0, 0); 1],
+            cpu_tss: Some(TSS),
+            ist_tops: vec![(0, [0; IST_STACKS], 0); 1],
+            modules: None,
+            module_layout: None,
+            loaded: true,
+        }
+    }
+
+    /// The per-CPU words and the NMI's interrupt frame (kernel cs, `interrupted` sp).
+    fn memory(interrupted: u64) -> std::collections::HashMap<u64, u64> {
+        let mut m = std::collections::HashMap::new();
+        for i in 0..IST_STACKS as u64 {
+            m.insert(GS + TSS + TSS_IST + 8 * i, DF_TOP + 0x3000 * i);
+        }
+        m.insert(GS + HARDIRQ, IRQ_TOP);
+        m.insert(IRQ_TOP, TASK_SP);
+        m.insert(NMI_TOP - 32, 0x10);
+        m.insert(NMI_TOP - 16, interrupted);
+        m
+    }
+
+    fn regs(sp: u64) -> X86Regs {
+        X86Regs {
+            sp,
+            gs_base: GS,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_nmi_on_the_task_stack_and_on_the_irq_stack() {
+        let mem = memory(TASK_SP);
+        let s = orc()
+            .stack_switch(0, &regs(NMI_TOP - 0x200), &mut |a| mem.get(&a).copied())
+            .unwrap();
+        assert_eq!((s.copy_to, s.other, s.then), (NMI_TOP, TASK_SP, None));
+        // Interrupted on the IRQ stack: the task's stack is a third range.
+        let mem = memory(IRQ_TOP - 0x100);
+        let s = orc()
+            .stack_switch(0, &regs(NMI_TOP - 0x200), &mut |a| mem.get(&a).copied())
+            .unwrap();
+        assert_eq!(
+            (s.copy_to, s.other, s.then),
+            (NMI_TOP, IRQ_TOP - 0x100, Some(TASK_SP))
+        );
+        // On the IRQ stack itself: as before.
+        let s = orc()
+            .stack_switch(0, &regs(IRQ_TOP - 0x80), &mut |a| mem.get(&a).copied())
+            .unwrap();
+        assert_eq!((s.copy_to, s.other, s.then), (IRQ_TOP + 8, TASK_SP, None));
+    }
+
+    #[test]
+    fn user_mode_and_unknown_layouts_switch_nothing() {
+        // From user mode (cs & 3) the entry left the IST stack: nothing to follow.
+        let mut mem = memory(0x7fff_0000);
+        mem.insert(NMI_TOP - 32, 0x33);
+        let sp = regs(NMI_TOP - 0x200);
+        assert!(orc()
+            .stack_switch(0, &sp, &mut |a| mem.get(&a).copied())
+            .is_none());
+        // Tops that do not step evenly are not 6.1's entry area.
+        let mut mem = memory(TASK_SP);
+        mem.insert(GS + TSS + TSS_IST + 24, NMI_TOP + 0x10000);
+        assert!(orc()
+            .stack_switch(0, &sp, &mut |a| mem.get(&a).copied())
+            .is_none());
+    }
+}
