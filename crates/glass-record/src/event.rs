@@ -61,9 +61,10 @@ pub enum Event<'s> {
         flags: u8,
         regs: UnwindRegs,
         stack: &'s [u8],
-        /// A second stack range (its address, its bytes) where the walk leaves the first
-        /// for another stack (a Linux guest's IRQ stack back to the interrupted task's).
-        other_stack: Option<(u64, &'s [u8])>,
+        /// More stack ranges (each its address, its bytes) where the walk leaves the
+        /// first for another stack (a Linux guest's IRQ stack back to the interrupted
+        /// task's; an exception stack back to an IRQ stack, then the task's).
+        other_stacks: &'s [(u64, &'s [u8])],
         /// The address space whose modules unwind it, where not `pid`'s: a Linux
         /// guest process's user stack (its binaries under a pid of its own,
         /// `glass_format::GUEST_PROCESS_PIDS`) sampled on a vCPU thread.

@@ -372,10 +372,14 @@ struct Vcpu {
     /// Stacks the unwinder wanted more of than was copied, or memory outside the copies.
     cut: u64,
     /// The second range: where the frame chain leaves the first copy for another stack
-    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied.
+    /// (a Linux guest's IRQ stack back to the task's), its address and bytes copied;
+    /// and a third (an x86-64 exception stack back to the IRQ stack, then the task's).
     other: Vec<u8>,
     other_at: u64,
     other_copied: usize,
+    third: Vec<u8>,
+    third_at: u64,
+    third_copied: usize,
     /// Samples that took a second range.
     switched: u64,
 }
@@ -405,6 +409,9 @@ impl Vcpu {
             other: vec![0; limit.min(OTHER_STACK_COPY)],
             other_at: 0,
             other_copied: 0,
+            third: vec![0; limit.min(OTHER_STACK_COPY)],
+            third_at: 0,
+            third_copied: 0,
             switched: 0,
         }
     }
@@ -591,7 +598,8 @@ fn run_with(
         registers_ns: Vec::new(),
         last_registers_ns: 0,
     };
-    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count) {
+    let btf = sink.args.guest_btf.clone();
+    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count, btf.as_deref()) {
         Some(Ok(orc)) => Some(orc),
         Some(Err(note)) => {
             sink.warn_kept(&note)?;
@@ -619,6 +627,15 @@ fn run_with(
             .and_then(|n| n.parse().ok()),
         slide_tries: 0,
         waited: Duration::ZERO,
+        btf_given: btf.is_some(),
+        kernel_orc: None,
+        module_spans: Vec::new(),
+        modules_read: None,
+        modules_ends: None,
+        modules_incomplete: false,
+        incomplete_readings: 0,
+        modules_readings: 0,
+        modules_tables: None,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -643,6 +660,13 @@ fn run_with(
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
     let waited = sampler.waited;
+    let modules_figure = sampler.modules_tables.map(|(modules, entries)| {
+        format!(
+            "loadable modules' ORC tables read: {}, {entries} entries (the modules list read {} times)",
+            glass_format::count(modules as u64, "module"),
+            sampler.modules_readings
+        )
+    });
     let fate = sampler.fate.take();
     let times = &mut source.registers_ns;
     times.sort_unstable();
@@ -684,6 +708,9 @@ fn run_with(
     }
     if let Some(user) = user {
         sink.notes.figure(&user.figures());
+    }
+    if let Some(figure) = modules_figure {
+        sink.notes.figure(&figure);
     }
     outside.judge(symbols, sink.notes);
     outcome.map(|outcome| (outcome, fate))
@@ -774,6 +801,21 @@ struct GuestSampler<'s, 'b, 'v> {
     orc: Option<LinuxOrc>,
     /// Time the loop spent waiting (for the next tick, mostly).
     waited: Duration,
+    /// `--guest-btf` was given (a BTF without modules' layout is said so).
+    btf_given: bool,
+    /// The kernel's own ORC table once read, the modules' (their code's spans) merged
+    /// with it into the sink's, and when the modules list was last read.
+    kernel_orc: Option<glass_unwind::orc::OrcTable>,
+    module_spans: Vec<(u64, u64)>,
+    modules_read: Option<Instant>,
+    /// The `modules` list head's words at the last reading, and whether a module on it
+    /// had no ORC yet.
+    modules_ends: Option<[u8; 16]>,
+    modules_incomplete: bool,
+    incomplete_readings: u32,
+    /// Readings of the list, and the modules and entries the last that changed found.
+    modules_readings: u32,
+    modules_tables: Option<(usize, usize)>,
 }
 
 /// How many samples outside a symbol table may try to find the kernel's slide.
@@ -955,8 +997,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 flags,
                 regs: r.unwind(),
                 stack: &vcpu.stack[..vcpu.copied],
-                other_stack: (vcpu.other_copied > 0)
-                    .then(|| (vcpu.other_at, &vcpu.other[..vcpu.other_copied])),
+                other_stacks: &[
+                    (vcpu.other_at, &vcpu.other[..vcpu.other_copied]),
+                    (vcpu.third_at, &vcpu.third[..vcpu.third_copied]),
+                ][..usize::from(vcpu.other_copied > 0) + usize::from(vcpu.third_copied > 0)],
                 space: None,
             })?;
             vcpu.switched += u64::from(vcpu.other_copied > 0);
@@ -970,6 +1014,8 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         }
         if self.orc.as_ref().is_some_and(LinuxOrc::pending) {
             self.load_orc(sink)?;
+        } else if self.modules_to_read() {
+            self.load_module_orc(sink);
         }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         Ok(Ok(stopped_ns))
@@ -1008,16 +1054,119 @@ impl GuestSampler<'_, '_, '_> {
         });
         match loaded {
             Ok(Some(table)) => {
+                let modules = match (&orc.module_layout, &self.btf_given) {
+                    (Some(_), _) => "; loadable modules' ORC read from the modules list",
+                    (None, true) => {
+                        "; the BTF has no Linux 6.1 `struct module` (`core_layout`, `arch.orc_unwind`): a module frame ends a walk"
+                    }
+                    (None, false) => {
+                        "; loadable modules' ORC is read only with --guest-btf: a module frame ends a walk"
+                    }
+                };
                 sink.notes.figure(&format!(
-                    "kernel stacks walked with the guest kernel's ORC tables ({} entries)",
+                    "kernel stacks walked with the guest kernel's ORC tables ({} entries{modules})",
                     table.len()
                 ));
+                self.kernel_orc = Some(table.clone());
                 sink.guest_orc = Some(table);
+                self.load_module_orc(sink);
             }
             Ok(None) => {}
             Err(note) => sink.warn_kept(&note)?,
         }
         Ok(())
+    }
+
+    /// A vCPU stopped in the kernel (its page tables map the kernel's data), for reads
+    /// of kernel memory while the VM runs.
+    fn kernel_regs(&self) -> Option<VcpuRegs> {
+        self.vcpus
+            .iter()
+            .map(|v| v.regs)
+            .find(|r| r.paging_on() && r.ip() >> 63 == 1)
+    }
+
+    /// Whether the modules' tables are to be read again: the `modules` list's head moved
+    /// (a module loaded or gone), the last reading found a module whose ORC was not set
+    /// up yet (it is on the list before: at every tick for 64, then as below), or, at
+    /// most every 100 ms, a vCPU runs module code no table covers (code there that no module's ORC covers, a BPF
+    /// program's, is tried again only that often).
+    fn modules_to_read(&mut self) -> bool {
+        const AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
+        let Some(orc) = self
+            .orc
+            .as_ref()
+            .filter(|o| o.loaded && o.module_layout.is_some())
+        else {
+            return false;
+        };
+        let Some(r) = self.kernel_regs() else {
+            return false;
+        };
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let ends = orc.modules_ends(self.image.slide.unwrap_or(0), &mut |address, buf| {
+            backend
+                .physical_memory()
+                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+        });
+        // A module on the list before its ORC is set up runs its init right after:
+        // read again at every tick for a while.
+        if (ends.is_some() && ends != self.modules_ends)
+            || (self.modules_incomplete && self.incomplete_readings < 64)
+        {
+            return true;
+        }
+        if self.modules_read.is_some_and(|at| at.elapsed() < AGAIN) {
+            return false;
+        }
+        self.modules_incomplete
+            || self.vcpus.iter().any(|v| {
+                let ip = v.regs.ip();
+                LinuxOrc::in_modules(ip)
+                    && !v.in_firmware
+                    && !self
+                        .module_spans
+                        .iter()
+                        .any(|(a, b)| (*a..=*b).contains(&ip))
+            })
+    }
+
+    /// Reads the loaded modules' ORC tables (crate::linux_orc) while the VM runs, and
+    /// walks with the kernel's and theirs from the next sample on.
+    fn load_module_orc(&mut self, sink: &mut Sink) {
+        self.modules_read = Some(Instant::now());
+        self.modules_readings += 1;
+        let (Some(orc), Some(kernel)) = (self.orc.as_ref(), self.kernel_orc.as_ref()) else {
+            return;
+        };
+        if orc.module_layout.is_none() {
+            return;
+        }
+        let Some(r) = self.kernel_regs() else {
+            return;
+        };
+        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
+        let slide = self.image.slide.unwrap_or(0);
+        let mut read = |address, buf: &mut [u8]| {
+            backend
+                .physical_memory()
+                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
+        };
+        self.modules_ends = orc.modules_ends(slide, &mut read);
+        let (tables, listed) = orc.read_modules(slide, &mut read);
+        self.modules_incomplete = tables.len() < listed;
+        self.incomplete_readings = if self.modules_incomplete {
+            self.incomplete_readings + 1
+        } else {
+            0
+        };
+        let spans: Vec<(u64, u64)> = tables.iter().filter_map(|t| t.span()).collect();
+        if spans == self.module_spans {
+            return;
+        }
+        self.modules_tables = Some((tables.len(), tables.iter().map(|t| t.len()).sum()));
+        self.module_spans = spans;
+        sink.guest_orc = Some(kernel.merged(&tables));
     }
 
     /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
@@ -1149,7 +1298,7 @@ fn user_stack(
         flags: 0,
         regs: r.unwind(),
         stack: &vcpu.stack[..vcpu.copied],
-        other_stack: None,
+        other_stacks: &[],
         space: Some(space),
     })?;
     Ok(true)
@@ -1208,12 +1357,13 @@ fn take_sample(
                 .halted(index)
                 .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
         vcpu.top_copy = false;
-        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word,
-        // and the copy runs to that word for the walk to find it.
+        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word;
+        // on an exception (IST) stack: the interrupted one in the frame at its top. The
+        // copy runs to the top for the walk to find it.
         let irq_switch = match (orc.as_deref_mut(), &r) {
             (Some(orc), VcpuRegs::X86_64(x)) if orc.loaded && !user_mode => {
                 let mut word = [0u8; 8];
-                orc.irq_stack_switch(index, x, &mut |at| {
+                orc.stack_switch(index, x, &mut |at| {
                     (copy_from(backend, &mut source.cache, index, &r, at, &mut word).ok()? == 8)
                         .then(|| u64::from_le_bytes(word))
                 })
@@ -1252,7 +1402,9 @@ fn take_sample(
                 vcpu.copy_len
             };
             let len = match irq_switch {
-                Some((_, top)) => len.max((top + 8 - r.sp()) as usize).min(vcpu.stack.len()),
+                Some(switch) => len
+                    .max((switch.copy_to - r.sp()) as usize)
+                    .min(vcpu.stack.len()),
                 None => len,
             };
             vcpu.asked = len;
@@ -1267,14 +1419,15 @@ fn take_sample(
             copied
         };
         vcpu.other_copied = 0;
+        vcpu.third_copied = 0;
         // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
         // stopped past the stop bound (a unikernel's debug-build run did).
         let other = backend.physical_memory().is_some() && !user_mode;
         // With ORC an x86-64 kernel's stacks hold no frame records to follow: the IRQ
-        // stack's saved word says where the task's stack is.
+        // stack's saved word or the IST stack's frame says where the other stack is.
         let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
         let leaves = match irq_switch {
-            Some((task_sp, _)) => Some(task_sp),
+            Some(switch) => Some(switch.other),
             None if orc_walked || r.protected_32() => None,
             None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
         };
@@ -1284,6 +1437,11 @@ fn take_sample(
             // Unreadable: the walk ends there and is counted as cut.
             vcpu.other_copied =
                 copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
+        }
+        if let Some(at) = irq_switch.and_then(|s| s.then).filter(|_| other) {
+            vcpu.third_at = at;
+            vcpu.third_copied =
+                copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third).unwrap_or(0);
         }
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;

@@ -206,7 +206,7 @@ fn write_tick(
                     },
                     regs: sample.regs,
                     stack: tick.stack_of(sample),
-                    other_stack: None,
+                    other_stacks: &[],
                     space: None,
                 })?;
                 if wanted > sample.stack_len {

@@ -58,8 +58,8 @@ struct CopiedStack<'a> {
     bytes: &'a [u8],
     /// The highest address an unwinder asked for, to size later copies.
     high_water: u64,
-    /// A second range (address, bytes): another stack the walk continues on.
-    other: Option<(u64, &'a [u8])>,
+    /// More ranges (address, bytes): other stacks the walk continues on.
+    other: &'a [(u64, Vec<u8>)],
     /// A word was asked for outside both ranges and not just past the first: the walk
     /// wanted memory glass did not copy (another stack's).
     outside: bool,
@@ -76,7 +76,7 @@ impl CopiedStack<'_> {
             self.high_water = self.high_water.max(address + 8);
             return Some(word);
         }
-        if let Some(word) = self.other.and_then(|(base, bytes)| at(base, bytes)) {
+        if let Some(word) = self.other.iter().find_map(|(base, bytes)| at(*base, bytes)) {
             return Some(word);
         }
         if address >= self.sp && address - self.sp <= (self.bytes.len() + 4096) as u64 {
@@ -272,8 +272,8 @@ pub struct Recorder<'a> {
     /// Kernel addresses the samples held (named from kallsyms at the end).
     kernel_addresses: HashSet<u64>,
     kernel_samples: u64,
-    /// The current sample's second stack range ([`Event::Stack`]'s `other_stack`).
-    other_stack: Option<(u64, Vec<u8>)>,
+    /// The current sample's other stack ranges ([`Event::Stack`]'s `other_stacks`).
+    other_stacks: Vec<(u64, Vec<u8>)>,
     /// The current sample's address space to unwind in ([`Event::Stack`]'s `space`).
     unwind_space: Option<i32>,
     /// Walks that wanted stack memory outside every copy (another stack than the one
@@ -339,7 +339,7 @@ impl<'a> Recorder<'a> {
             window: StackWindow::new(),
             kernel_addresses: HashSet::new(),
             kernel_samples: 0,
-            other_stack: None,
+            other_stacks: Vec::new(),
             unwind_space: None,
             walks_outside_copies: 0,
             guest_orc: None,
@@ -475,13 +475,16 @@ impl<'a> Recorder<'a> {
                 flags,
                 regs,
                 stack,
-                other_stack,
+                other_stacks,
                 space,
             } => {
-                self.other_stack = other_stack.map(|(at, bytes)| (at, bytes.to_vec()));
+                self.other_stacks = other_stacks
+                    .iter()
+                    .map(|(at, bytes)| (*at, bytes.to_vec()))
+                    .collect();
                 self.unwind_space = space;
                 let wanted = self.stack_sample(pid, tid, time_ns, stopped_ns, flags, regs, stack);
-                self.other_stack = None;
+                self.other_stacks.clear();
                 self.unwind_space = None;
                 return wanted;
             }
@@ -914,7 +917,7 @@ impl<'a> Recorder<'a> {
         stack: &[u8],
         frames: &mut Vec<u64>,
     ) -> (u8, usize) {
-        let other = self.other_stack.take();
+        let other = std::mem::take(&mut self.other_stacks);
         let guest_user = self.unwind_space.is_some();
         let pid = self.unwind_space.unwrap_or(pid);
         let first = frames.len();
@@ -922,7 +925,7 @@ impl<'a> Recorder<'a> {
             sp: regs.sp,
             bytes: stack,
             high_water: regs.sp,
-            other: other.as_ref().map(|(at, bytes)| (*at, bytes.as_slice())),
+            other: &other,
             outside: false,
         };
         let max_depth = self.args.max_depth as usize;

@@ -77,7 +77,10 @@ fn talks_to_qemu() {
         let ip = client.registers(0).unwrap().ip();
         client.resume().unwrap();
         below = if ip < 0x10_0000 { below + 1 } else { 0 };
-        assert!(Instant::now() < settled, "the firmware still ran at {ip:#x}");
+        assert!(
+            Instant::now() < settled,
+            "the firmware still ran at {ip:#x}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut instruction_pointers = Vec::new();

@@ -150,6 +150,39 @@ impl OrcTable {
         })
     }
 
+    /// This table with `others` (loadable modules' tables, each sorted, at addresses of
+    /// their own): one table for the walk. Each table ends with a terminator entry
+    /// (objtool's, at its section's end), so the code between them stays uncovered.
+    pub fn merged(&self, others: &[OrcTable]) -> OrcTable {
+        let mut pairs: Vec<(u64, OrcEntry)> = std::iter::once(self)
+            .chain(others)
+            .flat_map(|t| t.ips.iter().copied().zip(t.entries.iter().copied()))
+            .collect();
+        pairs.sort_by_key(|p| p.0);
+        OrcTable {
+            ips: pairs.iter().map(|p| p.0).collect(),
+            entries: pairs.iter().map(|p| p.1).collect(),
+        }
+    }
+
+    /// The entries for code in `ranges` only (a module's live text: the kernel looks a
+    /// module's table up only for addresses inside the module).
+    pub fn within(&self, ranges: &[std::ops::Range<u64>]) -> OrcTable {
+        let (ips, entries) = self
+            .ips
+            .iter()
+            .zip(&self.entries)
+            .filter(|(ip, _)| ranges.iter().any(|r| r.contains(ip)))
+            .map(|(ip, e)| (*ip, *e))
+            .unzip();
+        OrcTable { ips, entries }
+    }
+
+    /// The first and last code addresses the table's entries start at.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        Some((*self.ips.first()?, *self.ips.last()?))
+    }
+
     pub fn len(&self) -> usize {
         self.ips.len()
     }
@@ -478,6 +511,64 @@ mod tests {
             frames,
             vec![0x10_0010, 0x10_0110, 0x10_0210, 0x10_0320, 0x10_0410]
         );
+    }
+
+    /// A module's table merged with the kernel's: a kernel function called from module
+    /// code walks on through the module's frame; code between the two tables (past the
+    /// kernel's terminator) stays uncovered.
+    #[test]
+    fn merged_tables_walk_through_a_module() {
+        let kernel = table(&[
+            (
+                0x10_0000,
+                entry(REG_SP, 8, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // kernel leaf
+            (
+                0x10_0100,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, true),
+            ), // kernel root
+            (
+                0x10_0200,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // terminator
+        ]);
+        let module = table(&[
+            (
+                0x80_0000,
+                entry(REG_SP, 16, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // module function
+            (
+                0x80_0100,
+                entry(REG_UNDEFINED, 0, REG_UNDEFINED, 0, TYPE_CALL, false),
+            ), // terminator
+        ]);
+        let stack: std::collections::HashMap<u64, u64> =
+            [(0x8000, 0x80_0010), (0x8010, 0x10_0110)].into();
+        let walk = |t: &OrcTable| {
+            let mut frames = Vec::new();
+            let end = t.walk(
+                UnwindRegs::new(0x10_0010, 0x8000, 0),
+                &mut |a| stack.get(&a).copied(),
+                64,
+                &mut frames,
+            );
+            (end, frames)
+        };
+        assert_eq!(
+            walk(&kernel),
+            (WalkEnd::BadFramePointer, vec![0x10_0010, 0x80_0010])
+        );
+        let both = kernel.merged(std::slice::from_ref(&module));
+        assert_eq!(both.len(), 5);
+        assert_eq!(
+            walk(&both),
+            (WalkEnd::Complete, vec![0x10_0010, 0x80_0010, 0x10_0110])
+        );
+        assert_eq!(both.find(0x40_0000).map(|e| e.sp_reg), Some(REG_UNDEFINED));
+        assert_eq!(module.span(), Some((0x80_0000, 0x80_0100)));
+        // Only the entries inside the live ranges: the terminator's text is gone.
+        let live = [0x80_0000..0x80_0050, 0x90_0000..0x90_1000];
+        assert_eq!(module.within(&live).span(), Some((0x80_0000, 0x80_0000)));
     }
 
     #[test]
