@@ -543,6 +543,11 @@ fn the_linux_pvh_domu_is_profiled_with_its_kernel_split_named_from_kallsyms() {
         .map(|(_, n)| n)
         .sum();
     eprintln!("event upcall samples rooted in the interrupted task: {upcalls_rooted} of {upcalls}");
+    // Measured: 34 of 35 (6% of 556 samples at 19 Hz).
+    assert!(
+        upcalls >= 10 && upcalls_rooted * 100 >= upcalls * 80,
+        "{upcalls_rooted} of {upcalls} event upcall samples rooted in the interrupted task"
+    );
     assert!(
         rooted * 100 >= zeroing * 90,
         "{rooted} of {zeroing} zeroing stacks reach entry_SYSCALL_64: {err}"
