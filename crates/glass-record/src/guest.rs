@@ -35,7 +35,7 @@ use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Gathered, LateTicks, Sampler};
+use super::driver::{drive, Clock, Gathered, LateTicks, Sampler, DEFAULT_STOPPED_BUDGET};
 use super::event::Event;
 use super::guest_image::GuestImage;
 use super::guest_user::{self, GuestProcesses, MmLayout};
@@ -646,7 +646,11 @@ fn run_with(
         Clock::Running(
             args.frequency,
             if backend_takes_late_ticks {
-                LateTicks::TakeOne
+                LateTicks::TakeOne {
+                    stopped_budget: args
+                        .max_stopped
+                        .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
+                }
             } else {
                 LateTicks::Skip
             },

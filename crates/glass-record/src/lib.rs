@@ -87,6 +87,9 @@ pub struct RecordOptions {
     pub vm: bool,
     pub keep_vm: bool,
     pub no_translation_cache: bool,
+    /// Xen: the most of wall time (percent) the domain may be held stopped while late
+    /// ticks are taken at once (`None`: the default budget).
+    pub max_stopped: Option<f64>,
     pub sampler_cpu: Option<usize>,
     pub backend: BackendChoice,
     pub unwind: UnwindMode,
@@ -597,17 +600,11 @@ pub struct Ticker {
     late: LateTicks,
     /// The target's stopped time (from [`Ticker::postpone`]) over the current window of
     /// wall time, and the share of the last whole window: late ticks are taken at once
-    /// only while that share is within [`LATE_TICKS_STOPPED_BUDGET`].
+    /// only while that share is within their budget ([`LateTicks::TakeOne`]).
     window_start_ns: u64,
     window_stopped_ns: u64,
     last_stopped_share: f64,
 }
-
-/// The share of wall time a target may be held stopped before late ticks are no longer
-/// taken at once (perf's `perf_cpu_time_max_percent` is 25% too): the guest's own clocks
-/// run on while it is paused, and at 41% stopped (every late tick taken, a loaded host)
-/// the Xen unikernel's split drifted 4-6 points from its own.
-pub const LATE_TICKS_STOPPED_BUDGET: f64 = 0.25;
 
 /// The window over which the stopped share is measured.
 const STOPPED_SHARE_WINDOW_NS: u64 = 250_000_000;
@@ -698,7 +695,8 @@ impl Ticker {
     /// Xen dom0 even a wait for a timer already due lets the pCPU go (the timer's
     /// interrupt comes back through Xen).
     pub fn due(&self) -> bool {
-        self.late == LateTicks::TakeOne && self.deadline(self.next) <= monotonic_now_ns()
+        matches!(self.late, LateTicks::TakeOne { .. })
+            && self.deadline(self.next) <= monotonic_now_ns()
     }
 
     /// Moves every later deadline by `ns`: the schedule then counts only the time the
@@ -741,8 +739,8 @@ impl Ticker {
             missed += 1;
         }
         if missed > 0
-            && self.late == LateTicks::TakeOne
-            && self.last_stopped_share <= LATE_TICKS_STOPPED_BUDGET
+            && matches!(self.late, LateTicks::TakeOne { stopped_budget }
+                if self.last_stopped_share <= stopped_budget)
         {
             // The latest deadline that passed is armed: the timer fires at once.
             self.next -= 1;
@@ -771,7 +769,13 @@ mod ticker_tests {
 
     #[test]
     fn a_late_tick_taken_one_at_a_time_fires_again_at_once() {
-        let mut ticker = Ticker::new(1000, LateTicks::TakeOne).unwrap();
+        let mut ticker = Ticker::new(
+            1000,
+            LateTicks::TakeOne {
+                stopped_budget: 0.25,
+            },
+        )
+        .unwrap();
         assert!(readable_within(&ticker, 5000), "the first tick never came");
         std::thread::sleep(std::time::Duration::from_millis(20));
         // About 20 deadlines passed: one is taken now, one armed at once, the rest missed.
@@ -788,7 +792,13 @@ mod ticker_tests {
 
     #[test]
     fn late_ticks_wait_again_once_the_target_was_stopped_beyond_the_budget() {
-        let mut ticker = Ticker::new(100, LateTicks::TakeOne).unwrap();
+        let mut ticker = Ticker::new(
+            100,
+            LateTicks::TakeOne {
+                stopped_budget: 0.25,
+            },
+        )
+        .unwrap();
         assert!(readable_within(&ticker, 5000), "the first tick never came");
         assert!(ticker.fired(false).is_some());
         // The target held stopped for most of a window: over the budget.

@@ -181,6 +181,11 @@ pub struct RecordArgs {
     /// translation cache saves)
     #[arg(long)]
     pub no_translation_cache: bool,
+    /// With --xen: a late tick is taken at once while the domain was held stopped for at
+    /// most this percent of wall time (default 25, as perf's perf_cpu_time_max_percent;
+    /// 100 takes every stop dom0 can, at the cost of the guest's time)
+    #[arg(long, value_name = "PERCENT", requires = "xen", value_parser = parse_percent)]
+    pub max_stopped: Option<f64>,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,
@@ -243,6 +248,17 @@ fn parse_ring_kib(text: &str) -> Result<u32, String> {
         return Err("must be a power of two between 4 and 1048576".to_string());
     }
     Ok(kib)
+}
+
+/// A share of time in percent, above 0 and at most 100 (NaN and infinities refused).
+fn parse_percent(text: &str) -> Result<f64, String> {
+    let percent: f64 = text
+        .parse()
+        .map_err(|_| format!("not a percentage: {text}"))?;
+    if !(percent > 0.0 && percent <= 100.0) {
+        return Err("must be a percentage above 0 and at most 100".to_string());
+    }
+    Ok(percent)
 }
 
 /// A multiple of 8 (the kernel's requirement for perf; words for the others), at most

@@ -157,6 +157,23 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn a_stopped_budget_that_is_no_percentage_is_refused() {
+    for value in ["0", "101", "nan", "inf", "-5", "most"] {
+        let budget = format!("--max-stopped={value}");
+        let output = glass(&["record", "--xen", "uk", "--symbols", "/dev/null", &budget]);
+        assert_clean_failure(&output, 2, value);
+        assert!(
+            stderr(&output).contains("percentage"),
+            "{}",
+            stderr(&output)
+        );
+    }
+    // Only with --xen.
+    let output = glass(&["record", "--max-stopped", "50", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+}
+
+#[test]
 fn a_gdb_stub_that_is_not_there_or_never_answers() {
     let dir = scratch("bad_stub");
     let elf = compile(&dir, "split.c", "split", &[]);
