@@ -43,7 +43,7 @@ use super::linux_guest::LinuxTasks;
 use super::linux_orc::LinuxOrc;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
-use crate::{Notes, Recorded, Result};
+use crate::{CaptureMode, Notes, Recorded, Result};
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
 const GUEST_PID: i32 = 1;
@@ -600,6 +600,13 @@ fn run_with(
     };
     let btf = sink.args.guest_btf.clone();
     let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count, btf.as_deref()) {
+        Some(Ok(_)) if args.capture == CaptureMode::Raw => {
+            // A raw sample keeps one stack range and the report has no ORC tables.
+            sink.warn_kept(
+                "--capture raw keeps neither the guest kernel's ORC tables nor its IRQ and exception stacks: the report walks kernel frames past the leaf by frame pointers (--capture frames walks them whole)",
+            )?;
+            None
+        }
         Some(Ok(orc)) => Some(orc),
         Some(Err(note)) => {
             sink.warn_kept(&note)?;

@@ -659,3 +659,30 @@ fn x86_64_kernel_seen_whole() {
         reads(&before)
     );
 }
+
+/// x86-64 under `--capture raw`: a raw sample keeps one stack range and the report has no
+/// ORC tables, so kernel frames past the leaf are frame-pointer guesses there: the
+/// recording says so, and so does every report; the leaves are named all the same.
+#[test]
+fn x86_64_raw_capture_says_why_kernel_stacks_are_short() {
+    let boot = boot_full(
+        "x86_64",
+        "x86-64-raw",
+        &["--work", "3"],
+        None,
+        &["--capture", "raw"],
+        false,
+    );
+    let said = "--capture raw keeps neither the guest kernel's ORC tables";
+    assert!(boot.err.contains(said), "{}", boot.err);
+    assert!(boot.report_err.contains(said), "{}", boot.report_err);
+    let reads = count(boot.all().filter(|(f, _)| {
+        f.last()
+            .is_some_and(|l| l.starts_with("clear_user") || l == "read_zero")
+    }));
+    assert!(
+        reads >= 20,
+        "{reads} samples in dd's read():\n{}",
+        show(boot.all(), 10)
+    );
+}
