@@ -155,8 +155,9 @@ def markdown(rows, meta):
         "multicall (pause, both contexts and states) and the stack reads are the parts glass "
         "times itself, the rest is the unpause and dom0 waiting for its emulated CPU. dom0 CPU "
         "is glass's and its guardian's user+system time (busybox time), hypercalls included. "
-        "glass counts a missed deadline rather than catch up, so at 997 Hz it takes what the "
-        "stopped time leaves. The guest's slowdown compares its ticks per round (the counter "
+        "glass takes a late tick at once (one at a time, while the domain was held stopped for "
+        "at most 25% of wall time), so at 997 Hz it takes what the stopped time and dom0's "
+        "waits for its timer leave. The guest's slowdown compares its ticks per round (the counter "
         "runs on through pauses) with the window alone just before; on a loaded host that "
         "window's own noise is of the same order.",
         END,
