@@ -1213,6 +1213,10 @@ impl GuestSampler<'_, '_, '_> {
             return Ok(());
         };
         self.image.apply_slide(slide);
+        if slide == 0 {
+            // Where the table says: nothing moved, nothing to say.
+            return Ok(());
+        }
         sink.notes.figure(&format!(
             "KASLR: the running kernel lies {slide:#x} above the symbol table ({how}); named from then on"
         ));

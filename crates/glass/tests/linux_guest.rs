@@ -457,6 +457,36 @@ fn x86_64_kaslr_kernel_idle_named() {
     check_idle_and_vectors(&boot, name);
 }
 
+/// A kernel moved by less than its own size still runs partly inside the symbol table,
+/// where glass once took it for unmoved (a fresh-clone run's KASLR boot found no slide):
+/// the kit's nokaslr kernel against its kallsyms moved 4 MiB down, so that the kernel
+/// runs 4 MiB above the table.
+#[test]
+fn x86_64_a_kernel_moved_by_less_than_its_size_is_found() {
+    let kit = linux_kit();
+    let moved = scratch("linux-moved-map").join("kallsyms");
+    let table = std::fs::read_to_string(kit.join("x86_64/kallsyms")).unwrap();
+    let lines: Vec<String> = table
+        .lines()
+        .map(|line| {
+            let (address, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match u64::from_str_radix(address, 16) {
+                Ok(a) if a >> 63 == 1 => format!("{:016x} {rest}", a - (4 << 20)),
+                _ => line.to_string(),
+            }
+        })
+        .collect();
+    std::fs::write(&moved, lines.join("\n") + "\n").unwrap();
+    let boot = boot_with("x86_64", "x86-64-moved", &["--work", "3"], Some(&moved));
+    let name = "x86-64 moved 4 MiB";
+    check_kaslr(&boot, name);
+    assert!(
+        boot.err.contains("lies 0x400000 above the symbol table"),
+        "{name}: {}",
+        boot.err
+    );
+}
+
 /// x86-64: Debian's kernel keeps no frame pointers; glass reads its ORC tables from guest
 /// RAM and walks kernel stacks with them, through the IRQ stack back to the task.
 /// An x86-64 task's kernel roots: its kernel entries from user space, kernel threads,
