@@ -83,7 +83,8 @@ pub enum LateTicks {
     /// sleeps, even for less than a period, gives its pCPU to a guest vCPU and wakes late,
     /// so waiting for the next deadline halved the stops taken at 997 Hz. Only while the
     /// target was held stopped for at most `stopped_budget` (a share) of the last window
-    /// of wall time; beyond it, as `Skip`.
+    /// of wall time; beyond it, as `Skip`. And every stop is followed by running enough
+    /// to keep within the budget ([`Ticker::postpone`]).
     TakeOne { stopped_budget: f64 },
 }
 
