@@ -8,6 +8,9 @@
 #   floor.MODE.HZ.R   bench/xen_floor's result line
 #   xenctx.vV.txt     the last xenctx output per vCPU
 #   tsc.txt           Xen's "Detected N MHz processor" line (the guest's TSC rate)
+#   glass.alone.B.R.err, floor.alone.997.R
+#                     glass at 997 Hz with --max-stopped B (25, 100) and the floor, with dom0
+#                     alone on its pCPU (guest vCPU 1 moved to pCPU 1), after the PV rounds
 #   glass.pvh.HZ.R.err, floor.pvh.ctx.HZ.R
 #                     the same for the unikernel's PVH build, after the PV rounds
 # The host writes $GLASS_OUT/env first: GLASS, PV_ELF, HVM_ELF, FLOOR, SYMS, ROUNDS, IDLE (seconds
@@ -28,7 +31,9 @@ LOG=/var/log/xen/console/guest-uk.log
 # default stop bound (50 ms) would end as a stalled glass.
 export GLASS_STOP_BOUND_MS=1000
 
-xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
+# Xen 4.17 schedules with credit2 by default, where `xl sched-credit` fails (it did,
+# silently, until 2026-11-28: dom0 ran at the default weight, 256).
+xl sched-credit2 -d 0 -w 4096 >/dev/null 2>&1 || xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
 xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
 
 event() { echo "$EPOCHREALTIME $*" >>"$OUT/events.log"; }
@@ -143,6 +148,24 @@ for round in $(seq 0 $((ROUNDS - 1))); do
         glass 101 "$round"
         idle "$round.c"
     fi
+done
+# dom0 alone on its pCPU: guest vCPU 1 moved beside vCPU 0 on pCPU 1, so that no guest vCPU
+# holds dom0's pCPU when its timer falls due (Xen's credit2 lets a running vCPU finish its
+# rate limit, 1 ms, before a waking dom0 gets the pCPU back). The floor and glass at 997 Hz,
+# with the default budget and with none.
+xl vcpu-pin uk 1 1 >/dev/null 2>&1
+for round in $(seq 0 $((ROUNDS - 1))); do
+    event floor-start alone 997 "$round"
+    "$FLOOR" "$DOMID" ctx "$FLOOR_N" 997 "$FLOOR_SECONDS" >"$OUT/floor.alone.997.$round" 2>&1
+    event floor-end alone 997 "$round"
+    cat "$OUT/floor.alone.997.$round"
+    for budget in 25 100; do
+        event glass-start alone "$budget" "$round"
+        "$GLASS" record --xen uk -F 997 --max-stopped "$budget" -d "$GLASS_SECONDS" --symbols "$PV_ELF" \
+            -o /tmp/bench.alone.glass 2>&1 >/dev/null | stamp >"$OUT/glass.alone.$budget.$round.err"
+        event glass-end alone "$budget" "$round"
+        cut -d' ' -f2- "$OUT/glass.alone.$budget.$round.err"
+    done
 done
 sleep 0.5
 kill "$stamper" 2>/dev/null

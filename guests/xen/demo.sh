@@ -9,7 +9,9 @@ OUT="$GLASS_OUT"
 GLASS="$(cat "$OUT/glass-path")"
 ELF="$OUT/pv/uk-pv.elf"
 xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1
-xl sched-credit -d 0 -w 4096 >/dev/null 2>&1
+# Xen 4.17 schedules with credit2 by default, where `xl sched-credit` fails (it did,
+# silently, until 2026-11-28: dom0 ran at the default weight, 256).
+xl sched-credit2 -d 0 -w 4096 >/dev/null 2>&1 || xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
 cat >/run/uk.cfg <<CFG
 name = "uk"
 type = "pv"

@@ -71,6 +71,10 @@ pub trait Sampler<C: ?Sized> {
     /// The loop waited this long for something to happen (a tick, a descriptor, a
     /// signal) before this turn: for a backend that reports where its time went.
     fn waited(&mut self, _waited: Duration) {}
+
+    /// The loop slept for the clock's timer and woke this long after the deadline
+    /// ([`Ticker::lateness`]).
+    fn woke_late(&mut self, _late: Duration) {}
 }
 
 /// What the clock does about a deadline found already passed when it wakes.
@@ -183,6 +187,9 @@ pub fn drive<C: ?Sized>(
         };
         if !ready[0] && !due {
             continue;
+        }
+        if ready[0] && !wait.is_zero() {
+            sampler.woke_late(ticker.lateness());
         }
         let Some(missed) = ticker.fired(!postpone) else {
             continue;

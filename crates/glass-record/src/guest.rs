@@ -634,6 +634,9 @@ fn run_with(
             .and_then(|n| n.parse().ok()),
         slide_tries: 0,
         waited: Duration::ZERO,
+        stopped: Duration::ZERO,
+        wake_ups: WakeUps::default(),
+        period: Duration::from_secs(1) / args.frequency.max(1),
         btf_given: btf.is_some(),
         kernel_orc: None,
         module_spans: Vec::new(),
@@ -670,7 +673,7 @@ fn run_with(
     let seconds = began.elapsed().as_secs_f64();
     let mut outside = std::mem::take(&mut sampler.outside);
     let backend_figures = sampler.backend.figures();
-    let waited = sampler.waited;
+    let (waited, stopped, wake_ups) = (sampler.waited, sampler.stopped, sampler.wake_ups);
     let modules_figure = sampler.modules_tables.map(|(modules, entries)| {
         format!(
             "loadable modules' ORC tables read: {}, {entries} entries (the modules list read {} times)",
@@ -691,15 +694,22 @@ fn run_with(
     // Xen dom0 the system part includes the hypercalls' time in Xen (a pause waits
     // there until every vCPU of the domain is descheduled).
     let stops = times.len().max(1) as f64;
+    // The rate asked is per second of the guest's running time (as perf's cpu-clock is
+    // per second of the task's): the time glass held it stopped is not counted.
+    let running = (seconds - stopped.as_secs_f64()).max(1e-9);
     sink.notes.figure(&format!(
-        "stops taken: {} in {seconds:.1} s ({:.1}/s, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system; waiting between stops: {:.0}% of the time",
+        "stops taken: {} in {seconds:.1} s ({:.1}/s; {:.0} per second the guest ran, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system; waiting between stops: {:.0}% of the time",
         times.len(),
         times.len() as f64 / seconds.max(1e-9),
+        times.len() as f64 / running,
         args.frequency,
         user_us as f64 / stops,
         system_us as f64 / stops,
         100.0 * waited.as_secs_f64() / seconds.max(1e-9)
     ));
+    if let Some(figure) = wake_ups.figure(backend_takes_late_ticks) {
+        sink.notes.figure(&figure);
+    }
     print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
     for figure in backend_figures {
         sink.notes.figure(&figure);
@@ -812,6 +822,10 @@ struct GuestSampler<'s, 'b, 'v> {
     orc: Option<LinuxOrc>,
     /// Time the loop spent waiting (for the next tick, mostly).
     waited: Duration,
+    /// The guest's stopped time over the recording: the schedule is kept in the rest.
+    stopped: Duration,
+    wake_ups: WakeUps,
+    period: Duration,
     /// `--guest-btf` was given (a BTF without modules' layout is said so).
     btf_given: bool,
     /// The kernel's own ORC table once read, the modules' (their code's spans) merged
@@ -847,6 +861,14 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
 
     fn waited(&mut self, waited: Duration) {
         self.waited += waited;
+    }
+
+    fn woke_late(&mut self, late: Duration) {
+        self.wake_ups.count += 1;
+        self.wake_ups.late += late;
+        if late * 2 > self.period {
+            self.wake_ups.over_half_period += 1;
+        }
     }
 
     fn tick(
@@ -1029,7 +1051,39 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             self.load_module_orc(sink);
         }
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
+        self.stopped += Duration::from_nanos(stopped_ns);
         Ok(Ok(stopped_ns))
+    }
+}
+
+/// How late the clock's timer woke the loop when it slept for a deadline.
+#[derive(Clone, Copy, Default)]
+struct WakeUps {
+    count: u64,
+    late: Duration,
+    over_half_period: u64,
+}
+
+impl WakeUps {
+    /// The mean lateness, and a hint when wake-ups, not glass, bound the rate: most of
+    /// them more than half a period late.
+    fn figure(&self, xen: bool) -> Option<String> {
+        if self.count == 0 {
+            return None;
+        }
+        let mean = self.late / self.count as u32;
+        let mut figure = format!(
+            "timer wake-ups: {} after a sleep, late by {:.0} us on average ({:.0}% by more than half a period)",
+            self.count,
+            mean.as_secs_f64() * 1e6,
+            100.0 * self.over_half_period as f64 / self.count as f64
+        );
+        if xen && self.over_half_period * 2 > self.count {
+            figure.push_str(
+                "; the host's scheduler, not glass, bounds the rate: in a Xen dom0 whose pCPU a guest vCPU shares, dom0 on pCPUs of its own (xl vcpu-pin) or a lower scheduler rate limit (xl sched-credit2 -s -r 0) lets it keep the rate",
+            );
+        }
+        Some(figure)
     }
 }
 
@@ -1565,5 +1619,37 @@ impl OutsideText {
                 symbols.display()
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WakeUps;
+    use std::time::Duration;
+
+    #[test]
+    fn late_wake_ups_name_the_scheduler_only_for_xen_and_only_when_most_are_late() {
+        assert_eq!(WakeUps::default().figure(true), None);
+        let mostly_late = WakeUps {
+            count: 10,
+            late: Duration::from_millis(36),
+            over_half_period: 8,
+        };
+        let figure = mostly_late.figure(true).unwrap();
+        assert!(figure.starts_with("timer wake-ups: 10 after a sleep, late by 3600 us on average (80% by more than half a period)"), "{figure}");
+        assert!(
+            figure.contains("xl vcpu-pin") && figure.contains("sched-credit2 -s -r 0"),
+            "{figure}"
+        );
+        // Not a Xen dom0: the remedies would not apply.
+        assert!(!mostly_late.figure(false).unwrap().contains("xl "));
+        let prompt = WakeUps {
+            over_half_period: 5,
+            ..mostly_late
+        };
+        assert!(
+            !prompt.figure(true).unwrap().contains("xl "),
+            "half late is not most"
+        );
     }
 }

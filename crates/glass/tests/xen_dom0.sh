@@ -39,7 +39,9 @@ XEN="$HERE/../../../guests/xen"
 # gets a bound of a second, except the BOUND case below, which checks the default.
 export GLASS_STOP_BOUND_MS=1000
 
-xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
+# Xen 4.17 schedules with credit2 by default, where `xl sched-credit` fails (it did,
+# silently, until 2026-11-28: dom0 ran at the default weight, 256).
+xl sched-credit2 -d 0 -w 4096 >/dev/null 2>&1 || xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
 xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
 
 console() { echo "/var/log/xen/console/guest-$1.log"; }
