@@ -161,8 +161,8 @@ def markdown(rows, meta):
         "is glass's and its guardian's user+system time (busybox time), hypercalls included. "
         "glass keeps its schedule in the guest's running time (the time it holds the guest "
         "stopped is not counted, as perf's cpu-clock counts a task's own time), takes a late tick at once "
-        "(one at a time), and keeps the domain stopped for at most 25% of wall time (`--max-stopped`: every "
-        "stop is followed by three times its length of running), so at 997 Hz the stops taken per second the "
+        "(one at a time), and keeps the domain stopped for at most 25% of wall time on average "
+        "(`--max-stopped`), so at 997 Hz the stops taken per second the "
         "guest ran are the figure to hold against the rate asked. The guest's slowdown compares its ticks per round (the counter "
         "runs on through pauses) with the window alone just before; on a loaded host that "
         "window's own noise is of the same order.",

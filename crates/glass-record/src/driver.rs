@@ -85,10 +85,10 @@ pub enum LateTicks {
     /// The latest deadline that passed is taken at once, right after this tick (one, never
     /// a burst; the others count as missed). For a Xen dom0 under nested TCG: a dom0 that
     /// sleeps, even for less than a period, gives its pCPU to a guest vCPU and wakes late,
-    /// so waiting for the next deadline halved the stops taken at 997 Hz. Only while the
-    /// target was held stopped for at most `stopped_budget` (a share) of the last window
-    /// of wall time; beyond it, as `Skip`. And every stop is followed by running enough
-    /// to keep within the budget ([`Ticker::postpone`]).
+    /// so waiting for the next deadline halved the stops taken at 997 Hz. The target is
+    /// held stopped for at most `stopped_budget` (a share) of wall time on average: each
+    /// stop spends its length from a credit that grows by that share of the time, and
+    /// while it is spent the next tick waits ([`Ticker::postpone`]).
     TakeOne { stopped_budget: f64 },
 }
 

@@ -181,9 +181,9 @@ pub struct RecordArgs {
     /// translation cache saves)
     #[arg(long)]
     pub no_translation_cache: bool,
-    /// With --xen: a late tick is taken at once while the domain was held stopped for at
-    /// most this percent of wall time (default 25, as perf's perf_cpu_time_max_percent;
-    /// 100 takes every stop dom0 can, at the cost of the guest's time)
+    /// With --xen: the most of wall time the domain is held stopped, on average (default
+    /// 25, as perf's perf_cpu_time_max_percent; 100 takes every stop dom0 can, at the
+    /// cost of the guest's time)
     #[arg(long, value_name = "PERCENT", requires = "xen", value_parser = parse_percent)]
     pub max_stopped: Option<f64>,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
