@@ -609,7 +609,8 @@ pub struct Ticker {
 /// The wall time whose share of stopping the budget may save up: enough that a stop
 /// after a jittered short gap (a quarter period either way) is not held back while the
 /// average keeps within the budget, too little for a burst to matter (at 25%, 12.5 ms of
-/// stopping; a 6.5 ms pause under load still waits out three times its length).
+/// stopping: under sustained load, 6.5 ms pauses, it is spent within two stops, and each
+/// later one waits out three times its length).
 const STOPPED_CREDIT_CAP_NS: f64 = 50_000_000.0;
 
 pub fn monotonic_now_ns() -> u64 {
@@ -702,7 +703,7 @@ impl Ticker {
     }
 
     /// The loop slept for the timer and it woke it: how long after the deadline. Under
-    /// nested TCG a dom0 sharing its pCPU with a guest vCPU came back ~3.6 ms late for
+    /// nested TCG a dom0 sharing its pCPU with a guest vCPU came back 1-4 ms late for
     /// sub-millisecond waits (Xen's credit2 lets the vCPU run out its 1 ms rate limit,
     /// and the timer comes back through Xen), which bounds the rate more than anything
     /// glass does: the summary says so.
