@@ -1071,11 +1071,11 @@ impl WakeUps {
         if self.count == 0 {
             return None;
         }
-        let mean = self.late / self.count as u32;
+        let mean = self.late.as_secs_f64() / self.count as f64;
         let mut figure = format!(
             "timer wake-ups: {} after a sleep, late by {:.0} us on average ({:.0}% by more than half a period)",
             self.count,
-            mean.as_secs_f64() * 1e6,
+            mean * 1e6,
             100.0 * self.over_half_period as f64 / self.count as f64
         );
         if xen && self.over_half_period * 2 > self.count {
