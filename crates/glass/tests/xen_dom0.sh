@@ -21,7 +21,7 @@
 #                                       known kernel/user split (guests/xen/linux/
 #                                       kernel-split.sh), recorded with its own kallsyms
 # The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel, HVM_ELF:
-# its PVH/HVM build). Xen must offer hvm (run.sh with GLASS_XEN_CPU=max,-smap).
+# its PVH/HVM build). Xen must offer hvm (run.sh with GLASS_XEN_CPU=max,-smap,-avx,-avx2).
 # Placement (Xen has 2 pCPUs here): dom0's one vCPU alone on pCPU 0 (the monitor on a
 # core of its own, as SplitX asks: a guest vCPU woken by the unpause would otherwise take
 # dom0's pCPU and glass would count its own wait as the guest's stopped time), both guest
