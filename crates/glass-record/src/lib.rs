@@ -789,6 +789,19 @@ impl Ticker {
 mod ticker_tests {
     use super::{LateTicks, Ticker};
 
+    /// A ticker with the default budget (as for Xen), once its first tick has come.
+    fn budgeted_after_first_tick(hz: u32) -> Ticker {
+        let ticker = Ticker::new(
+            hz,
+            LateTicks::TakeOne {
+                stopped_budget: 0.25,
+            },
+        )
+        .unwrap();
+        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        ticker
+    }
+
     fn readable_within(ticker: &Ticker, ms: i32) -> bool {
         let mut poll = libc::pollfd {
             fd: ticker.fd(),
@@ -801,14 +814,7 @@ mod ticker_tests {
 
     #[test]
     fn a_late_tick_taken_one_at_a_time_fires_again_at_once() {
-        let mut ticker = Ticker::new(
-            1000,
-            LateTicks::TakeOne {
-                stopped_budget: 0.25,
-            },
-        )
-        .unwrap();
-        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        let mut ticker = budgeted_after_first_tick(1000);
         std::thread::sleep(std::time::Duration::from_millis(20));
         // About 20 deadlines passed: one is taken now, one armed at once, the rest missed.
         let missed = ticker.fired(true).expect("a tick was due");
@@ -824,14 +830,7 @@ mod ticker_tests {
 
     #[test]
     fn a_long_stop_waits_until_the_budget_is_earned_back() {
-        let mut ticker = Ticker::new(
-            100,
-            LateTicks::TakeOne {
-                stopped_budget: 0.25,
-            },
-        )
-        .unwrap();
-        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        let mut ticker = budgeted_after_first_tick(100);
         assert!(ticker.fired(false).is_some());
         // 250 ms stopped after ~300 ms of running: the credit saved (12.5 ms at most) is
         // far short, and the rest takes ~950 ms more at 25%.
@@ -851,14 +850,7 @@ mod ticker_tests {
 
     #[test]
     fn a_short_gap_is_allowed_while_the_budget_holds_on_average() {
-        let mut ticker = Ticker::new(
-            1000,
-            LateTicks::TakeOne {
-                stopped_budget: 0.25,
-            },
-        )
-        .unwrap();
-        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        let mut ticker = budgeted_after_first_tick(1000);
         assert!(ticker.fired(false).is_some());
         // 100 ms of running saved 12.5 ms of stopping: a 2 ms stop spends part of it
         // and the next tick keeps its deadline (0.75-1.25 ms on), where spacing every
@@ -875,14 +867,7 @@ mod ticker_tests {
 
     #[test]
     fn a_stop_is_followed_by_enough_running_to_keep_within_the_budget() {
-        let mut ticker = Ticker::new(
-            1000,
-            LateTicks::TakeOne {
-                stopped_budget: 0.25,
-            },
-        )
-        .unwrap();
-        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        let mut ticker = budgeted_after_first_tick(1000);
         assert!(ticker.fired(false).is_some());
         // A 20 ms stop at 1000 Hz: the next tick comes 60 ms on, not 1 ms.
         ticker.postpone(20_000_000);
