@@ -72,8 +72,8 @@ pub trait Sampler<C: ?Sized> {
     /// signal) before this turn: for a backend that reports where its time went.
     fn waited(&mut self, _waited: Duration) {}
 
-    /// The loop slept for the clock's timer and woke this long after the deadline
-    /// ([`Ticker::lateness`]).
+    /// The loop slept for the clock's timer and took the tick this long after its
+    /// deadline ([`Ticker::lateness`]).
     fn woke_late(&mut self, _late: Duration) {}
 }
 
@@ -188,12 +188,12 @@ pub fn drive<C: ?Sized>(
         if !ready[0] && !due {
             continue;
         }
-        if ready[0] && !wait.is_zero() {
-            sampler.woke_late(ticker.lateness());
-        }
         let Some(missed) = ticker.fired(!postpone) else {
             continue;
         };
+        if ready[0] && !wait.is_zero() {
+            sampler.woke_late(ticker.lateness());
+        }
         match sampler.tick(context, missed)? {
             Ok(stopped_ns) if postpone => ticker.postpone(stopped_ns),
             Ok(_) => {}

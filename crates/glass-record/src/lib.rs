@@ -604,6 +604,8 @@ pub struct Ticker {
     /// bucket, as of `credit_at_ns`).
     credit_ns: f64,
     credit_at_ns: u64,
+    /// How long after its deadline the last tick [`Ticker::fired`].
+    fired_late_ns: u64,
 }
 
 /// The wall time whose share of stopping the budget may save up: enough that a stop
@@ -649,9 +651,16 @@ impl Ticker {
             start_ns: monotonic_now_ns(),
             period_ns: 1_000_000_000u64 / frequency_hz.max(1) as u64,
             next: 1,
-            late,
+            // A budget of nothing would never earn back a stop: at least 1%.
+            late: match late {
+                LateTicks::TakeOne { stopped_budget } => LateTicks::TakeOne {
+                    stopped_budget: stopped_budget.max(0.01),
+                },
+                skip => skip,
+            },
             credit_ns: 0.0,
             credit_at_ns: monotonic_now_ns(),
+            fired_late_ns: 0,
         };
         ticker.arm()?;
         Ok(ticker)
@@ -707,8 +716,10 @@ impl Ticker {
     /// sub-millisecond waits (Xen's credit2 lets the vCPU run out its 1 ms rate limit,
     /// and the timer comes back through Xen), which bounds the rate more than anything
     /// glass does: the summary says so.
+    /// (Measured by [`Ticker::fired`] from the time it reads anyway: in a Xen dom0 on
+    /// Xen's clocksource every clock read is a system call.)
     pub fn lateness(&self) -> Duration {
-        Duration::from_nanos(monotonic_now_ns().saturating_sub(self.deadline(self.next)))
+        Duration::from_nanos(self.fired_late_ns)
     }
 
     /// Moves every later deadline by `ns`: the schedule then counts only the time the
@@ -727,12 +738,11 @@ impl Ticker {
             // rather than a gap after every stop: at 997 Hz the jitter makes half the
             // gaps shorter than three stops, and spacing each of them cost stops the
             // average budget allowed.
-            let budget = stopped_budget.max(0.01);
-            let credit = self.credit(now, budget) - ns as f64;
+            let credit = self.credit(now, stopped_budget) - ns as f64;
             self.credit_ns = credit;
             self.credit_at_ns = now;
             if credit < 0.0 {
-                let earliest = now.saturating_add((-credit / budget) as u64);
+                let earliest = now.saturating_add((-credit / stopped_budget) as u64);
                 let next = self.deadline(self.next);
                 if next < earliest {
                     self.start_ns = self.start_ns.saturating_add(earliest - next);
@@ -764,6 +774,7 @@ impl Ticker {
         if self.deadline(self.next) > now {
             return None;
         }
+        self.fired_late_ns = now - self.deadline(self.next);
         let mut missed = 0;
         self.next += 1;
         while self.deadline(self.next) <= now {
@@ -772,7 +783,7 @@ impl Ticker {
         }
         if missed > 0
             && matches!(self.late, LateTicks::TakeOne { stopped_budget }
-                if self.credit(now, stopped_budget.max(0.01)) >= 0.0)
+                if self.credit(now, stopped_budget) >= 0.0)
         {
             // The latest deadline that passed is armed: the timer fires at once.
             self.next -= 1;
