@@ -233,20 +233,27 @@ fn show<'a>(stacks: impl Iterator<Item = (&'a [String], u64)>, most: usize) -> S
 /// The checks every boot passes: an idle vCPU 1 shown `[halted]` from guest memory (the
 /// map has no code), no vector entry as a leaf.
 fn check_idle_and_vectors(boot: &Boot, name: &str) {
-    let vcpu1 = count(boot.vcpu(1));
-    let halted = count(
+    // vCPU 1 runs nothing of the workload: idle but for the guest's boot and its ticks,
+    // counted from when the kernel started it. Before that it waits in the boot firmware
+    // for its start-up IPI for as long as the boot takes (a fresh machine's run: 3149 of
+    // 9078 samples), which says how slow the host was, not how idle the kernel keeps it.
+    let kernel = || {
         boot.vcpu(1)
-            .filter(|(f, _)| f.last().is_some_and(|l| l == "[halted]")),
-    );
-    // vCPU 1 runs nothing of the workload: idle but for the guest's boot and its ticks.
+            .filter(|(f, _)| !f.iter().any(|frame| frame == "[firmware]"))
+    };
+    let vcpu1 = count(kernel());
+    let halted = count(kernel().filter(|(f, _)| f.last().is_some_and(|l| l == "[halted]")));
     assert!(
         vcpu1 > 500 && halted * 100 >= vcpu1 * 50,
         "{name}: vcpu1 {halted} of {vcpu1} samples halted:\n{}",
         show(boot.vcpu(1), 10)
     );
-    eprintln!("{name}: vcpu1 halted {halted} of {vcpu1}");
+    eprintln!(
+        "{name}: vcpu1 halted {halted} of {vcpu1} (and {} in the boot firmware)",
+        count(boot.vcpu(1)) - vcpu1
+    );
     // Named where it halted (with KASLR on, only once the slide is found).
-    let named = count(boot.vcpu(1).filter(|(f, _)| {
+    let named = count(kernel().filter(|(f, _)| {
         f.len() >= 2 && f[f.len() - 1] == "[halted]" && !f[f.len() - 2].starts_with('[')
     }));
     assert!(
