@@ -20,7 +20,10 @@ use iced_x86::{
 };
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
+pub mod plt;
 pub mod trampoline;
+
+pub use plt::plt_stubs;
 
 /// Bytes of the entry patch: `jmp rel32`.
 pub const PATCH_LEN: u64 = 5;

@@ -33,7 +33,8 @@ use crate::index::SymbolIndex;
 /// Bumped whenever what an address is named with changes (the index's rules or
 /// format), so that indexes of an older glass are not used.
 // 4: FDE-named functions (sub_<address>) among the symbols.
-const MAGIC: &[u8] = b"glass symbol cache 4\n";
+// 5: PLT stubs named `x@plt`.
+const MAGIC: &[u8] = b"glass symbol cache 5\n";
 
 /// Where the cache lives: `GLASS_SYMBOL_CACHE` (`off` turns it off), else
 /// `$XDG_CACHE_HOME/glass/symbols`, else `~/.cache/glass/symbols`.

@@ -702,6 +702,22 @@ fn module_symbols(debug: &str, path: &str) -> Vec<(u64, u64, String)> {
     if symbols.is_empty() && debug != path {
         symbols = function_symbols(path);
     }
+    // The PLT's stubs have no symbols (and a debug file has no PLT bytes to read them
+    // from): named from the module's own file, `x@plt` as perf names them, before the
+    // unsized symbols are sized, so that `_init` (unsized, just before `.plt`) stops
+    // where the stubs begin.
+    let stubs = map_elf(path, glass_patch::plt_stubs).unwrap_or_default();
+    if !stubs.is_empty() {
+        let named: std::collections::HashSet<u64> = symbols.iter().map(|s| s.0).collect();
+        symbols.extend(
+            stubs
+                .into_iter()
+                .filter(|stub| !named.contains(&stub.address))
+                .map(|stub| (stub.address, stub.size, stub.name)),
+        );
+        symbols.sort_by_key(|s| s.0);
+    }
+    size_unsized(&mut symbols);
     let fdes = map_elf(path, glass_patch::fde_ranges).unwrap_or_default();
     if fdes.is_empty() {
         return symbols;
@@ -730,7 +746,8 @@ fn map_elf<T>(path: &str, f: impl FnOnce(&object::File) -> T) -> Option<T> {
     Some(f(&elf))
 }
 
-/// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none.
+/// The function symbols of an ELF file: `.symtab`, or `.dynsym` when it has none;
+/// unsized ones still without a size.
 fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
     let Ok(file) = std::fs::File::open(path) else {
         return Vec::new();
@@ -794,12 +811,15 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
         }
         true
     });
-    let mut symbols: Vec<(u64, u64, String)> = symbols
+    symbols
         .into_iter()
         .map(|(address, size, name, _)| (address, size, name))
-        .collect();
-    // A symbol without a size reaches the next symbol (the lookup needs the end so that
-    // an address past a sized function is never named after an unsized one before it).
+        .collect()
+}
+
+/// A symbol without a size reaches the next symbol (the lookup needs the end so that an
+/// address past a sized function is never named after an unsized one before it).
+fn size_unsized(symbols: &mut [(u64, u64, String)]) {
     for i in 0..symbols.len() {
         if symbols[i].1 == 0 {
             if let Some(next) = symbols.get(i + 1).map(|s| s.0) {
@@ -807,7 +827,6 @@ fn function_symbols(path: &str) -> Vec<(u64, u64, String)> {
             }
         }
     }
-    symbols
 }
 
 /// Where a separate debug file for `path` may be, in the order they are tried: by
