@@ -189,25 +189,65 @@ pub fn not_call_entries(elf: &object::File) -> std::collections::HashSet<u64> {
 
 /// Function symbols with a size, from `.symtab` (or `.dynsym` for a stripped binary).
 fn symbol_functions(elf: &object::File) -> Vec<Function> {
-    let collect = |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<Function> {
-        symbols
-            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
-            .filter_map(|s| {
-                Some(Function {
-                    name: s.name().ok()?.to_string(),
-                    address: s.address(),
-                    size: s.size(),
+    let collect =
+        |symbols: &mut dyn Iterator<Item = object::Symbol<'_, '_>>| -> Vec<(AliasRank, Function)> {
+            symbols
+                .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
+                .filter_map(|s| {
+                    let function = Function {
+                        name: s.name().ok()?.to_string(),
+                        address: s.address(),
+                        size: s.size(),
+                    };
+                    Some((alias_rank(&s, &function.name), function))
                 })
-            })
-            .collect()
-    };
+                .collect()
+        };
     let mut found = collect(&mut elf.symbols());
     if found.is_empty() {
         found = collect(&mut elf.dynamic_symbols());
     }
-    found.sort_by(|a, b| a.address.cmp(&b.address).then(a.name.cmp(&b.name)));
-    found.dedup_by_key(|f| f.address);
-    found
+    found.sort_by(|(a_rank, a), (b_rank, b)| {
+        a.address
+            .cmp(&b.address)
+            .then(a_rank.cmp(b_rank))
+            .then(a.name.cmp(&b.name))
+    });
+    found.dedup_by_key(|(_, f)| f.address);
+    found.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Which of a function's names it is called by, smallest first, as perf chooses: a sized
+/// symbol, a strong one, a global one, then the name with fewer leading underscores, then
+/// the shorter (`malloc`, not `__libc_malloc`).
+type AliasRank = (bool, bool, bool, usize, usize);
+
+fn alias_rank(symbol: &object::Symbol<'_, '_>, name: &str) -> AliasRank {
+    (
+        symbol.size() == 0,
+        symbol.is_weak(),
+        !symbol.is_global(),
+        name.len() - name.trim_start_matches('_').len(),
+        name.len(),
+    )
+}
+
+/// Every name of each function address, from `.symtab` and `.dynsym` both: a C library
+/// exports one function under several names (`malloc` and `__libc_malloc`, `puts` and
+/// `_IO_puts`), and [`functions`] keeps one of them.
+pub fn function_aliases(elf: &object::File) -> std::collections::HashMap<u64, Vec<String>> {
+    let mut aliases: std::collections::HashMap<u64, Vec<String>> = Default::default();
+    for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let names = aliases.entry(symbol.address()).or_default();
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    aliases
 }
 
 /// The bytes of a function, from the section that holds it.

@@ -102,3 +102,44 @@ fn programs_of_this_machine_are_mostly_patchable() {
     }
     assert!(checked >= 3, "only {checked} binaries found");
 }
+
+#[test]
+fn the_c_library_names_a_function_as_its_callers_do() {
+    // The C library this test runs with: it exports functions under several names.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| {
+            Path::new(path)
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("libc.so"))
+        })
+        .expect("this test links the C library");
+    let bytes = std::fs::read(libc).unwrap();
+    let elf = object::File::parse(&*bytes).unwrap();
+    let found = functions(&elf);
+    let aliases = glass_patch::function_aliases(&elf);
+    let named = |name: &str| {
+        found
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{libc}: no function named {name}"))
+            .address
+    };
+    // perf's choice among aliases: strong and global, fewer leading underscores.
+    let malloc = named("malloc");
+    assert!(
+        aliases[&malloc].iter().any(|a| a == "__libc_malloc"),
+        "{:?}",
+        aliases[&malloc]
+    );
+    assert!(!found.iter().any(|f| f.name == "__libc_malloc"));
+    // `puts` is weak: the function is _IO_puts, and `puts` an alias of it.
+    let puts = named("_IO_puts");
+    assert!(
+        aliases[&puts].iter().any(|a| a == "puts"),
+        "{:?}",
+        aliases[&puts]
+    );
+}

@@ -158,6 +158,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         .map_err(|e| Failure::bad_input(e.to_string()))?;
     let main_module =
         select::read_module(&program, &patterns, &libcalls).map_err(Failure::bad_input)?;
+    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::bad_input(format!(
             "no function of {} matches {}{}",

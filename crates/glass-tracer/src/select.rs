@@ -23,6 +23,9 @@ pub struct ModuleChoice {
     /// (file offset, virtual address) of each loadable segment, to find the load bias.
     pub segments: Vec<(u64, u64, u64)>,
     pub matched: usize,
+    /// Built by Go's toolchain: its functions are never patched (see
+    /// [`SkipReason::GoRuntimeStacks`]).
+    pub go: bool,
 }
 
 /// Functions whose return address is not theirs to lose: those that return twice or
@@ -81,6 +84,12 @@ pub enum SkipReason {
     CodeDiffers,
     /// Its trampoline could not be built or reached.
     Trampoline(String),
+    /// A function of a Go program: the Go runtime moves goroutine stacks as they grow
+    /// and reads every frame's return address itself (garbage collection, preemption,
+    /// panics, `runtime.Callers`), so a return address the exit probe replaces is a pc
+    /// it does not know, and it kills the program. Exit probes that leave return
+    /// addresses alone are not built yet.
+    GoRuntimeStacks,
 }
 
 impl SkipReason {
@@ -105,6 +114,7 @@ impl SkipReason {
             SkipReason::TooShortNoCallSite(_) => "too short, and no direct call to redirect",
             SkipReason::CodeDiffers => "the code in memory differs from the file",
             SkipReason::Trampoline(_) => "no trampoline",
+            SkipReason::GoRuntimeStacks => "a Go function",
         }
     }
 }
@@ -132,8 +142,21 @@ impl std::fmt::Display for SkipReason {
             ),
             SkipReason::CodeDiffers => f.write_str("the code in memory differs from the file"),
             SkipReason::Trampoline(why) => write!(f, "no trampoline: {why}"),
+            SkipReason::GoRuntimeStacks => f.write_str(GO_REFUSAL),
         }
     }
+}
+
+/// Why no function of a Go program is patched.
+pub const GO_REFUSAL: &str = "a Go function: the Go runtime moves goroutine stacks and reads every frame's return address, which glass trace's exit probe replaces (it would kill the program)";
+
+/// Whether the file was built by Go's toolchain: it has Go's build information, or the
+/// runtime's stack-growth routine every Go function's prologue calls.
+fn is_go(elf: &object::File) -> bool {
+    use object::ObjectSymbol;
+    elf.section_by_name(".go.buildinfo").is_some()
+        || elf.section_by_name(".gopclntab").is_some()
+        || elf.symbols().any(|s| s.name() == Ok("runtime.morestack"))
 }
 
 fn never_patched(module: &Path, name: &str) -> Option<String> {
@@ -178,6 +201,13 @@ pub fn read_module(
         ));
     }
     let all = functions(&elf);
+    let go = is_go(&elf);
+    if go && !libcalls.is_empty() {
+        return Err(format!(
+            "{} is a Go program: --libcalls hooks calls made from Go code, whose return addresses the Go runtime reads itself; glass trace does not hook them (sample it with glass record)",
+            path.display()
+        ));
+    }
     let mut choice = ModuleChoice {
         path: path.display().to_string(),
         patchable: Vec::new(),
@@ -189,17 +219,35 @@ pub fn read_module(
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
             .collect(),
         matched: 0,
+        go,
     };
     let entry = elf.entry();
     let targets = glass_patch::branch_targets(&elf, &all);
     // Functions shorter than the jump with no filler after them, and why not the jump.
     let mut short: Vec<(Function, Plan, glass_patch::Reason)> = Vec::new();
     let not_called = glass_patch::not_call_entries(&elf);
+    let aliases = glass_patch::function_aliases(&elf);
     for (index, function) in all.iter().enumerate() {
-        if !patterns.iter().any(|p| glob_match(p, &function.name)) {
+        let names = aliases.get(&function.address);
+        // A function matches by any of its names, and is then called by the one that
+        // matched (`-f puts` is reported as puts, not as the C library's _IO_puts).
+        let Some(matched) = std::iter::once(&function.name)
+            .chain(names.into_iter().flatten())
+            .find(|name| patterns.iter().any(|p| glob_match(p, name)))
+        else {
+            continue;
+        };
+        let function = &Function {
+            name: matched.clone(),
+            ..function.clone()
+        };
+        choice.matched += 1;
+        if go {
+            choice
+                .skipped
+                .push((function.clone(), SkipReason::GoRuntimeStacks));
             continue;
         }
-        choice.matched += 1;
         if function.address == entry && entry != 0 {
             // Nothing calls it: its stack starts with argc, not a return address.
             choice
@@ -207,7 +255,10 @@ pub fn read_module(
                 .push((function.clone(), SkipReason::EntryPoint));
             continue;
         }
-        if let Some(why) = never_patched(path, &function.name) {
+        if let Some(why) = std::iter::once(&function.name)
+            .chain(names.into_iter().flatten())
+            .find_map(|name| never_patched(path, name))
+        {
             choice
                 .skipped
                 .push((function.clone(), SkipReason::NeverPatched(why)));
@@ -354,4 +405,61 @@ pub(super) fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u6
         }
     }
     slots
+}
+
+/// A Go program with nothing else to trace (no `--lib`) is refused before it is started
+/// or touched: every function it matched is a Go function. The line says what works.
+pub fn refuse_go_only(main: &ModuleChoice, libs: &[String]) -> Result<(), String> {
+    if !main.go || !libs.is_empty() || main.matched == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is a Go program, and glass trace does not patch Go functions yet: the Go runtime moves goroutine stacks and reads every frame's return address, which the exit probe replaces (it would kill the program); trace its C libraries with --lib, or sample it with glass record",
+        main.path
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C library this test runs with.
+    fn libc() -> String {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|path| path.rsplit('/').next().unwrap().starts_with("libc.so"))
+            .expect("this test links the C library")
+            .to_string()
+    }
+
+    #[test]
+    fn a_function_matches_by_any_of_its_names_and_keeps_the_one_asked_for() {
+        let choice =
+            read_module(Path::new(&libc()), &["puts".into(), "malloc".into()], &[]).unwrap();
+        let mut names: Vec<&str> = choice
+            .patchable
+            .iter()
+            .map(|(f, _, _)| f.name.as_str())
+            .chain(choice.skipped.iter().map(|(f, _)| f.name.as_str()))
+            .collect();
+        names.sort();
+        // puts is a weak alias of _IO_puts, malloc one name of __libc_malloc.
+        assert_eq!(names, ["malloc", "puts"]);
+        assert_eq!(choice.matched, 2);
+        assert!(!choice.go);
+    }
+
+    #[test]
+    fn a_name_that_must_never_be_patched_protects_its_aliases() {
+        // _setjmp and setjmp are one function in some C libraries, separate in others:
+        // whichever names match, each is refused.
+        let choice = read_module(Path::new(&libc()), &["*setjmp".into()], &[]).unwrap();
+        assert!(choice.patchable.is_empty(), "{:?}", choice.patchable);
+        assert!(choice
+            .skipped
+            .iter()
+            .all(|(_, reason)| matches!(reason, SkipReason::NeverPatched(_))));
+    }
 }

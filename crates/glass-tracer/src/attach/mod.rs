@@ -137,6 +137,7 @@ pub fn run(
     };
     let main_module =
         select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
+    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::bad_input(format!(
             "no function of {} matches {}",
