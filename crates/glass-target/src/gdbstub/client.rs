@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::packet::{encode, hex_bytes, Decoder, Event};
+use super::packet::{encode, hex_bytes, push_hex, Decoder, Event};
 use super::target_xml::{parse, Layout, Register};
 pub use crate::arch::{Arch, VcpuRegs};
 use crate::stop_mark::StopMark;
@@ -585,6 +585,29 @@ impl Client {
             return Ok(Vec::new());
         }
         hex_bytes(&reply).ok_or_else(|| StubError::Protocol("memory reply is not hex".into()))
+    }
+
+    /// Writes guest-virtual memory through the stub (`M` packets, split to fit the
+    /// stub's packet size), with the VM stopped. This is the write path for code: QEMU
+    /// writes through its debug access, which drops the translated blocks (TCG) that
+    /// hold the written bytes, where a write into guest RAM behind QEMU's back leaves
+    /// them running the old code (tests/gdbstub_qemu.rs shows both).
+    pub fn write_memory(&mut self, address: u64, bytes: &[u8]) -> Result<(), StubError> {
+        // "M<addr>,<len>:" plus two characters a byte must fit in a packet.
+        let chunk = (self.max_memory_read().saturating_sub(32)).max(16);
+        for (index, part) in bytes.chunks(chunk).enumerate() {
+            let at = address + (index * chunk) as u64;
+            let mut request = format!("M{at:x},{:x}:", part.len());
+            push_hex(part, &mut request);
+            let reply = self.request(request.as_bytes())?;
+            if reply != b"OK" {
+                return Err(StubError::Refused(
+                    format!("a write of {} bytes at {at:#x}", part.len()),
+                    String::from_utf8_lossy(&reply).into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Detaches: the VM runs on, untraced.

@@ -161,6 +161,15 @@ pub fn hex_bytes(text: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Appends `bytes` as lower-case hex text (memory writes).
+pub fn push_hex(bytes: &[u8], text: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)] as char);
+        text.push(DIGITS[usize::from(byte & 15)] as char);
+    }
+}
+
 /// Two hex digits as a byte. Not `u8::from_str_radix`, which takes "+f" as well.
 fn hex_pair(pair: &[u8]) -> Option<u8> {
     let digit = |byte: u8| (byte as char).to_digit(16);
@@ -217,6 +226,14 @@ mod tests {
         assert_eq!(decode_payload(b"a}"), Err(DecodeError::BadEscape));
         assert_eq!(hex_bytes(b"0a1Bxx"), Some(vec![10, 27, 0]));
         assert_eq!(hex_bytes(b"0g"), None);
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let mut text = String::new();
+        push_hex(&bytes, &mut text);
+        assert_eq!(hex_bytes(text.as_bytes()), Some(bytes));
     }
 
     #[test]
