@@ -1221,3 +1221,6 @@ fn readable_path(pid: i32, mapping: &Mapping) -> String {
         mapping.path.clone()
     }
 }
+
+#[cfg(test)]
+mod tests;
