@@ -616,13 +616,9 @@ fn guest(log: &Transcript) {
         0x40,
         &[(task_sp, base + 0x210), (task_sp + 8, base + 0x310)],
     );
-    let other: [(u64, &[u8]); 1] = [(task_sp, &task)];
-    let sampled: [(&[(u64, &[u8])], u64); 3] = [
-        (&other, 1),
-        // Without the task's stack: the walk wanted memory outside every copy.
-        (&[], 2),
-        (&other, 3),
-    ];
+    let with_task: &[(u64, &[u8])] = &[(task_sp, &task)];
+    // The second without the task's stack: the walk wanted memory outside every copy.
+    let sampled = [(with_task, 1), (&[], 2), (with_task, 3)];
     for (others, n) in sampled {
         let before = sink.walks_outside_copies;
         let wanted = sink
