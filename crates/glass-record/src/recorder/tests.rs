@@ -198,11 +198,11 @@ fn said(log: &Transcript, sink: &Recorder) {
         sink.threads_sampled(),
         sink.lost_by_thread(),
         sink.kernel_samples(),
-        sink.off_cpu_samples,
-        sink.off_cpu_ns,
-        sink.python,
-        sink.kernel_stacks,
-        sink.walks_outside_copies,
+        sink.off_cpu().0,
+        sink.off_cpu().1,
+        sink.python_outcome(),
+        sink.kernel_stacks(),
+        sink.walks_outside_copies(),
         sink.sampling_window().0.is_some(),
     ));
 }
@@ -214,7 +214,12 @@ fn said(log: &Transcript, sink: &Recorder) {
 fn host_process(log: &Transcript, dir: &std::path::Path) {
     let args = options(UnwindMode::Fp, CaptureMode::Frames);
     let mut notes = log.clone();
-    let mut sink = Recorder::new(&args, Box::new(log.clone()), &mut notes);
+    let mut sink = Recorder::new(
+        &args,
+        Box::new(log.clone()),
+        &mut notes,
+        crate::DEFAULT_STOP_BOUND,
+    );
     sink.write_meta(Backend::Perf, Arch::X86_64, "fp", APP)
         .unwrap();
     let symbols = dir.join("symbols.txt");
@@ -276,8 +281,8 @@ fn host_process(log: &Transcript, dir: &std::path::Path) {
     }
     sink.sampling_began();
     sink.tick_at(1500, 1_000_000);
-    sink.missed_deadlines += 2;
-    sink.lost += 3;
+    sink.deadlines_missed(2);
+    sink.samples_lost(3);
     sink.lost_by(APP, APP + 10, 4);
     sink.lost_by(APP, APP, 1);
     sink.lost_by(APP, APP + 10, 2);
@@ -384,7 +389,7 @@ fn host_process(log: &Transcript, dir: &std::path::Path) {
     .unwrap();
     sink.tick(900);
     sink.tick_at(1100, 5_000_000);
-    log.line(format_args!("ticks {}", sink.ticks));
+    log.line(format_args!("ticks {}", sink.ticks()));
     // Late samples: the file is flushed when a flush period has passed by their time.
     for n in 0..2 {
         sink.handle(Event::Frames {
@@ -445,8 +450,8 @@ fn host_process(log: &Transcript, dir: &std::path::Path) {
         sink.knows_thread(APP + 12)
     ));
     sink.warn_kept("something to repeat").unwrap();
-    sink.kernel_stacks = Some(Err("not permitted".into()));
-    sink.python = Some("Python 3.12: frames read".into());
+    sink.kernel_stacks_recorded(Err("not permitted".into()));
+    sink.python_frames_outcome(Some("Python 3.12: frames read".into()));
     sink.sampling_ended();
     sink.flush().unwrap();
     let summary = sink.summary(Some(3));
@@ -459,7 +464,12 @@ fn host_process(log: &Transcript, dir: &std::path::Path) {
 fn raw_capture(log: &Transcript) {
     let args = options(UnwindMode::Auto, CaptureMode::Raw);
     let mut notes = log.clone();
-    let mut sink = Recorder::new(&args, Box::new(log.clone()), &mut notes);
+    let mut sink = Recorder::new(
+        &args,
+        Box::new(log.clone()),
+        &mut notes,
+        crate::DEFAULT_STOP_BOUND,
+    );
     sink.write_meta(Backend::Ptrace, Arch::X86_64, "auto", APP)
         .unwrap();
     sink.handle(Event::Process {
@@ -526,7 +536,12 @@ fn guest(log: &Transcript) {
     const REG_UNDEFINED: u8 = 0;
     let args = options(UnwindMode::Auto, CaptureMode::Frames);
     let mut notes = log.clone();
-    let mut sink = Recorder::new(&args, Box::new(log.clone()), &mut notes);
+    let mut sink = Recorder::new(
+        &args,
+        Box::new(log.clone()),
+        &mut notes,
+        crate::DEFAULT_STOP_BOUND,
+    );
     sink.without_proc();
     sink.write_meta(Backend::GdbStub, Arch::X86_64, "auto", GUEST)
         .unwrap();
@@ -551,7 +566,7 @@ fn guest(log: &Transcript) {
         ips.extend_from_slice(&offset.to_le_bytes());
         orcs.extend_from_slice(entry);
     }
-    sink.guest_orc = Some(OrcTable::parse(ip_at, &ips, &orcs).unwrap());
+    sink.walk_guest_kernel_with(OrcTable::parse(ip_at, &ips, &orcs).unwrap());
     let events: Vec<Event> = vec![
         Event::Process {
             pid: GUEST,
@@ -620,7 +635,7 @@ fn guest(log: &Transcript) {
     // The second without the task's stack: the walk wanted memory outside every copy.
     let sampled = [(with_task, 1), (&[], 2), (with_task, 3)];
     for (others, n) in sampled {
-        let before = sink.walks_outside_copies;
+        let before = sink.walks_outside_copies();
         let wanted = sink
             .handle(Event::Stack {
                 pid: GUEST,
@@ -636,7 +651,7 @@ fn guest(log: &Transcript) {
             .unwrap();
         log.line(format_args!(
             "-> wanted {wanted}, outside {}",
-            sink.walks_outside_copies - before
+            sink.walks_outside_copies() - before
         ));
     }
     // A guest process's user stack: the walk stops at its outermost frame in its own
@@ -666,7 +681,7 @@ fn guest(log: &Transcript) {
         })
         .unwrap();
     log.line(format_args!("-> wanted {wanted}"));
-    sink.missed_deadlines += 1;
+    sink.deadlines_missed(1);
     sink.tick_at(50, 1_000);
     sink.tick_at(60, 4_000);
     let summary = sink.summary(None);
@@ -717,7 +732,12 @@ fn the_vdso_is_kept_as_a_perf_map() {
     let args = options(UnwindMode::Fp, CaptureMode::Frames);
     let log = Transcript::default();
     let mut notes = log.clone();
-    let mut sink = Recorder::new(&args, Box::new(log.clone()), &mut notes);
+    let mut sink = Recorder::new(
+        &args,
+        Box::new(log.clone()),
+        &mut notes,
+        crate::DEFAULT_STOP_BOUND,
+    );
     sink.write_meta(Backend::Perf, Arch::host(), "fp", pid)
         .unwrap();
     sink.handle(Event::Mapping {
