@@ -1,10 +1,10 @@
 //! Everything a recording does after a sample is taken, whatever backend took it: the
 //! sink backends hand their events to. It composes one part per concern, each in a
-//! module of its own: each process's module map and unwind tables ([`modules`]), the
-//! walks over stack copies and the compaction of `--capture raw` ([`walk`]), the
-//! threads met ([`threads`]), the kernel frames to name at the end ([`kernel`]),
-//! off-CPU time ([`off_cpu`]), the JIT files and vDSOs to keep ([`jit`]), what became
-//! of Python frames ([`python`]), and the cost statistics ([`cost`]); the sink writes
+//! module of its own: each process's module map and unwind tables (`modules`), the
+//! walks over stack copies and the compaction of `--capture raw` (`walk`), the
+//! threads met (`threads`), the kernel frames to name at the end (`kernel`),
+//! off-CPU time (`off_cpu`), the JIT files and vDSOs to keep (`jit`), what became
+//! of Python frames (`python`), and the cost statistics (`cost`); the sink writes
 //! the records ([`Output`]) and flushes them. Nothing here runs while the target is
 //! stopped.
 
