@@ -876,7 +876,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         sink: &mut Sink<'a>,
         missed: u64,
     ) -> std::io::Result<std::result::Result<u64, Outcome>> {
-        sink.missed_deadlines += missed;
+        sink.deadlines_missed(missed);
         let (vcpus, source, image) = (&mut *self.vcpus, &mut *self.source, &mut *self.image);
         // The stopped window: registers and stack copies only.
         self.ticks += 1;
@@ -1021,7 +1021,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
                 vcpu.last_sample_ns = time_ns;
                 continue;
             }
-            let outside_before = sink.walks_outside_copies;
+            let outside_before = sink.walks_outside_copies();
             let wanted = sink.handle(Event::Stack {
                 pid: GUEST_PID,
                 tid,
@@ -1038,7 +1038,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             })?;
             vcpu.switched += u64::from(vcpu.other_copied > 0);
             // A walk that wanted memory outside its copies was cut too, wherever it was.
-            vcpu.cut += u64::from(sink.walks_outside_copies > outside_before);
+            vcpu.cut += u64::from(sink.walks_outside_copies() > outside_before);
             vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
             vcpu.last_sample_ns = time_ns;
         }
@@ -1133,7 +1133,7 @@ impl GuestSampler<'_, '_, '_> {
                     table.len()
                 ));
                 self.kernel_orc = Some(table.clone());
-                sink.guest_orc = Some(table);
+                sink.walk_guest_kernel_with(table);
                 self.load_module_orc(sink);
             }
             Ok(None) => {}
@@ -1231,7 +1231,7 @@ impl GuestSampler<'_, '_, '_> {
         }
         self.modules_tables = Some((tables.len(), tables.iter().map(|t| t.len()).sum()));
         self.module_spans = spans;
-        sink.guest_orc = Some(kernel.merged(&tables));
+        sink.walk_guest_kernel_with(kernel.merged(&tables));
     }
 
     /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU

@@ -332,8 +332,7 @@ fn start<'a>(
     notes: &'a mut dyn Notes,
     stop_signals: &SignalFd,
 ) -> Result<Recorded> {
-    let mut sink = Sink::new(args, output, notes);
-    sink.stop_bound = stop_bound()?;
+    let sink = Sink::new(args, output, notes, stop_bound()?);
     let start_failed = |error: TargetError| {
         if let Some(file) = file {
             let _ = std::fs::remove_file(file);
@@ -426,6 +425,7 @@ fn finish_with(
         (None, status) if status >= 0 => status,
         _ => 0,
     };
+    let (off_cpu_samples, off_cpu_ns) = sink.off_cpu();
     Ok(Recorded {
         timing,
         threads_sampled: sink.threads_sampled(),
@@ -435,14 +435,11 @@ fn finish_with(
         vm_fate,
         exit_status,
         lost_by_thread: sink.lost_by_thread(),
-        kernel_stacks: sink
-            .kernel_stacks
-            .clone()
-            .map(|r| r.map(|()| sink.kernel_samples())),
-        off_cpu_samples: sink.off_cpu_samples,
-        off_cpu_ns: sink.off_cpu_ns,
+        kernel_stacks: sink.kernel_stacks(),
+        off_cpu_samples,
+        off_cpu_ns,
         frequency: sink.args.frequency,
-        python: sink.python.clone(),
+        python: sink.python_outcome(),
     })
 }
 

@@ -205,7 +205,7 @@ pub fn record(
     }
     let rings = sampler.ring_info.clone();
     let mut sink = sink;
-    sink.kernel_stacks = Some(match &kernel_off {
+    sink.kernel_stacks_recorded(match &kernel_off {
         None => Ok(()),
         Some(why) => Err(why.clone()),
     });

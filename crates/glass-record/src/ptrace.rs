@@ -103,7 +103,7 @@ fn run(
         args.duration,
     );
     sink.sampling_ended();
-    sink.python = sampler.python.as_ref().and_then(Python::note);
+    sink.python_frames_outcome(sampler.python.as_ref().and_then(Python::note));
     outcome
 }
 
@@ -136,10 +136,10 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
         sink: &mut Sink<'a>,
         missed: u64,
     ) -> std::io::Result<std::result::Result<u64, Outcome>> {
-        sink.missed_deadlines += missed;
+        sink.deadlines_missed(missed);
         let tick = &mut self.tick;
         self.target.sample(tick, sink.origin, self.capture);
-        sink.lost += tick.lost as u64;
+        sink.samples_lost(tick.lost as u64);
         if !tick.samples.is_empty() {
             sink.tick(tick.stopped_ns);
         }
@@ -147,7 +147,7 @@ impl<'a> Sampler<Sink<'a>> for PtraceSampler<'_> {
         write_events(sink, self.target, self.python.as_mut())?;
         write_tick(sink, self.target, &self.tick, self.python.as_mut())?;
         if let Some(python) = &mut self.python {
-            python.look(self.target, sink.ticks);
+            python.look(self.target, sink.ticks());
         }
         Ok(Ok(self.tick.stopped_ns))
     }

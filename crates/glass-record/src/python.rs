@@ -164,7 +164,7 @@ impl Python {
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
         let memory = Memory(sample.pid);
-        let tick = sink.ticks;
+        let tick = sink.ticks();
         for frame in frames {
             // A code object freed and another made at its address (imports' code is
             // freed once run): the cache holds a code only while its header is the
