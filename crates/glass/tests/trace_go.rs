@@ -90,7 +90,7 @@ fn go_functions_are_refused_before_the_program_starts() {
 fn a_running_go_program_is_refused_untouched_and_its_c_library_traced() {
     let dir = scratch("trace_go_attach");
     let program = go_program(&dir);
-    let mut target = Command::new(&program)
+    let target = Command::new(&program)
         .arg("5")
         .stdout(Stdio::piped())
         .spawn()
