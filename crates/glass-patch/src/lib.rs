@@ -20,6 +20,7 @@ use iced_x86::{
 };
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
+pub mod call_trampoline;
 pub mod plt;
 pub mod trampoline;
 
