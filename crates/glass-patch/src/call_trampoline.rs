@@ -36,11 +36,10 @@
 //! or vCPUs) apart, without any help from the code being traced.
 
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
-    MemoryOperand, Register,
+    BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock, MemoryOperand, Register,
 };
 
-use crate::trampoline::{relocate, Moves};
+use crate::trampoline::{leaves_by_itself, relocate, Moves};
 use crate::Plan;
 
 /// Bytes of one ring record: the time stamp, then the word.
@@ -142,12 +141,7 @@ pub fn build(plan: &Plan, id: u16, address: u64, ring: &Ring) -> Result<(Vec<u8>
     let mut body_label = Instruction::with(Code::Nopd);
     body_label.set_ip(BODY);
     code.insert(body_start, body_label);
-    let leaves = plan.instructions.last().is_some_and(|last| {
-        matches!(
-            last.flow_control(),
-            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
-        ) || crate::pushes_return_address(last)
-    });
+    let leaves = leaves_by_itself(plan);
     if !leaves {
         code.push(Instruction::with_branch(Code::Jmp_rel32_64, end).map_err(err)?);
     }

@@ -51,6 +51,17 @@ pub(crate) fn relocate(displaced: &[Instruction], displaced_end: u64) -> Vec<Ins
     out
 }
 
+/// Whether the displaced instructions end by leaving (a return, a jump, or a call, whose
+/// relocated form jumps): no jump back to the rest of the function follows them.
+pub(crate) fn leaves_by_itself(plan: &Plan) -> bool {
+    plan.instructions.last().is_some_and(|last| {
+        matches!(
+            last.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) || crate::pushes_return_address(last)
+    })
+}
+
 /// (original address, trampoline address) pairs: see [`build_with_moves`].
 pub type Moves = Vec<(u64, u64)>;
 
@@ -85,12 +96,7 @@ pub fn build_with_moves(
     let relocated = relocate(&plan.instructions, end);
     let relocated_count = relocated.len();
     instructions.extend(relocated);
-    let leaves = plan.instructions.last().is_some_and(|last| {
-        matches!(
-            last.flow_control(),
-            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
-        ) || crate::pushes_return_address(last)
-    });
+    let leaves = leaves_by_itself(plan);
     if !leaves {
         instructions
             .push(Instruction::with_branch(Code::Jmp_rel32_64, end).map_err(|e| e.to_string())?);
