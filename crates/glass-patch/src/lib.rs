@@ -22,6 +22,7 @@ use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 pub mod call_trampoline;
 pub mod plt;
+pub mod stack_args;
 pub mod trampoline;
 
 pub use plt::plt_stubs;
