@@ -98,8 +98,8 @@ const DONE_EXIT: u64 = 6;
 const BODY: u64 = 7;
 
 /// Bytes of one function's call-style trampoline at `address`, and where a CPU stopped
-/// inside the bytes the patch replaces goes instead: each displaced instruction to its
-/// relocated copy in the body (and the end of the displaced bytes to the body's jump
+/// strictly inside the bytes the patch replaces goes instead: each displaced instruction
+/// after the first to its relocated copy in the body (and the end of the displaced bytes to the body's jump
 /// back). A CPU moved there finishes the call unrecorded, returning to its caller
 /// directly; read backwards, the pairs take a CPU out of the body when the patch goes.
 pub fn build(plan: &Plan, id: u16, address: u64, ring: &Ring) -> Result<(Vec<u8>, Moves), String> {
@@ -153,10 +153,12 @@ pub fn build(plan: &Plan, id: u16, address: u64, ring: &Ring) -> Result<(Vec<u8>
     .map_err(err)?;
     let offsets = &encoded.new_instruction_offsets;
     let first = body_start + 1;
+    // A CPU at the patch's first byte runs the new jump: it is not moved.
     let mut moves: Moves = plan
         .instructions
         .iter()
         .enumerate()
+        .skip(1)
         .map(|(i, instruction)| (instruction.ip(), offsets[first + i]))
         .filter(|&(_, offset)| offset != u32::MAX)
         .map(|(from, offset)| (from, address + u64::from(offset)))

@@ -21,6 +21,7 @@
 mod attach;
 pub mod embedded;
 pub mod guardian;
+mod guest;
 mod install;
 mod ledger;
 mod owner;
@@ -52,6 +53,10 @@ pub struct TraceOptions {
     pub duration: Option<f64>,
     /// The program to launch, and its arguments.
     pub command: Vec<String>,
+    /// `command` is a QEMU to launch: its guest's functions are traced.
+    pub vm: bool,
+    /// The guest's symbols (`--vm`; else `-kernel`'s file).
+    pub symbols: Option<PathBuf>,
 }
 
 /// What a trace did.
@@ -141,6 +146,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         return Err(Failure::bad_input(
             "--ring-size must be a power of two of at least 1024 records",
         ));
+    }
+    if args.vm {
+        return guest::run(args, notes);
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {
@@ -322,6 +330,27 @@ fn start_output(
             name: command.join(" "),
         }));
     }
+    write_instrumented(&mut out, installed, skipped);
+    let now = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+    out.write(&Record::TraceSummary(TraceSummary {
+        tsc_hz: ((now.0 - clock_start.0) as f64 * 1e9 / (now.1 - clock_start.1).max(1) as f64)
+            as u64,
+        tsc_start: session.tsc_start(),
+        patched: installed.len() as u32,
+        not_patched: skipped.len() as u32,
+        counters: counters.iter().map(|c| c.0.clone()).collect(),
+        counters_note: counters_note.to_string(),
+        exit_status: -1,
+        ..TraceSummary::default()
+    }));
+    // On disk at once: a glass killed before its buffer fills leaves a readable file
+    // that names what it instrumented.
+    out.flush();
+    out
+}
+
+/// What was instrumented and what was not, as the recording keeps them.
+fn write_instrumented(out: &mut Output, installed: &[install::Installed], skipped: &[Skip]) {
     for function in installed {
         out.write(&Record::TraceFunction(TraceFunction {
             id: function.id,
@@ -340,22 +369,6 @@ fn start_output(
             kind: skip.reason.kind().to_string(),
         }));
     }
-    let now = (glass_probe_abi::rdtsc(), monotonic_now_ns());
-    out.write(&Record::TraceSummary(TraceSummary {
-        tsc_hz: ((now.0 - clock_start.0) as f64 * 1e9 / (now.1 - clock_start.1).max(1) as f64)
-            as u64,
-        tsc_start: session.tsc_start(),
-        patched: installed.len() as u32,
-        not_patched: skipped.len() as u32,
-        counters: counters.iter().map(|c| c.0.clone()).collect(),
-        counters_note: counters_note.to_string(),
-        exit_status: -1,
-        ..TraceSummary::default()
-    }));
-    // On disk at once: a glass killed before its buffer fills leaves a readable file
-    // that names what it instrumented.
-    out.flush();
-    out
 }
 
 /// The final summary (`summary` brings what only the caller knows: the exit status,

@@ -90,6 +90,9 @@ pub enum SkipReason {
     /// it does not know, and it kills the program. Exit probes that leave return
     /// addresses alone are not built yet.
     GoRuntimeStacks,
+    /// In a VM guest: the call-style probe shifts the arguments a function reads from
+    /// the stack (see `glass_patch::stack_args`); why this one may have some.
+    StackArguments(String),
 }
 
 impl SkipReason {
@@ -115,6 +118,7 @@ impl SkipReason {
             SkipReason::CodeDiffers => "the code in memory differs from the file",
             SkipReason::Trampoline(_) => "no trampoline",
             SkipReason::GoRuntimeStacks => "a Go function",
+            SkipReason::StackArguments(_) => "may take arguments on the stack",
         }
     }
 }
@@ -143,6 +147,10 @@ impl std::fmt::Display for SkipReason {
             SkipReason::CodeDiffers => f.write_str("the code in memory differs from the file"),
             SkipReason::Trampoline(why) => write!(f, "no trampoline: {why}"),
             SkipReason::GoRuntimeStacks => f.write_str(GO_REFUSAL),
+            SkipReason::StackArguments(why) => write!(
+                f,
+                "may take arguments on the stack, which the guest probe's call would shift: {why}"
+            ),
         }
     }
 }

@@ -75,6 +75,7 @@ enum Command {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm"]).multiple(true)))]
 pub struct TraceArgs {
     /// Output recording
     #[arg(short, long, default_value = "trace.glass")]
@@ -107,10 +108,18 @@ pub struct TraceArgs {
     /// patched byte restored, the process never restarted
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
-    /// With --pid: detach after this many seconds (default: on Ctrl-C, SIGTERM, or when
-    /// the process exits)
-    #[arg(short, long, requires = "pid", value_parser = inputs::parse_duration)]
+    /// With --pid or --vm: end after this many seconds (default: on Ctrl-C, SIGTERM, or
+    /// when the process or VM ends)
+    #[arg(short, long, requires = "attached_or_vm", value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
+    /// The command is a QEMU (qemu-system-x86_64) to launch: time the guest's functions
+    /// from outside, through glass's own GDB stub and a memory region the guest does not
+    /// know (docs/guests.md)
+    #[arg(long, conflicts_with = "pid")]
+    pub vm: bool,
+    /// With --vm: the guest's symbols (default: the file QEMU's -kernel names)
+    #[arg(long, requires = "vm")]
+    pub symbols: Option<PathBuf>,
     /// The command to launch and trace
     #[arg(last = true, required_unless_present = "pid")]
     pub command: Vec<String>,

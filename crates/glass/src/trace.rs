@@ -33,6 +33,8 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         pid: args.pid,
         duration: args.duration,
         command: args.command.clone(),
+        vm: args.vm,
+        symbols: args.symbols.clone(),
     };
     let mut notes = Printed { quiet: args.quiet };
     let traced = glass_tracer::trace(&options, &mut notes)?;

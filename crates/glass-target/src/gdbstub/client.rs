@@ -328,16 +328,24 @@ impl Client {
         let deadline = Instant::now() + REPLY_TIMEOUT;
         loop {
             let reply = self.receive(deadline)?;
-            if matches!(reply.first(), Some(b'T' | b'S')) {
-                self.running = false;
-                // The stub selects the vCPU that reported the stop (`T05thread:p01.01;`):
-                // reading that one needs no `Hg` round trip.
-                self.selected = String::from_utf8_lossy(&reply)
-                    .split(';')
-                    .find_map(|field| field.split_once("thread:").map(|(_, id)| id.to_string()));
+            if self.stopped_by(&reply) {
                 return Ok(());
             }
         }
+    }
+
+    /// Whether `reply` is a stop reply; if so, the VM is stopped, and the vCPU that
+    /// reported it (`T05thread:p01.01;`) is the selected one: reading it needs no `Hg`
+    /// round trip.
+    fn stopped_by(&mut self, reply: &[u8]) -> bool {
+        if !matches!(reply.first(), Some(b'T' | b'S')) {
+            return false;
+        }
+        self.running = false;
+        self.selected = String::from_utf8_lossy(reply)
+            .split(';')
+            .find_map(|field| field.split_once("thread:").map(|(_, id)| id.to_string()));
+        true
     }
 
     /// Lets the VM run; the reply comes only at the next stop. The `c` goes out with the
@@ -564,6 +572,73 @@ impl Client {
         let n = bytes.len().min(8);
         word[..n].copy_from_slice(&bytes[..n]);
         Ok(u64::from_le_bytes(word))
+    }
+
+    /// Sets (`Z0`) or clears (`z0`) a breakpoint at a guest-virtual address, with the VM
+    /// stopped. QEMU keeps its breakpoints out of guest memory (TCG checks them as it
+    /// translates), so the guest never sees one.
+    pub fn breakpoint(&mut self, address: u64, set: bool) -> Result<(), StubError> {
+        let request = format!("{}0,{address:x},1", if set { 'Z' } else { 'z' });
+        let reply = self.request(request.as_bytes())?;
+        if reply != b"OK" {
+            return Err(StubError::Refused(
+                request,
+                String::from_utf8_lossy(&reply).into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// While the VM runs: waits up to `wait` for it to stop by itself (a breakpoint
+    /// hit); whether it did. The vCPU that stopped it is the selected one.
+    pub fn wait_for_stop(&mut self, wait: Duration) -> Result<bool, StubError> {
+        if !self.running {
+            return Ok(true);
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.receive(deadline) {
+                Ok(reply) if self.stopped_by(&reply) => return Ok(true),
+                Ok(_) => {}
+                Err(StubError::Timeout(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sets one register of the selected vCPU (see [`Client::select`]) by name, with a
+    /// `P` packet: the width the target description gives it, little-endian.
+    pub fn set_register(&mut self, name: &str, value: u64) -> Result<(), StubError> {
+        let regnum = self
+            .layout
+            .regnum(name)
+            .ok_or_else(|| StubError::Protocol(format!("the stub has no register {name}")))?;
+        let bytes = self.layout.find(name).map_or(8, |(_, size)| size.min(8));
+        let mut request = format!("P{regnum:x}=");
+        push_hex(&value.to_le_bytes()[..bytes], &mut request);
+        let reply = self.request(request.as_bytes())?;
+        if reply != b"OK" {
+            return Err(StubError::Refused(
+                format!("setting {name}"),
+                String::from_utf8_lossy(&reply).into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes `m` and `M` packets address guest-physical memory (`true`) or the
+    /// selected vCPU's virtual memory (`false`, the stub's default): QEMU's
+    /// `Qqemu.PhyMemMode`.
+    pub fn physical_memory_mode(&mut self, physical: bool) -> Result<(), StubError> {
+        let request = format!("Qqemu.PhyMemMode:{}", u8::from(physical));
+        let reply = self.request(request.as_bytes())?;
+        if reply != b"OK" {
+            return Err(StubError::Refused(
+                request,
+                String::from_utf8_lossy(&reply).into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The most bytes one [`Client::read_memory`] returns: the reply carries them in hex

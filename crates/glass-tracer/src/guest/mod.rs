@@ -1,0 +1,682 @@
+//! `glass trace --vm -f GLOBS -- qemu-system-x86_64 ARGS`: every call of chosen functions
+//! of a guest kernel timed from outside the guest, nothing added to its image.
+//!
+//! glass launches QEMU with a GDB stub of its own and a 2 MiB RAM region the guest does
+//! not know (a `pc-dimm` at guest-physical 4 GiB, outside the memory map the guest is
+//! given, backed by a memfd glass shares). Once the guest runs its own code in long mode,
+//! glass stops it and, with every vCPU stopped:
+//! - maps the region into the guest's page tables at a virtual range it does not use:
+//!   the top 2 GiB through a top-level entry that must be empty, with the page-table
+//!   pages inside the region, reachable by `jmp rel32` from a kernel linked in the low
+//!   2 GiB (`layout`);
+//! - writes a call-style trampoline per function there (`glass_patch::call_trampoline`:
+//!   no per-thread state, call and return kept paired), through the shared memfd: no
+//!   code ran there, so QEMU holds no translation of it;
+//! - writes each entry jump through the stub, which makes QEMU drop the translated code
+//!   of those bytes (docs/guests.md), and moves a vCPU stopped inside them to their
+//!   relocated copy;
+//! - lets the VM run, and drains the region's ring from the shared memfd while it runs
+//!   (`replay` turns its records into the process tracer's per-thread streams, one per
+//!   guest stack).
+//!
+//! Functions that may read arguments from the stack are left alone, with the reason:
+//! the trampoline's call shifts them (`glass_patch::stack_args`). The VM is glass's: it
+//! ends with the trace (the run ends when the guest powers off, after `-d`, or on
+//! Ctrl-C/SIGTERM), and QEMU is killed by the kernel if glass dies
+//! (PR_SET_PDEATHSIG), so no VM is ever left stopped.
+
+mod layout;
+pub(crate) mod replay;
+
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use glass_format::{Meta, Record, TraceSummary};
+use glass_patch::call_trampoline;
+use glass_patch::stack_args::{argument_passing, Arguments};
+use glass_record::{create_output, monotonic_now_ns, Failure, Result};
+use glass_target::arch::VcpuRegs;
+use glass_target::gdbstub::client::Client;
+
+use crate::install::Installed;
+use crate::select::{self, SkipReason};
+use crate::{Output, Skip, TraceNotes, TraceOptions, Traced};
+use layout::Layout;
+
+/// Set by SIGINT, SIGTERM and SIGHUP: the trace ends.
+static ENDING: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    ENDING.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
+    let command = &args.command;
+    let program = command
+        .first()
+        .ok_or_else(|| Failure::bad_input("--vm needs the QEMU command after --"))?;
+    if !Path::new(program)
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("qemu-system-x86_64"))
+    {
+        return Err(Failure::bad_input(format!(
+            "--vm traces the guests of qemu-system-x86_64, not {program} (the guest tracer patches x86-64 code)"
+        )));
+    }
+    if !args.libcalls.is_empty() || !args.lib.is_empty() || args.pmc.is_some() {
+        return Err(Failure::bad_input(
+            "--libcalls, --lib and --pmc are for processes, not --vm",
+        ));
+    }
+    let value_of = |flag: &str| {
+        command
+            .iter()
+            .position(|a| a == flag)
+            .and_then(|i| command.get(i + 1))
+            .cloned()
+    };
+    if value_of("-gdb").is_some() || command.iter().any(|a| a.contains("pc-dimm")) {
+        return Err(Failure::bad_input(
+            "--vm adds its own -gdb and a pc-dimm for its region: leave them out",
+        ));
+    }
+    let symbols = match (&args.symbols, value_of("-kernel")) {
+        (Some(symbols), _) => symbols.clone(),
+        (None, Some(kernel)) => PathBuf::from(kernel),
+        (None, None) => {
+            return Err(Failure::bad_input(
+                "--vm needs -kernel in the QEMU command or --symbols",
+            ))
+        }
+    };
+    let ram_mib = match value_of("-m") {
+        Some(m) => parse_ram_mib(&m).ok_or_else(|| {
+            Failure::bad_input(format!(
+                "--vm: cannot read -m {m} (give the RAM alone, e.g. -m 64 or -m 1G: glass adds the slot for its region)"
+            ))
+        })?,
+        None => 128,
+    };
+    if ram_mib > MAX_RAM_MIB {
+        return Err(Failure::bad_input(format!(
+            "--vm: a guest of {ram_mib} MiB has RAM above 4 GiB, where glass puts its region (at most {MAX_RAM_MIB} MiB for now)"
+        )));
+    }
+    let (choice, skipped) = choose(&symbols, &args.functions)?;
+    let file = create_output(&args.output)?;
+
+    let region = region_memfd()?;
+    // SAFETY: glass's own memfd, sized; shared with QEMU, which maps it as guest RAM.
+    let mut shared = unsafe { memmap2::MmapMut::map_mut(&region) }
+        .map_err(|e| Failure::runtime(format!("cannot map the trace region: {e}")))?;
+    let socket = std::env::temp_dir().join(format!("glass-trace-vm-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket);
+    let mut qemu = launch(command, ram_mib, &region, &socket)?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+    let traced = trace_launched(
+        args,
+        notes,
+        &mut qemu,
+        &socket,
+        &mut shared,
+        (&symbols, choice, skipped),
+        file,
+    );
+    let _ = std::fs::remove_file(&socket);
+    if qemu.try_wait().ok().flatten().is_none() {
+        let _ = qemu.kill();
+        let _ = qemu.wait();
+    }
+    traced
+}
+
+/// The guest RAM above which `pc`'s RAM continues past 4 GiB, where the region goes.
+const MAX_RAM_MIB: u64 = 2816;
+
+/// Where QEMU puts the region: the start of `pc`'s device memory, 4 GiB.
+const REGION_GPA: u64 = 1 << 32;
+
+/// `-m`'s RAM in MiB: `64`, `64M`, `1G`, `size=64M`.
+fn parse_ram_mib(value: &str) -> Option<u64> {
+    let size = value.strip_prefix("size=").unwrap_or(value);
+    if size.contains(',') {
+        return None;
+    }
+    let (digits, unit) = match size.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => size.split_at(at),
+        None => (size, "M"),
+    };
+    let number: u64 = digits.parse().ok()?;
+    match unit {
+        "M" | "m" | "MB" | "MiB" => Some(number),
+        "G" | "g" | "GB" | "GiB" => number.checked_mul(1024),
+        _ => None,
+    }
+}
+
+/// The functions to patch, with their plans, and those left alone.
+fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
+    let mut choice = select::read_module(symbols, patterns, &[]).map_err(Failure::bad_input)?;
+    if choice.matched == 0 {
+        return Err(Failure::bad_input(format!(
+            "no function of {} matches {}",
+            symbols.display(),
+            patterns.join(",")
+        )));
+    }
+    let bytes = std::fs::read(symbols)
+        .map_err(|e| Failure::bad_input(format!("cannot read {}: {e}", symbols.display())))?;
+    let elf = object::File::parse(&*bytes)
+        .map_err(|_| Failure::bad_input(format!("{} is not an ELF file", symbols.display())))?;
+    let arguments = argument_passing(&elf);
+    let module = symbols.display().to_string();
+    let mut skipped: Vec<Skip> = choice
+        .skipped
+        .drain(..)
+        .map(|(function, reason)| Skip {
+            module: module.clone(),
+            address: function.address,
+            name: function.name,
+            reason,
+        })
+        .collect();
+    // Short functions are traced at their call sites in processes; not yet in guests.
+    for (function, _, _) in choice.redirected.drain(..) {
+        skipped.push(Skip {
+            module: module.clone(),
+            address: function.address,
+            name: function.name,
+            reason: SkipReason::TooShortNoCallSite(glass_patch::Reason::TooShort {
+                size: function.size,
+            }),
+        });
+    }
+    let mut patchable = Vec::new();
+    for (function, plan, padding) in choice.patchable.drain(..) {
+        let why = if function.name.contains(".isra") || function.name.contains(".part") {
+            Some("a compiler's clone, whose arguments are not the ones DWARF declares".into())
+        } else {
+            match arguments.get(&function.address) {
+                Some(Arguments::InRegisters) => None,
+                Some(Arguments::OnStack(why)) => Some(why.clone()),
+                None => Some("no DWARF describes its arguments".into()),
+            }
+        };
+        match why {
+            Some(why) => skipped.push(Skip {
+                module: module.clone(),
+                address: function.address,
+                name: function.name,
+                reason: SkipReason::StackArguments(why),
+            }),
+            None => patchable.push((function, plan, padding)),
+        }
+    }
+    if patchable.is_empty() {
+        let reasons: Vec<String> = skipped
+            .iter()
+            .take(5)
+            .map(|skip| format!("{}: {}", skip.name, skip.reason))
+            .collect();
+        return Err(Failure::bad_input(format!(
+            "none of the matching functions can be patched ({}); the VM was not started",
+            reasons.join("; ")
+        )));
+    }
+    if patchable.len() > usize::from(call_trampoline::MAX_ID) + 1 {
+        patchable.truncate(usize::from(call_trampoline::MAX_ID) + 1);
+    }
+    choice.patchable = patchable;
+    Ok((choice, skipped))
+}
+
+/// The region's memory: a memfd QEMU inherits (it never has a name in the file system).
+fn region_memfd() -> Result<OwnedFd> {
+    // SAFETY: memfd_create with a static name; the descriptor is owned at once.
+    let fd = unsafe { libc::memfd_create(c"glass-trace-region".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Failure::runtime(format!(
+            "cannot create the trace region: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fd was just created and is ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sizing our own memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), layout::REGION_BYTES as libc::off_t) } != 0 {
+        return Err(Failure::runtime(format!(
+            "cannot size the trace region: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(fd)
+}
+
+/// Starts QEMU with its stub on `socket` and the region as a pc-dimm; waits for the
+/// stub.
+fn launch(
+    command: &[String],
+    ram_mib: u64,
+    region: &OwnedFd,
+    socket: &Path,
+) -> Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let program = &command[0];
+    let raw = region.as_raw_fd();
+    let mut arguments: Vec<String> = Vec::with_capacity(command.len() + 10);
+    let mut rest = command[1..].iter();
+    while let Some(argument) = rest.next() {
+        if argument == "-m" {
+            rest.next();
+            continue;
+        }
+        arguments.push(argument.clone());
+    }
+    let mut qemu = std::process::Command::new(program);
+    qemu.args(&arguments)
+        .arg("-m")
+        .arg(format!("{ram_mib}M,slots=1,maxmem={}M", ram_mib + 1024))
+        .arg("-object")
+        .arg(format!(
+            "memory-backend-file,id=glass-region,size={}M,mem-path=/proc/self/fd/{raw},share=on",
+            layout::REGION_BYTES >> 20
+        ))
+        .arg("-device")
+        .arg(format!(
+            "pc-dimm,id=glass-dimm,memdev=glass-region,addr={REGION_GPA:#x}"
+        ))
+        .arg("-gdb")
+        .arg(format!("unix:{},server=on,wait=off", socket.display()))
+        // Ctrl-C at the terminal is glass's to handle: it ends the trace, then the VM.
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        qemu.pre_exec(move || {
+            let empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+            // The VM is glass's: it must not outlive a glass that dies, stopped.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = qemu.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Failure::bad_input(format!("{program}: not found")),
+        _ => Failure::runtime(format!("cannot start {program}: {e}")),
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(Failure::bad_input(format!(
+                "the VM did not start: {program} exited before its GDB stub came up ({status})"
+            )));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Failure::runtime(
+                "the VM did not start: QEMU's GDB stub did not come up within 30 s (QEMU killed)",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(child)
+}
+
+fn stub_failure(what: &str, e: impl std::fmt::Display) -> Failure {
+    Failure::runtime(format!("{what}: {e}"))
+}
+
+/// Patches the launched guest once it runs its own code, then drains until the VM ends.
+fn trace_launched(
+    args: &TraceOptions,
+    notes: &mut dyn TraceNotes,
+    qemu: &mut std::process::Child,
+    socket: &Path,
+    shared: &mut memmap2::MmapMut,
+    (symbols, choice, skipped): (&Path, select::ModuleChoice, Vec<Skip>),
+    file: std::fs::File,
+) -> Result<Traced> {
+    let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+    let mut client = Client::connect(&socket.to_string_lossy())
+        .map_err(|e| stub_failure("cannot connect to the VM's GDB stub", e))?;
+    let (text_low, text_high) = text_span(&choice);
+    let vcpus = client.vcpus.len();
+    let mut regs = vec![VcpuRegs::zeroed(client.arch()); vcpus];
+    let entries: Vec<u64> = choice
+        .patchable
+        .iter()
+        .map(|(_, plan, _)| plan.patch_at)
+        .collect();
+    wait_for_guest(&mut client, qemu, &entries, &mut regs)?;
+    let layout = match Layout::choose(text_low, text_high) {
+        Ok(layout) => layout,
+        Err(why) => {
+            let _ = client.resume();
+            return Err(Failure::bad_input(why));
+        }
+    };
+    let (installed, patches, moves) = match layout.install(shared, &choice, symbols) {
+        Ok(done) => done,
+        Err(why) => {
+            let _ = client.resume();
+            return Err(Failure::runtime(why));
+        }
+    };
+    let patched = patch(&mut client, &layout, &regs, &patches, &moves);
+    if let Err(failure) = patched {
+        let _ = client.resume();
+        return Err(failure);
+    }
+    client
+        .resume()
+        .map_err(|e| stub_failure("cannot let the VM run", e))?;
+    notes.instrumented(&installed, &skipped);
+
+    let mut out = Output::new(file, 1);
+    write_header(&mut out, args, qemu.id(), &installed, &skipped, clock_start);
+    let mut replay = replay::Replay::default();
+    let mut ring = layout::RingReader::default();
+    let started = Instant::now();
+    let why = loop {
+        let drained = ring.drain(shared, &mut replay);
+        replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
+        if let Ok(Some(status)) = qemu.try_wait() {
+            // What the guest wrote before it ended is in the memfd still.
+            ring.drain(shared, &mut replay);
+            replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
+            break Ended::Exited(status.code().unwrap_or(1));
+        }
+        if ENDING.load(Ordering::Relaxed) {
+            break Ended::Signal;
+        }
+        if args
+            .duration
+            .is_some_and(|d| started.elapsed() >= Duration::from_secs_f64(d))
+        {
+            break Ended::Duration;
+        }
+        if drained < 1024 {
+            std::thread::sleep(crate::DRAIN_WAKE);
+        }
+    };
+    if !matches!(why, Ended::Exited(_)) {
+        // The VM ends with the trace: stopped first, so that what the guest wrote up to
+        // now is all in the ring.
+        let _ = client.stop();
+        ring.drain(shared, &mut replay);
+        replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
+    }
+    drop(client);
+    let exit_status = match why {
+        Ended::Exited(status) => status,
+        Ended::Signal | Ended::Duration => 0,
+    };
+    let summary = finish(
+        &mut out,
+        args,
+        clock_start,
+        &ring,
+        &replay,
+        installed.len(),
+        skipped.len(),
+        exit_status,
+    )?;
+    if replay.unmatched_exits > 0 || replay.in_flight() > 0 {
+        notes.note(&format!(
+            "{} calls were under way when the probes went in or when the VM ended: not timed",
+            replay.unmatched_exits + replay.in_flight()
+        ));
+    }
+    Ok(Traced {
+        exit_status,
+        records: out.records,
+        summary,
+    })
+}
+
+enum Ended {
+    Exited(i32),
+    Signal,
+    Duration,
+}
+
+/// The lowest and highest address of the code to patch.
+fn text_span(choice: &select::ModuleChoice) -> (u64, u64) {
+    let low = choice.patchable.iter().map(|(f, _, _)| f.address).min();
+    let high = choice
+        .patchable
+        .iter()
+        .map(|(f, _, _)| f.address + f.size)
+        .max();
+    (low.unwrap_or(0), high.unwrap_or(0))
+}
+
+/// Breakpoints glass sets to catch the guest's first call of a traced function.
+const MAX_BREAKPOINTS: usize = 256;
+
+/// Lets the guest boot until its first call of a function to trace: a breakpoint at each
+/// one's patch (at most [`MAX_BREAKPOINTS`]; QEMU keeps them out of guest memory), so
+/// that no call is missed and the vCPU that hit one runs the entry jump once patched.
+/// Leaves the VM stopped, the breakpoints cleared, every vCPU's registers in `regs`.
+fn wait_for_guest(
+    client: &mut Client,
+    qemu: &mut std::process::Child,
+    entries: &[u64],
+    regs: &mut [VcpuRegs],
+) -> Result<()> {
+    let caught = &entries[..entries.len().min(MAX_BREAKPOINTS)];
+    let set = |client: &mut Client, set: bool| -> Result<()> {
+        for &at in caught {
+            client
+                .breakpoint(at, set)
+                .map_err(|e| stub_failure("cannot set a breakpoint in the guest", e))?;
+        }
+        Ok(())
+    };
+    client
+        .stop()
+        .map_err(|e| stub_failure("cannot stop the VM", e))?;
+    set(client, true)?;
+    client
+        .resume()
+        .map_err(|e| stub_failure("cannot let the VM run", e))?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let stopped = client
+            .wait_for_stop(Duration::from_millis(100))
+            .map_err(|e| match qemu.try_wait() {
+                Ok(Some(status)) => Failure::bad_input(format!(
+                    "the VM ended ({status}) before its guest called a function to trace"
+                )),
+                _ => stub_failure("the VM's GDB stub", e),
+            })?;
+        if stopped {
+            break;
+        }
+        if ENDING.load(Ordering::Relaxed) || Instant::now() > deadline {
+            client
+                .stop()
+                .map_err(|e| stub_failure("cannot stop the VM", e))?;
+            set(client, false)?;
+            return Err(Failure::runtime(
+                "the guest called none of the functions to trace (glass waited for 300 s, or was told to end)",
+            ));
+        }
+    }
+    set(client, false)?;
+    client
+        .stop_with_registers(regs)
+        .map_err(|e| stub_failure("cannot read the vCPUs", e))?;
+    let long_mode = regs
+        .iter()
+        .all(|r| !r.paging_on() || matches!(r, VcpuRegs::X86_64(x) if x.long_mode()));
+    if !long_mode {
+        return Err(Failure::bad_input(
+            "the guest runs the functions to trace outside long mode: glass traces 64-bit guests",
+        ));
+    }
+    Ok(())
+}
+
+/// With every vCPU stopped: the region's top-level entry, the entry jumps (through the
+/// stub), and the vCPUs inside the replaced bytes moved to their relocated copies.
+fn patch(
+    client: &mut Client,
+    layout: &Layout,
+    regs: &[VcpuRegs],
+    patches: &[(u64, Vec<u8>)],
+    moves: &[(u64, u64)],
+) -> Result<()> {
+    let cr3 = match &regs[0] {
+        VcpuRegs::X86_64(x) => x.cr3 & 0x000f_ffff_ffff_f000,
+        _ => 0,
+    };
+    client
+        .physical_memory_mode(true)
+        .map_err(|e| stub_failure("cannot read the guest's page tables", e))?;
+    let entry_at = cr3 + 8 * layout.top_index();
+    let present = client
+        .read_memory(entry_at, 8)
+        .map_err(|e| stub_failure("cannot read the guest's page tables", e))?;
+    if present.len() != 8 || present.iter().any(|&b| b != 0) {
+        let _ = client.physical_memory_mode(false);
+        return Err(Failure::bad_input(format!(
+            "the guest maps the top of its address space already (top-level entry {} of its page tables): no room for glass's region there",
+            layout.top_index()
+        )));
+    }
+    client
+        .write_memory(entry_at, &layout.top_entry().to_le_bytes())
+        .map_err(|e| stub_failure("cannot map glass's region in the guest", e))?;
+    client
+        .physical_memory_mode(false)
+        .map_err(|e| stub_failure("cannot write the guest's code", e))?;
+    for (at, bytes) in patches {
+        client
+            .write_memory(*at, bytes)
+            .map_err(|e| stub_failure("cannot write the guest's code", e))?;
+    }
+    for (index, vcpu) in regs.iter().enumerate() {
+        let ip = vcpu.ip();
+        if let Some(&(_, to)) = moves.iter().find(|&&(from, _)| from == ip) {
+            client
+                .select(index)
+                .and_then(|()| client.set_register("rip", to))
+                .map_err(|e| stub_failure("cannot move a vCPU out of the patched bytes", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The recording's first records: what is traced and what is not.
+fn write_header(
+    out: &mut Output,
+    args: &TraceOptions,
+    qemu_pid: u32,
+    installed: &[Installed],
+    skipped: &[Skip],
+    clock_start: (u64, u64),
+) {
+    let start_unix_ns = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    out.write(&Record::Meta(Meta {
+        start_unix_ns,
+        backend: glass_format::Backend::Trace,
+        arch: glass_format::Arch::host(),
+        unwind: String::new(),
+        frequency_hz: 0,
+        max_depth: 0,
+        target_pid: qemu_pid,
+        command: args.command.clone(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        glass_version: env!("CARGO_PKG_VERSION").into(),
+        capture: "calls".into(),
+    }));
+    crate::write_instrumented(out, installed, skipped);
+    let _ = clock_start;
+    out.write(&Record::TraceSummary(TraceSummary {
+        patched: installed.len() as u32,
+        not_patched: skipped.len() as u32,
+        exit_status: -1,
+        ..TraceSummary::default()
+    }));
+    out.flush();
+}
+
+/// The final summary and the end of the recording.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    out: &mut Output,
+    args: &TraceOptions,
+    clock_start: (u64, u64),
+    ring: &layout::RingReader,
+    replay: &replay::Replay,
+    patched: usize,
+    not_patched: usize,
+    exit_status: i32,
+) -> Result<TraceSummary> {
+    let mut clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+    if clock_end.1 - clock_start.1 < 50_000_000 {
+        std::thread::sleep(Duration::from_millis(50));
+        clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+    }
+    // Under TCG the guest's time-stamp counter is the host's plus an offset: the host's
+    // rate is the guest's.
+    let summary = TraceSummary {
+        tsc_hz: ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64)
+            as u64,
+        tsc_start: ring.first_tsc().saturating_sub(1 << 32),
+        threads: replay.stacks() as u32,
+        patched: patched as u32,
+        not_patched: not_patched as u32,
+        duration_ns: clock_end.1 - clock_start.1,
+        lost: ring.dropped() + out.lost_words,
+        exit_status,
+        ..TraceSummary::default()
+    };
+    out.write(&Record::TraceSummary(summary.clone()));
+    out.write(&Record::End);
+    out.flush();
+    if let Some(error) = &out.failed {
+        return Err(Failure::runtime(format!(
+            "writing {} failed: {}; {} call records lost",
+            args.output.display(),
+            glass_record::error_text(error),
+            out.lost_words
+        )));
+    }
+    let _ = std::io::stderr().flush();
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_sizes_read_as_qemu_reads_them() {
+        assert_eq!(parse_ram_mib("64"), Some(64));
+        assert_eq!(parse_ram_mib("64M"), Some(64));
+        assert_eq!(parse_ram_mib("2G"), Some(2048));
+        assert_eq!(parse_ram_mib("size=512M"), Some(512));
+        assert_eq!(parse_ram_mib("64,slots=2,maxmem=1G"), None);
+        assert_eq!(parse_ram_mib("lots"), None);
+    }
+}

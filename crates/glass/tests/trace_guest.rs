@@ -1,0 +1,218 @@
+//! `glass trace --vm`: every call of the demo unikernel's functions timed from outside
+//! the guest (guests/demo, built to run a known number of rounds and power off): exact
+//! counts with nothing lost, each vCPU's stack its own thread, the guest's work split as
+//! it is built, its output whole; and bad input refused in one line.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The demo guest built to run `rounds` rounds of dispatch (alpha, beta, gamma_) on
+/// vCPU 0 and then power off; vCPU 1 calls checksum_blocks for as long as it runs.
+fn demo(dir: &Path, rounds: u32) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
+    let status = Command::new(script)
+        .arg(dir)
+        .arg(rounds.to_string())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "guests/demo/build.sh");
+    dir.to_path_buf()
+}
+
+fn qemu(dir: &Path, serial: &Path) -> Vec<String> {
+    [
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg,thread=single",
+        "-smp",
+        "2",
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+        "-device",
+        "isa-debug-exit,iobase=0xf4,iosize=0x04",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "-serial".to_string(),
+        format!("file:{}", serial.display()),
+        "-kernel".to_string(),
+        dir.join("guest-fp.img").display().to_string(),
+    ])
+    .collect()
+}
+
+/// `glass trace --vm -o RECORDING -f FUNCTIONS --symbols SYMBOLS -- COMMAND`.
+fn trace_vm(
+    recording: &Path,
+    functions: &str,
+    symbols: &Path,
+    command: Vec<String>,
+) -> std::process::Output {
+    let mut args: Vec<String> = [
+        "trace",
+        "--vm",
+        "-o",
+        recording.to_str().unwrap(),
+        "-f",
+        functions,
+        "--symbols",
+        symbols.to_str().unwrap(),
+        "--",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(command);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    glass(&args)
+}
+
+/// `glass report --format calls`: (calls, median time per call in ns) per function.
+fn calls_and_self(recording: &Path) -> std::collections::BTreeMap<String, (u64, f64)> {
+    let output = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let unit = |value: &str, unit: &str| -> Option<f64> {
+        let v: f64 = value.parse().ok()?;
+        Some(match unit {
+            "ns" => v,
+            "µs" => v * 1e3,
+            "ms" => v * 1e6,
+            "s" => v * 1e9,
+            _ => return None,
+        })
+    };
+    stdout(&output)
+        .lines()
+        .filter_map(|line| {
+            // calls, total, self, self cycles, min, p50, ...; the name last.
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let calls: u64 = f.first()?.parse().ok()?;
+            let median = unit(f.get(8)?, f.get(9)?)?;
+            Some((f.last()?.to_string(), (calls, median)))
+        })
+        .collect()
+}
+
+#[test]
+fn every_call_of_a_unikernel_is_timed_from_outside() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest");
+    let rounds = 3000;
+    let guest = demo(&dir, rounds);
+    let serial = dir.join("serial");
+    let recording = dir.join("guest.glass");
+    let output = trace_vm(
+        &recording,
+        "run_workload,dispatch,alpha,beta,gamma_,checksum_blocks",
+        &guest.join("guest-fp.elf"),
+        qemu(&guest, &serial),
+    );
+    let err = stderr(&output);
+    // The guest powers off through isa-debug-exit: QEMU's status 1 is glass's.
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("instrumented 6 functions, skipped 0"), "{err}");
+    assert!(err.contains(" 0 lost"), "{err}");
+
+    // The guest ran to its end, its output whole.
+    let console = std::fs::read_to_string(&serial).unwrap();
+    assert!(
+        console.starts_with("glass demo guest: alpha 60% beta 30% gamma 10%\n")
+            && console.ends_with("done\n"),
+        "{console}"
+    );
+    assert_eq!(
+        console.matches("rate rounds=200").count() as u32,
+        rounds / 200,
+        "{console}"
+    );
+
+    let calls = calls_and_self(&recording);
+    let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
+    assert_eq!(count("run_workload"), 1, "{calls:?}");
+    for name in ["dispatch", "alpha", "beta", "gamma_"] {
+        assert_eq!(count(name), u64::from(rounds), "{name}: {calls:?}");
+    }
+    // vCPU 1 called checksum_blocks all the while, on its own stack: a second thread.
+    assert!(count("checksum_blocks") > 100, "{calls:?}");
+    let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
+    assert!(info.contains("from 2 threads"), "{info}");
+    let tree = stdout(&glass(&[
+        "report",
+        recording.to_str().unwrap(),
+        "--format",
+        "tree",
+    ]));
+    let depth = |name: &str| {
+        let line = tree
+            .lines()
+            .find(|l| l.trim_end().ends_with(name))
+            .unwrap_or_else(|| panic!("{name} not in the tree:\n{tree}"));
+        // The column the name starts at: its depth in the tree.
+        line.rfind(name).unwrap()
+    };
+    // alpha under dispatch under run_workload; checksum_blocks a root of its own.
+    assert!(
+        depth("alpha") > depth("dispatch") && depth("dispatch") > depth("run_workload"),
+        "{tree}"
+    );
+    assert_eq!(depth("checksum_blocks"), depth("run_workload"), "{tree}");
+
+    // Each call of alpha does 6 units of work, beta 3, gamma 1: their median times say
+    // so. (Not their totals: under TCG a vCPU's time includes the other vCPU's turns
+    // and QEMU's own pauses, which land on the long calls more than their share.)
+    let median = |name: &str| calls[name].1;
+    for (name, units) in [("alpha", 6.0), ("beta", 3.0)] {
+        let ratio = median(name) / median("gamma_");
+        assert!(
+            (ratio - units).abs() < units * 0.15,
+            "{name}: a call takes {ratio:.2} times gamma_'s, built as {units}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    let dir = scratch("trace_guest_bad");
+    let guest = demo(&dir, 1);
+    let serial = dir.join("serial");
+    let recording = dir.join("bad.glass");
+    let symbols = guest.join("guest-fp.elf");
+    let run =
+        |functions: &str, command: Vec<String>| trace_vm(&recording, functions, &symbols, command);
+    assert_clean_failure(
+        &run("no_such_function", qemu(&guest, &serial)),
+        2,
+        "no function of",
+    );
+    let mut not_qemu = qemu(&guest, &serial);
+    not_qemu[0] = "qemu-system-aarch64".into();
+    assert_clean_failure(
+        &run("alpha", not_qemu),
+        2,
+        "traces the guests of qemu-system-x86_64",
+    );
+    let mut with_stub = qemu(&guest, &serial);
+    with_stub.extend(["-gdb".to_string(), "tcp::1234".to_string()]);
+    assert_clean_failure(&run("alpha", with_stub), 2, "adds its own -gdb");
+    let mut big = qemu(&guest, &serial);
+    let m = big.iter().position(|a| a == "-m").unwrap();
+    big[m + 1] = "8G".into();
+    assert_clean_failure(&run("alpha", big), 2, "RAM above 4 GiB");
+    // Nothing patchable (boot.S's long_mode: a function symbol without a size): refused
+    // before QEMU starts.
+    let output = run("long_mode", qemu(&guest, &serial));
+    assert_clean_failure(&output, 2, "none of the matching functions can be patched");
+    assert!(
+        stderr(&output).contains("size unknown"),
+        "{}",
+        stderr(&output)
+    );
+}
