@@ -15,14 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn build_aarch64(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/aarch64/build.sh");
-    let output = Command::new(script).arg(dir).output().unwrap();
-    assert!(
-        output.status.success(),
-        "guests/aarch64/build.sh failed (./x test installs gcc-aarch64-linux-gnu): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    dir.to_path_buf()
+    build_guest_image("aarch64", dir, &[])
 }
 
 /// `-- qemu-system-aarch64 -M virt` with two vCPUs, the serial port in `serial`, under

@@ -13,15 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn build_unikernel(dir: &Path, rounds: &str) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/unikernel/build.sh");
-    let status = Command::new(script)
-        .arg(dir)
-        .arg(rounds)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "guests/unikernel/build.sh failed");
-    dir.to_path_buf()
+    build_guest_image("unikernel", dir, &[rounds])
 }
 
 /// A QEMU started the way a user starts one: its QMP monitor on a unix socket, nothing

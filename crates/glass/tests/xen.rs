@@ -16,10 +16,6 @@ use std::sync::OnceLock;
 
 use common::*;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// The release build of glass, which `./x test` builds first: dom0 runs under TCG, where
 /// an unoptimized unwinder would take most of the guest's time itself.
 fn release_glass() -> Result<PathBuf, String> {
@@ -89,7 +85,7 @@ fn boot_and_run() -> Result<PathBuf, String> {
     )
     .unwrap();
     glass_archive(&glass, &out.join("glass.cpio.gz"))?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/xen_dom0.sh");
+    let script = repo().join("crates/glass/tests/xen_dom0.sh");
     let status = Command::new(repo().join("guests/xen/run.sh"))
         .arg(&kit)
         .arg(script)
