@@ -218,6 +218,17 @@ pub fn build_guest_image(guest: &str, dir: &Path, args: &[&str]) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// How many rounds a campaign-style test (many kills, cycles or mutants) runs: `short` in
+/// the suite, which must stay inside CI's time, and `full` when `./x bench soak` runs it
+/// with GLASS_SOAK=1 (docs/testing.md). The checks of each round are the same either way.
+pub fn campaign(short: usize, full: usize) -> usize {
+    if std::env::var_os("GLASS_SOAK").is_some_and(|v| v != "0") {
+        full
+    } else {
+        short
+    }
+}
+
 /// Installs Debian's `package` (`apt-get update`, then `install`), as ./x installs what
 /// it needs: the tests run as root on Debian.
 pub fn apt_install(package: &str) {
