@@ -85,7 +85,7 @@ fn boot_and_run() -> Result<PathBuf, String> {
     )
     .unwrap();
     glass_archive(&glass, &out.join("glass.cpio.gz"))?;
-    let script = repo().join("crates/glass/tests/xen_dom0.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/xen_dom0.sh");
     let status = Command::new(repo().join("guests/xen/run.sh"))
         .arg(&kit)
         .arg(script)

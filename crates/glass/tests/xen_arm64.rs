@@ -59,7 +59,7 @@ fn boot_and_run() -> Result<PathBuf, String> {
     }
     let out = scratch("xen-arm64-run");
     std::fs::write(out.join("env"), format!("GLASS={}\n", glass.display())).unwrap();
-    let script = repo().join("crates/glass/tests/xen_arm64_dom0.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/xen_arm64_dom0.sh");
     // 10 s to dom0's script, two xl creates, 30 s of recording and 5 endings: ~3 minutes;
     // 600 s bounds a run whose environment broke (run.sh kills QEMU then: exit 124).
     let status = Command::new(repo().join("guests/xen-arm64/run.sh"))
