@@ -12,17 +12,11 @@ use common::*;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn build_aarch64(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/aarch64/build.sh");
-    let output = Command::new(script).arg(dir).output().unwrap();
-    assert!(
-        output.status.success(),
-        "guests/aarch64/build.sh failed (./x test installs gcc-aarch64-linux-gnu): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    dir.to_path_buf()
+    build_guest_image("aarch64", dir, &[])
 }
 
 /// `-- qemu-system-aarch64 -M virt` with two vCPUs, the serial port in `serial`, under
@@ -77,22 +71,55 @@ fn record_vm(
     glass(&args)
 }
 
+/// One recording of an image of the AArch64 demo under single-threaded TCG, the guest's
+/// console and what glass said: made once per image, for every test that reads it.
+struct Profiled {
+    recording: PathBuf,
+    serial: PathBuf,
+    output: Output,
+}
+
+/// `image`'s recording at 997 Hz for 6 s: about 3000 busy samples (a standard error near
+/// 1 point on 60%). check_profile checks both images' and the formats test reads the
+/// uk-nofp.elf one: one boot of each image serves both.
+fn profiled(image: &'static str) -> &'static Profiled {
+    static FP: OnceLock<Profiled> = OnceLock::new();
+    static NOFP: OnceLock<Profiled> = OnceLock::new();
+    let once = match image {
+        "uk-fp.elf" => &FP,
+        "uk-nofp.elf" => &NOFP,
+        _ => panic!("no recording of {image}"),
+    };
+    once.get_or_init(|| {
+        let dir = build_aarch64(&scratch(&format!("aarch64_{image}")));
+        let recording = dir.join(format!("{image}.glass"));
+        let serial = dir.join(format!("{image}.serial"));
+        let output = record_vm(
+            &dir.join(image),
+            &recording,
+            &serial,
+            "6",
+            "tcg,thread=single",
+            &[],
+        );
+        Profiled {
+            recording,
+            serial,
+            output,
+        }
+    })
+}
+
 /// The checks both builds must pass: the split within 3 points of the guest's own,
 /// each vCPU's work under its own vCPU, whole stacks down from the entry points,
 /// the 80-deep recursion whole, idle named.
-fn check_profile(dir: &Path, image: &str, unwinding: &str) {
-    let recording = dir.join(format!("{image}.glass"));
-    let serial = dir.join(format!("{image}.serial"));
-    // 997 Hz for 6 s: about 3000 busy samples (a standard error near 1 point on 60%).
-    let output = record_vm(
-        &dir.join(image),
-        &recording,
-        &serial,
-        "6",
-        "tcg,thread=single",
-        &[],
-    );
-    let err = stderr(&output);
+fn check_profile(image: &'static str, unwinding: &str) {
+    let Profiled {
+        recording,
+        serial,
+        output,
+    } = profiled(image);
+    let err = stderr(output);
     assert!(output.status.success(), "{image}: {err}");
     assert!(!err.contains("warning"), "{image}: {err}");
     assert!(
@@ -103,7 +130,7 @@ fn check_profile(dir: &Path, image: &str, unwinding: &str) {
     let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
     assert!(info.contains("gdbstub backend, aarch64 code"), "{info}");
 
-    let stacks = folded(&recording, &["--threads"]);
+    let stacks = folded(recording, &["--threads"]);
     // vCPU1 runs delta and nothing of vCPU0's work; vCPU0 never runs delta.
     let vcpu1: u64 = stacks
         .iter()
@@ -124,7 +151,7 @@ fn check_profile(dir: &Path, image: &str, unwinding: &str) {
     assert_eq!(under(&stacks, "vcpu0/", "delta"), 0, "{image}");
 
     // Busy time on vCPU0: the split the guest measured itself, within 3 points.
-    let [alpha, beta, gamma, _] = guest_split(&serial);
+    let [alpha, beta, gamma, _] = guest_split(serial);
     let truth = [alpha, beta, gamma];
     let busy = under(&stacks, "vcpu0/", "dispatch");
     assert!(busy > 800, "{image}: {busy} busy samples: {stacks:?}");
@@ -222,15 +249,13 @@ fn check_profile(dir: &Path, image: &str, unwinding: &str) {
 #[test]
 fn an_aarch64_guest_with_frame_records_only_is_profiled_whole() {
     let _alone = exclusive();
-    let dir = build_aarch64(&scratch("aarch64_fp"));
-    check_profile(&dir, "uk-fp.elf", "none: frame pointers only");
+    check_profile("uk-fp.elf", "none: frame pointers only");
 }
 
 #[test]
 fn an_aarch64_guest_without_frame_pointers_is_profiled_by_its_cfi() {
     let _alone = exclusive();
-    let dir = build_aarch64(&scratch("aarch64_nofp"));
-    check_profile(&dir, "uk-nofp.elf", ".eh_frame (");
+    check_profile("uk-nofp.elf", ".eh_frame (");
 }
 
 #[test]
@@ -379,18 +404,14 @@ fn top_totals(recording: &Path) -> (std::collections::BTreeMap<String, u64>, u64
 #[test]
 fn a_guest_recording_in_every_format_agrees_with_top() {
     let _alone = exclusive();
-    let dir = build_aarch64(&scratch("aarch64_formats"));
-    let recording = dir.join("formats.glass");
-    let output = record_vm(
-        &dir.join("uk-nofp.elf"),
-        &recording,
-        &dir.join("formats.serial"),
-        "3",
-        "tcg,thread=single",
-        &[],
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let (top, samples) = top_totals(&recording);
+    let dir = scratch("aarch64_formats");
+    // check_profile's recording of uk-nofp.elf: any recording of the guest must read the
+    // same in every format, so this one needs no boot of its own.
+    let Profiled {
+        recording, output, ..
+    } = profiled("uk-nofp.elf");
+    assert!(output.status.success(), "{}", stderr(output));
+    let (top, samples) = top_totals(recording);
     assert!(samples > 1000 && top.contains_key("spin_block"), "{top:?}");
     let share = |n: u64| n as f64 * 100.0 / samples as f64;
     let write = |format: &str, file: &str| {

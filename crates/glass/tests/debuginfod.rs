@@ -25,18 +25,7 @@ fn ensure_debuginfod() {
     if present() {
         return;
     }
-    for args in [
-        &["update", "-qq"][..],
-        &["install", "-y", "-qq", "debuginfod"][..],
-    ] {
-        let status = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(Stdio::null())
-            .status()
-            .expect("apt-get runs (Debian; root)");
-        assert!(status.success(), "apt-get {args:?} failed");
-    }
+    apt_install("debuginfod");
     assert!(present(), "debuginfod installed");
 }
 
@@ -112,19 +101,17 @@ fn start_server(dir: &Path, served: &Path, build_id: &[u8]) -> Server {
 }
 
 /// `glass report` with the given debuginfod environment: (stdout, stderr).
-fn report(recording: &Path, cache: &Path, urls: Option<&str>) -> (String, String) {
-    let mut command = Command::new(GLASS);
-    command
-        .args(["report", recording.to_str().unwrap(), "--limit", "20"])
-        .env("DEBUGINFOD_CACHE_PATH", cache)
-        .env("DEBUGINFOD_TIMEOUT", "10");
-    match urls {
-        Some(urls) => command.env("DEBUGINFOD_URLS", urls),
-        None => command.env_remove("DEBUGINFOD_URLS"),
-    };
+fn report_served(recording: &Path, cache: &Path, urls: Option<&str>) -> (String, String) {
     let started = Instant::now();
-    let output = command.output().unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+    let output = report_output(recording, &["--limit", "20"], |command| {
+        command
+            .env("DEBUGINFOD_CACHE_PATH", cache)
+            .env("DEBUGINFOD_TIMEOUT", "10");
+        match urls {
+            Some(urls) => command.env("DEBUGINFOD_URLS", urls),
+            None => command.env_remove("DEBUGINFOD_URLS"),
+        };
+    });
     // Nothing waits for a timeout: a stopped server refuses at once.
     assert!(started.elapsed() < Duration::from_secs(30));
     (stdout(&output), stderr(&output))
@@ -191,7 +178,7 @@ fn stripped_binary_symbolized_through_debuginfod_then_offline_from_the_cache() {
 
     // Without debuginfod: its FDEs' names only (this machine has no debug file for it).
     let cache = dir.join("cache");
-    let (top, _) = report(&recording, &cache, None);
+    let (top, _) = report_served(&recording, &cache, None);
     assert!(
         share(&top, "alpha").is_none(),
         "named without debug info:\n{top}"
@@ -199,7 +186,7 @@ fn stripped_binary_symbolized_through_debuginfod_then_offline_from_the_cache() {
     assert!(top.contains("sub_"), "{top}");
 
     let mut server = start_server(&dir, &served, &build_id);
-    let (top, _) = report(&recording, &cache, Some(&server.url));
+    let (top, _) = report_served(&recording, &cache, Some(&server.url));
     assert_named(&top, "through the server");
     let cached = cache.join(hex(&build_id)).join("debuginfo");
     assert_eq!(
@@ -211,7 +198,7 @@ fn stripped_binary_symbolized_through_debuginfod_then_offline_from_the_cache() {
 
     // The recorded file gone: the server sends the executable as well.
     std::fs::remove_file(&program).unwrap();
-    let (top, _) = report(&recording, &cache, Some(&server.url));
+    let (top, _) = report_served(&recording, &cache, Some(&server.url));
     assert_named(&top, "file gone, executable from the server");
     assert!(cache.join(hex(&build_id)).join("executable").is_file());
 
@@ -246,10 +233,10 @@ fn stripped_binary_symbolized_through_debuginfod_then_offline_from_the_cache() {
         client.fetch(&[0x6b; 20], Kind::Debuginfo),
         Err(FetchError::Failed(_))
     ));
-    let (top, _) = report(&recording, &cache, Some(&server.url));
+    let (top, _) = report_served(&recording, &cache, Some(&server.url));
     assert_named(&top, "offline, from the cache");
     // ... and the cache is what names them: a fresh one has nothing to offer.
-    let (top, warnings) = report(&recording, &dir.join("empty-cache"), Some(&server.url));
+    let (top, warnings) = report_served(&recording, &dir.join("empty-cache"), Some(&server.url));
     assert!(share(&top, "alpha").is_none(), "{top}");
     assert!(warnings.contains("debuginfod"), "{warnings}");
     drop(server);

@@ -8,7 +8,6 @@
 mod common;
 use common::*;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,12 +37,6 @@ fn glass_measured(args: &[&str]) -> (u64, Duration) {
         "glass {args:?}: status {status:#x}"
     );
     (usage.ru_maxrss as u64 * 1024, elapsed)
-}
-
-fn report(recording: &Path, args: &[&str]) -> String {
-    let output = glass(&[&["report", recording.to_str().unwrap()], args].concat());
-    assert!(output.status.success(), "{}", stderr(&output));
-    stdout(&output)
 }
 
 #[test]

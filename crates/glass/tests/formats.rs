@@ -82,18 +82,6 @@ fn recordings() -> &'static Recordings {
     })
 }
 
-fn report(recording: &Path, args: &[&str]) -> String {
-    let mut all = vec!["report", recording.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let output = glass(&all);
-    assert!(
-        output.status.success(),
-        "glass {all:?}: {}",
-        stderr(&output)
-    );
-    stdout(&output)
-}
-
 fn report_to(recording: &Path, format: &str, file: &str) -> PathBuf {
     let out = recordings().dir.join(file);
     report(

@@ -724,17 +724,11 @@ const BOUND: Duration = Duration::from_millis(50);
 /// guardian's detach through the stub, and the test's own 1 ms polling.
 const SLACK: Duration = Duration::from_millis(150);
 
-/// A process's state letter (R, S, T for stopped, t for a ptrace stop, Z), if it exists.
-fn state_of(stat: &Path) -> Option<char> {
-    let stat = std::fs::read_to_string(stat).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// Waits (polling every ms) until glass `pid` is stopped (`T`); the moment it was seen.
 fn seen_stopped(pid: i32, what: &str) -> Instant {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        if state_of(Path::new(&format!("/proc/{pid}/stat"))) == Some('T') {
+        if process_state(pid) == Some('T') {
             return Instant::now();
         }
         assert!(Instant::now() < until, "{what}: glass never stopped itself");
@@ -775,20 +769,6 @@ fn thread_states(pid: i32) -> String {
         .flatten()
         .filter_map(|task| state_of(&task.path().join("stat")))
         .collect()
-}
-
-/// CPU time (clock ticks) the threads of `pid` have used.
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<u64> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .map(|f| f.parse().unwrap_or(0))
-                .collect()
-        })
-        .unwrap_or_default();
-    fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0)
 }
 
 /// Waits until no thread of `pid` is in a ptrace stop; the moment, if within `limit`.

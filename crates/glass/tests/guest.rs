@@ -155,16 +155,8 @@ fn the_guest_keeps_running_after_sigint_and_sigterm() {
 fn vm_mode_launches_the_guest_and_ends_when_it_powers_off() {
     let _alone = exclusive();
     let dir = scratch("guest_vm_mode");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
     // A guest that powers itself off after 6000 rounds.
-    let status = Command::new(script)
-        .arg(&dir)
-        .arg("6000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    build_guest_image("demo", &dir, &["6000"]);
     let recording = dir.join("vm.glass");
     let mut recorder = Command::new(GLASS)
         .args(["record", "--vm", "-F", "499", "--symbols"])

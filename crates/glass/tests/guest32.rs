@@ -11,17 +11,9 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 fn build_demo32(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo32/build.sh");
-    let status = Command::new(script)
-        .arg(dir)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "guests/demo32/build.sh failed");
-    dir.to_path_buf()
+    build_guest_image("demo32", dir, &[])
 }
 
 /// Records `demo32-MODE.elf` for 5 s at 199 Hz and checks the profile against the

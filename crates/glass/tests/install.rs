@@ -122,7 +122,7 @@ fn copy_sources(from: &Path, to: &Path) {
 #[test]
 fn cargo_install_gives_a_working_glass() {
     let dir = scratch("install_cargo");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = repo();
     let sources = dir.join("src");
     std::fs::create_dir_all(&sources).unwrap();
     for file in ["Cargo.toml", "Cargo.lock"] {

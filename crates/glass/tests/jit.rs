@@ -125,27 +125,9 @@ console.log(sink);
 /// perf's self shares per symbol, user space only (perf also samples the kernel, glass
 /// does not): renormalized over the user-space rows.
 fn perf_user_shares(perf_data: &Path) -> HashMap<String, f64> {
-    let report = Command::new("perf")
-        .args(["report", "-i"])
-        .arg(perf_data)
-        .args(["--no-children", "--sort", "sym", "--stdio", "-g", "none"])
-        .output()
-        .unwrap();
-    let mut shares = HashMap::new();
-    let mut user = 0.0;
-    for line in String::from_utf8_lossy(&report.stdout).lines() {
-        // "    67.71%  [.] JS:*fibHot /tmp/jitx/fib.js:3:16"
-        let Some((percent, rest)) = line.trim().split_once('%') else {
-            continue;
-        };
-        let Ok(percent) = percent.trim().parse::<f64>() else {
-            continue;
-        };
-        if let Some(name) = rest.trim().strip_prefix("[.] ") {
-            user += percent;
-            *shares.entry(name.trim().to_string()).or_insert(0.0) += percent;
-        }
-    }
+    // Rows like "    67.71%  [.] JS:*fibHot /tmp/jitx/fib.js:3:16".
+    let mut shares = perf_user_self_shares(perf_data);
+    let user: f64 = shares.values().sum();
     for share in shares.values_mut() {
         *share *= 100.0 / user;
     }

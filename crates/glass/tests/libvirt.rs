@@ -224,14 +224,7 @@ fn a_libvirt_domain_is_profiled_by_name_and_left_as_found() {
     let _alone = exclusive();
     libvirtd_running();
     let dir = scratch("libvirt");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/unikernel/build.sh");
-    let built = Command::new(script)
-        .arg(&dir)
-        .arg("0")
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(built.success(), "guests/unikernel/build.sh failed");
+    build_guest_image("unikernel", &dir, &["0"]);
     let elf = dir.join("uk.elf");
     let domain = Domain::create(&dir.join("uk.img"));
     let xml_before = virsh_text(&["dumpxml", &domain.name]);

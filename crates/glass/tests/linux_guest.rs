@@ -13,14 +13,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// One boot of `arch` under `glass record --vm` with the kit's kallsyms: the recording's
 /// folded stacks per vCPU, glass's stderr, and the guest's console.

@@ -11,7 +11,7 @@ use common::*;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 fn fixture(name: &str) -> String {
     fixtures_dir().join("loss").join(name).display().to_string()
@@ -30,18 +30,7 @@ fn need(command: &str, package: &str) -> String {
     if let Some(path) = found(command) {
         return path;
     }
-    for args in [
-        &["update", "-qq"][..],
-        &["install", "-y", "-qq", package][..],
-    ] {
-        let status = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(Stdio::null())
-            .status()
-            .expect("apt-get runs (Debian; root)");
-        assert!(status.success(), "apt-get {args:?} failed");
-    }
+    apt_install(package);
     found(command).unwrap_or_else(|| panic!("{package} installed but {command} not found"))
 }
 

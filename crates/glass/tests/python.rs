@@ -303,7 +303,7 @@ fn pid_of_a_running_python() {
     // The interpreter runs main() once its module is loaded: wait for the script's
     // code object in its memory map's stead, i.e. for CPU time spent in it.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while cpu_ticks(pid) < 10 {
+    while user_ticks(pid) < 10 {
         assert!(Instant::now() < deadline, "python never ran");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -339,17 +339,6 @@ fn pid_of_a_running_python() {
         under * 10 >= total * 9,
         "{under} of {total} under main(): {stacks:?}"
     );
-}
-
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
 }
 
 /// A Python without `_PyRuntime` (Debian's python3.11 with the symbol renamed: what a

@@ -48,14 +48,6 @@ fn finish(mut child: Child) -> String {
     text
 }
 
-fn process_state(pid: u32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit(')')
-        .next()
-        .and_then(|rest| rest.trim().chars().next())
-        .unwrap_or('?')
-}
-
 fn tracer_of(pid: u32) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -90,7 +82,7 @@ fn attach_for_a_duration_then_detach() {
         0,
         "target still traced after detach"
     );
-    assert_ne!(process_state(target.id()), 't', "target left stopped");
+    assert_ne!(process_state(target.id()), Some('t'), "target left stopped");
     assert_eq!(finish(target), expected);
     let stacks = folded(&recording, &[]);
     assert!(samples_in(&stacks, "alpha") > 50, "{stacks:?}");

@@ -9,13 +9,10 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn report(cache: &str, recording: &Path, format: &str) -> String {
-    let output = Command::new(GLASS)
-        .args(["report", recording.to_str().unwrap(), "--format", format])
-        .env("GLASS_SYMBOL_CACHE", cache)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+fn report_cached(cache: &str, recording: &Path, format: &str) -> String {
+    let output = report_output(recording, &["--format", format], |command| {
+        command.env("GLASS_SYMBOL_CACHE", cache);
+    });
     stdout(&output)
 }
 
@@ -50,9 +47,9 @@ fn a_later_report_names_frames_from_the_index_exactly_as_from_dwarf() {
     let cache = dir.join("cache");
     let cache_arg = cache.to_str().unwrap();
 
-    let without = report("off", &recording, "folded");
+    let without = report_cached("off", &recording, "folded");
     assert!(!dir.join("off").exists() && !Path::new("off").exists());
-    let first = report(cache_arg, &recording, "folded");
+    let first = report_cached(cache_arg, &recording, "folded");
     assert_eq!(first, without, "the index names frames as DWARF does");
     assert!(first.contains("alpha;spin_units"), "{first}");
     let index_file = cache.join(build_id(&split));
@@ -68,10 +65,10 @@ fn a_later_report_names_frames_from_the_index_exactly_as_from_dwarf() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&cache).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700, "the cache directory is private");
-    assert_eq!(report(cache_arg, &recording, "folded"), first);
+    assert_eq!(report_cached(cache_arg, &recording, "folded"), first);
     assert_eq!(
-        report(cache_arg, &recording, "top"),
-        report("off", &recording, "top")
+        report_cached(cache_arg, &recording, "top"),
+        report_cached("off", &recording, "top")
     );
 
     // The index is what names the frames: renamed in it, renamed in the report, while
@@ -85,12 +82,12 @@ fn a_later_report_names_frames_from_the_index_exactly_as_from_dwarf() {
         }
     }
     std::fs::write(&index_file, &renamed).unwrap();
-    let from_index = report(cache_arg, &recording, "folded");
+    let from_index = report_cached(cache_arg, &recording, "folded");
     assert!(from_index.contains("ALPHA;spin_units") && !from_index.contains("alpha"));
 
     // The program changed on disk (even just its time): indexed afresh.
     touch(&split);
-    assert_eq!(report(cache_arg, &recording, "folded"), first);
+    assert_eq!(report_cached(cache_arg, &recording, "folded"), first);
     assert!(!contains(&std::fs::read(&index_file).unwrap(), b"ALPHA"));
 }
 
@@ -123,19 +120,19 @@ fn a_debug_file_installed_or_removed_after_a_report_changes_the_next() {
     let cache = dir.join("cache");
     let cache_arg = cache.to_str().unwrap();
 
-    let stripped = report(cache_arg, &recording, "folded");
+    let stripped = report_cached(cache_arg, &recording, "folded");
     assert!(!stripped.contains("alpha"), "{stripped}");
     assert!(stripped.contains(";sub_"), "{stripped}");
-    assert_eq!(report(cache_arg, &recording, "folded"), stripped);
+    assert_eq!(report_cached(cache_arg, &recording, "folded"), stripped);
 
     std::fs::create_dir_all(dir.join(".debug")).unwrap();
     std::fs::copy(&stored, dir.join(".debug/split.debug")).unwrap();
-    let installed = report(cache_arg, &recording, "folded");
+    let installed = report_cached(cache_arg, &recording, "folded");
     assert!(installed.contains("alpha;spin_units"), "{installed}");
-    assert_eq!(installed, report("off", &recording, "folded"));
+    assert_eq!(installed, report_cached("off", &recording, "folded"));
 
     std::fs::remove_file(dir.join(".debug/split.debug")).unwrap();
-    assert_eq!(report(cache_arg, &recording, "folded"), stripped);
+    assert_eq!(report_cached(cache_arg, &recording, "folded"), stripped);
 }
 
 #[test]
@@ -155,5 +152,5 @@ fn a_cache_that_cannot_be_written_only_costs_time() {
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stderr(&output).is_empty(), "{}", stderr(&output));
-    assert_eq!(stdout(&output), report("off", &recording, "folded"));
+    assert_eq!(stdout(&output), report_cached("off", &recording, "folded"));
 }

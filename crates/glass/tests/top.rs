@@ -226,27 +226,6 @@ fn pid_with_argument(program: &str, needle: &str) -> Option<i32> {
         })
 }
 
-fn process_state(pid: i32) -> Option<char> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("State:"))?;
-    line.split_whitespace().nth(1)?.chars().next()
-}
-
-/// User plus system CPU time of a process, in clock ticks.
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
-}
-
 /// Polls until `done`, panicking with `what` after the patience runs out.
 fn poll(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + PATIENCE;

@@ -139,18 +139,6 @@ fn printed_counts(output: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn report(recording: &Path, options: &[&str]) -> String {
-    let mut args = vec!["report", recording.to_str().unwrap()];
-    args.extend_from_slice(options);
-    let output = glass(&args);
-    assert!(
-        output.status.success(),
-        "report failed: {}",
-        stderr(&output)
-    );
-    stdout(&output)
-}
-
 #[test]
 fn packet_pipeline_counts_are_exact_and_the_slow_batches_are_found() {
     let _alone = exclusive();

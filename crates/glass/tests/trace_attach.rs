@@ -170,10 +170,11 @@ fn spawn_attached(pid: i32, options: &[&str]) -> (Child, BufReader<ChildStderr>,
     (child, err, said)
 }
 
-/// The soak: attach, trace, detach, fifty times in a row, while nfd checks
+/// The soak: attach, trace, detach, fifty times in a row (ten in the suite, fifty
+/// under `./x bench soak`; GLASS_ATTACH_CYCLES sets any other count), while nfd checks
 /// every packet against its reference implementation and keeps replacing its threads.
 #[test]
-fn fifty_attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() {
+fn attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() {
     let _alone = exclusive();
     let dir = scratch("attach_soak");
     let nfd = compile_nfd(&dir, &[]);
@@ -181,7 +182,7 @@ fn fifty_attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() 
     let cycles: usize = std::env::var("GLASS_ATTACH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or_else(|| campaign(10, 50));
     let seconds = std::env::var("GLASS_ATTACH_SECONDS").unwrap_or_else(|_| "5".into());
     // Workers that pause 2 ms between rounds: some threads are found asleep in a
     // system call at each attach, and the recordings stay tens of MB.

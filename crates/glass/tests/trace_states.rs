@@ -115,11 +115,6 @@ fn attach(pid: i32, recording: &Path, seconds: &str) -> std::process::Output {
     ])
 }
 
-fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// A failed attach: exit 1 with one `glass:` line of its own (after what it printed on
 /// the way), never a panic.
 fn assert_clean_refusal(output: &std::process::Output, round: usize) {

@@ -9,18 +9,10 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn build_unikernel(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/unikernel/build.sh");
-    let status = Command::new(script)
-        .arg(dir)
-        .arg("0")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "guests/unikernel/build.sh failed");
-    dir.to_path_buf()
+    build_guest_image("unikernel", dir, &["0"])
 }
 
 /// `glass record --vm` of the guest on two vCPUs for `seconds`; the guest's serial

@@ -98,33 +98,7 @@ fn top_ten_agrees_with_perf_dwarf_on_the_same_run() {
     let _ = target.kill();
     let _ = target.wait();
 
-    let report = Command::new("perf")
-        .args([
-            "report",
-            "-i",
-            perf_data.to_str().unwrap(),
-            "--no-children",
-            "--sort",
-            "sym",
-            "--stdio",
-            "-g",
-            "none",
-        ])
-        .output()
-        .unwrap();
-    let mut perf_shares = HashMap::new();
-    for line in String::from_utf8_lossy(&report.stdout).lines() {
-        // "    36.34%  [.] _PyEval_EvalFrameDefault"
-        let Some((percent, rest)) = line.trim().split_once('%') else {
-            continue;
-        };
-        let Ok(percent) = percent.trim().parse::<f64>() else {
-            continue;
-        };
-        if let Some(name) = rest.trim().strip_prefix("[.] ") {
-            *perf_shares.entry(name.trim().to_string()).or_insert(0.0) += percent;
-        }
-    }
+    let perf_shares = perf_user_self_shares(&perf_data);
     let top = glass(&["report", recording.to_str().unwrap(), "--limit", "100000"]);
     let mut glass_shares = HashMap::new();
     for line in stdout(&top).lines() {

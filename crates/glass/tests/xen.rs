@@ -16,10 +16,6 @@ use std::sync::OnceLock;
 
 use common::*;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// The release build of glass, which `./x test` builds first: dom0 runs under TCG, where
 /// an unoptimized unwinder would take most of the guest's time itself.
 fn release_glass() -> Result<PathBuf, String> {

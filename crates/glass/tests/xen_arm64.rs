@@ -14,10 +14,6 @@ use std::sync::OnceLock;
 
 use common::*;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 const TRIPLE: &str = "aarch64-unknown-linux-gnu";
 
 /// The aarch64 release build of glass, which `./x test` builds first (cross-linked with

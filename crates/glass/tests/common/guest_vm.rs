@@ -8,16 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn build_guest(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
-    let status = Command::new(script)
-        .arg(dir)
-        .arg("0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "guest build failed");
-    dir.to_path_buf()
+    super::build_guest_image("demo", dir, &["0"])
 }
 
 pub struct Vm {
@@ -176,9 +167,8 @@ pub fn under(stacks: &[(Vec<String>, u64)], thread: &str, function: &str) -> u64
 pub fn linux_kit() -> &'static Path {
     static KIT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     KIT.get_or_init(|| {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let kit = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-kit");
-        let status = std::process::Command::new(repo.join("guests/linux/kit.sh"))
+        let status = std::process::Command::new(super::repo().join("guests/linux/kit.sh"))
             .arg(&kit)
             .stdout(std::process::Stdio::null())
             .status()

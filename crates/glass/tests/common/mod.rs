@@ -8,8 +8,13 @@ use std::process::{Command, Output};
 
 pub const GLASS: &str = env!("CARGO_BIN_EXE_glass");
 
+/// The repository's root (the workspace), where guests/, tests/fixtures and target/ are.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    repo().join("tests/fixtures")
 }
 
 /// A fresh directory for one test's binaries and recordings.
@@ -76,6 +81,31 @@ pub fn record_with(recording: &Path, hz: u32, options: &[&str], command: &[&str]
         stderr(&output)
     );
     output
+}
+
+/// `glass report RECORDING ARGS` with its command adjusted first by `configure` (an
+/// environment variable, say), asserting success.
+pub fn report_output(
+    recording: &Path,
+    args: &[&str],
+    configure: impl FnOnce(&mut Command),
+) -> Output {
+    let mut command = Command::new(GLASS);
+    command.arg("report").arg(recording).args(args);
+    configure(&mut command);
+    let output = command.output().expect("glass runs");
+    assert!(
+        output.status.success(),
+        "glass report {} {args:?}: {}",
+        recording.display(),
+        stderr(&output)
+    );
+    output
+}
+
+/// What `glass report RECORDING ARGS` prints, asserting success.
+pub fn report(recording: &Path, args: &[&str]) -> String {
+    stdout(&report_output(recording, args, |_| {}))
 }
 
 /// `glass report --format folded` as (stack frames root first, count).
@@ -170,6 +200,80 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Builds guests/`guest` (its build.sh) into `dir` with the script's further `args`;
+/// returns `dir`.
+pub fn build_guest_image(guest: &str, dir: &Path, args: &[&str]) -> PathBuf {
+    let script = repo().join("guests").join(guest).join("build.sh");
+    let output = Command::new(&script)
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{} runs: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "guests/{guest}/build.sh failed (./x test installs what it needs): {}",
+        stderr(&output)
+    );
+    dir.to_path_buf()
+}
+
+/// How many rounds a campaign-style test (many kills, cycles or mutants) runs: `short` in
+/// the suite, which must stay inside CI's time, and `full` when `./x bench soak` runs it
+/// with GLASS_SOAK=1 (docs/testing.md). The checks of each round are the same either way.
+pub fn campaign(short: usize, full: usize) -> usize {
+    if std::env::var_os("GLASS_SOAK").is_some_and(|v| v != "0") {
+        full
+    } else {
+        short
+    }
+}
+
+/// Installs Debian's `package` (`apt-get update`, then `install`), as ./x installs what
+/// it needs: the tests run as root on Debian.
+pub fn apt_install(package: &str) {
+    for args in [
+        &["update", "-qq"][..],
+        &["install", "-y", "-qq", package][..],
+    ] {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("apt-get runs (Debian; root)");
+        assert!(status.success(), "apt-get {args:?} failed");
+    }
+}
+
+/// perf's self share (percent of all samples) of each user-space symbol in `perf_data`
+/// (`perf report --no-children --sort sym`): the `[.]` rows, the kernel's left out.
+pub fn perf_user_self_shares(perf_data: &Path) -> std::collections::HashMap<String, f64> {
+    let report = Command::new("perf")
+        .args(["report", "-i"])
+        .arg(perf_data)
+        .args(["--no-children", "--sort", "sym", "--stdio", "-g", "none"])
+        .output()
+        .expect("perf runs");
+    let mut shares = std::collections::HashMap::new();
+    for line in stdout(&report).lines() {
+        // "    36.34%  [.] _PyEval_EvalFrameDefault"
+        let Some((percent, rest)) = line.trim().split_once('%') else {
+            continue;
+        };
+        let Ok(percent) = percent.trim().parse::<f64>() else {
+            continue;
+        };
+        if let Some(name) = rest.trim().strip_prefix("[.] ") {
+            *shares.entry(name.trim().to_string()).or_insert(0.0) += percent;
+        }
+    }
+    shares
+}
+
+mod procfs;
+#[allow(unused_imports)]
+pub use procfs::*;
 
 mod attached;
 #[allow(unused_imports)]
