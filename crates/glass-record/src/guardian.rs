@@ -349,8 +349,42 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     let glass = pidfd_open(args.glass)
         // SAFETY: getppid has no arguments.
         .filter(|_| unsafe { libc::getppid() } == args.glass);
+    let Some((vm, ending)) = watch(args, &mark, bound, glass.as_ref()) else {
+        return Ok(0);
+    };
+    // EOF without `done`: glass died, or `watch` killed it.
+    let died = Instant::now();
+    if args.ptrace {
+        // The kernel detached every tracee of the dead glass and let it run; a launched
+        // program runs on, as it does whenever glass dies.
+        if matches!(ending, Ending::Killed(_)) {
+            eprintln!(
+                "glass: {}; the kernel let its threads run",
+                ending.cause("threads of its target", bound)
+            );
+        }
+        return Ok(0);
+    }
+    if let Some(domid) = args.xen {
+        return Ok(unpause_xen(domid, &mark, died, &ending, bound));
+    }
+    Ok(let_vm_run(args, vm, &ending, bound, died))
+}
+
+/// The QEMU `--vm` launched, as glass told the guardian: its pid, and a pidfd of it.
+type LaunchedVm = (i32, Option<OwnedFd>);
+
+/// Watches glass until its pipe ends: kills glass when it is stalled in a stop past the
+/// bound, and takes in what glass writes (`vm PID`). None when glass said `done`; else
+/// the launched QEMU (its pid, a pidfd of it) and how glass ended.
+fn watch(
+    args: &GuardianArgs,
+    mark: &StopMark,
+    bound: Duration,
+    glass: Option<&OwnedFd>,
+) -> Option<(Option<LaunchedVm>, Ending)> {
     let look_every = (bound / 10).clamp(Duration::from_millis(1), LOOK_EVERY);
-    let mut vm: Option<(i32, Option<OwnedFd>)> = None;
+    let mut vm: Option<LaunchedVm> = None;
     let mut ending = Ending::Died;
     let mut watched: Option<Watched> = None;
     let mut pending = Vec::new();
@@ -374,10 +408,10 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 if stopped > bound
                     && watched
                         .as_ref()
-                        .is_some_and(|w| stalled(args.glass, &mark, since, bound, w))
+                        .is_some_and(|w| stalled(args.glass, mark, since, bound, w))
                     && mark.since_ns() == Some(since)
                 {
-                    if let Some(glass) = &glass {
+                    if let Some(glass) = glass {
                         pidfd_signal(glass, libc::SIGKILL);
                         ending = Ending::Killed(stopped);
                     }
@@ -409,7 +443,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             let line: Vec<u8> = pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line[..end]).into_owned();
             if line == "done" {
-                return Ok(0);
+                return None;
             }
             if let Some(pid) = line.strip_prefix("vm ").and_then(|p| p.parse::<i32>().ok()) {
                 // A pidfd now, while QEMU certainly exists: later signals cannot reach
@@ -418,22 +452,19 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             }
         }
     }
-    // EOF without `done`: glass died, or was killed above.
-    let died = Instant::now();
-    if args.ptrace {
-        // The kernel detached every tracee of the dead glass and let it run; a launched
-        // program runs on, as it does whenever glass dies.
-        if matches!(ending, Ending::Killed(_)) {
-            eprintln!(
-                "glass: {}; the kernel let its threads run",
-                ending.cause("threads of its target", bound)
-            );
-        }
-        return Ok(0);
-    }
-    if let Some(domid) = args.xen {
-        return Ok(unpause_xen(domid, &mark, died, &ending, bound));
-    }
+    Some((vm, ending))
+}
+
+/// glass died holding a QEMU VM: removes the stub glass enabled through the monitor,
+/// ends the QEMU `--vm` launched (unless `--keep-vm`), or lets the VM run through its
+/// stub. Returns the exit code.
+fn let_vm_run(
+    args: &GuardianArgs,
+    vm: Option<LaunchedVm>,
+    ending: &Ending,
+    bound: Duration,
+    died: Instant,
+) -> i32 {
     let cause = ending.cause("the VM", bound);
     let stub = args.stub.clone().unwrap_or_default();
     if args.qmp.is_some() || args.libvirt.is_some() {
@@ -447,12 +478,12 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian could not remove the GDB stub glass enabled or let the VM run: {error} (HMP: gdbserver none, then cont)"
             ),
         }
-        return Ok(0);
+        return 0;
     }
     if args.launched {
         let Some((pid, pidfd)) = vm else {
             // glass died before launching QEMU: there is no VM.
-            return Ok(0);
+            return 0;
         };
         if !args.keep_vm {
             // The VM is to end with the recording: SIGTERM ends QEMU whether the VM is
@@ -463,7 +494,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian {how} (QEMU pid {pid}, {:.0} ms later)",
                 died.elapsed().as_secs_f64() * 1e3
             );
-            return Ok(0);
+            return 0;
         }
         let mut gone = || pidfd.as_ref().is_some_and(|fd| exited(fd, 0));
         match let_run(&stub, Instant::now() + CONNECT_FOR, &mut gone) {
@@ -476,7 +507,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian could not let the VM run (QEMU pid {pid}): {error}"
             ),
         }
-        return Ok(0);
+        return 0;
     }
     match let_run(&stub, Instant::now() + CONNECT_FOR, &mut || false) {
         Ok(()) => eprintln!(
@@ -487,7 +518,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             eprintln!("glass: {cause}; its guardian could not let the VM run: {error}")
         }
     }
-    Ok(0)
+    0
 }
 
 /// glass died: unpauses Xen domain `domid` if glass held it paused. Returns the exit code.
