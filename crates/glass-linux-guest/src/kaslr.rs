@@ -9,9 +9,9 @@ use std::path::Path;
 
 use glass_format::Arch;
 
-/// The exception vector tables arm64 Linux points VBAR_EL1 at (KPTI's trampoline and
-/// the Spectre-BHB variants besides the plain one).
-pub const VECTOR_TABLES: &[&str] = &["vectors", "tramp_vectors", "__bp_harden_el1_vectors"];
+use crate::entries::VECTOR_TABLES;
+use crate::kernel_map::table_symbols;
+
 /// x86-64 KASLR places the kernel in 2 MiB steps within 1 GiB.
 const X86_KASLR_ALIGN: u64 = 2 << 20;
 const X86_KASLR_RANGE: u64 = 1 << 30;
@@ -32,22 +32,15 @@ pub struct Kaslr {
 }
 
 impl Kaslr {
-    /// From a symbol table (`ADDRESS TYPE NAME` lines); an unreadable one has no
-    /// anchors (the image's own reading said so already).
+    /// From a symbol table.
     pub fn from_table(path: &Path) -> Kaslr {
-        let bytes = std::fs::read(path).unwrap_or_default();
-        let anchors = String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter_map(|line| {
-                let mut fields = line.split_whitespace();
-                let address = u64::from_str_radix(fields.next()?, 16).ok()?;
-                let name = fields.nth(1)?;
-                (VECTOR_TABLES.contains(&name) || name == "linux_banner")
-                    .then(|| (name.to_string(), address))
-            })
+        let names: Vec<&str> = VECTOR_TABLES
+            .iter()
+            .copied()
+            .chain(["linux_banner"])
             .collect();
         Kaslr {
-            anchors,
+            anchors: table_symbols(path, &names),
             tries: 0,
             slide: None,
         }

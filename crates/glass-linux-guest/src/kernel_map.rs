@@ -43,3 +43,19 @@ pub fn symbol_addresses(path: &Path, names: &[&str]) -> Result<HashMap<String, u
     }
     Ok(found)
 }
+
+/// Every line of a symbol table (`ADDRESS TYPE NAME`) whose name is one of `names`, in
+/// the table's order (a name may stand more than once): (name, address). An unreadable
+/// table has none (the image's own reading said so already).
+pub fn table_symbols(path: &Path, names: &[&str]) -> Vec<(String, u64)> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+            let name = fields.nth(1)?;
+            names.contains(&name).then(|| (name.to_string(), address))
+        })
+        .collect()
+}

@@ -6,10 +6,12 @@
 //! - [`user`]: a guest process's executable mappings and user stack (`--guest-root`).
 //! - [`orc`]: the x86-64 kernel's and loadable modules' ORC tables, and where a kernel
 //!   stack continues on another (IRQ and exception stacks).
-//! - [`kaslr`]: where a relocated kernel runs.
+//! - [`kaslr`]: where a relocated kernel runs; [`entries`]: its entry points, where a
+//!   vCPU stopped on one is taken as the context it interrupted.
 //! - [`btf`], [`kernel_map`]: the kernel's BTF and its map's data symbols.
 
 pub mod btf;
+pub mod entries;
 pub mod kaslr;
 pub mod kernel_map;
 pub mod orc;
@@ -29,6 +31,7 @@ use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use glass_unwind::orc::OrcTable;
 
+use entries::Entries;
 use kaslr::Kaslr;
 use orc::LinuxOrc;
 use tasks::LinuxTasks;
@@ -51,6 +54,8 @@ pub struct LinuxGuest {
     tasks: Option<LinuxTasks>,
     user: Option<GuestProcesses>,
     kaslr: Kaslr,
+    /// The kernel's entry points, from a symbol table.
+    entries: Entries,
     /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
     orc: Option<LinuxOrc>,
     modules: ModuleTables,
@@ -102,6 +107,10 @@ impl LinuxGuest {
             kaslr: match symbol_table {
                 true => Kaslr::from_table(symbols),
                 false => Kaslr::default(),
+            },
+            entries: match symbol_table {
+                true => Entries::from_table(symbols),
+                false => Entries::default(),
             },
             orc: None,
             modules: ModuleTables::default(),
@@ -300,6 +309,10 @@ impl GuestOs for LinuxGuest {
         Vec::new()
     }
 
+    fn interrupted(&mut self, vcpu: usize, regs: &mut VcpuRegs, memory: &mut dyn GuestMemory) {
+        self.entries.interrupted(vcpu, regs, memory);
+    }
+
     fn task_at_stop(
         &mut self,
         vcpu: usize,
@@ -388,6 +401,9 @@ impl GuestOs for LinuxGuest {
             .iter()
             .any(|v| v.regs.paging_on() && v.regs.ip() >> 63 == 1 && !text.contains(&v.regs.ip()));
         let settled = self.kaslr.settle(found, outside)?;
+        if let Some((by, _)) = settled {
+            self.entries.slide(by);
+        }
         Ok(settled.map(|(by, how)| Slide { by, how }))
     }
 

@@ -1251,20 +1251,12 @@ fn read_vcpu(
         no_idle,
         regs: mut r,
     } = stopped;
-    r.interrupted_in_tables(image.vector_tables());
-    if let VcpuRegs::X86_64(x86) = &mut r {
-        // Linux's x86-64 entries: a 64-bit hardware frame.
-        if image.is_entry(x86.ip) && x86.long_mode() {
-            let mut bytes = [0u8; 48];
-            let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
-            // A frame that cannot be read leaves the registers as they are.
-            let read = copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes);
-            if read.unwrap_or(0) == 48 {
-                let word =
-                    |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
-                x86.interrupted(&std::array::from_fn(word));
-            }
-        }
+    if let Some(os) = os.as_deref_mut() {
+        let mut memory = BackendMemory {
+            backend: &mut *backend,
+            cache: &mut source.cache,
+        };
+        os.interrupted(index, &mut r, &mut memory);
     }
     vcpu.regs = r;
     // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU

@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use glass_format::Arch;
-use glass_linux_guest::kaslr::VECTOR_TABLES;
 use glass_target::procfs::Mapping;
 use glass_target::TargetError;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
@@ -39,10 +38,6 @@ pub struct GuestImage {
     pub arch: Option<Arch>,
     /// How far the running kernel lies above the symbol table (KASLR), once found.
     pub slide: Option<u64>,
-    /// The vector tables' addresses (where the kernel runs).
-    tables: Vec<u64>,
-    /// x86-64 Linux's interrupt and exception entry points (`asm_*`, sorted).
-    entries: Vec<u64>,
 }
 
 /// AArch64's wait-for-interrupt and wait-for-event: a vCPU stopped after one is idle.
@@ -64,29 +59,8 @@ impl GuestImage {
             })?;
             let start = table.first().map_or(0, |s| s.0);
             let end = table.last().map_or(start, |s| s.0 + s.1);
-            // Where the kernel's vector tables are (slid with the table once the guest
-            // OS finds where the kernel runs).
-            let tables = String::from_utf8_lossy(&bytes)
-                .lines()
-                .filter_map(|line| {
-                    let mut fields = line.split_whitespace();
-                    let address = u64::from_str_radix(fields.next()?, 16).ok()?;
-                    VECTOR_TABLES.contains(&fields.nth(1)?).then_some(address)
-                })
-                .collect();
-            let entries = table
-                .iter()
-                .filter(|s| {
-                    s.2.starts_with("asm_exc_")
-                        || s.2.starts_with("asm_sysvec_")
-                        || s.2 == "asm_common_interrupt"
-                })
-                .map(|s| s.0)
-                .collect();
             return Ok(GuestImage {
                 slide: None,
-                tables,
-                entries,
                 mappings: vec![mapping(path, start, end, 0)],
                 code: Vec::new(),
                 starts: table.iter().map(|s| s.0).collect(),
@@ -143,8 +117,6 @@ impl GuestImage {
         });
         Ok(GuestImage {
             slide: None,
-            tables: Vec::new(),
-            entries: Vec::new(),
             mappings,
             code,
             starts,
@@ -172,20 +144,6 @@ impl GuestImage {
         self.slide.is_none() && self.code.is_empty() && self.arch.is_none()
     }
 
-    /// Where the kernel's vector tables run (a symbol table's; slid once the slide is
-    /// known), for [`VcpuRegs::interrupted_in_tables`].
-    ///
-    /// [`VcpuRegs::interrupted_in_tables`]: glass_target::guest::VcpuRegs::interrupted_in_tables
-    pub fn vector_tables(&self) -> &[u64] {
-        &self.tables
-    }
-
-    /// Whether `ip` is the first instruction of an x86-64 Linux interrupt or exception
-    /// entry (from a symbol table's names).
-    pub fn is_entry(&self, ip: u64) -> bool {
-        self.entries.binary_search(&ip).is_ok()
-    }
-
     /// Moves the table to where the kernel runs (its mapping and function starts).
     pub fn apply_slide(&mut self, slide: u64) {
         self.slide = Some(slide);
@@ -193,12 +151,7 @@ impl GuestImage {
             mapping.start = mapping.start.wrapping_add(slide);
             mapping.end = mapping.end.wrapping_add(slide);
         }
-        for start in self
-            .starts
-            .iter_mut()
-            .chain(&mut self.tables)
-            .chain(&mut self.entries)
-        {
+        for start in &mut self.starts {
             *start = start.wrapping_add(slide);
         }
         self.after_hlt.clear();

@@ -162,6 +162,10 @@ pub trait GuestOs {
         Vec::new()
     }
 
+    /// While the VM is stopped: a vCPU stopped on an entry of the OS's kernel (an
+    /// exception vector, an interrupt entry) becomes the context the entry interrupted.
+    fn interrupted(&mut self, _vcpu: usize, _regs: &mut VcpuRegs, _memory: &mut dyn GuestMemory) {}
+
     /// While the VM is stopped: reads what vCPU `vcpu` runs.
     fn task_at_stop(
         &mut self,
