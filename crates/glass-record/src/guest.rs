@@ -209,7 +209,6 @@ pub(super) fn sample_guest<'a>(
     // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
         .figure(&format!("guest memory read from {source}"));
-    say(&mut sink, said).map_err(TargetError::Io)?;
     let target = GuestTarget {
         backend: &mut backend,
         image: &mut image,
@@ -218,7 +217,9 @@ pub(super) fn sample_guest<'a>(
         stop_mark: Some(mark),
         os: os.as_deref_mut(),
     };
-    let (outcome, fate) = match run_with(&mut sink, target, stop_signals, Some(&source)) {
+    let ran = say(&mut sink, said)
+        .and_then(|()| run_with(&mut sink, target, stop_signals, Some(&source)));
+    let (outcome, fate) = match ran {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
     };
