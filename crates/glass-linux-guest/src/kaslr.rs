@@ -120,3 +120,83 @@ impl Kaslr {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: u64 = 0xffff_ffff_8100_0000;
+    const SIZE: u64 = 16 << 20;
+
+    fn kaslr(lines: &str) -> Kaslr {
+        let path = std::env::temp_dir().join(format!(
+            "glass-kaslr-{}-{}",
+            std::process::id(),
+            lines.len()
+        ));
+        std::fs::write(&path, lines).unwrap();
+        let kaslr = Kaslr::from_table(&path);
+        std::fs::remove_file(&path).unwrap();
+        kaslr
+    }
+
+    #[test]
+    fn arm64_slide_from_vbar_against_the_vector_tables() {
+        let vectors = TEXT + 0x1_0800;
+        let k = kaslr(&format!("{TEXT:x} T _text\n{vectors:x} T vectors\n"));
+        let slide = 32 << 20;
+        let ip = TEXT + slide + 0x1000;
+        let found = k.find(
+            Arch::Aarch64,
+            ip,
+            Some(vectors + slide),
+            TEXT..TEXT + SIZE,
+            &mut |_, _| 0,
+        );
+        assert_eq!(found.map(|f| f.0), Some(slide));
+        // A pc inside the table proves nothing on arm64: left to samples outside it.
+        let inside = k.find(
+            Arch::Aarch64,
+            TEXT + 0x10,
+            Some(vectors),
+            TEXT..TEXT + SIZE,
+            &mut |_, _| 0,
+        );
+        assert_eq!(inside, None);
+    }
+
+    #[test]
+    fn x86_slide_where_linux_banner_reads_back() {
+        let banner = TEXT + 0x80_0000;
+        let mut k = kaslr(&format!("{TEXT:x} T _text\n{banner:x} D linux_banner\n"));
+        let slide = 6 << 20;
+        let found = k.find(
+            Arch::X86_64,
+            TEXT + slide + 0x100,
+            None,
+            TEXT..TEXT + SIZE,
+            &mut |at, buf| {
+                if at != banner + slide {
+                    return 0;
+                }
+                buf.copy_from_slice(BANNER);
+                buf.len()
+            },
+        );
+        assert_eq!(found.map(|f| f.0), Some(slide));
+        assert_eq!(k.settle(found, true).unwrap().map(|f| f.0), Some(slide));
+        assert!(!k.searching());
+    }
+
+    #[test]
+    fn the_search_gives_up_once_with_a_note() {
+        let mut k = kaslr("");
+        for _ in 1..SLIDE_TRIES {
+            assert_eq!(k.settle(None, true), Ok(None));
+            // A sample inside the table is no try.
+            assert_eq!(k.settle(None, false), Ok(None));
+        }
+        assert!(k.settle(None, true).unwrap_err().contains("KASLR"));
+        assert!(!k.searching());
+    }
+}
