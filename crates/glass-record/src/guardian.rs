@@ -65,9 +65,10 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use glass_target::gdbstub::client::Client;
+use glass_target::gdbstub::client::let_run;
+use glass_target::qmp::unhook;
 use glass_target::stop_mark::{monotonic_ns, StopMark};
-use glass_target::xen::Hypervisor;
+use glass_target::xen::{Hypervisor, Unpaused};
 use glass_target::TargetError;
 
 /// How long the guardian keeps trying to reach the stub after glass died.
@@ -348,8 +349,42 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     let glass = pidfd_open(args.glass)
         // SAFETY: getppid has no arguments.
         .filter(|_| unsafe { libc::getppid() } == args.glass);
+    let Some((vm, ending)) = watch(args, &mark, bound, glass.as_ref()) else {
+        return Ok(0);
+    };
+    // EOF without `done`: glass died, or `watch` killed it.
+    let died = Instant::now();
+    if args.ptrace {
+        // The kernel detached every tracee of the dead glass and let it run; a launched
+        // program runs on, as it does whenever glass dies.
+        if matches!(ending, Ending::Killed(_)) {
+            eprintln!(
+                "glass: {}; the kernel let its threads run",
+                ending.cause("threads of its target", bound)
+            );
+        }
+        return Ok(0);
+    }
+    if let Some(domid) = args.xen {
+        return Ok(unpause_xen(domid, &mark, died, &ending, bound));
+    }
+    Ok(let_vm_run(args, vm, &ending, bound, died))
+}
+
+/// The QEMU `--vm` launched, as glass told the guardian: its pid, and a pidfd of it.
+type LaunchedVm = (i32, Option<OwnedFd>);
+
+/// Watches glass until its pipe ends: kills glass when it is stalled in a stop past the
+/// bound, and takes in what glass writes (`vm PID`). None when glass said `done`; else
+/// the launched QEMU (its pid, a pidfd of it) and how glass ended.
+fn watch(
+    args: &GuardianArgs,
+    mark: &StopMark,
+    bound: Duration,
+    glass: Option<&OwnedFd>,
+) -> Option<(Option<LaunchedVm>, Ending)> {
     let look_every = (bound / 10).clamp(Duration::from_millis(1), LOOK_EVERY);
-    let mut vm: Option<(i32, Option<OwnedFd>)> = None;
+    let mut vm: Option<LaunchedVm> = None;
     let mut ending = Ending::Died;
     let mut watched: Option<Watched> = None;
     let mut pending = Vec::new();
@@ -373,10 +408,10 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 if stopped > bound
                     && watched
                         .as_ref()
-                        .is_some_and(|w| stalled(args.glass, &mark, since, bound, w))
+                        .is_some_and(|w| stalled(args.glass, mark, since, bound, w))
                     && mark.since_ns() == Some(since)
                 {
-                    if let Some(glass) = &glass {
+                    if let Some(glass) = glass {
                         pidfd_signal(glass, libc::SIGKILL);
                         ending = Ending::Killed(stopped);
                     }
@@ -408,7 +443,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             let line: Vec<u8> = pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line[..end]).into_owned();
             if line == "done" {
-                return Ok(0);
+                return None;
             }
             if let Some(pid) = line.strip_prefix("vm ").and_then(|p| p.parse::<i32>().ok()) {
                 // A pidfd now, while QEMU certainly exists: later signals cannot reach
@@ -417,26 +452,24 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             }
         }
     }
-    // EOF without `done`: glass died, or was killed above.
-    let died = Instant::now();
-    if args.ptrace {
-        // The kernel detached every tracee of the dead glass and let it run; a launched
-        // program runs on, as it does whenever glass dies.
-        if matches!(ending, Ending::Killed(_)) {
-            eprintln!(
-                "glass: {}; the kernel let its threads run",
-                ending.cause("threads of its target", bound)
-            );
-        }
-        return Ok(0);
-    }
-    if let Some(domid) = args.xen {
-        return Ok(unpause_xen(domid, &mark, died, &ending, bound));
-    }
+    Some((vm, ending))
+}
+
+/// glass died holding a QEMU VM: removes the stub glass enabled through the monitor,
+/// ends the QEMU `--vm` launched (unless `--keep-vm`), or lets the VM run through its
+/// stub. Returns the exit code.
+fn let_vm_run(
+    args: &GuardianArgs,
+    vm: Option<LaunchedVm>,
+    ending: &Ending,
+    bound: Duration,
+    died: Instant,
+) -> i32 {
     let cause = ending.cause("the VM", bound);
     let stub = args.stub.clone().unwrap_or_default();
     if args.qmp.is_some() || args.libvirt.is_some() {
-        match unhook(args.qmp.as_deref(), args.libvirt.as_deref()) {
+        let until = Instant::now() + CONNECT_FOR;
+        match unhook(args.qmp.as_deref(), args.libvirt.as_deref(), until) {
             Ok(what) => eprintln!(
                 "glass: {cause}; its guardian {what} in {:.1} ms",
                 died.elapsed().as_secs_f64() * 1e3
@@ -445,12 +478,12 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian could not remove the GDB stub glass enabled or let the VM run: {error} (HMP: gdbserver none, then cont)"
             ),
         }
-        return Ok(0);
+        return 0;
     }
     if args.launched {
         let Some((pid, pidfd)) = vm else {
             // glass died before launching QEMU: there is no VM.
-            return Ok(0);
+            return 0;
         };
         if !args.keep_vm {
             // The VM is to end with the recording: SIGTERM ends QEMU whether the VM is
@@ -461,9 +494,10 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian {how} (QEMU pid {pid}, {:.0} ms later)",
                 died.elapsed().as_secs_f64() * 1e3
             );
-            return Ok(0);
+            return 0;
         }
-        match let_run(&stub, pidfd.as_ref()) {
+        let mut gone = || pidfd.as_ref().is_some_and(|fd| exited(fd, 0));
+        match let_run(&stub, Instant::now() + CONNECT_FOR, &mut gone) {
             Ok(()) => eprintln!(
                 "glass: {cause}; its guardian let the VM run in {:.1} ms (left running, --keep-vm: QEMU pid {pid}, GDB stub at {})",
                 died.elapsed().as_secs_f64() * 1e3,
@@ -473,9 +507,9 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
                 "glass: {cause}; its guardian could not let the VM run (QEMU pid {pid}): {error}"
             ),
         }
-        return Ok(0);
+        return 0;
     }
-    match let_run(&stub, None) {
+    match let_run(&stub, Instant::now() + CONNECT_FOR, &mut || false) {
         Ok(()) => eprintln!(
             "glass: {cause}; its guardian let the VM run in {:.1} ms",
             died.elapsed().as_secs_f64() * 1e3
@@ -484,7 +518,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
             eprintln!("glass: {cause}; its guardian could not let the VM run: {error}")
         }
     }
-    Ok(0)
+    0
 }
 
 /// glass died: unpauses Xen domain `domid` if glass held it paused. Returns the exit code.
@@ -503,29 +537,16 @@ fn unpause_xen(
         }
         return 0;
     }
-    let unpaused = Hypervisor::open()
-        .map_err(|e| e.to_string())
-        .and_then(|mut hv| match hv.unpause(domid) {
-            // Xen refuses an unpause with no controller pause outstanding: glass was
-            // killed between marking the pause and the pause taking effect (a pause
-            // can wait long in Xen, for the domctl lock or for the vCPUs to be
-            // descheduled). Nothing of glass's is held; whether the domain runs is
-            // Xen's word, not the mark's.
-            Err(libc::EINVAL) => match hv.domain_info(domid) {
-                Ok(info) if info.domid == domid && !info.paused() => Err(String::new()),
-                _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL).to_string()),
-            },
-            other => other.map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string()),
-        });
+    let unpaused = Hypervisor::unpause_left(domid);
     match unpaused {
-        Err(error) if error.is_empty() => {
+        Ok(Unpaused::WasRunning) => {
             mark.end();
             eprintln!(
                 "glass: {cause}; its pause had not taken effect: Xen domain {domid} was not paused, and runs"
             );
             0
         }
-        Ok(()) => {
+        Ok(Unpaused::Unpaused) => {
             mark.end();
             eprintln!(
                 "glass: {cause}; its guardian unpaused Xen domain {domid} in {:.1} ms",
@@ -540,62 +561,6 @@ fn unpause_xen(
             1
         }
     }
-}
-
-/// glass died attached through QEMU's monitor: removes the stub glass enabled (QEMU
-/// closes it and its socket) and, if the VM is still stopped (`paused` or `debug`),
-/// lets it run with `cont`. The monitor, not the stub: no new stub connection
-/// to wait for, and it works whether glass died before, during or after enabling it.
-/// Retried for a bounded time: QEMU's QMP socket takes a new client once it has seen
-/// glass's connection close. Returns what it did.
-fn unhook(qmp: Option<&str>, libvirt: Option<&str>) -> std::result::Result<String, String> {
-    let until = Instant::now() + CONNECT_FOR;
-    let mut monitor = loop {
-        match crate::monitor::open_monitor(qmp, libvirt) {
-            Ok((monitor, _)) => break monitor,
-            Err(error) if Instant::now() > until => return Err(error.to_string()),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
-    let status = monitor.status().map_err(|e| e.to_string())?;
-    // glass began with the VM running (it refuses any other state); QEMU's stub stops
-    // it as `paused` (an interrupt, a new connection) or `debug` (a breakpoint): a VM
-    // found so after glass died was stopped by glass. It runs first, then the stub goes.
-    let resumed = status == "paused" || status == "debug";
-    if resumed {
-        monitor.hmp("cont").map_err(|e| e.to_string())?;
-    }
-    let stubs = monitor.hmp("info chardev").unwrap_or_default();
-    let had_stub = glass_target::qmp::existing_stub(&stubs).is_some();
-    if had_stub {
-        monitor.hmp("gdbserver none").map_err(|e| e.to_string())?;
-    }
-    Ok(match (had_stub, resumed) {
-        (true, true) => "removed the GDB stub glass enabled and let the VM run (cont)",
-        (true, false) => "removed the GDB stub glass enabled (the VM was running)",
-        (false, true) => "let the VM run (cont; no GDB stub was left)",
-        (false, false) => "found no GDB stub left and the VM running",
-    }
-    .to_string())
-}
-
-/// Connects to the stub and detaches (the VM runs), retrying for a bounded time: QEMU
-/// takes the new connection once it has seen the dead one close. Gives up early if the
-/// launched QEMU is gone.
-fn let_run(stub: &str, qemu: Option<&OwnedFd>) -> std::result::Result<(), String> {
-    let until = Instant::now() + CONNECT_FOR;
-    let mut last = String::new();
-    while Instant::now() < until {
-        if qemu.is_some_and(|fd| exited(fd, 0)) {
-            return Err("QEMU has exited".into());
-        }
-        match Client::connect(stub).and_then(|mut client| client.detach()) {
-            Ok(()) => return Ok(()),
-            Err(error) => last = error.to_string(),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(last)
 }
 
 /// SIGTERM, then SIGKILL after the grace period. Returns what it did.

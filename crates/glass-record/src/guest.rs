@@ -37,10 +37,12 @@ use nix::sys::signalfd::SignalFd;
 
 use super::driver::{drive, Clock, Gathered, LateTicks, Sampler, DEFAULT_STOPPED_BUDGET};
 use super::event::Event;
+use glass_target::guest_os::{
+    BackendMemory, GuestMemory, GuestOs, Said, Slide, StackSwitch, TaskAtStop, VcpuAt,
+};
+
 use super::guest_image::GuestImage;
-use super::guest_user::{self, GuestProcesses, MmLayout};
-use super::linux_guest::LinuxTasks;
-use super::linux_orc::LinuxOrc;
+use super::guest_os::guest_os_for;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
 use crate::{CaptureMode, Notes, Recorded, Result};
@@ -147,18 +149,14 @@ pub(super) fn sample_guest<'a>(
     mark: &StopMark,
 ) -> std::result::Result<(Sink<'a>, Outcome, Option<String>), TargetError> {
     let mut image = GuestImage::load(symbols)?;
-    // Before the VM is touched: a BTF or map that cannot serve is one line.
-    let mut linux = match &sink.args.guest_btf {
-        Some(btf) => Some(LinuxTasks::load(btf, symbols)?),
-        None => None,
-    };
-    let mut user = match (&sink.args.guest_root, &sink.args.guest_btf, &linux) {
-        (Some(root), Some(btf), Some(tasks)) => Some(GuestProcesses::new(
-            MmLayout::load(btf, tasks.mm_offset())?,
-            root.clone(),
-        )),
-        _ => None,
-    };
+    // Before the VM is touched: a description of the guest's OS that cannot serve (a
+    // BTF, a map) is one line.
+    let mut os = guest_os_for(
+        symbols,
+        &image,
+        sink.args.guest_btf.as_deref(),
+        sink.args.guest_root.as_deref(),
+    )?;
     // Pinned only now: a QEMU that --vm launched and the guardian keep their CPUs.
     if let Some(cpu) = sink.args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
@@ -177,10 +175,10 @@ pub(super) fn sample_guest<'a>(
             "{error} (--gdb wants host:port or a unix socket path where a GDB stub listens, such as QEMU's -gdb tcp::1234)"
         )),
     })?;
-    // An x86-64 kernel's symbol table keeps its GS base for the IRQ stack's way back
-    // (crate::linux_orc).
-    let irq_stacks = client.arch() == Arch::X86_64 && image.arch.is_none();
-    if linux.is_none() && !irq_stacks {
+    if !os
+        .as_ref()
+        .is_some_and(|os| os.wants_task_registers(client.arch()))
+    {
         client.without_task_registers();
     }
     let arch = client.arch();
@@ -198,34 +196,30 @@ pub(super) fn sample_guest<'a>(
         RamSource::Stub => (None, glass_format::GuestRam::Stub),
     };
     let mut backend = GdbBackend::with_memory(client, ram);
-    if let (Some(tasks), Some(btf)) = (linux.as_mut(), sink.args.guest_btf.as_deref()) {
-        if let Err(error) = tasks.prepare(&mut backend, arch, symbols, btf, mark) {
+    let said = match os.as_deref_mut().map(|os| os.prepare(&mut backend, mark)) {
+        Some(Err(error)) => {
             mark.begin();
             let _ = backend.detach();
             mark.end();
             return Err(error);
         }
-    }
+        Some(Ok(said)) => said,
+        None => Vec::new(),
+    };
     // Said once the inputs are known to fit (a bad one is the only line printed).
     sink.notes
         .figure(&format!("guest memory read from {source}"));
-    if user.is_some() && backend.physical_memory().is_none() {
-        sink.notes.warn(
-            "--guest-root: a process's mappings are read from guest RAM glass maps (--vm, --guest-memory, --qmp, --libvirt), not through the stub: user samples stay [user] comm",
-        );
-    }
-    let (outcome, fate) = match run_with(
-        &mut sink,
-        &mut backend,
-        &mut image,
+    let target = GuestTarget {
+        backend: &mut backend,
+        image: &mut image,
         symbols,
-        stop_signals,
-        &mut vmm,
-        Some(mark),
-        linux.as_mut(),
-        Some(&source),
-        user.as_mut(),
-    ) {
+        vmm: &mut vmm,
+        stop_mark: Some(mark),
+        os: os.as_deref_mut(),
+    };
+    let ran = say(&mut sink, said)
+        .and_then(|()| run_with(&mut sink, target, stop_signals, Some(&source)));
+    let (outcome, fate) = match ran {
         Ok(ended) => ended,
         Err(error) => (Outcome::WriteFailed(error), None),
     };
@@ -263,7 +257,7 @@ pub(super) enum RamSource {
 
 /// What holds the VM besides its GDB stub: how glass learns that it ended, and how.
 pub(super) enum Vmm<'a> {
-    /// `--gdb`: the stub alone.
+    /// `--gdb`: the stub alone (and `--xen`: the backend alone).
     Stub,
     /// `--vm`: the QEMU glass launched (its exit status says how it ended).
     Launched(&'a mut std::process::Child),
@@ -362,6 +356,8 @@ struct Vcpu {
     ran_image: bool,
     /// At this sample: in firmware (x86 real mode, or not paging and not yet in the image).
     in_firmware: bool,
+    /// At this sample: running a user process of the guest (its OS says).
+    user_mode: bool,
     /// The stack read's time at this sample, kept in `read_ns` once the VM runs (a push
     /// may allocate: never while it is stopped).
     last_read_ns: u64,
@@ -400,6 +396,7 @@ impl Vcpu {
             asked: 0,
             ran_image: false,
             in_firmware: false,
+            user_mode: false,
             last_read_ns: 0,
             read_ns: Vec::new(),
             samples: 0,
@@ -483,50 +480,150 @@ struct StackSource {
     last_registers_ns: u64,
 }
 
+/// Samples the guest `target` names until the end (`xen`'s loop: the VM's end is the
+/// backend's to tell).
 pub(super) fn run(
     sink: &mut Sink,
-    backend: &mut dyn GuestBackend,
-    image: &mut GuestImage,
-    symbols: &std::path::Path,
+    target: GuestTarget,
     stop_signals: &SignalFd,
-    vm: Option<&mut std::process::Child>,
-    stop_mark: Option<&StopMark>,
 ) -> std::io::Result<Outcome> {
-    let mut vmm = match vm {
-        Some(child) => Vmm::Launched(child),
-        None => Vmm::Stub,
-    };
-    run_with(
-        sink,
-        backend,
-        image,
-        symbols,
-        stop_signals,
-        &mut vmm,
-        stop_mark,
-        None,
-        None,
-        None,
-    )
-    .map(|(outcome, _)| outcome)
+    run_with(sink, target, stop_signals, None).map(|(outcome, _)| outcome)
+}
+
+/// What the loop samples: the backend, the guest's image (`symbols`), what holds the VM,
+/// the guardian's stop mark where the backend does not mark its own stops, and the guest
+/// OS's hook where one knows the guest's memory.
+pub(super) struct GuestTarget<'t, 'v> {
+    pub backend: &'t mut dyn GuestBackend,
+    pub image: &'t mut GuestImage,
+    pub symbols: &'t std::path::Path,
+    pub vmm: &'t mut Vmm<'v>,
+    pub stop_mark: Option<&'t StopMark>,
+    pub os: Option<&'t mut (dyn GuestOs + 'static)>,
 }
 
 /// [`run`], with how the VM ended when it did (`Outcome::TargetExited`) and the monitor
-/// or stub said so; `linux`: each sample's Linux task read (`--guest-btf`); `ram`: where
-/// the guest's RAM is read from, recorded after the Meta record.
-#[allow(clippy::too_many_arguments)]
+/// or stub said so; `ram`: where the guest's RAM is read from, recorded after the Meta
+/// record.
 fn run_with(
     sink: &mut Sink,
-    backend: &mut dyn GuestBackend,
-    image: &mut GuestImage,
-    symbols: &std::path::Path,
+    target: GuestTarget,
     stop_signals: &SignalFd,
-    vmm: &mut Vmm<'_>,
-    stop_mark: Option<&StopMark>,
-    mut linux: Option<&mut LinuxTasks>,
     ram: Option<&glass_format::GuestRam>,
-    mut user: Option<&mut GuestProcesses>,
 ) -> std::io::Result<(Outcome, Option<String>)> {
+    let GuestTarget {
+        backend,
+        image,
+        symbols,
+        vmm,
+        stop_mark,
+        mut os,
+    } = target;
+    let args = sink.args;
+    record_guest(sink, &*backend, image, symbols, ram)?;
+    let arch = backend.arch();
+    let vcpu_count = backend.vcpu_count();
+    if let Some(os) = os.as_deref_mut() {
+        let said = os.begin(arch, vcpu_count, args.capture == CaptureMode::Raw);
+        say(sink, said)?;
+    }
+    let limit = args
+        .stack_size
+        .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
+    let has_ram = backend.physical_memory().is_some();
+    let first_copy = if has_ram {
+        FIRST_STACK_COPY
+    } else {
+        backend.read_unit()
+    };
+    let mut vcpus: Vec<Vcpu> = (0..vcpu_count)
+        .map(|_| Vcpu::new(limit, first_copy, arch))
+        .collect();
+    let mut source = StackSource {
+        cache: if args.no_translation_cache {
+            TranslationCache::disabled()
+        } else {
+            TranslationCache::new()
+        },
+        regs: vec![VcpuRegs::zeroed(arch); vcpus.len()],
+        registers_ns: Vec::new(),
+        last_registers_ns: 0,
+    };
+    let takes_late_ticks = backend.takes_late_ticks_at_once();
+    let mut sampler = GuestSampler {
+        vcpus: &mut vcpus,
+        outside: OutsideText::default(),
+        backend,
+        source: &mut source,
+        image,
+        vmm,
+        fate: None,
+        os: os.as_deref_mut(),
+        no_idle: args.no_idle,
+        stop_mark,
+        ticks: 0,
+        stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
+            .ok()
+            .and_then(|n| n.parse().ok()),
+        waited: Duration::ZERO,
+        stopped: Duration::ZERO,
+        wake_ups: WakeUps::default(),
+        period: Duration::from_secs(1) / args.frequency.max(1),
+    };
+    let (cpu_began, began) = (own_cpu_us(), Instant::now());
+    sink.sampling_began();
+    let outcome = drive(
+        &mut sampler,
+        sink,
+        Some(stop_signals),
+        Clock::Running(
+            args.frequency,
+            if takes_late_ticks {
+                LateTicks::TakeOne {
+                    stopped_budget: args
+                        .max_stopped
+                        .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
+                }
+            } else {
+                LateTicks::Skip
+            },
+        ),
+        args.duration,
+    );
+    sink.sampling_ended();
+    let cpu_end = own_cpu_us();
+    let ran = Ran {
+        seconds: began.elapsed().as_secs_f64(),
+        user_us: cpu_end.0 - cpu_began.0,
+        system_us: cpu_end.1 - cpu_began.1,
+        waited: sampler.waited,
+        stopped: sampler.stopped,
+        wake_ups: sampler.wake_ups,
+        takes_late_ticks,
+        backend_figures: sampler.backend.figures(),
+        limit,
+        has_ram,
+    };
+    let mut outside = std::mem::take(&mut sampler.outside);
+    let fate = sampler.fate.take();
+    summarize(sink, &ran, &mut vcpus, &mut source);
+    if let Some(os) = os {
+        say(sink, os.ended())?;
+    }
+    outside.judge(symbols, sink.notes);
+    outcome.map(|outcome| (outcome, fate))
+}
+
+/// Before sampling: what the recording says of the guest (the Meta record, where its
+/// RAM is read from, one process named after the image, its mappings, a thread per
+/// vCPU), and the image's figures.
+fn record_guest(
+    sink: &mut Sink,
+    backend: &dyn GuestBackend,
+    image: &GuestImage,
+    symbols: &std::path::Path,
+    ram: Option<&glass_format::GuestRam>,
+) -> std::io::Result<()> {
     let args = sink.args;
     // Said once connected (an error before then is the one line printed).
     if let Some(warning) = &image.naming_warning {
@@ -537,10 +634,9 @@ fn run_with(
         symbols.display(),
         image.cfi
     ));
-    let arch = backend.arch();
     sink.write_meta(
         backend.recording_backend(),
-        arch,
+        backend.arch(),
         unwind_name(args.unwind),
         0,
     )?;
@@ -568,120 +664,48 @@ fn run_with(
             time_ns: 0,
         })?;
     }
-    let vcpu_count = backend.vcpu_count();
-    for vcpu in 0..vcpu_count {
+    for vcpu in 0..backend.vcpu_count() {
         sink.handle(Event::Thread {
             pid: GUEST_PID,
             tid: vcpu as i32 + 1,
             name: Some(format!("vcpu{vcpu}")),
         })?;
     }
-    let limit = args
-        .stack_size
-        .map_or(DEFAULT_STACK_LIMIT, |bytes| bytes as usize);
-    let has_ram = backend.physical_memory().is_some();
-    let first_copy = if has_ram {
-        FIRST_STACK_COPY
-    } else {
-        backend.read_unit()
-    };
-    let mut vcpus: Vec<Vcpu> = (0..vcpu_count)
-        .map(|_| Vcpu::new(limit, first_copy, arch))
-        .collect();
-    let mut source = StackSource {
-        cache: if args.no_translation_cache {
-            TranslationCache::disabled()
-        } else {
-            TranslationCache::new()
-        },
-        regs: vec![VcpuRegs::zeroed(arch); vcpus.len()],
-        registers_ns: Vec::new(),
-        last_registers_ns: 0,
-    };
-    let btf = sink.args.guest_btf.clone();
-    let orc = match LinuxOrc::find(arch, symbols, image, vcpu_count, btf.as_deref()) {
-        Some(Ok(_)) if args.capture == CaptureMode::Raw => {
-            // A raw sample keeps one stack range and the report has no ORC tables.
-            sink.warn_kept(
-                "--capture raw keeps neither the guest kernel's ORC tables nor its IRQ and exception stacks: the report walks kernel frames past the leaf by frame pointers (--capture frames walks them whole)",
-            )?;
-            None
+    Ok(())
+}
+
+/// Says what the guest OS had to say, in its order.
+fn say(sink: &mut Sink, said: Vec<Said>) -> std::io::Result<()> {
+    for item in said {
+        match item {
+            Said::Figure(figure) => sink.notes.figure(&figure),
+            Said::Warning(warning) => sink.notes.warn(&warning),
+            Said::Kept(warning) => sink.warn_kept(&warning)?,
+            Said::KernelUnwind(table) => sink.walk_guest_kernel_with(table),
         }
-        Some(Ok(orc)) => Some(orc),
-        Some(Err(note)) => {
-            sink.warn_kept(&note)?;
-            None
-        }
-        None => None,
-    };
-    let backend_takes_late_ticks = backend.takes_late_ticks_at_once();
-    let mut sampler = GuestSampler {
-        orc,
-        vcpus: &mut vcpus,
-        outside: OutsideText::default(),
-        backend,
-        source: &mut source,
-        image,
-        vmm,
-        fate: None,
-        linux: linux.as_deref_mut(),
-        user: user.as_deref_mut(),
-        no_idle: args.no_idle,
-        stop_mark,
-        ticks: 0,
-        stop_in_sample: std::env::var("GLASS_TEST_STOP_IN_SAMPLE")
-            .ok()
-            .and_then(|n| n.parse().ok()),
-        slide_tries: 0,
-        waited: Duration::ZERO,
-        stopped: Duration::ZERO,
-        wake_ups: WakeUps::default(),
-        period: Duration::from_secs(1) / args.frequency.max(1),
-        btf_given: btf.is_some(),
-        kernel_orc: None,
-        module_spans: Vec::new(),
-        modules_read: None,
-        modules_ends: None,
-        modules_incomplete: false,
-        incomplete_readings: 0,
-        modules_readings: 0,
-        modules_tables: None,
-    };
-    let (cpu_began, began) = (own_cpu_us(), Instant::now());
-    sink.sampling_began();
-    let outcome = drive(
-        &mut sampler,
-        sink,
-        Some(stop_signals),
-        Clock::Running(
-            args.frequency,
-            if backend_takes_late_ticks {
-                LateTicks::TakeOne {
-                    stopped_budget: args
-                        .max_stopped
-                        .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
-                }
-            } else {
-                LateTicks::Skip
-            },
-        ),
-        args.duration,
-    );
-    sink.sampling_ended();
-    let cpu_end = own_cpu_us();
-    let (user_us, system_us) = (cpu_end.0 - cpu_began.0, cpu_end.1 - cpu_began.1);
-    let seconds = began.elapsed().as_secs_f64();
-    let mut outside = std::mem::take(&mut sampler.outside);
-    let backend_figures = sampler.backend.figures();
-    let (waited, stopped, wake_ups) = (sampler.waited, sampler.stopped, sampler.wake_ups);
-    let modules_figure = sampler.modules_tables.map(|(modules, entries)| {
-        format!(
-            "loadable modules' ORC tables read: {}, {entries} entries (the modules list read {} times)",
-            glass_format::count(modules as u64, "module"),
-            sampler.modules_readings
-        )
-    });
-    let fate = sampler.fate.take();
+    }
+    Ok(())
+}
+
+/// What the loop measured of a recording, for its summary.
+struct Ran {
+    seconds: f64,
+    user_us: u64,
+    system_us: u64,
+    waited: Duration,
+    stopped: Duration,
+    wake_ups: WakeUps,
+    takes_late_ticks: bool,
+    backend_figures: Vec<String>,
+    limit: usize,
+    has_ram: bool,
+}
+
+/// The loop's figures at the end: the stops, glass's own CPU, the timer, each vCPU, the
+/// backend's, the translation cache.
+fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackSource) {
+    let args = sink.args;
+    let seconds = ran.seconds;
     let times = &mut source.registers_ns;
     times.sort_unstable();
     sink.notes.figure(&format!(
@@ -696,45 +720,31 @@ fn run_with(
     let stops = times.len().max(1) as f64;
     // The rate asked is per second of the guest's running time (as perf's cpu-clock is
     // per second of the task's): the time glass held it stopped is not counted.
-    let running = (seconds - stopped.as_secs_f64()).max(1e-9);
+    let running = (seconds - ran.stopped.as_secs_f64()).max(1e-9);
     sink.notes.figure(&format!(
         "stops taken: {} in {seconds:.1} s ({:.1}/s; {:.0} per second the guest ran, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system; waiting between stops: {:.0}% of the time",
         times.len(),
         times.len() as f64 / seconds.max(1e-9),
         times.len() as f64 / running,
         args.frequency,
-        user_us as f64 / stops,
-        system_us as f64 / stops,
-        100.0 * waited.as_secs_f64() / seconds.max(1e-9)
+        ran.user_us as f64 / stops,
+        ran.system_us as f64 / stops,
+        100.0 * ran.waited.as_secs_f64() / seconds.max(1e-9)
     ));
-    if let Some(figure) = wake_ups.figure(backend_takes_late_ticks) {
+    if let Some(figure) = ran.wake_ups.figure(ran.takes_late_ticks) {
         sink.notes.figure(&figure);
     }
-    print_vcpus(&mut vcpus, limit, args.no_idle, sink.notes);
-    for figure in backend_figures {
-        sink.notes.figure(&figure);
+    print_vcpus(vcpus, ran.limit, args.no_idle, sink.notes);
+    for figure in &ran.backend_figures {
+        sink.notes.figure(figure);
     }
-    if has_ram {
+    if ran.has_ram {
         let cache = &source.cache;
         sink.notes.figure(&format!(
             "translation cache: {} hits, {} misses, {} stale entries re-walked",
             cache.hits, cache.misses, cache.stale
         ));
     }
-    if let Some(tasks) = linux {
-        for note in tasks.notes() {
-            sink.notes.warn(&note);
-        }
-        sink.notes.figure(&tasks.figures());
-    }
-    if let Some(user) = user {
-        sink.notes.figure(&user.figures());
-    }
-    if let Some(figure) = modules_figure {
-        sink.notes.figure(&figure);
-    }
-    outside.judge(symbols, sink.notes);
-    outcome.map(|outcome| (outcome, fate))
 }
 
 /// The per-vCPU figures: the VM stops as a whole (the stopped time per sample is in the
@@ -803,10 +813,9 @@ struct GuestSampler<'s, 'b, 'v> {
     vmm: &'s mut Vmm<'v>,
     /// How the VM ended, where the monitor or the stub said.
     fate: Option<String>,
-    /// A Linux guest's tasks (`--guest-btf`).
-    linux: Option<&'s mut LinuxTasks>,
-    /// Its processes' user space (`--guest-root`).
-    user: Option<&'s mut GuestProcesses>,
+    /// What knows the guest OS's memory: its tasks, their user space, the kernel's
+    /// unwind tables and place.
+    os: Option<&'s mut (dyn GuestOs + 'static)>,
     no_idle: bool,
     /// Marks each sample for the guardian, where the backend does not itself (Xen's
     /// marks its pause).
@@ -816,35 +825,13 @@ struct GuestSampler<'s, 'b, 'v> {
     /// stopped inside a sample by construction.
     ticks: u64,
     stop_in_sample: Option<u64>,
-    /// Samples in the kernel outside the symbol table that did not tell its slide.
-    slide_tries: u32,
-    /// An x86-64 Linux kernel's ORC tables, to read once, and its IRQ stacks.
-    orc: Option<LinuxOrc>,
     /// Time the loop spent waiting (for the next tick, mostly).
     waited: Duration,
     /// The guest's stopped time over the recording: the schedule is kept in the rest.
     stopped: Duration,
     wake_ups: WakeUps,
     period: Duration,
-    /// `--guest-btf` was given (a BTF without modules' layout is said so).
-    btf_given: bool,
-    /// The kernel's own ORC table once read, the modules' (their code's spans) merged
-    /// with it into the sink's, and when the modules list was last read.
-    kernel_orc: Option<glass_unwind::orc::OrcTable>,
-    module_spans: Vec<(u64, u64)>,
-    modules_read: Option<Instant>,
-    /// The `modules` list head's words at the last reading, and whether a module on it
-    /// had no ORC yet.
-    modules_ends: Option<[u8; 16]>,
-    modules_incomplete: bool,
-    incomplete_readings: u32,
-    /// Readings of the list, and the modules and entries the last that changed found.
-    modules_readings: u32,
-    modules_tables: Option<(usize, usize)>,
 }
-
-/// How many samples outside a symbol table may try to find the kernel's slide.
-const SLIDE_TRIES: u32 = 64;
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
     fn gather(&mut self, _sink: &mut Sink<'a>) -> std::io::Result<Gathered> {
@@ -877,7 +864,6 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         missed: u64,
     ) -> std::io::Result<std::result::Result<u64, Outcome>> {
         sink.deadlines_missed(missed);
-        let (vcpus, source, image) = (&mut *self.vcpus, &mut *self.source, &mut *self.image);
         // The stopped window: registers and stack copies only.
         self.ticks += 1;
         if let Some(mark) = self.stop_mark {
@@ -886,14 +872,12 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         let stopped_at = Instant::now();
         let taken = take_sample(
             self.backend,
-            source,
-            image,
-            vcpus,
+            self.source,
+            self.image,
+            self.vcpus,
             self.no_idle,
             stopped_at,
-            self.linux.as_deref_mut(),
-            self.orc.as_mut(),
-            self.user.is_some(),
+            self.os.as_deref_mut(),
         );
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
@@ -908,152 +892,31 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             mark.end();
         }
         if let Err(error) = taken.and(resumed) {
-            // The backend lost the VM: it powered off, or the connection broke. Told
-            // apart by what QEMU did, not by a wait (issue 23: a fixed 100 ms called 2
-            // power-offs in 10 under load a lost connection).
-            if self.backend.gone() {
-                sink.notes
-                    .warn(&format!("{error}; the recording ends there"));
-                return Ok(Err(Outcome::TargetExited));
-            }
-            let lost = self.backend.lost();
-            return Ok(Err(match self.vmm.after_loss(&lost) {
-                Some(fate) => {
-                    self.fate = Some(fate);
-                    Outcome::TargetExited
-                }
-                None => {
-                    sink.notes.warn(&format!("{error}; ending the recording"));
-                    Outcome::StubLost
-                }
-            }));
+            return Ok(Err(self.lost(sink, &error)));
         }
         let time_ns = sink.ns_since_origin(stopped_at);
         sink.tick_at(stopped_ns, time_ns + stopped_ns);
-        source.registers_ns.push(source.last_registers_ns);
-        for (index, vcpu) in vcpus.iter_mut().enumerate() {
-            let tid = index as i32 + 1;
-            let r = vcpu.regs;
-            vcpu.samples += 1;
-            vcpu.read_ns.push(vcpu.last_read_ns);
-            let mut user_mode = false;
-            if let Some(tasks) = self.linux.as_deref_mut() {
-                if let Some(task) = tasks.changed(index, time_ns, GUEST_PID as u32, tid as u32) {
-                    sink.handle(Event::GuestTask(task))?;
-                }
-                user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
-            }
-            let walked = match (self.linux.as_deref(), self.user.as_deref_mut()) {
-                (Some(tasks), Some(user)) if user_mode && vcpu.copied > 0 => {
-                    let at = UserSample {
-                        vcpu: index,
-                        time_ns,
-                        stopped_ns,
-                    };
-                    user_stack(sink, tasks, user, &mut *self.backend, source, vcpu, at)?
-                }
-                _ => false,
-            };
-            if walked {
-                continue;
-            }
-            if user_mode {
-                // A user process of the guest: its code is not the kernel image's, and
-                // the report names it by the task (`[user] comm`).
-                sink.handle(Event::Frames {
-                    pid: GUEST_PID,
-                    tid,
-                    time_ns,
-                    stopped_ns: stopped_ns as u32,
-                    flags: 0,
-                    frames: &[r.ip()],
-                })?;
-                continue;
-            }
-            if vcpu.in_firmware {
-                vcpu.firmware += 1;
-                sink.handle(Event::Frames {
-                    pid: GUEST_PID,
-                    tid,
-                    time_ns,
-                    stopped_ns: stopped_ns as u32,
-                    flags: glass_format::SAMPLE_FIRMWARE,
-                    frames: &[r.ip()],
-                })?;
-                continue;
-            }
-            self.outside.note(image.contains(r.ip()));
-            let halted = self
-                .backend
-                .halted(index)
-                .unwrap_or_else(|| halted_at(&mut *self.backend, &mut source.cache, image, &r));
-            if halted {
-                vcpu.halted += 1;
-                if self.no_idle {
-                    continue;
-                }
-            }
-            let flags = if halted {
-                glass_format::SAMPLE_HALTED
-            } else {
-                0
-            };
-            if r.protected_32() {
-                // 32-bit frames: walked here, once the VM runs again (the sink's
-                // unwinders read 64-bit words).
-                let mut frames = Vec::new();
-                let (end, wanted) = glass_unwind::walk_frame_pointers_32(
-                    r.unwind(),
-                    &vcpu.stack[..vcpu.copied],
-                    sink.args.max_depth as usize,
-                    &mut frames,
-                );
-                sink.handle(Event::Frames {
-                    pid: GUEST_PID,
-                    tid,
-                    time_ns,
-                    stopped_ns: stopped_ns as u32,
-                    flags,
-                    frames: &frames,
-                })?;
-                vcpu.cut += u64::from(end == glass_unwind::WalkEnd::Unreadable);
-                vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
-                vcpu.last_sample_ns = time_ns;
-                continue;
-            }
-            let outside_before = sink.walks_outside_copies();
-            let wanted = sink.handle(Event::Stack {
-                pid: GUEST_PID,
-                tid,
-                time_ns,
-                stopped_ns: stopped_ns as u32,
-                flags,
-                regs: r.unwind(),
-                stack: &vcpu.stack[..vcpu.copied],
-                other_stacks: &[
-                    (vcpu.other_at, &vcpu.other[..vcpu.other_copied]),
-                    (vcpu.third_at, &vcpu.third[..vcpu.third_copied]),
-                ][..usize::from(vcpu.other_copied > 0) + usize::from(vcpu.third_copied > 0)],
-                space: None,
-            })?;
-            vcpu.switched += u64::from(vcpu.other_copied > 0);
-            // A walk that wanted memory outside its copies was cut too, wherever it was.
-            vcpu.cut += u64::from(sink.walks_outside_copies() > outside_before);
-            vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
-            vcpu.last_sample_ns = time_ns;
+        self.source.registers_ns.push(self.source.last_registers_ns);
+        let at = SampleTime {
+            time_ns,
+            stopped_ns,
+        };
+        for index in 0..self.vcpus.len() {
+            self.record_vcpu(sink, index, at)?;
         }
-        if image.may_slide() && self.slide_tries < SLIDE_TRIES {
-            self.find_slide(sink, time_ns)?;
-        }
-        if self.orc.as_ref().is_some_and(LinuxOrc::pending) {
-            self.load_orc(sink)?;
-        } else if self.modules_to_read() {
-            self.load_module_orc(sink);
-        }
+        self.after_sample(sink, time_ns)?;
         // Ticks are spaced in the guest's own (running) time: the loop postpones them.
         self.stopped += Duration::from_nanos(stopped_ns);
         Ok(Ok(stopped_ns))
     }
+}
+
+/// When a sample was taken (ns since the recording's start) and how long the VM was
+/// held stopped for it.
+#[derive(Clone, Copy)]
+struct SampleTime {
+    time_ns: u64,
+    stopped_ns: u64,
 }
 
 /// How late the clock's timer woke the loop when it slept for a deadline.
@@ -1088,295 +951,258 @@ impl WakeUps {
 }
 
 impl GuestSampler<'_, '_, '_> {
-    /// Reads the kernel's ORC tables (crate::linux_orc) once a vCPU is in the kernel
-    /// where the map (slid, with KASLR) puts it: while the VM runs, they are read-only.
-    fn load_orc(&mut self, sink: &mut Sink) -> std::io::Result<()> {
-        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
-        let Some(r) = self
-            .vcpus
-            .iter()
-            .map(|v| v.regs)
-            .find(|r| r.paging_on() && r.ip() >> 63 == 1 && self.image.contains(r.ip()))
-        else {
-            return Ok(());
-        };
-        let Some(orc) = self.orc.as_mut() else {
-            return Ok(());
-        };
-        if backend.physical_memory().is_none() {
-            // Megabytes through m packets, which QEMU answers only while the VM is
-            // stopped: not worth the stopped time.
-            self.orc = None;
-            return sink.warn_kept(
-                "the guest kernel's ORC tables are read from guest RAM, which glass reaches only through the GDB stub here: kernel frames past the leaf are frame-pointer guesses (--guest-memory gives the RAM)",
-            );
+    /// The backend lost the VM: it powered off, or the connection broke. Told apart by
+    /// what QEMU did, not by a wait (issue 23: a fixed 100 ms called 2 power-offs in 10
+    /// under load a lost connection).
+    fn lost(&mut self, sink: &mut Sink, error: &GuestError) -> Outcome {
+        if self.backend.gone() {
+            sink.notes
+                .warn(&format!("{error}; the recording ends there"));
+            return Outcome::TargetExited;
         }
-        let slide = self.image.slide.unwrap_or(0);
-        let loaded = orc.load(slide, r.ip(), &mut |address, buf| {
-            backend
-                .physical_memory()
-                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
-        });
-        match loaded {
-            Ok(Some(table)) => {
-                let modules = match (&orc.module_layout, &self.btf_given) {
-                    (Some(_), _) => "; loadable modules' ORC read from the modules list",
-                    (None, true) => {
-                        "; the BTF has no Linux 6.1 `struct module` (`core_layout`, `arch.orc_unwind`): a module frame ends a walk"
-                    }
-                    (None, false) => {
-                        "; loadable modules' ORC is read only with --guest-btf: a module frame ends a walk"
-                    }
-                };
-                sink.notes.figure(&format!(
-                    "kernel stacks walked with the guest kernel's ORC tables ({} entries{modules})",
-                    table.len()
-                ));
-                self.kernel_orc = Some(table.clone());
-                sink.walk_guest_kernel_with(table);
-                self.load_module_orc(sink);
+        let lost = self.backend.lost();
+        match self.vmm.after_loss(&lost) {
+            Some(fate) => {
+                self.fate = Some(fate);
+                Outcome::TargetExited
             }
-            Ok(None) => {}
-            Err(note) => sink.warn_kept(&note)?,
+            None => {
+                sink.notes.warn(&format!("{error}; ending the recording"));
+                Outcome::StubLost
+            }
         }
-        Ok(())
     }
 
-    /// A vCPU stopped in the kernel (its page tables map the kernel's data), for reads
-    /// of kernel memory while the VM runs.
-    fn kernel_regs(&self) -> Option<VcpuRegs> {
-        self.vcpus
-            .iter()
-            .map(|v| v.regs)
-            .find(|r| r.paging_on() && r.ip() >> 63 == 1)
-    }
-
-    /// Whether the modules' tables are to be read again: the `modules` list's head moved
-    /// (a module loaded or gone), the last reading found a module whose ORC was not set
-    /// up yet (it is on the list before: at every tick for 64, then as below), or, at
-    /// most every 100 ms, a vCPU runs module code no table covers (code there that no module's ORC covers, a BPF
-    /// program's, is tried again only that often).
-    fn modules_to_read(&mut self) -> bool {
-        const AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
-        let Some(orc) = self
-            .orc
-            .as_ref()
-            .filter(|o| o.loaded && o.module_layout.is_some())
-        else {
-            return false;
-        };
-        let Some(r) = self.kernel_regs() else {
-            return false;
-        };
-        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
-        let ends = orc.modules_ends(self.image.slide.unwrap_or(0), &mut |address, buf| {
-            backend
-                .physical_memory()
-                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
-        });
-        // A module on the list before its ORC is set up runs its init right after:
-        // read again at every tick for a while.
-        if (ends.is_some() && ends != self.modules_ends)
-            || (self.modules_incomplete && self.incomplete_readings < 64)
-        {
-            return true;
+    /// Once the VM runs again: vCPU `index`'s sample, as its state at the stop says (its
+    /// task's, its user stack walked in its process, its instruction pointer alone in
+    /// user mode or firmware, halted, its kernel or image stack walked).
+    fn record_vcpu(
+        &mut self,
+        sink: &mut Sink,
+        index: usize,
+        at: SampleTime,
+    ) -> std::io::Result<()> {
+        let SampleTime {
+            time_ns,
+            stopped_ns,
+        } = at;
+        let vcpu = &mut self.vcpus[index];
+        let tid = index as i32 + 1;
+        let r = vcpu.regs;
+        vcpu.samples += 1;
+        vcpu.read_ns.push(vcpu.last_read_ns);
+        if let Some(os) = self.os.as_deref_mut() {
+            if let Some(task) = os.task_changed(index, time_ns, GUEST_PID as u32, tid as u32) {
+                sink.handle(Event::GuestTask(task))?;
+            }
         }
-        if self.modules_read.is_some_and(|at| at.elapsed() < AGAIN) {
-            return false;
+        let user_mode = vcpu.user_mode;
+        if user_mode && vcpu.copied > 0 && self.user_stack(sink, index, at)? {
+            return Ok(());
         }
-        self.modules_incomplete
-            || self.vcpus.iter().any(|v| {
-                let ip = v.regs.ip();
-                LinuxOrc::in_modules(ip)
-                    && !v.in_firmware
-                    && !self
-                        .module_spans
-                        .iter()
-                        .any(|(a, b)| (*a..=*b).contains(&ip))
-            })
-    }
-
-    /// Reads the loaded modules' ORC tables (crate::linux_orc) while the VM runs, and
-    /// walks with the kernel's and theirs from the next sample on.
-    fn load_module_orc(&mut self, sink: &mut Sink) {
-        self.modules_read = Some(Instant::now());
-        self.modules_readings += 1;
-        let (Some(orc), Some(kernel)) = (self.orc.as_ref(), self.kernel_orc.as_ref()) else {
-            return;
-        };
-        if orc.module_layout.is_none() {
-            return;
+        let vcpu = &mut self.vcpus[index];
+        if user_mode {
+            // A user process of the guest: its code is not the kernel image's, and
+            // the report names it by the task (`[user] comm`).
+            sink.handle(Event::Frames {
+                pid: GUEST_PID,
+                tid,
+                time_ns,
+                stopped_ns: stopped_ns as u32,
+                flags: 0,
+                frames: &[r.ip()],
+            })?;
+            return Ok(());
         }
-        let Some(r) = self.kernel_regs() else {
-            return;
-        };
-        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
-        let slide = self.image.slide.unwrap_or(0);
-        let mut read = |address, buf: &mut [u8]| {
-            backend
-                .physical_memory()
-                .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
-        };
-        self.modules_ends = orc.modules_ends(slide, &mut read);
-        let (tables, listed) = orc.read_modules(slide, &mut read);
-        self.modules_incomplete = tables.len() < listed;
-        self.incomplete_readings = if self.modules_incomplete {
-            self.incomplete_readings + 1
+        if vcpu.in_firmware {
+            vcpu.firmware += 1;
+            sink.handle(Event::Frames {
+                pid: GUEST_PID,
+                tid,
+                time_ns,
+                stopped_ns: stopped_ns as u32,
+                flags: glass_format::SAMPLE_FIRMWARE,
+                frames: &[r.ip()],
+            })?;
+            return Ok(());
+        }
+        let image = &mut *self.image;
+        self.outside.note(image.contains(r.ip()));
+        let halted = self
+            .backend
+            .halted(index)
+            .unwrap_or_else(|| halted_at(&mut *self.backend, &mut self.source.cache, image, &r));
+        if halted {
+            vcpu.halted += 1;
+            if self.no_idle {
+                return Ok(());
+            }
+        }
+        let flags = if halted {
+            glass_format::SAMPLE_HALTED
         } else {
             0
         };
-        let spans: Vec<(u64, u64)> = tables.iter().filter_map(|t| t.span()).collect();
-        if spans == self.module_spans {
-            return;
-        }
-        self.modules_tables = Some((tables.len(), tables.iter().map(|t| t.len()).sum()));
-        self.module_spans = spans;
-        sink.walk_guest_kernel_with(kernel.merged(&tables));
-    }
-
-    /// A symbol table and a kernel that runs elsewhere (KASLR): the slide, from a vCPU
-    /// stopped in the kernel outside the table (its registers, or the kernel's banner
-    /// read from guest RAM: kernel data that does not change while the guest runs). Once
-    /// found, the table is mapped where the kernel runs from this sample on.
-    fn find_slide(&mut self, sink: &mut Sink, time_ns: u64) -> std::io::Result<()> {
-        let arch = self.backend.arch();
-        let (backend, cache) = (&mut *self.backend, &mut self.source.cache);
-        let found = self.vcpus.iter().find_map(|vcpu| {
-            let r = vcpu.regs;
-            if vcpu.in_firmware || !r.paging_on() {
-                return None;
-            }
-            self.image
-                .find_slide(arch, r.ip(), r.vector_base(), &mut |address, buf| {
-                    backend
-                        .physical_memory()
-                        .map_or(0, |ram| cache.read_with(ram, &paging_of(&r), address, buf))
-                })
-        });
-        let Some((slide, how)) = found else {
-            // Only a sample in the kernel outside the table counts as a try.
-            let outside = self.vcpus.iter().any(|v| {
-                v.regs.paging_on() && v.regs.ip() >> 63 == 1 && !self.image.contains(v.regs.ip())
-            });
-            self.slide_tries += u32::from(outside);
-            if self.slide_tries == SLIDE_TRIES {
-                sink.warn_kept(
-                    "the guest kernel runs outside the symbol table and where it was moved (KASLR) could not be found (no vector table or linux_banner matched): give the running kernel's own /proc/kallsyms, or boot it with nokaslr",
-                )?;
-            }
-            return Ok(());
-        };
-        self.image.apply_slide(slide);
-        if slide == 0 {
-            // Where the table says: nothing moved, nothing to say.
-            return Ok(());
-        }
-        sink.notes.figure(&format!(
-            "KASLR: the running kernel lies {slide:#x} above the symbol table ({how}); named from then on"
-        ));
-        for mapping in &self.image.mappings {
-            sink.handle(Event::Mapping {
+        if r.protected_32() {
+            // 32-bit frames: walked here, once the VM runs again (the sink's
+            // unwinders read 64-bit words).
+            let mut frames = Vec::new();
+            let (end, wanted) = glass_unwind::walk_frame_pointers_32(
+                r.unwind(),
+                &vcpu.stack[..vcpu.copied],
+                sink.args.max_depth as usize,
+                &mut frames,
+            );
+            sink.handle(Event::Frames {
                 pid: GUEST_PID,
-                mapping: mapping.clone(),
+                tid,
                 time_ns,
+                stopped_ns: stopped_ns as u32,
+                flags,
+                frames: &frames,
             })?;
+            vcpu.cut += u64::from(end == glass_unwind::WalkEnd::Unreadable);
+            vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
+            vcpu.last_sample_ns = time_ns;
+            return Ok(());
         }
+        let outside_before = sink.walks_outside_copies();
+        let wanted = sink.handle(Event::Stack {
+            pid: GUEST_PID,
+            tid,
+            time_ns,
+            stopped_ns: stopped_ns as u32,
+            flags,
+            regs: r.unwind(),
+            stack: &vcpu.stack[..vcpu.copied],
+            other_stacks: &[
+                (vcpu.other_at, &vcpu.other[..vcpu.other_copied]),
+                (vcpu.third_at, &vcpu.third[..vcpu.third_copied]),
+            ][..usize::from(vcpu.other_copied > 0) + usize::from(vcpu.third_copied > 0)],
+            space: None,
+        })?;
+        vcpu.switched += u64::from(vcpu.other_copied > 0);
+        // A walk that wanted memory outside its copies was cut too, wherever it was.
+        vcpu.cut += u64::from(sink.walks_outside_copies() > outside_before);
+        vcpu.walked(wanted, time_ns.saturating_sub(vcpu.last_sample_ns));
+        vcpu.last_sample_ns = time_ns;
         Ok(())
     }
-}
 
-/// Which sample [`user_stack`] takes.
-struct UserSample {
-    vcpu: usize,
-    time_ns: u64,
-    stopped_ns: u64,
-}
-
-/// A user-mode sample of vCPU `index` with its user stack copied (`--guest-root`):
-/// the process's mappings read from guest memory when it is first seen (the VM
-/// runs again: only the copy was taken while it was stopped), its binaries in DIR
-/// recorded as its modules, the stack unwound with them. False when its code is in
-/// no binary of DIR (the sample stays `[user] comm`).
-fn user_stack(
-    sink: &mut Sink,
-    tasks: &LinuxTasks,
-    user: &mut GuestProcesses,
-    backend: &mut dyn GuestBackend,
-    source: &mut StackSource,
-    vcpu: &Vcpu,
-    at: UserSample,
-) -> std::io::Result<bool> {
-    let UserSample {
-        vcpu: index,
-        time_ns,
-        stopped_ns,
-    } = at;
-    let r = vcpu.regs;
-    let Some((task, tgid, _comm)) = tasks.user_task(index) else {
-        user.not_walked += 1;
-        return Ok(false);
-    };
-    let space = (glass_format::GUEST_PROCESS_PIDS | tgid) as i32;
-    if user.wants_read(tgid, r.ip(), time_ns) {
-        // Page tables that map the kernel and stay valid while the VM runs: the
-        // process's own (alive: it is the one read), or with PTI their kernel half (the
-        // page below the user's: CR3 bit 12 clear), before the last vCPU's seen in the
-        // kernel, whose process may have exited since (its tables freed).
-        let mut tables = vec![r];
-        if let VcpuRegs::X86_64(mut x) = r {
-            if x.cr3 & (1 << 12) != 0 {
-                x.cr3 &= !(1 << 12);
-                tables.push(VcpuRegs::X86_64(x));
-            }
-        }
-        tables.extend(tasks.kernel_regs());
-        let cache = &mut source.cache;
-        let mut read = |at: u64, buf: &mut [u8]| match backend.physical_memory() {
-            Some(ram) => tables
-                .iter()
-                .any(|t| cache.read_with(ram, &paging_of(t), at, buf) == buf.len()),
-            None => false,
+    /// A user-mode sample of vCPU `index` with its user stack copied: the address space
+    /// the guest OS places it in, the mappings learned of it recorded, the stack unwound
+    /// there. False when the guest OS has none for it, or its code is in no binary it
+    /// knows (the sample stays `[user] comm`).
+    fn user_stack(
+        &mut self,
+        sink: &mut Sink,
+        index: usize,
+        at: SampleTime,
+    ) -> std::io::Result<bool> {
+        let Some(os) = self.os.as_deref_mut() else {
+            return Ok(false);
         };
-        let layout = user.layout;
-        let mut found = guest_user::mappings(&layout, task, &mut read);
-        if found.as_ref().is_none_or(Vec::is_empty) {
-            // The executable alone, where no VMA could be read.
-            if let Some(exe) = guest_user::exe_path(&layout, task, &mut read) {
-                let file = user.in_root(&exe);
-                found = Some(guest_user::exe_mappings(&exe, &file)).filter(|m| !m.is_empty());
-            }
-        }
-        for mapping in user.learned(tgid, time_ns, found) {
+        let vcpu = &self.vcpus[index];
+        let r = vcpu.regs;
+        let mut memory = BackendMemory {
+            backend: &mut *self.backend,
+            cache: &mut self.source.cache,
+        };
+        let Some(space) = os.user_space(index, &r, at.time_ns, &mut memory) else {
+            return Ok(false);
+        };
+        for mapping in space.new_mappings {
             sink.handle(Event::Mapping {
-                pid: space,
+                pid: space.space,
                 mapping,
-                time_ns,
+                time_ns: at.time_ns,
             })?;
         }
+        if !space.walk {
+            return Ok(false);
+        }
+        sink.handle(Event::Stack {
+            pid: GUEST_PID,
+            tid: index as i32 + 1,
+            time_ns: at.time_ns,
+            stopped_ns: at.stopped_ns as u32,
+            flags: 0,
+            regs: r.unwind(),
+            stack: &vcpu.stack[..vcpu.copied],
+            other_stacks: &[],
+            space: Some(space.space),
+        })?;
+        Ok(true)
     }
-    if !user.walkable(tgid, r.ip()) {
-        user.not_walked += 1;
-        return Ok(false);
+
+    /// Once every vCPU's sample is recorded: what the guest OS learns while the VM runs
+    /// (a relocated kernel's place, once found, moves the image; the kernel's unwind
+    /// tables).
+    fn after_sample(&mut self, sink: &mut Sink, time_ns: u64) -> std::io::Result<()> {
+        let Some(os) = self.os.as_deref_mut() else {
+            return Ok(());
+        };
+        let arch = self.backend.arch();
+        let vcpus: Vec<VcpuAt> = self
+            .vcpus
+            .iter()
+            .map(|v| VcpuAt {
+                regs: v.regs,
+                in_firmware: v.in_firmware,
+            })
+            .collect();
+        let mut memory = BackendMemory {
+            backend: &mut *self.backend,
+            cache: &mut self.source.cache,
+        };
+        let image = &mut *self.image;
+        if image.may_slide() {
+            match os.find_slide(arch, &vcpus, image_text(image), &mut memory) {
+                Ok(Some(slide)) => moved(sink, image, slide, time_ns)?,
+                Ok(None) => {}
+                Err(note) => sink.warn_kept(&note)?,
+            }
+        }
+        let said = os.after_sample(&vcpus, image_text(image), &mut memory);
+        say(sink, said)
     }
-    user.walked += 1;
-    sink.handle(Event::Stack {
-        pid: GUEST_PID,
-        tid: index as i32 + 1,
-        time_ns,
-        stopped_ns: stopped_ns as u32,
-        flags: 0,
-        regs: r.unwind(),
-        stack: &vcpu.stack[..vcpu.copied],
-        other_stacks: &[],
-        space: Some(space),
-    })?;
-    Ok(true)
+}
+
+/// The image's text, where the guest OS looks for its kernel.
+fn image_text(image: &GuestImage) -> std::ops::Range<u64> {
+    image.mappings.first().map_or(0..0, |m| m.start..m.end)
+}
+
+/// The kernel was found to run `slide.by` above the symbol table: the table is mapped
+/// where the kernel runs from this sample on.
+fn moved(
+    sink: &mut Sink,
+    image: &mut GuestImage,
+    slide: Slide,
+    time_ns: u64,
+) -> std::io::Result<()> {
+    image.apply_slide(slide.by);
+    if slide.by == 0 {
+        // Where the table says: nothing moved, nothing to say.
+        return Ok(());
+    }
+    sink.notes.figure(&format!(
+        "KASLR: the running kernel lies {:#x} above the symbol table ({}); named from then on",
+        slide.by, slide.how
+    ));
+    for mapping in &image.mappings {
+        sink.handle(Event::Mapping {
+            pid: GUEST_PID,
+            mapping: mapping.clone(),
+            time_ns,
+        })?;
+    }
+    Ok(())
 }
 
 /// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
 /// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
 /// microseconds of the stopped window.
-#[allow(clippy::too_many_arguments)]
 fn take_sample(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,
@@ -1384,139 +1210,177 @@ fn take_sample(
     vcpus: &mut [Vcpu],
     no_idle: bool,
     started: Instant,
-    mut linux: Option<&mut LinuxTasks>,
-    mut orc: Option<&mut LinuxOrc>,
-    walk_user: bool,
+    mut os: Option<&mut (dyn GuestOs + 'static)>,
 ) -> std::result::Result<(), GuestError> {
     backend.stop_with_registers(&mut source.regs)?;
     let mut step = Instant::now();
     source.last_registers_ns = step.duration_since(started).as_nanos() as u64;
     for (index, vcpu) in vcpus.iter_mut().enumerate() {
-        let mut r = source.regs[index];
-        r.interrupted_in_tables(image.vector_tables());
-        if let VcpuRegs::X86_64(x86) = &mut r {
-            // Linux's x86-64 entries: a 64-bit hardware frame.
-            if image.is_entry(x86.ip) && x86.long_mode() {
-                let mut bytes = [0u8; 48];
-                let (sp, regs) = (x86.sp, VcpuRegs::X86_64(*x86));
-                // A frame that cannot be read leaves the registers as they are.
-                let read = copy_from(backend, &mut source.cache, index, &regs, sp, &mut bytes);
-                if read.unwrap_or(0) == 48 {
-                    let word =
-                        |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
-                    x86.interrupted(&std::array::from_fn(word));
-                }
-            }
-        }
-        vcpu.regs = r;
-        // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
-        // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
-        // A 32-bit x86 image may run with paging off (protected mode): its code counts.
-        vcpu.ran_image |= (r.paging_on() || r.protected_32()) && image.contains(r.ip());
-        vcpu.in_firmware = !vcpu.ran_image && !r.paging_on() || r.real_mode();
-        let mut user_mode = false;
-        if let Some(tasks) = linux.as_deref_mut() {
-            tasks.read_task(backend, &mut source.cache, index, &r);
-            user_mode = !vcpu.in_firmware && LinuxTasks::in_user_mode(&r);
-        }
-        // Decided here only for --no-idle (the image's decode is work that can wait
-        // until the VM runs again); the sample's flag is decided in `tick`.
-        let left_out = no_idle
-            && backend
-                .halted(index)
-                .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
-        vcpu.top_copy = false;
-        // On an x86-64 Linux IRQ stack: the task's stack pointer saved on its top word;
-        // on an exception (IST) stack: the interrupted one in the frame at its top. The
-        // copy runs to the top for the walk to find it.
-        let irq_switch = match (orc.as_deref_mut(), &r) {
-            (Some(orc), VcpuRegs::X86_64(x)) if orc.loaded && !user_mode => {
-                let mut word = [0u8; 8];
-                orc.stack_switch(index, x, &mut |at| {
-                    (copy_from(backend, &mut source.cache, index, &r, at, &mut word).ok()? == 8)
-                        .then(|| u64::from_le_bytes(word))
-                })
-            }
-            _ => None,
+        let stopped = StoppedVcpu {
+            index,
+            no_idle,
+            regs: source.regs[index],
         };
-        // Only from mapped RAM: the process's mappings are read from it once the VM runs
-        // (through m packets there is no reading then), and 16 KiB of packets would hold
-        // the VM stopped for nothing.
-        let walk_user = walk_user && backend.physical_memory().is_some();
-        vcpu.copied = if user_mode && walk_user && !left_out {
-            // A process's user stack, through this vCPU's own page tables (its
-            // process's): a fixed cap, sized apart from the kernel stacks'.
-            let len = USER_STACK_COPY.min(vcpu.stack.len());
-            copy_stack(
-                backend,
-                &mut source.cache,
-                index,
-                &r,
-                &mut vcpu.stack[..len],
-            )?
-        } else if vcpu.in_firmware || left_out || user_mode {
-            // Nothing of its stack is recorded.
-            0
-        } else {
-            // The first copy from mapped RAM: up to the first unmapped page.
-            vcpu.top_copy = vcpu.first_copy && backend.physical_memory().is_some();
-            let to_top = vcpu.stack_top.saturating_sub(r.sp()) as usize;
-            let len = if vcpu.top_copy {
-                vcpu.stack.len()
-            } else if to_top > 0 && to_top <= vcpu.stack.len() {
-                vcpu.copy_len
-                    .max(to_top.next_multiple_of(512))
-                    .min(vcpu.stack.len())
-            } else {
-                vcpu.copy_len
-            };
-            let len = match irq_switch {
-                Some(switch) => len
-                    .max((switch.copy_to - r.sp()) as usize)
-                    .min(vcpu.stack.len()),
-                None => len,
-            };
-            vcpu.asked = len;
-            let copied = copy_stack(
-                backend,
-                &mut source.cache,
-                index,
-                &r,
-                &mut vcpu.stack[..len],
-            )?;
-            vcpu.first_copy &= copied == 0;
-            copied
-        };
-        vcpu.other_copied = 0;
-        vcpu.third_copied = 0;
-        // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
-        // stopped past the stop bound (a unikernel's debug-build run did).
-        let other = backend.physical_memory().is_some() && !user_mode;
-        // With ORC an x86-64 kernel's stacks hold no frame records to follow: the IRQ
-        // stack's saved word or the IST stack's frame says where the other stack is.
-        let orc_walked = orc.as_ref().is_some_and(|o| o.loaded);
-        let leaves = match irq_switch {
-            Some(switch) => Some(switch.other),
-            None if orc_walked || r.protected_32() => None,
-            None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
-        };
-        if let Some(at) = other.then_some(leaves).flatten() {
-            let buf = &mut vcpu.other;
-            vcpu.other_at = at;
-            // Unreadable: the walk ends there and is counted as cut.
-            vcpu.other_copied =
-                copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
-        }
-        if let Some(at) = irq_switch.and_then(|s| s.then).filter(|_| other) {
-            vcpu.third_at = at;
-            vcpu.third_copied =
-                copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third).unwrap_or(0);
-        }
+        read_vcpu(backend, source, image, vcpu, stopped, os.as_deref_mut())?;
         let read = Instant::now();
         vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
         step = read;
     }
     Ok(())
+}
+
+/// A vCPU of a stopped VM, as the stop read it.
+struct StoppedVcpu {
+    index: usize,
+    no_idle: bool,
+    regs: VcpuRegs,
+}
+
+/// While the VM is stopped: vCPU `index`'s state (interrupted context, firmware, its
+/// task, halted) and its stack copies: the stack it runs on, and the other stacks its
+/// frames continue on.
+fn read_vcpu(
+    backend: &mut dyn GuestBackend,
+    source: &mut StackSource,
+    image: &mut GuestImage,
+    vcpu: &mut Vcpu,
+    stopped: StoppedVcpu,
+    mut os: Option<&mut (dyn GuestOs + 'static)>,
+) -> std::result::Result<(), GuestError> {
+    let StoppedVcpu {
+        index,
+        no_idle,
+        regs: mut r,
+    } = stopped;
+    if let Some(os) = os.as_deref_mut() {
+        let mut memory = BackendMemory {
+            backend: &mut *backend,
+            cache: &mut source.cache,
+        };
+        os.interrupted(index, &mut r, &mut memory);
+    }
+    vcpu.regs = r;
+    // Only code of the image run with paging on counts: QEMU parks an AArch64 vCPU
+    // that was never started (PSCI CPU_ON) at the image's entry, MMU off.
+    // A 32-bit x86 image may run with paging off (protected mode): its code counts.
+    vcpu.ran_image |= (r.paging_on() || r.protected_32()) && image.contains(r.ip());
+    vcpu.in_firmware = !vcpu.ran_image && !r.paging_on() || r.real_mode();
+    let task = match os.as_deref_mut() {
+        Some(os) => {
+            let at = VcpuAt {
+                regs: r,
+                in_firmware: vcpu.in_firmware,
+            };
+            let mut memory = BackendMemory {
+                backend: &mut *backend,
+                cache: &mut source.cache,
+            };
+            os.task_at_stop(index, at, &mut memory)
+        }
+        None => TaskAtStop::default(),
+    };
+    let user_mode = task.user_mode;
+    vcpu.user_mode = user_mode;
+    // Decided here only for --no-idle (the image's decode is work that can wait
+    // until the VM runs again); the sample's flag is decided in `tick`.
+    let left_out = no_idle
+        && backend
+            .halted(index)
+            .unwrap_or_else(|| halted_at(backend, &mut source.cache, image, &r));
+    vcpu.top_copy = false;
+    // A kernel stack that continues on another (an x86-64 Linux IRQ or exception
+    // stack): the copy runs to the top for the walk to find where.
+    let switch = match os.as_deref_mut() {
+        Some(os) if !user_mode => {
+            let mut memory = BackendMemory {
+                backend: &mut *backend,
+                cache: &mut source.cache,
+            };
+            os.stack_switch(index, &r, &mut memory)
+        }
+        _ => None,
+    };
+    let has_ram = backend.physical_memory().is_some();
+    // Only from mapped RAM: the process's mappings are read from it once the VM runs
+    // (through m packets there is no reading then), and 16 KiB of packets would hold
+    // the VM stopped for nothing.
+    let walk_user = task.walk_user_stack && has_ram;
+    vcpu.copied = if user_mode && walk_user && !left_out {
+        // A process's user stack, through this vCPU's own page tables (its
+        // process's): a fixed cap, sized apart from the kernel stacks'.
+        let len = USER_STACK_COPY.min(vcpu.stack.len());
+        copy_stack(
+            backend,
+            &mut source.cache,
+            index,
+            &r,
+            &mut vcpu.stack[..len],
+        )?
+    } else if vcpu.in_firmware || left_out || user_mode {
+        // Nothing of its stack is recorded.
+        0
+    } else {
+        copy_kernel_stack(backend, &mut source.cache, index, vcpu, switch)?
+    };
+    vcpu.other_copied = 0;
+    vcpu.third_copied = 0;
+    // Only from mapped RAM: through m packets a second 16 KiB range would hold the VM
+    // stopped past the stop bound (a unikernel's debug-build run did).
+    let other = has_ram && !user_mode;
+    // Where kernel stacks are walked by tables they hold no frame records to follow:
+    // the guest OS says where the other stack is.
+    let by_tables = os.is_some_and(|os| os.walks_kernel_by_tables());
+    let leaves = match switch {
+        Some(switch) => Some(switch.other),
+        None if by_tables || r.protected_32() => None,
+        None => chain_leaves_copy(&r, &vcpu.stack[..vcpu.copied]),
+    };
+    if let Some(at) = other.then_some(leaves).flatten() {
+        let buf = &mut vcpu.other;
+        vcpu.other_at = at;
+        // Unreadable: the walk ends there and is counted as cut.
+        vcpu.other_copied = copy_from(backend, &mut source.cache, index, &r, at, buf).unwrap_or(0);
+    }
+    if let Some(at) = switch.and_then(|s| s.then).filter(|_| other) {
+        vcpu.third_at = at;
+        vcpu.third_copied =
+            copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third).unwrap_or(0);
+    }
+    Ok(())
+}
+
+/// The stack vCPU `index` runs on in the kernel or the image, sized from its recent
+/// walks; the first copy from mapped RAM runs up to the first unmapped page, and one on
+/// another stack than its task's (`switch`) to that stack's top.
+fn copy_kernel_stack(
+    backend: &mut dyn GuestBackend,
+    cache: &mut TranslationCache,
+    index: usize,
+    vcpu: &mut Vcpu,
+    switch: Option<StackSwitch>,
+) -> std::result::Result<usize, GuestError> {
+    let r = vcpu.regs;
+    vcpu.top_copy = vcpu.first_copy && backend.physical_memory().is_some();
+    let to_top = vcpu.stack_top.saturating_sub(r.sp()) as usize;
+    let len = if vcpu.top_copy {
+        vcpu.stack.len()
+    } else if to_top > 0 && to_top <= vcpu.stack.len() {
+        vcpu.copy_len
+            .max(to_top.next_multiple_of(512))
+            .min(vcpu.stack.len())
+    } else {
+        vcpu.copy_len
+    };
+    let len = match switch {
+        Some(switch) => len
+            .max((switch.copy_to - r.sp()) as usize)
+            .min(vcpu.stack.len()),
+        None => len,
+    };
+    vcpu.asked = len;
+    let copied = copy_stack(backend, cache, index, &r, &mut vcpu.stack[..len])?;
+    vcpu.first_copy &= copied == 0;
+    Ok(copied)
 }
 
 /// Whether the vCPU has just executed a halting instruction, from the image's code or,
@@ -1549,7 +1413,7 @@ fn copy_stack(
     copy_from(backend, cache, vcpu, r, r.sp(), buf)
 }
 
-pub(super) fn copy_from(
+fn copy_from(
     backend: &mut dyn GuestBackend,
     cache: &mut TranslationCache,
     vcpu: usize,
@@ -1557,10 +1421,7 @@ pub(super) fn copy_from(
     at: u64,
     buf: &mut [u8],
 ) -> std::result::Result<usize, GuestError> {
-    if let Some(ram) = backend.physical_memory() {
-        return Ok(cache.read_with(ram, &paging_of(r), at, buf));
-    }
-    backend.read_virtual(vcpu, at, buf)
+    BackendMemory { backend, cache }.read(vcpu, r, at, buf)
 }
 
 /// Where the frame-record chain from the vCPU's frame pointer leaves the stack copy for

@@ -36,25 +36,9 @@ pub struct GuestImage {
     pub cfi: glass_unwind::CfiSources,
     /// The image's architecture (None for a symbol table).
     pub arch: Option<Arch>,
-    /// A symbol table's symbols that tell where a relocated (KASLR) kernel runs: the
-    /// exception vectors (arm64's VBAR_EL1 points at one) and `linux_banner` (its text is
-    /// found in the guest's memory); empty for an ELF image.
-    anchors: Vec<(String, u64)>,
     /// How far the running kernel lies above the symbol table (KASLR), once found.
     pub slide: Option<u64>,
-    /// The vector tables' addresses (where the kernel runs).
-    tables: Vec<u64>,
-    /// x86-64 Linux's interrupt and exception entry points (`asm_*`, sorted).
-    entries: Vec<u64>,
 }
-
-/// The exception vector tables arm64 Linux points VBAR_EL1 at (KPTI's trampoline and
-/// the Spectre-BHB variants besides the plain one).
-const VECTOR_TABLES: &[&str] = &["vectors", "tramp_vectors", "__bp_harden_el1_vectors"];
-/// x86-64 KASLR places the kernel in 2 MiB steps within 1 GiB.
-const X86_KASLR_ALIGN: u64 = 2 << 20;
-const X86_KASLR_RANGE: u64 = 1 << 30;
-const BANNER: &[u8] = b"Linux version ";
 
 /// AArch64's wait-for-interrupt and wait-for-event: a vCPU stopped after one is idle.
 const AARCH64_WFI: u32 = 0xd503_207f;
@@ -75,35 +59,8 @@ impl GuestImage {
             })?;
             let start = table.first().map_or(0, |s| s.0);
             let end = table.last().map_or(start, |s| s.0 + s.1);
-            let anchors: Vec<(String, u64)> = String::from_utf8_lossy(&bytes)
-                .lines()
-                .filter_map(|line| {
-                    let mut fields = line.split_whitespace();
-                    let address = u64::from_str_radix(fields.next()?, 16).ok()?;
-                    let name = fields.nth(1)?;
-                    (VECTOR_TABLES.contains(&name) || name == "linux_banner")
-                        .then(|| (name.to_string(), address))
-                })
-                .collect();
-            let tables = anchors
-                .iter()
-                .filter(|(name, _)| VECTOR_TABLES.contains(&name.as_str()))
-                .map(|(_, at)| *at)
-                .collect();
-            let entries = table
-                .iter()
-                .filter(|s| {
-                    s.2.starts_with("asm_exc_")
-                        || s.2.starts_with("asm_sysvec_")
-                        || s.2 == "asm_common_interrupt"
-                })
-                .map(|s| s.0)
-                .collect();
             return Ok(GuestImage {
-                anchors,
                 slide: None,
-                tables,
-                entries,
                 mappings: vec![mapping(path, start, end, 0)],
                 code: Vec::new(),
                 starts: table.iter().map(|s| s.0).collect(),
@@ -159,10 +116,7 @@ impl GuestImage {
             )
         });
         Ok(GuestImage {
-            anchors: Vec::new(),
             slide: None,
-            tables: Vec::new(),
-            entries: Vec::new(),
             mappings,
             code,
             starts,
@@ -190,68 +144,6 @@ impl GuestImage {
         self.slide.is_none() && self.code.is_empty() && self.arch.is_none()
     }
 
-    /// Where a relocated kernel runs, from a vCPU stopped in it at `ip`: arm64 from
-    /// `vector_base` (VBAR_EL1) against the table's vector tables, x86-64 by finding
-    /// `linux_banner`'s text through `read` where the table puts it or at the 2 MiB steps
-    /// that put `ip` inside the table. The slide (0: the kernel runs where the table says)
-    /// and how it was found, or None. An x86-64 kernel slid by less than its own size runs
-    /// partly inside the table (one boot in a few dozen): an `ip` there is no proof that it
-    /// did not move.
-    pub fn find_slide(
-        &self,
-        arch: Arch,
-        ip: u64,
-        vector_base: Option<u64>,
-        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
-    ) -> Option<(u64, &'static str)> {
-        let (start, end) = (self.mappings.first()?.start, self.mappings.first()?.end);
-        let inside = |slide: u64| (start..end).contains(&ip.wrapping_sub(slide));
-        if ip >> 63 == 0 {
-            return None;
-        }
-        match arch {
-            // (An arm64 kernel's slide spans the vmalloc area: one slid by less than its
-            // size is left to the samples outside the table.)
-            Arch::Aarch64 if (start..end).contains(&ip) => None,
-            Arch::Aarch64 => {
-                let vbar = vector_base.filter(|&v| v != 0)?;
-                self.anchors
-                    .iter()
-                    .filter(|(name, _)| VECTOR_TABLES.contains(&name.as_str()))
-                    .map(|(_, at)| vbar.wrapping_sub(*at))
-                    .find(|&slide| inside(slide))
-                    .map(|slide| (slide, "VBAR_EL1 against the table's vectors"))
-            }
-            Arch::X86_64 => {
-                // Inside the table, the slides that keep `ip` there are few (a 2 MiB step
-                // per 2 MiB below it): cheap to try at every sample.
-                let banner = self.anchors.iter().find(|(n, _)| n == "linux_banner")?.1;
-                let mut text = [0u8; BANNER.len()];
-                (0..=X86_KASLR_RANGE / X86_KASLR_ALIGN)
-                    .map(|step| step * X86_KASLR_ALIGN)
-                    .filter(|&slide| inside(slide))
-                    .find(|&slide| {
-                        read(banner.wrapping_add(slide), &mut text) == text.len() && text == *BANNER
-                    })
-                    .map(|slide| (slide, "linux_banner found in guest memory"))
-            }
-        }
-    }
-
-    /// Where the kernel's vector tables run (a symbol table's; slid once the slide is
-    /// known), for [`VcpuRegs::interrupted_in_tables`].
-    ///
-    /// [`VcpuRegs::interrupted_in_tables`]: glass_target::guest::VcpuRegs::interrupted_in_tables
-    pub fn vector_tables(&self) -> &[u64] {
-        &self.tables
-    }
-
-    /// Whether `ip` is the first instruction of an x86-64 Linux interrupt or exception
-    /// entry (from a symbol table's names).
-    pub fn is_entry(&self, ip: u64) -> bool {
-        self.entries.binary_search(&ip).is_ok()
-    }
-
     /// Moves the table to where the kernel runs (its mapping and function starts).
     pub fn apply_slide(&mut self, slide: u64) {
         self.slide = Some(slide);
@@ -259,12 +151,7 @@ impl GuestImage {
             mapping.start = mapping.start.wrapping_add(slide);
             mapping.end = mapping.end.wrapping_add(slide);
         }
-        for start in self
-            .starts
-            .iter_mut()
-            .chain(&mut self.tables)
-            .chain(&mut self.entries)
-        {
+        for start in &mut self.starts {
             *start = start.wrapping_add(slide);
         }
         self.after_hlt.clear();

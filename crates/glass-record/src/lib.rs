@@ -9,7 +9,9 @@
 //! - [`guest`]: a VM guest through a `glass_target::guest::GuestBackend` (a VMM's GDB
 //!   stub for `--gdb`); [`qemu`] launches QEMU for `--vm` and samples it with the same
 //!   loop; [`guardian`] outlives glass and lets the VM run (or ends the QEMU `--vm`
-//!   launched) if glass is killed.
+//!   launched) if glass is killed. What the guest's OS keeps in its memory (a Linux
+//!   kernel's tasks, user mappings, unwind tables, slide) the loop asks through one
+//!   `glass_target::guest_os::GuestOs`, which `guest_os` picks (glass-linux-guest's).
 //! - [`monitor`]: `--qmp`/`--libvirt`, a QEMU that runs already, through its monitor
 //!   (a GDB stub enabled for the recording, RAM read from QEMU's memory), same loop.
 //! - [`xen`]: a Xen guest from dom0 through the hypervisor
@@ -35,9 +37,7 @@ pub mod event;
 pub mod guardian;
 mod guest;
 mod guest_image;
-mod guest_user;
-mod linux_guest;
-mod linux_orc;
+mod guest_os;
 mod monitor;
 mod perf;
 mod ptrace;

@@ -14,7 +14,7 @@
 
 use glass_format::Backend;
 use glass_mem::{PhysicalMemory, ProcessRam};
-use glass_target::qmp::{existing_stub, ram_ranges, Monitor, MonitorError};
+use glass_target::qmp::{existing_stub, open_monitor, ram_ranges, Monitor};
 use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
@@ -24,31 +24,6 @@ use super::guardian::Guardian;
 use super::guest::{sample_guest, RamSource, Vmm};
 use super::recorder::Recorder as Sink;
 use crate::{Recorded, Result};
-
-fn target_error(error: MonitorError) -> TargetError {
-    match error {
-        MonitorError::BadInput(text) => TargetError::BadInput(text),
-        MonitorError::Failed(text) => TargetError::Io(std::io::Error::other(text)),
-    }
-}
-
-/// Opens the monitor `--qmp` or `--libvirt` names, and the guardian's arguments for it.
-pub fn open_monitor(
-    qmp: Option<&str>,
-    libvirt: Option<&str>,
-) -> std::result::Result<(Box<dyn Monitor>, Vec<String>), TargetError> {
-    match (qmp, libvirt) {
-        (Some(path), _) => Ok((
-            Box::new(glass_target::qmp::Qmp::connect(path).map_err(target_error)?),
-            vec!["--qmp".into(), path.into()],
-        )),
-        (None, Some(domain)) => Ok((
-            Box::new(glass_target::libvirt::Libvirt::open(domain).map_err(target_error)?),
-            vec!["--libvirt".into(), domain.into()],
-        )),
-        (None, None) => Err(TargetError::BadInput("--qmp or --libvirt needed".into())),
-    }
-}
 
 pub fn record(
     sink: Sink,
@@ -61,13 +36,13 @@ pub fn record(
     )?;
     let (mut monitor, guardian_args) = open_monitor(args.qmp.as_deref(), args.libvirt.as_deref())?;
     let named = monitor.describe();
-    let status = monitor.status().map_err(target_error)?;
+    let status = monitor.status().map_err(TargetError::from)?;
     if status != "running" {
         return Err(TargetError::BadInput(format!(
             "{named}: the VM is {status} (glass samples a running VM and leaves it as it found it: resume it first)"
         )));
     }
-    let chardevs = monitor.hmp("info chardev").map_err(target_error)?;
+    let chardevs = monitor.hmp("info chardev").map_err(TargetError::from)?;
     match existing_stub(&chardevs) {
         Some((true, filename)) => {
             return Err(TargetError::BadInput(format!(
@@ -114,7 +89,7 @@ fn enable_and_sample(
             "gdbserver unix:{},server=on,wait=off",
             socket.display()
         ))
-        .map_err(target_error)?;
+        .map_err(TargetError::from)?;
     if !said.contains("Waiting for gdb connection") {
         let _ = monitor.hmp("gdbserver none");
         return Err(TargetError::Io(std::io::Error::other(format!(

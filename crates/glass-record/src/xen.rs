@@ -11,6 +11,7 @@ use glass_target::xen::{Hypervisor, XenBackend};
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
+use super::guest::{GuestTarget, Vmm};
 use super::guest_image::GuestImage;
 use super::recorder::Recorder as Sink;
 use super::{finish, Outcome};
@@ -25,6 +26,7 @@ pub fn record(
     let symbols = args.symbols.clone().unwrap_or_default();
     let mut image = GuestImage::load(&symbols)?;
     image.check_arch(&symbols, glass_target::xen::GUEST_ARCH)?;
+    let mut os = super::guest_os::guest_os_for(&symbols, &image, None, None)?;
     let mut hypervisor = Hypervisor::open()?;
     let (info, name) = hypervisor.find(&spec)?;
     let mark = StopMark::create().map_err(TargetError::Io)?;
@@ -40,16 +42,16 @@ pub fn record(
         info.online_vcpus,
         info.kind()
     ));
-    let outcome = match super::guest::run(
-        &mut sink,
-        &mut backend,
-        &mut image,
-        &symbols,
-        stop_signals,
-        None,
+    let target = GuestTarget {
+        backend: &mut backend,
+        image: &mut image,
+        symbols: &symbols,
+        vmm: &mut Vmm::Stub,
         // The backend marks its own pauses.
-        None,
-    ) {
+        stop_mark: None,
+        os: os.as_deref_mut(),
+    };
+    let outcome = match super::guest::run(&mut sink, target, stop_signals) {
         Ok(outcome) => outcome,
         Err(error) => Outcome::WriteFailed(error),
     };

@@ -35,6 +35,71 @@ pub enum MonitorError {
     Failed(String),
 }
 
+impl From<MonitorError> for crate::TargetError {
+    fn from(error: MonitorError) -> Self {
+        match error {
+            MonitorError::BadInput(text) => crate::TargetError::BadInput(text),
+            MonitorError::Failed(text) => crate::TargetError::Io(std::io::Error::other(text)),
+        }
+    }
+}
+
+/// Opens the monitor `--qmp` or `--libvirt` names, and the guardian's arguments for it.
+pub fn open_monitor(
+    qmp: Option<&str>,
+    libvirt: Option<&str>,
+) -> Result<(Box<dyn Monitor>, Vec<String>), crate::TargetError> {
+    match (qmp, libvirt) {
+        (Some(path), _) => Ok((
+            Box::new(Qmp::connect(path)?),
+            vec!["--qmp".into(), path.into()],
+        )),
+        (None, Some(domain)) => Ok((
+            Box::new(crate::libvirt::Libvirt::open(domain)?),
+            vec!["--libvirt".into(), domain.into()],
+        )),
+        (None, None) => Err(crate::TargetError::BadInput(
+            "--qmp or --libvirt needed".into(),
+        )),
+    }
+}
+
+/// What the guardian does for a glass that died attached through QEMU's monitor:
+/// removes the stub glass enabled (QEMU closes it and its socket) and, if the VM is
+/// still stopped (`paused` or `debug`), lets it run with `cont`. The monitor, not the
+/// stub: no new stub connection to wait for, and it works whether glass died before,
+/// during or after enabling it. Retried until `until`: QEMU's QMP socket takes a new
+/// client once it has seen glass's connection close. Returns what it did.
+pub fn unhook(qmp: Option<&str>, libvirt: Option<&str>, until: Instant) -> Result<String, String> {
+    let mut monitor = loop {
+        match open_monitor(qmp, libvirt) {
+            Ok((monitor, _)) => break monitor,
+            Err(error) if Instant::now() > until => return Err(error.to_string()),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let status = monitor.status().map_err(|e| e.to_string())?;
+    // glass began with the VM running (it refuses any other state); QEMU's stub stops
+    // it as `paused` (an interrupt, a new connection) or `debug` (a breakpoint): a VM
+    // found so after glass died was stopped by glass. It runs first, then the stub goes.
+    let resumed = status == "paused" || status == "debug";
+    if resumed {
+        monitor.hmp("cont").map_err(|e| e.to_string())?;
+    }
+    let stubs = monitor.hmp("info chardev").unwrap_or_default();
+    let had_stub = existing_stub(&stubs).is_some();
+    if had_stub {
+        monitor.hmp("gdbserver none").map_err(|e| e.to_string())?;
+    }
+    Ok(match (had_stub, resumed) {
+        (true, true) => "removed the GDB stub glass enabled and let the VM run (cont)",
+        (true, false) => "removed the GDB stub glass enabled (the VM was running)",
+        (false, true) => "let the VM run (cont; no GDB stub was left)",
+        (false, false) => "found no GDB stub left and the VM running",
+    }
+    .to_string())
+}
+
 /// What glass asks of QEMU's monitor, whoever carries it (QMP, libvirt).
 pub trait Monitor {
     /// Runs an HMP command and returns its text.

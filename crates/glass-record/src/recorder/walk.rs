@@ -88,7 +88,7 @@ pub(super) struct StackWalker {
     unwind: UnwindMode,
     max_depth: usize,
     window: StackWindow,
-    /// An x86-64 Linux guest kernel's ORC tables (crate::linux_orc), once read: kernel
+    /// An x86-64 Linux guest kernel's ORC tables (glass_linux_guest::orc), once read: kernel
     /// pcs they cover are walked with them.
     guest_kernel_orc: Option<OrcTable>,
     /// Walks that wanted stack memory outside every copy (another stack than the one

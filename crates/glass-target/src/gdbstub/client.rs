@@ -842,6 +842,25 @@ impl Drop for Client {
     }
 }
 
+/// What the guardian does for a glass that died (`--gdb`, `--vm --keep-vm`): connects to
+/// the stub and detaches (the VM runs), retrying until `until`: QEMU takes the new
+/// connection once it has seen the dead one close. Gives up early once `gone` says the
+/// VMM is (a launched QEMU that exited).
+pub fn let_run(stub: &str, until: Instant, gone: &mut dyn FnMut() -> bool) -> Result<(), String> {
+    let mut last = String::new();
+    while Instant::now() < until {
+        if gone() {
+            return Err("QEMU has exited".into());
+        }
+        match Client::connect(stub).and_then(|mut client| client.detach()) {
+            Ok(()) => return Ok(()),
+            Err(error) => last = error.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::exit_packet;

@@ -120,6 +120,15 @@ impl Drop for HypercallBuffer {
     }
 }
 
+/// What [`Hypervisor::unpause_left`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpaused {
+    /// The domain was paused by glass, and runs now.
+    Unpaused,
+    /// Its pause had not taken effect: the domain was not paused.
+    WasRunning,
+}
+
 /// The hypervisor's control interface (libxencall on /dev/xen/privcmd).
 pub struct Hypervisor {
     libs: Arc<XenLibs>,
@@ -244,6 +253,23 @@ impl Hypervisor {
 
     pub fn unpause(&mut self, domid: u32) -> Result<(), i32> {
         self.domctl(DOMCTL_UNPAUSEDOMAIN, domid, |_| {}).map(|_| ())
+    }
+
+    /// What the guardian does for a glass that died holding domain `domid` paused: lets
+    /// it run. Xen refuses an unpause with no controller pause outstanding: glass was
+    /// killed between marking the pause and the pause taking effect (a pause can wait
+    /// long in Xen, for the domctl lock or for the vCPUs to be descheduled). Nothing of
+    /// glass's is held then; whether the domain runs is Xen's word, not the mark's.
+    pub fn unpause_left(domid: u32) -> Result<Unpaused, String> {
+        let mut hv = Hypervisor::open().map_err(|e| e.to_string())?;
+        match hv.unpause(domid) {
+            Ok(()) => Ok(Unpaused::Unpaused),
+            Err(libc::EINVAL) => match hv.domain_info(domid) {
+                Ok(info) if info.domid == domid && !info.paused() => Ok(Unpaused::WasRunning),
+                _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL).to_string()),
+            },
+            Err(errno) => Err(std::io::Error::from_raw_os_error(errno).to_string()),
+        }
     }
 
     /// The guest's address size in bits (64 for a 64-bit PV guest).

@@ -13,7 +13,7 @@
 //! where the walk goes on.
 //! Loadable modules' ORC (`struct module`'s `arch.orc_unwind_ip`/`orc_unwind`, on the
 //! `modules` list, kept to the module's live text) is read with `--guest-btf`'s offsets,
-//! again when the list changes (crate::guest decides when); without BTF a module frame
+//! again when the list changes (the guest loop's hook decides when); without BTF a module frame
 //! ends the walk.
 
 use std::path::Path;
@@ -22,8 +22,10 @@ use glass_format::Arch;
 use glass_target::arch::x86_64::X86Regs;
 use glass_unwind::orc::OrcTable;
 
-use super::guest_image::GuestImage;
-use super::linux_guest::{read_btf, struct_offsets, symbol_addresses};
+use glass_target::guest_os::StackSwitch;
+
+use crate::btf::{read_btf, struct_offsets};
+use crate::kernel_map::symbol_addresses;
 
 /// x86-64's IRQ stack size (`IRQ_STACK_SIZE`, 16 KiB in 6.1).
 const IRQ_STACK_SIZE: u64 = 16 << 10;
@@ -84,15 +86,15 @@ pub struct LinuxOrc {
 impl LinuxOrc {
     /// For an x86-64 Linux kernel's symbol map: its ORC tables' places, or why they
     /// cannot be used (the note to keep). None for anything else (an ELF image, another
-    /// architecture, a map of no Linux kernel).
+    /// architecture, a map of no Linux kernel); `symbol_table`: the image is a table.
     pub fn find(
         arch: Arch,
         symbols: &Path,
-        image: &GuestImage,
+        symbol_table: bool,
         vcpus: usize,
         btf: Option<&Path>,
     ) -> Option<Result<LinuxOrc, String>> {
-        if arch != Arch::X86_64 || image.arch.is_some() {
+        if arch != Arch::X86_64 || !symbol_table {
             return None;
         }
         let names = [
@@ -286,16 +288,6 @@ impl LinuxOrc {
         let on_irq_stack = top.wrapping_sub(IRQ_STACK_SIZE) < task_sp && task_sp <= top;
         (task_sp >> 63 == 1 && !on_irq_stack).then_some((task_sp, top))
     }
-}
-
-/// A vCPU stopped on another stack than its task's: the stack it runs on is copied up to
-/// `copy_to` (exclusive), the one it interrupted from `other`, and a third from `then`
-/// (an exception in an IRQ handler: the task's stack under the IRQ stack).
-#[derive(Debug, Clone, Copy)]
-pub struct StackSwitch {
-    pub copy_to: u64,
-    pub other: u64,
-    pub then: Option<u64>,
 }
 
 /// Where `struct module` keeps what the module walk needs (byte offsets, from BTF).

@@ -18,9 +18,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use glass_target::guest::VcpuRegs;
+use glass_target::guest_os::{GuestMemory, UserSpace};
 use glass_target::TargetError;
 
-use super::linux_guest::{kernel_data, read_btf, struct_offsets};
+use crate::btf::{read_btf, struct_offsets};
+use crate::kernel_data;
+use crate::tasks::LinuxTasks;
 
 /// Linux's VM_EXEC.
 const VM_EXEC: u64 = 0x4;
@@ -300,11 +304,11 @@ struct Known {
 
 /// The guest processes seen in user mode, and the figures said at the end.
 pub struct GuestProcesses {
-    pub layout: MmLayout,
+    layout: MmLayout,
     root: PathBuf,
     known: HashMap<u32, Known>,
-    pub walked: u64,
-    pub not_walked: u64,
+    walked: u64,
+    not_walked: u64,
     missing: Vec<String>,
     recorded: u64,
     unreadable: u64,
@@ -457,6 +461,69 @@ impl GuestProcesses {
     }
 }
 
+/// A user-mode sample of vCPU `vcpu`, its user stack copied, once the VM runs again:
+/// the process's mappings read from guest memory when it is first seen (only the copy
+/// was taken while the VM was stopped), its binaries in DIR as the address space's
+/// modules, and whether its stack is to be walked there. None when no user task was
+/// read (the sample stays `[user] comm`).
+pub fn user_space(
+    tasks: &LinuxTasks,
+    user: &mut GuestProcesses,
+    vcpu: usize,
+    r: &VcpuRegs,
+    time_ns: u64,
+    memory: &mut dyn GuestMemory,
+) -> Option<UserSpace> {
+    let Some((task, tgid, _comm)) = tasks.user_task(vcpu) else {
+        user.not_walked += 1;
+        return None;
+    };
+    let space = (glass_format::GUEST_PROCESS_PIDS | tgid) as i32;
+    let mut new_mappings = Vec::new();
+    if user.wants_read(tgid, r.ip(), time_ns) {
+        // Page tables that map the kernel and stay valid while the VM runs: the
+        // process's own (alive: it is the one read), or with PTI their kernel half (the
+        // page below the user's: CR3 bit 12 clear), before the last vCPU's seen in the
+        // kernel, whose process may have exited since (its tables freed).
+        let mut tables = vec![*r];
+        if let VcpuRegs::X86_64(mut x) = *r {
+            if x.cr3 & (1 << 12) != 0 {
+                x.cr3 &= !(1 << 12);
+                tables.push(VcpuRegs::X86_64(x));
+            }
+        }
+        tables.extend(tasks.kernel_regs());
+        let has_ram = memory.has_ram();
+        let mut read = |at: u64, buf: &mut [u8]| {
+            has_ram
+                && tables
+                    .iter()
+                    .any(|t| memory.read_mapped(t, at, buf) == buf.len())
+        };
+        let layout = user.layout;
+        let mut found = mappings(&layout, task, &mut read);
+        if found.as_ref().is_none_or(Vec::is_empty) {
+            // The executable alone, where no VMA could be read.
+            if let Some(exe) = exe_path(&layout, task, &mut read) {
+                let file = user.in_root(&exe);
+                found = Some(exe_mappings(&exe, &file)).filter(|m| !m.is_empty());
+            }
+        }
+        new_mappings = user.learned(tgid, time_ns, found);
+    }
+    let walk = user.walkable(tgid, r.ip());
+    if walk {
+        user.walked += 1;
+    } else {
+        user.not_walked += 1;
+    }
+    Some(UserSpace {
+        space,
+        new_mappings,
+        walk,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,7 +537,7 @@ mod tests {
             eprintln!("no /sys/kernel/btf/vmlinux here");
             return;
         }
-        let task = super::super::linux_guest::task_layout(path).unwrap();
+        let task = crate::tasks::task_layout(path).unwrap();
         let layout = MmLayout::load(path, task.mm).unwrap();
         // vm_start and vm_end are adjacent longs; a 6.1+ kernel has the maple tree.
         assert_eq!(layout.vm_end, layout.vm_start + 8);

@@ -16,19 +16,20 @@
 //! vCPU in user mode reads kernel memory through the page tables of the last vCPU seen
 //! in the kernel, since a kernel that unmaps itself from user space (PTI, KPTI) leaves
 //! the user's tables without it.
-//!
-//! The map's data symbols are read here rather than with `glass_symbols::nm_table`,
-//! which keeps text symbols only (frames are named from those).
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use btf_rs::{Btf, Type};
 use glass_format::{Arch, GuestTask, GUEST_TASK_KERNEL_THREAD, GUEST_TASK_UNKNOWN};
 use glass_mem::TranslationCache;
-use glass_target::guest::{paging_of, GuestBackend, VcpuRegs};
+use glass_target::guest::{GuestBackend, VcpuRegs};
+use glass_target::guest_os::{BackendMemory, GuestMemory};
 use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
+
+use crate::btf::{read_btf, struct_offsets};
+use crate::kernel_data;
+use crate::kernel_map::symbol_addresses;
 
 /// Linux's TASK_COMM_LEN.
 const COMM_LEN: usize = 16;
@@ -36,13 +37,6 @@ const COMM_LEN: usize = 16;
 const PF_KTHREAD: u32 = 0x0020_0000;
 /// The first address of x86-64's kernel half (with 4-level paging), where its code is.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
-
-/// A kernel data address: top byte all ones. Not [`KERNEL_HALF`]: AArch64's linear map,
-/// where tasks live (all but `init_task`), starts at 0xffff000000000000 with 48-bit VAs,
-/// and x86-64's with 5-level paging at 0xff11000000000000.
-pub(crate) fn kernel_data(address: u64) -> bool {
-    address >> 56 == 0xff
-}
 
 /// Where `task_struct`'s fields are (byte offsets, from BTF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,10 +144,15 @@ impl LinuxTasks {
         let mut cache = TranslationCache::new();
         mark.begin();
         let judged = match backend.stop_with_registers(&mut regs) {
-            Ok(()) => regs
-                .iter()
-                .enumerate()
-                .find_map(|(vcpu, r)| self.check(backend, &mut cache, vcpu, r)),
+            Ok(()) => {
+                let mut memory = BackendMemory {
+                    backend: &mut *backend,
+                    cache: &mut cache,
+                };
+                regs.iter()
+                    .enumerate()
+                    .find_map(|(vcpu, r)| self.check(&mut memory, vcpu, r))
+            }
             Err(_) => None,
         };
         let _ = backend.resume();
@@ -205,8 +204,7 @@ impl LinuxTasks {
     /// when neither; `None` when nothing could be read here.
     fn check(
         &mut self,
-        backend: &mut dyn GuestBackend,
-        cache: &mut TranslationCache,
+        memory: &mut dyn GuestMemory,
         vcpu: usize,
         r: &VcpuRegs,
     ) -> Option<Result<(), String>> {
@@ -216,38 +214,36 @@ impl LinuxTasks {
         // The current task first: it needs no address from the map, which a KASLR
         // kernel's slide would make wrong (`init_task`; x86-64's per-CPU offsets do not
         // slide).
-        let current = self
-            .task_pointer(backend, cache, vcpu, r, r)
-            .and_then(|task| {
-                let got = self.fields(backend, cache, vcpu, r, task);
-                got.read.then(|| {
-                    let name = comm_string(&got.comm);
-                    let printable = !name.is_empty()
-                        && got.comm.contains(&0)
-                        && name.bytes().all(|b| (0x20..0x7f).contains(&b));
-                    let plausible = printable
-                        && got.pid <= PID_MAX_LIMIT
-                        && got.tgid <= PID_MAX_LIMIT
-                        && (got.pid != 0 || name.starts_with("swapper"));
-                    if plausible {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "the current task read as pid {}, tgid {}, name \"{}\"",
-                            got.pid,
-                            got.tgid,
-                            shown(&got.comm)
-                        ))
-                    }
-                })
-            });
+        let current = self.task_pointer(memory, vcpu, r, r).and_then(|task| {
+            let got = self.fields(memory, vcpu, r, task);
+            got.read.then(|| {
+                let name = comm_string(&got.comm);
+                let printable = !name.is_empty()
+                    && got.comm.contains(&0)
+                    && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+                let plausible = printable
+                    && got.pid <= PID_MAX_LIMIT
+                    && got.tgid <= PID_MAX_LIMIT
+                    && (got.pid != 0 || name.starts_with("swapper"));
+                if plausible {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the current task read as pid {}, tgid {}, name \"{}\"",
+                        got.pid,
+                        got.tgid,
+                        shown(&got.comm)
+                    ))
+                }
+            })
+        });
         if matches!(current, Some(Ok(()))) {
             return current;
         }
         let init = self.init_task.and_then(|init_task| {
             let mut comm = [0u8; COMM_LEN];
             let at = init_task.wrapping_add(self.layout.comm);
-            read(backend, cache, vcpu, r, at, &mut comm).then(|| {
+            read(memory, vcpu, r, at, &mut comm).then(|| {
                 if comm_string(&comm).starts_with("swapper") {
                     Ok(())
                 } else {
@@ -270,8 +266,7 @@ impl LinuxTasks {
     /// kernel).
     fn task_pointer(
         &self,
-        backend: &mut dyn GuestBackend,
-        cache: &mut TranslationCache,
+        memory: &mut dyn GuestMemory,
         vcpu: usize,
         r: &VcpuRegs,
         kernel_regs: &VcpuRegs,
@@ -281,12 +276,11 @@ impl LinuxTasks {
             VcpuRegs::Aarch64(a) if in_kernel(r) => a.sp_el0,
             VcpuRegs::Aarch64(a) if self.current != 0 => {
                 let at = self.current.wrapping_add(a.tpidr_el1);
-                read(backend, cache, vcpu, kernel_regs, at, &mut word)
-                    .then(|| u64::from_le_bytes(word))?
+                read(memory, vcpu, kernel_regs, at, &mut word).then(|| u64::from_le_bytes(word))?
             }
             VcpuRegs::Aarch64(a) => {
                 let task = *self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR))?;
-                if !self.owns_tables(backend, cache, vcpu, kernel_regs, task, a.ttbr0_el1) {
+                if !self.owns_tables(memory, vcpu, kernel_regs, task, a.ttbr0_el1) {
                     return None;
                 }
                 task
@@ -304,8 +298,7 @@ impl LinuxTasks {
                     return None;
                 }
                 let at = base.wrapping_add(self.current);
-                read(backend, cache, vcpu, kernel_regs, at, &mut word)
-                    .then(|| u64::from_le_bytes(word))?
+                read(memory, vcpu, kernel_regs, at, &mut word).then(|| u64::from_le_bytes(word))?
             }
         };
         kernel_data(task).then_some(task)
@@ -316,8 +309,7 @@ impl LinuxTasks {
     /// its `task_struct` reused by others. Unknown (no RAM mapped, no offsets): true.
     fn owns_tables(
         &self,
-        backend: &mut dyn GuestBackend,
-        cache: &mut TranslationCache,
+        memory: &mut dyn GuestMemory,
         vcpu: usize,
         kernel_regs: &VcpuRegs,
         task: u64,
@@ -326,30 +318,27 @@ impl LinuxTasks {
         let (Some(mm_at), Some(pgd_at)) = (self.layout.mm, self.layout.pgd) else {
             return true;
         };
-        let mut word_at = |at: u64, cache: &mut TranslationCache| {
+        let word_at = |at: u64, memory: &mut dyn GuestMemory| {
             let mut word = [0u8; 8];
-            read(backend, cache, vcpu, kernel_regs, at, &mut word).then(|| u64::from_le_bytes(word))
+            read(memory, vcpu, kernel_regs, at, &mut word).then(|| u64::from_le_bytes(word))
         };
-        let Some(mm) = word_at(task.wrapping_add(mm_at), cache).filter(|&mm| kernel_data(mm))
+        let Some(mm) = word_at(task.wrapping_add(mm_at), memory).filter(|&mm| kernel_data(mm))
         else {
             return false;
         };
-        let Some(pgd) = word_at(mm.wrapping_add(pgd_at), cache) else {
+        let Some(pgd) = word_at(mm.wrapping_add(pgd_at), memory) else {
             return false;
         };
-        let Some(ram) = backend.physical_memory() else {
+        let Some(physical) = memory.translate(kernel_regs, pgd) else {
             return true;
         };
-        cache
-            .translate_with(ram, &paging_of(kernel_regs), pgd)
-            .is_ok_and(|physical| physical == ttbr0 & TTBR_BADDR)
+        physical == Some(ttbr0 & TTBR_BADDR)
     }
 
     /// The task's flags, pid, tgid and name: four small reads.
     fn fields(
         &self,
-        backend: &mut dyn GuestBackend,
-        cache: &mut TranslationCache,
+        memory: &mut dyn GuestMemory,
         vcpu: usize,
         kernel_regs: &VcpuRegs,
         task: u64,
@@ -359,27 +348,18 @@ impl LinuxTasks {
             task,
             ..TaskRead::default()
         };
-        let mut word = |at: u64, ok: &mut bool, cache: &mut TranslationCache| {
+        let word = |at: u64, ok: &mut bool, memory: &mut dyn GuestMemory| {
             let mut four = [0u8; 4];
-            *ok = *ok
-                && read(
-                    backend,
-                    cache,
-                    vcpu,
-                    kernel_regs,
-                    task.wrapping_add(at),
-                    &mut four,
-                );
+            *ok = *ok && read(memory, vcpu, kernel_regs, task.wrapping_add(at), &mut four);
             u32::from_le_bytes(four)
         };
         let mut ok = true;
-        got.flags = word(layout.flags, &mut ok, cache);
-        got.pid = word(layout.pid, &mut ok, cache);
-        got.tgid = word(layout.tgid, &mut ok, cache);
+        got.flags = word(layout.flags, &mut ok, memory);
+        got.pid = word(layout.pid, &mut ok, memory);
+        got.tgid = word(layout.tgid, &mut ok, memory);
         got.read = ok
             && read(
-                backend,
-                cache,
+                memory,
                 vcpu,
                 kernel_regs,
                 task.wrapping_add(layout.comm),
@@ -389,13 +369,7 @@ impl LinuxTasks {
     }
 
     /// While the VM is stopped: reads vCPU `vcpu`'s current task.
-    pub fn read_task(
-        &mut self,
-        backend: &mut dyn GuestBackend,
-        cache: &mut TranslationCache,
-        vcpu: usize,
-        r: &VcpuRegs,
-    ) {
+    pub fn read_task(&mut self, memory: &mut dyn GuestMemory, vcpu: usize, r: &VcpuRegs) {
         let started = std::time::Instant::now();
         let Some(slot) = self.now.get_mut(vcpu) else {
             return;
@@ -405,7 +379,7 @@ impl LinuxTasks {
             return;
         }
         if !self.checked {
-            match self.check(backend, cache, vcpu, r) {
+            match self.check(memory, vcpu, r) {
                 Some(Ok(())) => self.checked = true,
                 Some(Err(what)) => {
                     self.disabled = Some(format!(
@@ -428,9 +402,9 @@ impl LinuxTasks {
         } else {
             self.kernel_regs.unwrap_or(*r)
         };
-        let got = match self.task_pointer(backend, cache, vcpu, r, &kernel_regs) {
+        let got = match self.task_pointer(memory, vcpu, r, &kernel_regs) {
             Some(task) => {
-                let got = self.fields(backend, cache, vcpu, &kernel_regs, task);
+                let got = self.fields(memory, vcpu, &kernel_regs, task);
                 if let VcpuRegs::Aarch64(a) = r {
                     // A user task in the kernel: its address space is in TTBR0 (a
                     // kernel thread keeps the last user's there).
@@ -441,9 +415,7 @@ impl LinuxTasks {
                         && got.flags & PF_KTHREAD == 0
                         && got.pid != 0
                         && self.by_user_table.get(&(a.ttbr0_el1 & TTBR_BADDR)) != Some(&task);
-                    if learn
-                        && self.owns_tables(backend, cache, vcpu, &kernel_regs, task, a.ttbr0_el1)
-                    {
+                    if learn && self.owns_tables(memory, vcpu, &kernel_regs, task, a.ttbr0_el1) {
                         self.by_user_table.insert(a.ttbr0_el1 & TTBR_BADDR, task);
                     }
                 }
@@ -554,15 +526,8 @@ fn in_kernel(r: &VcpuRegs) -> bool {
 
 /// Reads guest-virtual `at` through `r`'s page tables (the stack copy's read); true if
 /// all of `buf` was read.
-fn read(
-    backend: &mut dyn GuestBackend,
-    cache: &mut TranslationCache,
-    vcpu: usize,
-    r: &VcpuRegs,
-    at: u64,
-    buf: &mut [u8],
-) -> bool {
-    super::guest::copy_from(backend, cache, vcpu, r, at, buf).is_ok_and(|n| n == buf.len())
+fn read(memory: &mut dyn GuestMemory, vcpu: usize, r: &VcpuRegs, at: u64, buf: &mut [u8]) -> bool {
+    memory.read(vcpu, r, at, buf).is_ok_and(|n| n == buf.len())
 }
 
 /// A name read from memory that may not be one, printable in one line.
@@ -597,107 +562,6 @@ pub fn task_layout(path: &Path) -> Result<TaskLayout, TargetError> {
         mm: task.get("mm").copied(),
         pgd: mm_offsets.get("pgd").copied(),
     })
-}
-
-/// The named members' byte offsets of BTF's struct `name` (the one with members, not a
-/// forward declaration), anonymous structs and unions looked into.
-pub(crate) fn struct_offsets(btf: &Btf, name: &str) -> Option<HashMap<String, u64>> {
-    let found = btf
-        .resolve_types_by_name(name)
-        .unwrap_or_default()
-        .into_iter()
-        .find_map(|t| match t {
-            Type::Struct(s) if !s.members.is_empty() => Some(s),
-            _ => None,
-        })?;
-    let mut offsets = HashMap::new();
-    members(btf, &found, 0, 0, &mut offsets);
-    Some(offsets)
-}
-
-/// A BTF file, parsed; every failure is one line of bad input.
-pub(crate) fn read_btf(path: &Path) -> Result<Btf, TargetError> {
-    let bad = |what: String| TargetError::BadInput(format!("{}: {what}", path.display()));
-    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    // BTF's magic 0xeB9F, little- or big-endian.
-    if !(bytes.starts_with(&[0x9f, 0xeb]) || bytes.starts_with(&[0xeb, 0x9f])) {
-        return Err(bad(
-            "not BTF (--guest-btf wants a copy of the guest's /sys/kernel/btf/vmlinux)".into(),
-        ));
-    }
-    // btf-rs checks what it reads; a parser of a file glass does not control is kept
-    // from taking glass down with it all the same.
-    let parsed = std::panic::catch_unwind(|| Btf::from_bytes(&bytes));
-    let btf = match parsed {
-        Ok(Ok(btf)) => btf,
-        Ok(Err(e)) => return Err(bad(format!("not readable BTF ({e})"))),
-        Err(_) => return Err(bad("not readable BTF".into())),
-    };
-    Ok(btf)
-}
-
-/// The byte offsets of a struct's named members, looking into anonymous structs and
-/// unions (a randomized or grouped `task_struct` keeps fields in them).
-fn members(
-    btf: &Btf,
-    s: &btf_rs::Struct,
-    base_bits: u64,
-    depth: u32,
-    into: &mut HashMap<String, u64>,
-) {
-    if depth > 8 {
-        return;
-    }
-    for member in &s.members {
-        let bits = base_bits + u64::from(member.bit_offset());
-        let name = btf.resolve_name(member).unwrap_or_default();
-        if !name.is_empty() {
-            into.entry(name).or_insert(bits / 8);
-            continue;
-        }
-        if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(member) {
-            members(btf, &inner, bits, depth + 1, into);
-        }
-    }
-}
-
-/// The addresses of `names` in the kernel's symbol map: an ELF vmlinux's symbol table,
-/// or a kallsyms / System.map / `nm` table (`ADDRESS TYPE NAME`, any type: per-CPU and
-/// data symbols too).
-pub(super) fn symbol_addresses(
-    path: &Path,
-    names: &[&str],
-) -> Result<HashMap<String, u64>, TargetError> {
-    use object::{Object, ObjectSymbol};
-    let bytes = std::fs::read(path)
-        .map_err(|e| TargetError::BadInput(format!("{}: {e}", path.display())))?;
-    let mut found = HashMap::new();
-    if bytes.starts_with(b"\x7fELF") {
-        if let Ok(elf) = object::File::parse(&*bytes) {
-            for symbol in elf.symbols() {
-                if let Ok(name) = symbol.name() {
-                    if names.contains(&name) {
-                        found.insert(name.to_string(), symbol.address());
-                    }
-                }
-            }
-        }
-        return Ok(found);
-    }
-    for line in String::from_utf8_lossy(&bytes).lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(address), Some(_kind), Some(name)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if names.contains(&name) && !found.contains_key(name) {
-            if let Ok(address) = u64::from_str_radix(address, 16) {
-                found.insert(name.to_string(), address);
-            }
-        }
-    }
-    Ok(found)
 }
 
 #[cfg(test)]
