@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use glass_record::guardian::Guardian;
 
-use glass_record::{Failure, Result};
+use crate::error::{Failure, Result};
 
 /// How long the guardian waits for the kernel to release the target from the dead glass.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -159,7 +159,7 @@ pub fn watch(pid: i32, glass_pid: u32) -> Watched {
             removed,
         },
         Err(failure) => Watched::Failed {
-            why: failure.message,
+            why: failure.to_string(),
             removed,
         },
     }

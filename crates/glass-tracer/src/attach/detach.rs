@@ -36,9 +36,7 @@ pub(super) fn restore_code(
     keep: Option<i32>,
 ) -> Result<Duration> {
     let pid = process.pid();
-    attachment
-        .stop_all()
-        .map_err(|e| Failure::runtime(e.to_string()))?;
+    attachment.stop_all()?;
     let stopped = Instant::now();
     let restored = install::uninstall(process, undo)
         .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")));

@@ -72,10 +72,10 @@ use glass_target::inject::{LibcCalls, StoppedProcess};
 use super::ledger::{self, Ledger};
 use super::owner::{self, Credentials};
 use super::{install, select, CounterChoice};
+use crate::error::{Failure, Result};
 use crate::{AttachReport, DetachReport, TraceNotes, TraceOptions, Traced};
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, Outcome};
-use glass_record::{Failure, Result};
 
 /// Tells the guardian that glass leaves the target as it should (not on a panic, after
 /// which the guardian takes the probes out).
@@ -138,7 +138,7 @@ pub fn run(
     let main_module =
         select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",
             program.display(),
             patterns.join(",")
@@ -187,13 +187,7 @@ pub fn run(
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
 
     // -- Attach ------------------------------------------------------------------------
-    let mut attachment = Attachment::seize(pid).map_err(|e| {
-        if e.is_bad_input() {
-            Failure::bad_input(e.to_string())
-        } else {
-            Failure::runtime(e.to_string())
-        }
-    })?;
+    let mut attachment = Attachment::seize(pid).map_err(Failure::starting)?;
     let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
     let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
     let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
@@ -231,7 +225,7 @@ pub fn run(
     let joined = join_session(&process, &runtime_at, &session)?;
     if joined == -(libc::EBUSY as i64) {
         forget_provisional();
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::TracedByAnother(format!(
             "pid {pid} is already being traced (its probe runtime has a session that no glass left a ledger for: a `glass trace` that launched it?)"
         )));
     }

@@ -181,7 +181,7 @@ pub(super) fn pick_loader_thread(
             match attachment.stop(tid) {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(e) => return Err(Failure::runtime(e.to_string())),
+                Err(e) => return Err(e.into()),
             }
             let Ok(regs) = registers(tid) else {
                 attachment.resume(tid);
