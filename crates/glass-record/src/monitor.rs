@@ -28,7 +28,9 @@ use crate::{Recorded, Result};
 fn target_error(error: MonitorError) -> TargetError {
     match error {
         MonitorError::BadInput(text) => TargetError::BadInput(text),
-        MonitorError::Failed(text) => TargetError::Io(std::io::Error::other(text)),
+        MonitorError::TimedOut(text) | MonitorError::Failed(text) => {
+            TargetError::Io(std::io::Error::other(text))
+        }
     }
 }
 
