@@ -35,14 +35,7 @@ pub(super) fn recover(
     // before it patched anything) has nothing to put back.
     if ledger.session != 0 {
         let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
-        let runtime_text: Vec<Span> = mappings
-            .iter()
-            .filter(|m| m.path.contains("libglass_probe"))
-            .map(|m| Span {
-                start: m.start,
-                end: m.end,
-            })
-            .collect();
+        let runtime_text = runtime_text(&mappings);
         let regions: Vec<Span> = ledger
             .regions
             .iter()
