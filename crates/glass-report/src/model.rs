@@ -960,13 +960,6 @@ impl Model {
         };
         let mut model = Model::empty(Source::Calls, unit);
         model.start_unix_ns = recording.meta.as_ref().map_or(0, |m| m.start_unix_ns);
-        let (process_names, thread_names) = last_names(recording);
-        let command = crate::calltrace::target_command(recording);
-        let command = command
-            .split(' ')
-            .next()
-            .filter(|c| !c.is_empty())
-            .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
         let time = |cycles: u64| -> u64 {
             let since = cycles.saturating_sub(trace.first);
             if trace.tsc_hz == 0 {
@@ -975,70 +968,9 @@ impl Model {
                 trace.ns(since).round() as u64
             }
         };
-        // One frame per traced function: its module, entry address and name.
-        let mut function_frames: HashMap<u32, FrameIndex> = HashMap::new();
-        for function in &recording.trace_functions {
-            let name = model.strings.intern(&function.name);
-            let path = model.strings.intern(&function.module);
-            let module_name = function
-                .module
-                .rsplit('/')
-                .next()
-                .unwrap_or(&function.module)
-                .to_string();
-            let module = match model.modules.iter().position(|m| m.path == path) {
-                Some(index) => index as ModuleIndex,
-                None => {
-                    let name = model.strings.intern(&module_name);
-                    model.modules.push(ModuleRow {
-                        path,
-                        name,
-                        build_id: Vec::new(),
-                        start: 0,
-                        end: 0,
-                        file_offset: 0,
-                    });
-                    (model.modules.len() - 1) as ModuleIndex
-                }
-            };
-            model
-                .function_modules
-                .entry(function.name.clone())
-                .or_insert(module_name);
-            let frame = model.intern_frame(FrameRow {
-                kind: FrameKind::Code,
-                module: Some(module),
-                address: function.address,
-                function: name,
-                inline_depth: 0,
-                category: if is_jit(&function.module) {
-                    Category::Jit
-                } else {
-                    Category::User
-                },
-            });
-            function_frames.insert(function.id, frame);
-        }
+        let function_frames = model.trace_function_frames(recording);
         let unknown = model.special_frame(FrameKind::Unknown, UNKNOWN_FRAME, Category::Other);
-        for &(pid, tid) in &trace.threads {
-            let process = process_names
-                .get(&pid)
-                .cloned()
-                .or_else(|| command.clone())
-                .unwrap_or_else(|| format!("pid {pid}"));
-            let process = model.strings.intern(&process);
-            let name = model
-                .strings
-                .intern(thread_names.get(&tid).map_or("thread", String::as_str));
-            model.threads.push(ThreadRow {
-                pid,
-                tid,
-                process,
-                name,
-                samples: Vec::new(),
-                events: Vec::new(),
-            });
-        }
+        model.trace_threads(recording, &trace.threads);
         let mut call_stacks: Vec<StackIndex> = Vec::with_capacity(trace.calls.len());
         // Per thread, the calls still open (their ends are pending events).
         let mut open: Vec<Vec<usize>> = vec![Vec::new(); trace.threads.len()];
@@ -1116,17 +1048,99 @@ impl Model {
                 });
             }
         }
-        // A close never precedes its own open, nor a close the open of a later call:
-        // clamp rounding so that times never go backwards.
-        for thread in &mut model.threads {
+        model.clamp_event_times();
+        model.calls = Some(trace);
+        model
+    }
+
+    /// One frame per traced function: its module, entry address and name; by id.
+    fn trace_function_frames(&mut self, recording: &Recording) -> HashMap<u32, FrameIndex> {
+        let mut function_frames: HashMap<u32, FrameIndex> = HashMap::new();
+        for function in &recording.trace_functions {
+            let name = self.strings.intern(&function.name);
+            let path = self.strings.intern(&function.module);
+            let module_name = function
+                .module
+                .rsplit('/')
+                .next()
+                .unwrap_or(&function.module)
+                .to_string();
+            let module = match self.modules.iter().position(|m| m.path == path) {
+                Some(index) => index as ModuleIndex,
+                None => {
+                    let name = self.strings.intern(&module_name);
+                    self.modules.push(ModuleRow {
+                        path,
+                        name,
+                        build_id: Vec::new(),
+                        start: 0,
+                        end: 0,
+                        file_offset: 0,
+                    });
+                    (self.modules.len() - 1) as ModuleIndex
+                }
+            };
+            self.function_modules
+                .entry(function.name.clone())
+                .or_insert(module_name);
+            let frame = self.intern_frame(FrameRow {
+                kind: FrameKind::Code,
+                module: Some(module),
+                address: function.address,
+                function: name,
+                inline_depth: 0,
+                category: if is_jit(&function.module) {
+                    Category::Jit
+                } else {
+                    Category::User
+                },
+            });
+            function_frames.insert(function.id, frame);
+        }
+        function_frames
+    }
+
+    /// A row for each traced thread, named as the recording last named it and its
+    /// process (else the command's name, else its pid).
+    fn trace_threads(&mut self, recording: &Recording, threads: &[(u32, u32)]) {
+        let (process_names, thread_names) = last_names(recording);
+        let command = crate::calltrace::target_command(recording);
+        let command = command
+            .split(' ')
+            .next()
+            .filter(|c| !c.is_empty())
+            .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
+        for &(pid, tid) in threads {
+            let process = process_names
+                .get(&pid)
+                .cloned()
+                .or_else(|| command.clone())
+                .unwrap_or_else(|| format!("pid {pid}"));
+            let process = self.strings.intern(&process);
+            let name = self
+                .strings
+                .intern(thread_names.get(&tid).map_or("thread", String::as_str));
+            self.threads.push(ThreadRow {
+                pid,
+                tid,
+                process,
+                name,
+                samples: Vec::new(),
+                events: Vec::new(),
+            });
+        }
+    }
+
+    /// A close never precedes its own open, nor a close the open of a later call: times
+    /// rounded backwards are clamped.
+    fn clamp_event_times(&mut self) {
+        for thread in &mut self.threads {
             let mut last = 0;
             for event in &mut thread.events {
                 event.time = event.time.max(last);
                 last = event.time;
             }
         }
-        model.calls = Some(trace);
-        model
     }
 
     /// Distinct (thread id, name) pairs, in tid order.
