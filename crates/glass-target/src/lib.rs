@@ -64,8 +64,8 @@ pub enum TargetError {
     /// the kernel); the text says which.
     #[error("{0}")]
     TimedOut(String),
-    /// The kernel says a thread glass seized is not its tracee to wait for (ECHILD): it
-    /// was let go, or its hand-over from a tracer that died is not finished.
+    /// The kernel says a thread glass seized is not its tracee to wait for (ECHILD);
+    /// seen while it let the tracees of a glass that died go.
     #[error("{0}")]
     NotTracee(std::io::Error),
     #[error("{0}")]

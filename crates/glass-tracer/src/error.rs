@@ -23,8 +23,8 @@ pub enum Failure {
     /// The process went away while glass held it.
     #[error("{0}")]
     TargetGone(String),
-    /// A thread glass seized is not its tracee to wait for (ECHILD): let go, or its
-    /// hand-over from a tracer that died not finished.
+    /// A thread glass seized is not its tracee to wait for (ECHILD); seen while the
+    /// kernel let the tracees of a glass that died go.
     #[error("{0}")]
     NotTracee(String),
     /// A thread did not stop in the time glass gives it.
