@@ -385,43 +385,11 @@ impl<'a> Payload<'a> {
     }
 }
 
+/// One record from its tag and payload, as written by a file of `version`.
 pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'static str> {
     let mut p = Payload { bytes, pos: 0 };
     let record = match tag {
-        tag::META => {
-            let start_unix_ns = p.u64()?;
-            let backend = Backend::from_name(&p.string()?);
-            let unwind = p.string()?;
-            let frequency_hz = p.u32()?;
-            let max_depth = p.u32()?;
-            let target_pid = p.u32()?;
-            let argc = p.u64()?;
-            // Each argument takes at least one byte, which bounds the allocation.
-            if argc > bytes.len() as u64 {
-                return Err("argument count out of range");
-            }
-            let command = (0..argc).map(|_| p.string()).collect::<Result<_, _>>()?;
-            let (hostname, glass_version, capture) = (p.string()?, p.string()?, p.string()?);
-            let arch = if version >= 2 {
-                let name = p.string()?;
-                Arch::from_name(&name).ok_or("unknown architecture")?
-            } else {
-                Arch::X86_64
-            };
-            Record::Meta(Meta {
-                start_unix_ns,
-                backend,
-                arch,
-                unwind,
-                frequency_hz,
-                max_depth,
-                target_pid,
-                command,
-                hostname,
-                glass_version,
-                capture,
-            })
-        }
+        tag::META => Record::Meta(meta(&mut p, version)?),
         tag::PROCESS => Record::Process(Process {
             time_ns: p.u64()?,
             pid: p.u32()?,
@@ -454,31 +422,7 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             pid: p.u32()?,
             tid: p.u32()?,
         }),
-        tag::SAMPLE => {
-            let time_ns = p.u64()?;
-            let pid = p.u32()?;
-            let tid = p.u32()?;
-            let stopped_ns = p.u32()?;
-            let flags = p.u8()?;
-            let count = p.u64()?;
-            if count > bytes.len() as u64 {
-                return Err("frame count out of range");
-            }
-            let mut frames = Vec::with_capacity(count as usize);
-            let mut previous = 0u64;
-            for _ in 0..count {
-                previous = previous.wrapping_add(p.i64()? as u64);
-                frames.push(previous);
-            }
-            Record::Sample(Sample {
-                time_ns,
-                pid,
-                tid,
-                stopped_ns,
-                flags,
-                frames,
-            })
-        }
+        tag::SAMPLE => Record::Sample(sample(&mut p)?),
         tag::SNAPSHOT => Record::Snapshot(Snapshot {
             time_ns: p.u64()?,
             pid: p.u32()?,
@@ -502,25 +446,7 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             count: p.u64()?,
         }),
         tag::NOTE => Record::Note(p.string()?),
-        tag::KERNEL_SYMBOLS => {
-            let count = p.u64()?;
-            // Each symbol takes at least four bytes, which bounds the allocation.
-            if count > bytes.len() as u64 {
-                return Err("symbol count out of range");
-            }
-            let mut symbols = Vec::with_capacity(count as usize);
-            let mut start = 0u64;
-            for _ in 0..count {
-                start = start.wrapping_add(p.i64()? as u64);
-                symbols.push(KernelSymbol {
-                    start,
-                    len: p.u64()?,
-                    name: p.string()?,
-                    module: p.string()?,
-                });
-            }
-            Record::KernelSymbols(KernelSymbols { symbols })
-        }
+        tag::KERNEL_SYMBOLS => Record::KernelSymbols(kernel_symbols(&mut p)?),
         tag::PY_CODE => Record::PyCode(PyCode {
             pid: p.u32()?,
             id: p.u32()?,
@@ -528,27 +454,7 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             file: p.string()?,
             first_line: p.u32()?,
         }),
-        tag::PY_STACK => {
-            let (time_ns, pid, tid, count) = (p.u64()?, p.u32()?, p.u32()?, p.u64()?);
-            // Each frame takes at least three bytes, which bounds the allocation.
-            if count > bytes.len() as u64 {
-                return Err("python frame count out of range");
-            }
-            let mut frames = Vec::with_capacity(count as usize);
-            for _ in 0..count {
-                frames.push(PyFrame {
-                    code: p.u32()?,
-                    line: p.u32()?,
-                    entry: p.u8()? != 0,
-                });
-            }
-            Record::PyStack(PyStack {
-                time_ns,
-                pid,
-                tid,
-                frames,
-            })
-        }
+        tag::PY_STACK => Record::PyStack(py_stack(&mut p)?),
         tag::SUMMARY => Record::Summary(Summary {
             duration_ns: p.u64()?,
             samples: p.u64()?,
@@ -571,72 +477,9 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             size: p.u64()?,
             name: p.string()?,
         }),
-        tag::TRACE_SKIPPED => {
-            let module = p.string()?;
-            let address = p.u64()?;
-            let name = p.string()?;
-            let reason = p.string()?;
-            let kind = match p.is_empty() {
-                // Written before the kind was: the reason's text before any detail.
-                true => reason
-                    .split(['(', '`'])
-                    .next()
-                    .unwrap_or(&reason)
-                    .trim()
-                    .to_string(),
-                false => p.string()?,
-            };
-            Record::TraceSkipped(TraceSkipped {
-                module,
-                address,
-                name,
-                reason,
-                kind,
-            })
-        }
-        tag::TRACE_CHUNK | tag::TRACE_PACKED => {
-            let (pid, tid, count, start) = trace_head(tag, bytes)?;
-            let rest = &bytes[start..];
-            let words = if tag == tag::TRACE_CHUNK {
-                rest.chunks_exact(8)
-                    .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
-                    .collect()
-            } else {
-                crate::packed::unpack(rest, count)?
-            };
-            p.pos = bytes.len();
-            Record::TraceChunk(TraceChunk { pid, tid, words })
-        }
-        tag::TRACE_SUMMARY => {
-            let mut summary = TraceSummary {
-                tsc_hz: p.u64()?,
-                tsc_start: p.u64()?,
-                lost: p.u64()?,
-                no_area_lost: p.u64()?,
-                unwound: p.u64()?,
-                skipped: p.u64()?,
-                threads: p.u32()?,
-                patched: p.u32()?,
-                not_patched: p.u32()?,
-                ..TraceSummary::default()
-            };
-            let count = p.u64()?;
-            if count > bytes.len() as u64 {
-                return Err("counter count out of range");
-            }
-            summary.counters = (0..count).map(|_| p.string()).collect::<Result<_, _>>()?;
-            summary.counters_note = p.string()?;
-            summary.exit_status =
-                i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?;
-            summary.duration_ns = p.u64()?;
-            // Added later: absent from launch-mode recordings of older versions.
-            if p.pos < bytes.len() {
-                summary.attach_stop_ns = p.u64()?;
-                summary.detach_stop_ns = p.u64()?;
-                summary.in_flight_at_detach = p.u64()?;
-            }
-            Record::TraceSummary(summary)
-        }
+        tag::TRACE_SKIPPED => Record::TraceSkipped(trace_skipped(&mut p)?),
+        tag::TRACE_CHUNK | tag::TRACE_PACKED => Record::TraceChunk(trace_chunk(tag, &mut p)?),
+        tag::TRACE_SUMMARY => Record::TraceSummary(trace_summary(&mut p)?),
         tag::GUEST_TASK => Record::GuestTask(GuestTask {
             time_ns: p.u64()?,
             pid: p.u32()?,
@@ -663,4 +506,182 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
         _ => return Err("unknown record tag"),
     };
     p.finish(record)
+}
+
+/// The recording's first record: what was recorded, how, and where.
+fn meta(p: &mut Payload, version: u32) -> Result<Meta, &'static str> {
+    let start_unix_ns = p.u64()?;
+    let backend = Backend::from_name(&p.string()?);
+    let unwind = p.string()?;
+    let frequency_hz = p.u32()?;
+    let max_depth = p.u32()?;
+    let target_pid = p.u32()?;
+    let argc = p.u64()?;
+    // Each argument takes at least one byte, which bounds the allocation.
+    if argc > p.bytes.len() as u64 {
+        return Err("argument count out of range");
+    }
+    let command = (0..argc).map(|_| p.string()).collect::<Result<_, _>>()?;
+    let (hostname, glass_version, capture) = (p.string()?, p.string()?, p.string()?);
+    let arch = if version >= 2 {
+        let name = p.string()?;
+        Arch::from_name(&name).ok_or("unknown architecture")?
+    } else {
+        Arch::X86_64
+    };
+    Ok(Meta {
+        start_unix_ns,
+        backend,
+        arch,
+        unwind,
+        frequency_hz,
+        max_depth,
+        target_pid,
+        command,
+        hostname,
+        glass_version,
+        capture,
+    })
+}
+
+/// A stack sample; its frames are stored as differences from the one before.
+fn sample(p: &mut Payload) -> Result<Sample, &'static str> {
+    let time_ns = p.u64()?;
+    let pid = p.u32()?;
+    let tid = p.u32()?;
+    let stopped_ns = p.u32()?;
+    let flags = p.u8()?;
+    let count = p.u64()?;
+    if count > p.bytes.len() as u64 {
+        return Err("frame count out of range");
+    }
+    let mut frames = Vec::with_capacity(count as usize);
+    let mut previous = 0u64;
+    for _ in 0..count {
+        previous = previous.wrapping_add(p.i64()? as u64);
+        frames.push(previous);
+    }
+    Ok(Sample {
+        time_ns,
+        pid,
+        tid,
+        stopped_ns,
+        flags,
+        frames,
+    })
+}
+
+/// The kernel's symbols; each start is stored as the difference from the one before.
+fn kernel_symbols(p: &mut Payload) -> Result<KernelSymbols, &'static str> {
+    let count = p.u64()?;
+    // Each symbol takes at least four bytes, which bounds the allocation.
+    if count > p.bytes.len() as u64 {
+        return Err("symbol count out of range");
+    }
+    let mut symbols = Vec::with_capacity(count as usize);
+    let mut start = 0u64;
+    for _ in 0..count {
+        start = start.wrapping_add(p.i64()? as u64);
+        symbols.push(KernelSymbol {
+            start,
+            len: p.u64()?,
+            name: p.string()?,
+            module: p.string()?,
+        });
+    }
+    Ok(KernelSymbols { symbols })
+}
+
+/// A thread's Python frames at a sample.
+fn py_stack(p: &mut Payload) -> Result<PyStack, &'static str> {
+    let (time_ns, pid, tid, count) = (p.u64()?, p.u32()?, p.u32()?, p.u64()?);
+    // Each frame takes at least three bytes, which bounds the allocation.
+    if count > p.bytes.len() as u64 {
+        return Err("python frame count out of range");
+    }
+    let mut frames = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        frames.push(PyFrame {
+            code: p.u32()?,
+            line: p.u32()?,
+            entry: p.u8()? != 0,
+        });
+    }
+    Ok(PyStack {
+        time_ns,
+        pid,
+        tid,
+        frames,
+    })
+}
+
+/// A function `glass trace` did not patch, and why.
+fn trace_skipped(p: &mut Payload) -> Result<TraceSkipped, &'static str> {
+    let module = p.string()?;
+    let address = p.u64()?;
+    let name = p.string()?;
+    let reason = p.string()?;
+    let kind = match p.is_empty() {
+        // Written before the kind was: the reason's text before any detail.
+        true => reason
+            .split(['(', '`'])
+            .next()
+            .unwrap_or(&reason)
+            .trim()
+            .to_string(),
+        false => p.string()?,
+    };
+    Ok(TraceSkipped {
+        module,
+        address,
+        name,
+        reason,
+        kind,
+    })
+}
+
+/// A thread's call records, as words (`TRACE_CHUNK`) or packed (`TRACE_PACKED`).
+fn trace_chunk(tag: u8, p: &mut Payload) -> Result<TraceChunk, &'static str> {
+    let (pid, tid, count, start) = trace_head(tag, p.bytes)?;
+    let rest = &p.bytes[start..];
+    let words = if tag == tag::TRACE_CHUNK {
+        rest.chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect()
+    } else {
+        crate::packed::unpack(rest, count)?
+    };
+    p.pos = p.bytes.len();
+    Ok(TraceChunk { pid, tid, words })
+}
+
+/// The summary of a `glass trace` recording.
+fn trace_summary(p: &mut Payload) -> Result<TraceSummary, &'static str> {
+    let mut summary = TraceSummary {
+        tsc_hz: p.u64()?,
+        tsc_start: p.u64()?,
+        lost: p.u64()?,
+        no_area_lost: p.u64()?,
+        unwound: p.u64()?,
+        skipped: p.u64()?,
+        threads: p.u32()?,
+        patched: p.u32()?,
+        not_patched: p.u32()?,
+        ..TraceSummary::default()
+    };
+    let count = p.u64()?;
+    if count > p.bytes.len() as u64 {
+        return Err("counter count out of range");
+    }
+    summary.counters = (0..count).map(|_| p.string()).collect::<Result<_, _>>()?;
+    summary.counters_note = p.string()?;
+    summary.exit_status = i32::try_from(p.i64()?).map_err(|_| "exit status out of range")?;
+    summary.duration_ns = p.u64()?;
+    // Added later: absent from launch-mode recordings of older versions.
+    if p.pos < p.bytes.len() {
+        summary.attach_stop_ns = p.u64()?;
+        summary.detach_stop_ns = p.u64()?;
+        summary.in_flight_at_detach = p.u64()?;
+    }
+    Ok(summary)
 }

@@ -244,10 +244,7 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
         }
         // A runtime failure (a full disk, a target or stub that died): the file keeps
         // what was written whole, ended cleanly.
-        Err(mut failure) if failure.exit_code == 1 => {
-            failure.message += &kept.seal(&[]);
-            Err(failure)
-        }
+        Err(failure @ Failure::Runtime(_)) => Err(failure.followed_by(&kept.seal(&[]))),
         Err(failure) => Err(failure),
     }
 }
@@ -337,10 +334,10 @@ fn start<'a>(
         if let Some(file) = file {
             let _ = std::fs::remove_file(file);
         }
-        if error.is_bad_input() {
-            Failure::bad_input(error.to_string())
-        } else {
-            Failure::runtime(error.to_string())
+        match error {
+            TargetError::TracedBy(..) => Failure::TracedByAnother(error.to_string()),
+            _ if error.is_bad_input() => Failure::bad_input(error.to_string()),
+            _ => Failure::runtime(error.to_string()),
         }
     };
     if args.vm {
@@ -411,11 +408,9 @@ fn finish_with(
         _ => Timing::default(),
     };
     let _ = sink.flush();
-    let with_fate = |mut failure: Failure| {
-        if let Some(fate) = &vm_fate {
-            failure.message = format!("{} ({fate})", failure.message);
-        }
-        failure
+    let with_fate = |failure: Failure| match &vm_fate {
+        Some(fate) => failure.followed_by(&format!(" ({fate})")),
+        None => failure,
     };
     if let Outcome::WriteFailed(error) = &outcome {
         return Err(with_fate(write_failure(&sink.args.output, error)));

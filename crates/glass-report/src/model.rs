@@ -756,85 +756,18 @@ impl Model {
                 .filter(|_| is_kernel_address(address))
                 .and_then(|kernel| kernel.find(lookup));
             if let Some(symbol) = symbol {
-                let module = match namer.kernel_module {
-                    Some(module) => module,
-                    None => {
-                        let module = self.intern_module(&glass_format::Module {
-                            time_ns: 0,
-                            pid: 0,
-                            start: 0xffff_8000_0000_0000,
-                            end: u64::MAX,
-                            file_offset: 0,
-                            build_id: Vec::new(),
-                            path: KERNEL_MODULE.into(),
-                        });
-                        namer.kernel_module = Some(module);
-                        module
-                    }
-                };
-                let name = crate::kernel_frame_name(symbol);
-                if !self.function_modules.contains_key(&name) {
-                    self.function_modules
-                        .insert(name.clone(), KERNEL_MODULE.to_string());
-                }
-                let function = self.strings.intern(&name);
-                frames.push(self.intern_frame(FrameRow {
-                    kind: FrameKind::Code,
-                    module: Some(module),
-                    address: lookup,
-                    function,
-                    inline_depth: 0,
-                    category: Category::Kernel,
-                }));
+                frames.push(self.kernel_frame(namer, symbol, lookup));
                 continue;
             }
             match module_of(address) {
-                Some((key, module)) => {
-                    // An address of a module is symbolized and interned once (per
-                    // process: its JIT files name anonymous code).
-                    let cache_key = (key, sample.pid, address, is_return);
-                    if let Some(cached) = namer.resolved.get(&cache_key) {
-                        frames.extend_from_slice(cached);
-                        continue;
-                    }
-                    let first = frames.len();
-                    let module_ref = ModuleRef {
-                        path: &module.path,
-                        build_id: &module.build_id,
-                        start: module.start,
-                        file_offset: module.file_offset,
-                    };
-                    let module_index = match namer.module_rows.get(&key) {
-                        Some(&index) => index,
-                        None => {
-                            let index = self.intern_module(module);
-                            namer.module_rows.insert(key, index);
-                            index
-                        }
-                    };
-                    let category = namer.code_category(&module.path, address);
-                    // Anonymous code is named from the process's perf map or jitdump.
-                    let symbolized =
-                        namer
-                            .symbolizer
-                            .symbolize_in(sample.pid, &module_ref, address, is_return);
-                    for (depth, frame) in symbolized.iter().enumerate() {
-                        if !self.function_modules.contains_key(&frame.function) {
-                            self.function_modules
-                                .insert(frame.function.clone(), frame.module.clone());
-                        }
-                        let function = self.strings.intern(&frame.function);
-                        frames.push(self.intern_frame(FrameRow {
-                            kind: FrameKind::Code,
-                            module: Some(module_index),
-                            address: lookup,
-                            function,
-                            inline_depth: if frame.inlined { depth as u32 } else { 0 },
-                            category,
-                        }));
-                    }
-                    namer.resolved.insert(cache_key, frames[first..].to_vec());
-                }
+                Some(found) => self.push_module_frames(
+                    namer,
+                    &mut frames,
+                    sample.pid,
+                    found,
+                    address,
+                    is_return,
+                ),
                 None => {
                     let function = self.strings.intern(UNKNOWN_FRAME);
                     frames.push(self.intern_frame(FrameRow {
@@ -863,7 +796,129 @@ impl Model {
             stack = Some(self.intern_stack(stack, frame));
         }
         namer.frames = frames;
-        let row = *namer
+        let row = self.thread_row(namer, sample, process, thread_name);
+        let (weight, cost) = self.weigh(namer, sample, off_cpu);
+        self.threads[row].samples.push(SampleRow {
+            time: sample.time_ns,
+            stack,
+            weight,
+            cost,
+        });
+        self.end = self.end.max(sample.time_ns);
+        self.samples += 1;
+        row
+    }
+
+    /// A kernel frame, named from the kernel's symbols (its module the kernel's).
+    fn kernel_frame(
+        &mut self,
+        namer: &mut Namer,
+        symbol: &glass_format::KernelSymbol,
+        lookup: u64,
+    ) -> FrameIndex {
+        let module = match namer.kernel_module {
+            Some(module) => module,
+            None => {
+                let module = self.intern_module(&glass_format::Module {
+                    time_ns: 0,
+                    pid: 0,
+                    start: 0xffff_8000_0000_0000,
+                    end: u64::MAX,
+                    file_offset: 0,
+                    build_id: Vec::new(),
+                    path: KERNEL_MODULE.into(),
+                });
+                namer.kernel_module = Some(module);
+                module
+            }
+        };
+        let name = crate::kernel_frame_name(symbol);
+        if !self.function_modules.contains_key(&name) {
+            self.function_modules
+                .insert(name.clone(), KERNEL_MODULE.to_string());
+        }
+        let function = self.strings.intern(&name);
+        self.intern_frame(FrameRow {
+            kind: FrameKind::Code,
+            module: Some(module),
+            address: lookup,
+            function,
+            inline_depth: 0,
+            category: Category::Kernel,
+        })
+    }
+
+    /// The frames of an address in a module (`found`: its key and the module), its
+    /// inlined functions among them, innermost last.
+    fn push_module_frames(
+        &mut self,
+        namer: &mut Namer,
+        frames: &mut Vec<FrameIndex>,
+        pid: u32,
+        found: (usize, &glass_format::Module),
+        address: u64,
+        is_return: bool,
+    ) {
+        let (key, module) = found;
+        let lookup = if is_return {
+            address.saturating_sub(1)
+        } else {
+            address
+        };
+        // An address of a module is symbolized and interned once (per process: its JIT
+        // files name anonymous code).
+        let cache_key = (key, pid, address, is_return);
+        if let Some(cached) = namer.resolved.get(&cache_key) {
+            frames.extend_from_slice(cached);
+            return;
+        }
+        let first = frames.len();
+        let module_ref = ModuleRef {
+            path: &module.path,
+            build_id: &module.build_id,
+            start: module.start,
+            file_offset: module.file_offset,
+        };
+        let module_index = match namer.module_rows.get(&key) {
+            Some(&index) => index,
+            None => {
+                let index = self.intern_module(module);
+                namer.module_rows.insert(key, index);
+                index
+            }
+        };
+        let category = namer.code_category(&module.path, address);
+        // Anonymous code is named from the process's perf map or jitdump.
+        let symbolized = namer
+            .symbolizer
+            .symbolize_in(pid, &module_ref, address, is_return);
+        for (depth, frame) in symbolized.iter().enumerate() {
+            if !self.function_modules.contains_key(&frame.function) {
+                self.function_modules
+                    .insert(frame.function.clone(), frame.module.clone());
+            }
+            let function = self.strings.intern(&frame.function);
+            frames.push(self.intern_frame(FrameRow {
+                kind: FrameKind::Code,
+                module: Some(module_index),
+                address: lookup,
+                function,
+                inline_depth: if frame.inlined { depth as u32 } else { 0 },
+                category,
+            }));
+        }
+        namer.resolved.insert(cache_key, frames[first..].to_vec());
+    }
+
+    /// The row of the sample's thread (of its process, as named), made on its first.
+    fn thread_row(
+        &mut self,
+        namer: &mut Namer,
+        sample: &SampleIn,
+        process: StringIndex,
+        thread_name: StringIndex,
+    ) -> usize {
+        *namer
             .thread_rows
             .entry((sample.pid, sample.tid, process))
             .or_insert_with(|| {
@@ -876,28 +931,23 @@ impl Model {
                     events: Vec::new(),
                 });
                 self.threads.len() - 1
-            });
-        let (weight, cost) = if off_cpu {
-            let blocked = u64::from(sample.stopped_ns);
-            let carry = namer.off_cpu_carry.entry(sample.tid).or_insert(0);
-            let period = self.period.max(1);
-            let weight = (*carry + blocked) / period - *carry / period;
-            *carry += blocked;
-            self.off_cpu_ns += blocked;
-            self.off_cpu_weight += weight;
-            (weight, blocked)
-        } else {
-            (1, self.period)
-        };
-        self.threads[row].samples.push(SampleRow {
-            time: sample.time_ns,
-            stack,
-            weight,
-            cost,
-        });
-        self.end = self.end.max(sample.time_ns);
-        self.samples += 1;
-        row
+            })
+    }
+
+    /// A sample's weight (periods) and cost (ns): one period on the CPU; off it, the
+    /// periods its blocked time makes up, the remainder carried to the thread's next.
+    fn weigh(&mut self, namer: &mut Namer, sample: &SampleIn, off_cpu: bool) -> (u64, u64) {
+        if !off_cpu {
+            return (1, self.period);
+        }
+        let blocked = u64::from(sample.stopped_ns);
+        let carry = namer.off_cpu_carry.entry(sample.tid).or_insert(0);
+        let period = self.period.max(1);
+        let weight = (*carry + blocked) / period - *carry / period;
+        *carry += blocked;
+        self.off_cpu_ns += blocked;
+        self.off_cpu_weight += weight;
+        (weight, blocked)
     }
 
     /// The model of a `glass trace` recording: one sample per call at its start (weight
@@ -910,13 +960,6 @@ impl Model {
         };
         let mut model = Model::empty(Source::Calls, unit);
         model.start_unix_ns = recording.meta.as_ref().map_or(0, |m| m.start_unix_ns);
-        let (process_names, thread_names) = last_names(recording);
-        let command = crate::calltrace::target_command(recording);
-        let command = command
-            .split(' ')
-            .next()
-            .filter(|c| !c.is_empty())
-            .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
         let time = |cycles: u64| -> u64 {
             let since = cycles.saturating_sub(trace.first);
             if trace.tsc_hz == 0 {
@@ -925,70 +968,9 @@ impl Model {
                 trace.ns(since).round() as u64
             }
         };
-        // One frame per traced function: its module, entry address and name.
-        let mut function_frames: HashMap<u32, FrameIndex> = HashMap::new();
-        for function in &recording.trace_functions {
-            let name = model.strings.intern(&function.name);
-            let path = model.strings.intern(&function.module);
-            let module_name = function
-                .module
-                .rsplit('/')
-                .next()
-                .unwrap_or(&function.module)
-                .to_string();
-            let module = match model.modules.iter().position(|m| m.path == path) {
-                Some(index) => index as ModuleIndex,
-                None => {
-                    let name = model.strings.intern(&module_name);
-                    model.modules.push(ModuleRow {
-                        path,
-                        name,
-                        build_id: Vec::new(),
-                        start: 0,
-                        end: 0,
-                        file_offset: 0,
-                    });
-                    (model.modules.len() - 1) as ModuleIndex
-                }
-            };
-            model
-                .function_modules
-                .entry(function.name.clone())
-                .or_insert(module_name);
-            let frame = model.intern_frame(FrameRow {
-                kind: FrameKind::Code,
-                module: Some(module),
-                address: function.address,
-                function: name,
-                inline_depth: 0,
-                category: if is_jit(&function.module) {
-                    Category::Jit
-                } else {
-                    Category::User
-                },
-            });
-            function_frames.insert(function.id, frame);
-        }
+        let function_frames = model.trace_function_frames(recording);
         let unknown = model.special_frame(FrameKind::Unknown, UNKNOWN_FRAME, Category::Other);
-        for &(pid, tid) in &trace.threads {
-            let process = process_names
-                .get(&pid)
-                .cloned()
-                .or_else(|| command.clone())
-                .unwrap_or_else(|| format!("pid {pid}"));
-            let process = model.strings.intern(&process);
-            let name = model
-                .strings
-                .intern(thread_names.get(&tid).map_or("thread", String::as_str));
-            model.threads.push(ThreadRow {
-                pid,
-                tid,
-                process,
-                name,
-                samples: Vec::new(),
-                events: Vec::new(),
-            });
-        }
+        model.trace_threads(recording, &trace.threads);
         let mut call_stacks: Vec<StackIndex> = Vec::with_capacity(trace.calls.len());
         // Per thread, the calls still open (their ends are pending events).
         let mut open: Vec<Vec<usize>> = vec![Vec::new(); trace.threads.len()];
@@ -1066,17 +1048,99 @@ impl Model {
                 });
             }
         }
-        // A close never precedes its own open, nor a close the open of a later call:
-        // clamp rounding so that times never go backwards.
-        for thread in &mut model.threads {
+        model.clamp_event_times();
+        model.calls = Some(trace);
+        model
+    }
+
+    /// One frame per traced function: its module, entry address and name; by id.
+    fn trace_function_frames(&mut self, recording: &Recording) -> HashMap<u32, FrameIndex> {
+        let mut function_frames: HashMap<u32, FrameIndex> = HashMap::new();
+        for function in &recording.trace_functions {
+            let name = self.strings.intern(&function.name);
+            let path = self.strings.intern(&function.module);
+            let module_name = function
+                .module
+                .rsplit('/')
+                .next()
+                .unwrap_or(&function.module)
+                .to_string();
+            let module = match self.modules.iter().position(|m| m.path == path) {
+                Some(index) => index as ModuleIndex,
+                None => {
+                    let name = self.strings.intern(&module_name);
+                    self.modules.push(ModuleRow {
+                        path,
+                        name,
+                        build_id: Vec::new(),
+                        start: 0,
+                        end: 0,
+                        file_offset: 0,
+                    });
+                    (self.modules.len() - 1) as ModuleIndex
+                }
+            };
+            self.function_modules
+                .entry(function.name.clone())
+                .or_insert(module_name);
+            let frame = self.intern_frame(FrameRow {
+                kind: FrameKind::Code,
+                module: Some(module),
+                address: function.address,
+                function: name,
+                inline_depth: 0,
+                category: if is_jit(&function.module) {
+                    Category::Jit
+                } else {
+                    Category::User
+                },
+            });
+            function_frames.insert(function.id, frame);
+        }
+        function_frames
+    }
+
+    /// A row for each traced thread, named as the recording last named it and its
+    /// process (else the command's name, else its pid).
+    fn trace_threads(&mut self, recording: &Recording, threads: &[(u32, u32)]) {
+        let (process_names, thread_names) = last_names(recording);
+        let command = crate::calltrace::target_command(recording);
+        let command = command
+            .split(' ')
+            .next()
+            .filter(|c| !c.is_empty())
+            .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
+        for &(pid, tid) in threads {
+            let process = process_names
+                .get(&pid)
+                .cloned()
+                .or_else(|| command.clone())
+                .unwrap_or_else(|| format!("pid {pid}"));
+            let process = self.strings.intern(&process);
+            let name = self
+                .strings
+                .intern(thread_names.get(&tid).map_or("thread", String::as_str));
+            self.threads.push(ThreadRow {
+                pid,
+                tid,
+                process,
+                name,
+                samples: Vec::new(),
+                events: Vec::new(),
+            });
+        }
+    }
+
+    /// A close never precedes its own open, nor a close the open of a later call: times
+    /// rounded backwards are clamped.
+    fn clamp_event_times(&mut self) {
+        for thread in &mut self.threads {
             let mut last = 0;
             for event in &mut thread.events {
                 event.time = event.time.max(last);
                 last = event.time;
             }
         }
-        model.calls = Some(trace);
-        model
     }
 
     /// Distinct (thread id, name) pairs, in tid order.

@@ -123,35 +123,7 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
     profile.message(1, value_type(&mut strings, count, "count"));
     profile.message(1, value_type(&mut strings, time, time_unit));
 
-    // Mappings: one per distinct module (path, build id, range, offset).
-    let mut mapping_ids: Vec<u64> = Vec::with_capacity(model.modules.len());
-    let mut mappings: HashMap<(u32, &[u8], u64, u64, u64), u64> = HashMap::new();
-    for module in &model.modules {
-        let key = (
-            module.path,
-            module.build_id.as_slice(),
-            module.start,
-            module.end,
-            module.file_offset,
-        );
-        let next = mappings.len() as u64 + 1;
-        let id = *mappings.entry(key).or_insert_with(|| {
-            let filename = strings.get(model.string(module.path));
-            let build_id = strings.get(&hex(&module.build_id));
-            profile.message(3, |m| {
-                m.uint(1, next);
-                m.uint(2, module.start);
-                m.uint(3, module.end);
-                m.uint(4, module.file_offset);
-                m.uint(5, filename);
-                m.uint(6, build_id);
-                m.uint(7, 1); // has_functions
-                m.uint(10, 1); // has_inline_frames
-            });
-            next
-        });
-        mapping_ids.push(id);
-    }
+    let mapping_ids = write_mappings(model, &mut strings, &mut profile);
 
     // Functions, by name and module file.
     let mut functions: HashMap<(u32, Option<u32>), u64> = HashMap::new();
@@ -179,20 +151,7 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
     let mut stack_locations: HashMap<Option<StackIndex>, Vec<u64>> = HashMap::new();
     let mut frames: Vec<FrameIndex> = Vec::new();
 
-    // Samples, summed per (thread, stack).
-    let mut sums: HashMap<(usize, Option<StackIndex>), (u64, u64)> = HashMap::new();
-    let mut order: Vec<(usize, Option<StackIndex>)> = Vec::new();
-    for (thread_index, thread) in model.threads.iter().enumerate() {
-        for sample in &thread.samples {
-            let key = (thread_index, sample.stack);
-            let sum = sums.entry(key).or_insert_with(|| {
-                order.push(key);
-                (0, 0)
-            });
-            sum.0 += sample.weight;
-            sum.1 += sample.cost;
-        }
-    }
+    let (sums, order) = summed_samples(model);
     let thread_key = strings.get("thread");
     let tid_key = strings.get("tid");
     let pid_key = strings.get("pid");
@@ -202,16 +161,7 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
         let (weight, cost) = sums[&key];
         if let std::collections::hash_map::Entry::Vacant(vacant) = stack_locations.entry(stack) {
             model.stack_frames(stack, &mut frames);
-            // Group each address's frames: a frame inlined into the one before shares
-            // its location.
-            let mut groups: Vec<Vec<FrameIndex>> = Vec::new();
-            for &frame in &frames {
-                let row = model.frames[frame as usize];
-                match groups.last_mut() {
-                    Some(group) if row.inline_depth > 0 => group.push(frame),
-                    _ => groups.push(vec![frame]),
-                }
-            }
+            let groups = by_location(model, &frames);
             let mut ids: Vec<u64> = Vec::with_capacity(groups.len());
             // Leaf first.
             for group in groups.into_iter().rev() {
@@ -284,6 +234,75 @@ pub fn encode(model: &Model, title: &str) -> Vec<u8> {
     profile.packed(13, &[comment]);
     profile.uint(14, time_kind);
     profile.0
+}
+
+/// Mappings: one per distinct module (path, build id, range, offset), written to
+/// `profile`; each module's mapping id.
+fn write_mappings(model: &Model, strings: &mut Strings, profile: &mut Message) -> Vec<u64> {
+    let mut mapping_ids: Vec<u64> = Vec::with_capacity(model.modules.len());
+    let mut mappings: HashMap<(u32, &[u8], u64, u64, u64), u64> = HashMap::new();
+    for module in &model.modules {
+        let key = (
+            module.path,
+            module.build_id.as_slice(),
+            module.start,
+            module.end,
+            module.file_offset,
+        );
+        let next = mappings.len() as u64 + 1;
+        let id = *mappings.entry(key).or_insert_with(|| {
+            let filename = strings.get(model.string(module.path));
+            let build_id = strings.get(&hex(&module.build_id));
+            profile.message(3, |m| {
+                m.uint(1, next);
+                m.uint(2, module.start);
+                m.uint(3, module.end);
+                m.uint(4, module.file_offset);
+                m.uint(5, filename);
+                m.uint(6, build_id);
+                m.uint(7, 1); // has_functions
+                m.uint(10, 1); // has_inline_frames
+            });
+            next
+        });
+        mapping_ids.push(id);
+    }
+    mapping_ids
+}
+
+/// (weight, cost) summed per (thread, stack), and the keys in the order first seen.
+type Sums = HashMap<(usize, Option<StackIndex>), (u64, u64)>;
+
+/// The samples, summed per (thread, stack), and those keys in the order first seen.
+fn summed_samples(model: &Model) -> (Sums, Vec<(usize, Option<StackIndex>)>) {
+    let mut sums: Sums = HashMap::new();
+    let mut order: Vec<(usize, Option<StackIndex>)> = Vec::new();
+    for (thread_index, thread) in model.threads.iter().enumerate() {
+        for sample in &thread.samples {
+            let key = (thread_index, sample.stack);
+            let sum = sums.entry(key).or_insert_with(|| {
+                order.push(key);
+                (0, 0)
+            });
+            sum.0 += sample.weight;
+            sum.1 += sample.cost;
+        }
+    }
+    (sums, order)
+}
+
+/// A stack's frames grouped by address: a frame inlined into the one before shares its
+/// location.
+fn by_location(model: &Model, frames: &[FrameIndex]) -> Vec<Vec<FrameIndex>> {
+    let mut groups: Vec<Vec<FrameIndex>> = Vec::new();
+    for &frame in frames {
+        let row = model.frames[frame as usize];
+        match groups.last_mut() {
+            Some(group) if row.inline_depth > 0 => group.push(frame),
+            _ => groups.push(vec![frame]),
+        }
+    }
+    groups
 }
 
 impl Exporter for Pprof {

@@ -247,14 +247,17 @@ impl Attachment {
     fn await_stops(&mut self, tids: &[i32], deadline: Instant) -> Result<(), TargetError> {
         for &tid in tids {
             while self.threads.get(&tid) == Some(&State::Running) {
-                let status = wait_thread(tid, deadline).map_err(TargetError::Io)?;
+                let status = wait_thread(tid, deadline).map_err(|e| match e.raw_os_error() {
+                    Some(libc::ECHILD) => TargetError::NotTracee(e),
+                    _ => TargetError::Io(e),
+                })?;
                 let Some(status) = status else {
                     // A thread that does not stop (exiting, or stuck in the kernel) is
                     // left alone: the kernel lets it go when glass detaches or exits.
-                    return Err(TargetError::Io(io::Error::other(format!(
+                    return Err(TargetError::TimedOut(format!(
                         "thread {tid} of pid {} did not stop within 5 s",
                         self.pid
-                    ))));
+                    )));
                 };
                 self.note(tid, status);
             }

@@ -61,6 +61,14 @@ pub enum TargetError {
     /// (`--vm needs -kernel in the QEMU command or --symbols`).
     #[error("{0}")]
     BadInput(String),
+    /// A thread glass held did not stop in the time glass gives it (exiting, or stuck in
+    /// the kernel); the text says which.
+    #[error("{0}")]
+    TimedOut(String),
+    /// The kernel says a thread glass seized is not its tracee to wait for (ECHILD);
+    /// seen while it let the tracees of a glass that died go.
+    #[error("{0}")]
+    NotTracee(std::io::Error),
     #[error("{0}")]
     Io(std::io::Error),
 }
@@ -69,7 +77,10 @@ impl TargetError {
     /// Whether the user asked for something impossible (as opposed to a failure while
     /// doing it).
     pub fn is_bad_input(&self) -> bool {
-        !matches!(self, TargetError::Io(_))
+        !matches!(
+            self,
+            TargetError::Io(_) | TargetError::TimedOut(_) | TargetError::NotTracee(_)
+        )
     }
 }
 

@@ -30,6 +30,9 @@ pub enum MonitorError {
     /// monitor, a stub in use): said in one line, exit status 2.
     #[error("{0}")]
     BadInput(String),
+    /// The monitor did not answer in the time glass gives it ([`MONITOR_TIMEOUT`]).
+    #[error("{0}")]
+    TimedOut(String),
     /// The monitor broke while glass used it.
     #[error("{0}")]
     Failed(String),
@@ -39,7 +42,9 @@ impl From<MonitorError> for crate::TargetError {
     fn from(error: MonitorError) -> Self {
         match error {
             MonitorError::BadInput(text) => crate::TargetError::BadInput(text),
-            MonitorError::Failed(text) => crate::TargetError::Io(std::io::Error::other(text)),
+            MonitorError::TimedOut(text) | MonitorError::Failed(text) => {
+                crate::TargetError::Io(std::io::Error::other(text))
+            }
         }
     }
 }
@@ -173,7 +178,7 @@ impl Qmp {
         // A QMP monitor serves one client at a time: a second connection is accepted by
         // the kernel but QEMU never greets it.
         let greeting = qmp.read_message(Instant::now() + MONITOR_TIMEOUT).map_err(|e| match e {
-            MonitorError::Failed(text) if text.contains("did not answer") => bad(
+            MonitorError::TimedOut(_) => bad(
                 "QEMU did not greet: its QMP monitor is busy with another client (libvirt? then use --libvirt DOMAIN)".into(),
             ),
             other => other,
@@ -244,7 +249,7 @@ impl Qmp {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(MonitorError::Failed(format!(
+                return Err(MonitorError::TimedOut(format!(
                     "QEMU's QMP monitor at {} did not answer within {:?}",
                     self.path, MONITOR_TIMEOUT
                 )));

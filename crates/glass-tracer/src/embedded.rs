@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use glass_record::{Failure, Result};
+use crate::error::{Failure, Result};
 
 static BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libglass_probe.so"));
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use glass_record::guardian::Guardian;
 
-use glass_record::{Failure, Result};
+use crate::error::{Failure, Result};
 
 /// How long the guardian waits for the kernel to release the target from the dead glass.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -139,13 +139,21 @@ pub fn watch(pid: i32, glass_pid: u32) -> Watched {
         .collect();
     let mut taken = crate::attach::take_over(pid);
     // The kernel lets the dead glass's tracees go only after it closed its files (the
-    // pipe): until then they are still its own ("already being traced"). Any other
-    // failure is tried again too within the same wait: recovery follows the ledger, so a
-    // second try finishes what a first began. (Seen once each in a fresh-clone run and 1
-    // of 3 runs after it of trace_states' kill-at-recover step: "No child processes" while
-    // the dead glass's tracees were being let go; not reproduced in 18 runs since, 4 of
-    // them with the CPUs kept busy.)
-    while taken.is_err() && died.elapsed() < RELEASE_WAIT {
+    // pipe), so a take-over that begins at once can meet them still held. Tried again
+    // within the same wait (recovery follows the ledger, so a second try finishes what a
+    // first began), on the failures that hold-over causes:
+    // - TracedByAnother: a thread is still the dead glass's ("already being traced by
+    //   pid N").
+    // - NotTracee: waitpid said a thread just seized is not glass's ("No child
+    //   processes"), seen once each in a fresh-clone run and 1 of 3 runs after it of
+    //   trace_states' kill-at-recover step; not reproduced in 18 runs since, 4 of them
+    //   with the CPUs kept busy.
+    // Other failures are not the hold-over's, and are said at once.
+    while matches!(
+        taken,
+        Err(Failure::TracedByAnother(_) | Failure::NotTracee(_))
+    ) && died.elapsed() < RELEASE_WAIT
+    {
         std::thread::sleep(Duration::from_millis(5));
         taken = crate::attach::take_over(pid);
     }
@@ -159,7 +167,7 @@ pub fn watch(pid: i32, glass_pid: u32) -> Watched {
             removed,
         },
         Err(failure) => Watched::Failed {
-            why: failure.message,
+            why: failure.to_string(),
             removed,
         },
     }

@@ -3,7 +3,7 @@
 //! check that can refuse a function runs before anything of it is written, so a function
 //! is patched whole or not at all.
 
-use glass_patch::trampoline;
+use glass_patch::{trampoline, DirectSite, Function, Plan};
 use glass_target::inject::StoppedProcess;
 use glass_target::procfs::Mapping;
 
@@ -187,10 +187,9 @@ pub fn prepare(
         region: (0, 0),
         moves: Vec::new(),
     };
-    let module = choice.path.clone();
     for (function, reason) in &choice.skipped {
         outcome.skipped.push(crate::Skip {
-            module: module.clone(),
+            module: choice.path.clone(),
             address: function.address.wrapping_add(bias),
             name: function.name.clone(),
             reason: reason.clone(),
@@ -200,18 +199,7 @@ pub fn prepare(
     if count == 0 {
         return Ok(outcome);
     }
-    let room: u64 = 16
-        + choice
-            .patchable
-            .iter()
-            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
-            .sum::<u64>()
-        + choice
-            .redirected
-            .iter()
-            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
-            .sum::<u64>()
-        + choice.libcalls.len() as u64 * 32;
+    let room = region_room(choice);
     let (low, high) = choice.segments.iter().filter(|s| s.2 > 0).fold(
         (u64::MAX, 0),
         |(lo, hi), &(_, address, size)| {
@@ -222,17 +210,119 @@ pub fn prepare(
         },
     );
     let region = process.map_code_near(low, high, room)?;
-    let enter_slot = region;
     let mut code = enter.to_le_bytes().to_vec();
     code.resize(16, 0xcc);
-    let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut id = first_id;
+    let mut building = Building {
+        process,
+        module: &choice.path,
+        bias,
+        region,
+        code,
+        patches: Vec::new(),
+        id: first_id,
+        outcome,
+    };
     for (function, file_plan, padding) in &choice.patchable {
-        let runtime_address = function.address.wrapping_add(bias);
+        building.entry(function, file_plan, *padding);
+    }
+    // Functions too short for the jump: a copy in the trampoline, reached from each
+    // direct call site (whose displacement is rewritten).
+    for (function, file_plan, sites) in &choice.redirected {
+        building.redirect(function, file_plan, sites);
+    }
+    // Library calls: the GOT slot gets a trampoline that enters the probe and jumps on
+    // to what the slot held (LD_BIND_NOW made that the function itself).
+    for (name, slot) in &choice.libcalls {
+        building.libcall(name, *slot)?;
+    }
+    let Building {
+        code,
+        patches,
+        mut outcome,
+        ..
+    } = building;
+    process.write(region, &code)?;
+    outcome.region = (region, room.next_multiple_of(4096));
+    for (address, bytes) in patches {
+        let original = process.read(address, bytes.len())?;
+        outcome.patches.push((address, bytes, original));
+    }
+    Ok(outcome)
+}
+
+/// Room for every trampoline of `choice`, after the slot holding the probe's entry.
+fn region_room(choice: &ModuleChoice) -> u64 {
+    16 + choice
+        .patchable
+        .iter()
+        .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
+        .sum::<u64>()
+        + choice
+            .redirected
+            .iter()
+            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
+            .sum::<u64>()
+        + choice.libcalls.len() as u64 * 32
+}
+
+/// One module's trampolines as they are built: their code (written at `region` in one
+/// go, the probe's entry in its first slot), the patches that will lead to them, and
+/// what was installed or skipped.
+struct Building<'a> {
+    process: &'a StoppedProcess,
+    module: &'a str,
+    bias: u64,
+    region: u64,
+    code: Vec<u8>,
+    /// (address, new bytes).
+    patches: Vec<(u64, Vec<u8>)>,
+    /// The next function's id.
+    id: u32,
+    outcome: Outcome,
+}
+
+impl Building<'_> {
+    /// Where the next trampoline goes.
+    fn next_at(&self) -> u64 {
+        self.region + self.code.len() as u64
+    }
+
+    /// The slot that holds the probe's entry.
+    fn enter_slot(&self) -> u64 {
+        self.region
+    }
+
+    fn skip(&mut self, function: &Function, address: u64, reason: SkipReason) {
+        self.outcome.skipped.push(crate::Skip {
+            module: self.module.to_string(),
+            address,
+            name: function.name.clone(),
+            reason,
+        });
+    }
+
+    /// Adds a trampoline's bytes (aligned to 16) and counts what it instruments.
+    fn install(&mut self, trampoline: &[u8], address: u64, size: u64, name: String) {
+        self.code.extend_from_slice(trampoline);
+        self.code.resize(self.code.len().next_multiple_of(16), 0xcc);
+        self.outcome.installed.push(Installed {
+            id: self.id,
+            module: self.module.to_string(),
+            address,
+            size,
+            name,
+        });
+        self.id += 1;
+    }
+
+    /// A function reached through a jump written over its entry.
+    fn entry(&mut self, function: &Function, file_plan: &Plan, padding: u64) {
+        let runtime_address = function.address.wrapping_add(self.bias);
         // Analyse again where the code runs: the relocation needs the real addresses,
         // and the code in memory must be what the file says (it is not if something
         // else, or an earlier glass, already patched it).
-        let plan = process
+        let plan = self
+            .process
             .read(runtime_address, (function.size + padding) as usize)
             .ok()
             .and_then(|bytes| {
@@ -241,71 +331,51 @@ pub fn prepare(
             })
             .filter(|plan| {
                 plan.displaced == file_plan.displaced
-                    && plan.patch_at == file_plan.patch_at.wrapping_add(bias)
+                    && plan.patch_at == file_plan.patch_at.wrapping_add(self.bias)
             });
         let Some(plan) = plan else {
-            outcome.skipped.push(crate::Skip {
-                module: module.clone(),
-                address: runtime_address,
-                name: function.name.clone(),
-                reason: SkipReason::CodeDiffers,
-            });
-            continue;
+            return self.skip(function, runtime_address, SkipReason::CodeDiffers);
         };
-        let at = region + code.len() as u64;
-        let built =
-            trampoline::build_with_moves(&plan, id, at, enter_slot).and_then(|(bytes, moves)| {
-                trampoline::entry_patch(&plan, at).map(|patch| (bytes, moves, patch))
-            });
+        let at = self.next_at();
+        let built = trampoline::build_with_moves(&plan, self.id, at, self.enter_slot()).and_then(
+            |(bytes, moves)| trampoline::entry_patch(&plan, at).map(|patch| (bytes, moves, patch)),
+        );
         match built {
             Ok((bytes, moves, patch)) => {
-                outcome.moves.extend(moves);
-                code.extend_from_slice(&bytes);
-                code.resize(code.len().next_multiple_of(16), 0xcc);
-                patches.push((plan.patch_at, patch));
-                outcome.installed.push(Installed {
-                    id,
-                    module: module.clone(),
-                    address: runtime_address,
-                    size: function.size,
-                    name: function.name.clone(),
-                });
-                id += 1;
+                self.outcome.moves.extend(moves);
+                self.patches.push((plan.patch_at, patch));
+                self.install(
+                    &bytes,
+                    runtime_address,
+                    function.size,
+                    function.name.clone(),
+                );
             }
-            Err(reason) => outcome.skipped.push(crate::Skip {
-                module: module.clone(),
-                address: runtime_address,
-                name: function.name.clone(),
-                reason: SkipReason::Trampoline(reason),
-            }),
+            Err(reason) => self.skip(function, runtime_address, SkipReason::Trampoline(reason)),
         }
     }
-    // Functions too short for the jump: a copy in the trampoline, reached from each
-    // direct call site (whose displacement is rewritten).
-    for (function, file_plan, sites) in &choice.redirected {
-        let runtime_address = function.address.wrapping_add(bias);
-        let plan = process
+
+    /// A function too short for the entry jump, copied whole into its trampoline and
+    /// reached from its direct call sites.
+    fn redirect(&mut self, function: &Function, file_plan: &Plan, sites: &[DirectSite]) {
+        let runtime_address = function.address.wrapping_add(self.bias);
+        let plan = self
+            .process
             .read(runtime_address, function.size as usize)
             .ok()
             .and_then(|code| glass_patch::whole_function_plan(&code, runtime_address).ok())
             .filter(|plan| plan.displaced == file_plan.displaced);
         let Some(plan) = plan else {
-            outcome.skipped.push(crate::Skip {
-                module: module.clone(),
-                address: runtime_address,
-                name: function.name.clone(),
-                reason: SkipReason::CodeDiffers,
-            });
-            continue;
+            return self.skip(function, runtime_address, SkipReason::CodeDiffers);
         };
-        let at = region + code.len() as u64;
-        let Ok(bytes) = trampoline::build(&plan, id, at, enter_slot) else {
-            continue;
+        let at = self.next_at();
+        let Ok(bytes) = trampoline::build(&plan, self.id, at, self.enter_slot()) else {
+            return;
         };
         let mut rewrites = Vec::new();
         for site in sites {
-            let site_at = site.at.wrapping_add(bias);
-            let Ok(current) = process.read(site_at, site.len as usize) else {
+            let site_at = site.at.wrapping_add(self.bias);
+            let Ok(current) = self.process.read(site_at, site.len as usize) else {
                 continue;
             };
             let end = site_at + site.len as u64;
@@ -319,61 +389,44 @@ pub fn prepare(
             }
         }
         if rewrites.is_empty() {
-            outcome.skipped.push(crate::Skip {
-                module: module.clone(),
-                address: runtime_address,
-                name: function.name.clone(),
-                reason: SkipReason::TooShortNoCallSite(glass_patch::Reason::TooShort {
-                    size: function.size,
-                }),
-            });
-            continue;
+            let too_short = glass_patch::Reason::TooShort {
+                size: function.size,
+            };
+            return self.skip(
+                function,
+                runtime_address,
+                SkipReason::TooShortNoCallSite(too_short),
+            );
         }
-        code.extend_from_slice(&bytes);
-        code.resize(code.len().next_multiple_of(16), 0xcc);
-        patches.extend(rewrites);
-        outcome.installed.push(Installed {
-            id,
-            module: module.clone(),
-            address: runtime_address,
-            size: function.size,
-            name: function.name.clone(),
-        });
-        id += 1;
+        self.patches.extend(rewrites);
+        self.install(
+            &bytes,
+            runtime_address,
+            function.size,
+            function.name.clone(),
+        );
     }
-    // Library calls: the GOT slot gets a trampoline that enters the probe and jumps on
-    // to what the slot held (LD_BIND_NOW made that the function itself).
-    for (name, slot) in &choice.libcalls {
-        let slot = slot.wrapping_add(bias);
-        let target = process.read_u64(slot)?;
-        let at = region + code.len() as u64;
+
+    /// A library call, through a trampoline its GOT slot is pointed at.
+    fn libcall(&mut self, name: &str, slot: u64) -> std::io::Result<()> {
+        let slot = slot.wrapping_add(self.bias);
+        let target = self.process.read_u64(slot)?;
+        let at = self.next_at();
         let original = at + 24;
         let mut bytes = vec![0x68];
-        bytes.extend_from_slice(&id.to_le_bytes());
+        bytes.extend_from_slice(&self.id.to_le_bytes());
         // call [rip + enter_slot]
         bytes.extend_from_slice(&[0xff, 0x15]);
-        bytes.extend_from_slice(&((enter_slot as i64 - (at + 11) as i64) as i32).to_le_bytes());
+        bytes.extend_from_slice(
+            &((self.enter_slot() as i64 - (at + 11) as i64) as i32).to_le_bytes(),
+        );
         // jmp [rip + original]
         bytes.extend_from_slice(&[0xff, 0x25]);
         bytes.extend_from_slice(&((original as i64 - (at + 17) as i64) as i32).to_le_bytes());
         bytes.resize(24, 0xcc);
         bytes.extend_from_slice(&target.to_le_bytes());
-        code.extend_from_slice(&bytes);
-        patches.push((slot, at.to_le_bytes().to_vec()));
-        outcome.installed.push(Installed {
-            id,
-            module: module.clone(),
-            address: target,
-            size: 0,
-            name: format!("{name}@plt"),
-        });
-        id += 1;
+        self.patches.push((slot, at.to_le_bytes().to_vec()));
+        self.install(&bytes, target, 0, format!("{name}@plt"));
+        Ok(())
     }
-    process.write(region, &code)?;
-    outcome.region = (region, room.next_multiple_of(4096));
-    for (address, bytes) in patches {
-        let original = process.read(address, bytes.len())?;
-        outcome.patches.push((address, bytes, original));
-    }
-    Ok(outcome)
 }

@@ -20,6 +20,7 @@
 
 mod attach;
 pub mod embedded;
+mod error;
 pub mod guardian;
 mod guest;
 mod install;
@@ -27,6 +28,7 @@ mod ledger;
 mod owner;
 mod select;
 
+pub use error::{Failure, Result};
 pub use install::Installed;
 pub use select::SkipReason;
 
@@ -131,7 +133,6 @@ use glass_target::inject::{shell_status, StoppedProcess};
 
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, error_text, monotonic_now_ns};
-use glass_record::{Failure, Result};
 
 /// Traces as `args` say, telling `notes` what the user should hear on the way.
 pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
@@ -168,7 +169,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         select::read_module(&program, &patterns, &libcalls).map_err(Failure::bad_input)?;
     select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}{}",
             program.display(),
             patterns.join(","),
@@ -209,13 +210,8 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         env.push(("LD_BIND_NOW".to_string(), "1".to_string()));
     }
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
-    let process = StoppedProcess::launch_to_entry(&args.command, &env).map_err(|e| {
-        if e.is_bad_input() {
-            Failure::bad_input(e.to_string())
-        } else {
-            Failure::runtime(e.to_string())
-        }
-    })?;
+    let process =
+        StoppedProcess::launch_to_entry(&args.command, &env).map_err(Failure::starting)?;
     let pid = process.pid();
     // The target has mapped the rings; nobody else needs the name.
     session.unlink();
@@ -573,7 +569,7 @@ fn prepare_all(
             .take(5)
             .map(|skip| format!("{}: {}", skip.name, skip.reason))
             .collect();
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::NothingToPatch(format!(
             "none of the matching functions can be patched ({})",
             reasons.join("; ")
         )));

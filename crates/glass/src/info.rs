@@ -53,7 +53,46 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     } else {
         (open_recording(&args.input)?, None)
     };
-    let us = |ns: u64| format!("{:.1} us", ns as f64 / 1000.0);
+    file_info(args, &recording);
+    if let Some(meta) = &recording.meta {
+        println!(
+            "recorded:    {} on {} by glass {}",
+            utc(meta.start_unix_ns),
+            meta.hostname,
+            meta.glass_version
+        );
+        target_info(meta, &recording);
+        if meta.backend == glass_format::Backend::Trace {
+            trace_info(&recording, calls.as_ref());
+            return Ok(());
+        }
+        println!(
+            "sampling:    {} backend, {} code, {} unwinding, {} Hz, max depth {}, {} capture",
+            meta.backend, meta.arch, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
+        );
+    }
+    contents_info(&recording);
+    guest_processes(&recording);
+    cost_info(&recording);
+    kernel_info(&recording);
+    if !recording.py_stacks.is_empty() {
+        println!(
+            "python:      {} samples with Python frames, {} code objects named",
+            recording.py_stacks.len(),
+            recording.py_codes.len()
+        );
+    }
+    cfi_info(&recording);
+    Ok(())
+}
+
+/// Microseconds, as the cost lines give them.
+fn us(ns: u64) -> String {
+    format!("{:.1} us", ns as f64 / 1000.0)
+}
+
+/// The file, whether it is whole, where it is damaged, and what reading it warned of.
+fn file_info(args: &InfoArgs, recording: &glass_format::Recording) {
     println!(
         "file:        {} ({} bytes, format version {})",
         args.input.display(),
@@ -71,70 +110,64 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     for note in &recording.notes {
         println!("warning:     {note}");
     }
-    if let Some(meta) = &recording.meta {
-        println!(
-            "recorded:    {} on {} by glass {}",
-            utc(meta.start_unix_ns),
-            meta.hostname,
-            meta.glass_version
-        );
-        if matches!(
-            meta.backend,
-            glass_format::Backend::GdbStub | glass_format::Backend::Xen
-        ) {
-            let name = recording.processes.first().map_or("", |p| p.name.as_str());
-            let vcpus = recording
-                .threads
-                .iter()
-                .map(|t| t.tid)
-                .collect::<HashSet<_>>()
-                .len();
-            match meta.command.is_empty() {
-                true if meta.backend == glass_format::Backend::Xen => {
-                    println!(
-                        "target:      Xen guest {name} through the hypervisor, {}",
-                        count(vcpus as u64, "vCPU")
-                    )
-                }
-                true => {
-                    println!(
-                        "target:      VM guest {name} through its GDB stub, {}",
-                        count(vcpus as u64, "vCPU")
-                    )
-                }
-                false => println!(
-                    "target:      VM guest {name} ({}), {}",
-                    meta.command.join(" "),
+}
+
+/// What was recorded: a VM guest (and its RAM's source), or a process attached to or
+/// launched.
+fn target_info(meta: &glass_format::Meta, recording: &glass_format::Recording) {
+    if matches!(
+        meta.backend,
+        glass_format::Backend::GdbStub | glass_format::Backend::Xen
+    ) {
+        let name = recording.processes.first().map_or("", |p| p.name.as_str());
+        let vcpus = recording
+            .threads
+            .iter()
+            .map(|t| t.tid)
+            .collect::<HashSet<_>>()
+            .len();
+        match meta.command.is_empty() {
+            true if meta.backend == glass_format::Backend::Xen => {
+                println!(
+                    "target:      Xen guest {name} through the hypervisor, {}",
                     count(vcpus as u64, "vCPU")
-                ),
+                )
             }
-            // Absent in files written before glass recorded it.
-            if let Some(ram) = &recording.guest_ram {
-                println!("guest RAM:   {ram}");
+            true => {
+                println!(
+                    "target:      VM guest {name} through its GDB stub, {}",
+                    count(vcpus as u64, "vCPU")
+                )
             }
-        } else if meta.command.is_empty() {
-            let command = glass_report::calltrace::target_command(&recording);
-            if command.is_empty() {
-                println!("target:      pid {} (attached)", meta.target_pid);
-            } else {
-                println!("target:      {command} (attached, pid {})", meta.target_pid);
-            }
-        } else {
-            println!(
-                "target:      {} (launched, pid {})",
+            false => println!(
+                "target:      VM guest {name} ({}), {}",
                 meta.command.join(" "),
-                meta.target_pid
-            );
+                count(vcpus as u64, "vCPU")
+            ),
         }
-        if meta.backend == glass_format::Backend::Trace {
-            trace_info(&recording, calls.as_ref());
-            return Ok(());
+        // Absent in files written before glass recorded it.
+        if let Some(ram) = &recording.guest_ram {
+            println!("guest RAM:   {ram}");
         }
+    } else if meta.command.is_empty() {
+        let command = glass_report::calltrace::target_command(recording);
+        if command.is_empty() {
+            println!("target:      pid {} (attached)", meta.target_pid);
+        } else {
+            println!("target:      {command} (attached, pid {})", meta.target_pid);
+        }
+    } else {
         println!(
-            "sampling:    {} backend, {} code, {} unwinding, {} Hz, max depth {}, {} capture",
-            meta.backend, meta.arch, meta.unwind, meta.frequency_hz, meta.max_depth, meta.capture
+            "target:      {} (launched, pid {})",
+            meta.command.join(" "),
+            meta.target_pid
         );
     }
+}
+
+/// How many samples (and why some were cut short), snapshots, threads, processes and
+/// module mappings the file holds.
+fn contents_info(recording: &glass_format::Recording) {
     let max_depth = recording.meta.as_ref().map_or(0, |m| m.max_depth as usize);
     let truncated: Vec<&glass_format::Sample> = recording
         .samples
@@ -173,7 +206,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         count(processes.len() as u64, "process"),
         count(recording.modules.len() as u64, "module mapping")
     );
-    guest_processes(&recording);
+}
+
+/// What the recording cost the target (the summary's figures), and its exit status.
+fn cost_info(recording: &glass_format::Recording) {
     match &recording.summary {
         Some(s) => {
             let overhead = if s.duration_ns > 0 {
@@ -220,6 +256,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         }
         None => println!("cost:        not recorded (the recorder did not finish the file)"),
     }
+}
+
+/// The kernel's functions kept, and the time threads spent off the CPU.
+fn kernel_info(recording: &glass_format::Recording) {
     let kernel = &recording.kernel_symbols.symbols;
     if !kernel.is_empty() {
         let off_cpu = recording
@@ -240,15 +280,6 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             }
         );
     }
-    if !recording.py_stacks.is_empty() {
-        println!(
-            "python:      {} samples with Python frames, {} code objects named",
-            recording.py_stacks.len(),
-            recording.py_codes.len()
-        );
-    }
-    cfi_info(&recording);
-    Ok(())
 }
 
 /// A VM guest's processes, as its tasks were read (`--guest-btf`): how many samples ran

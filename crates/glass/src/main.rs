@@ -359,7 +359,7 @@ fn main() -> ExitCode {
         }
         Command::Trace(args) => inputs::check_trace(&args).and_then(|()| trace::run(&args)),
         Command::Top(args) => inputs::check_record(&args.record).and_then(|()| top::run(&args)),
-        Command::Guardian(args) => glass_record::guardian::run(&args),
+        Command::Guardian(args) => glass_record::guardian::run(&args).map_err(Into::into),
         Command::TraceGuardian(args) => trace::guard(&args),
     };
     match result {
@@ -370,7 +370,7 @@ fn main() -> ExitCode {
             // SAFETY: sets one signal's disposition; no handler runs.
             unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
             eprintln!("glass: {failure}");
-            ExitCode::from(failure.exit_code as u8)
+            ExitCode::from(failure.exit_code())
         }
     }
 }

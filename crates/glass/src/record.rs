@@ -8,7 +8,7 @@ use glass_format::Backend;
 use glass_record::{CaptureMode, Notes, Outcome, RecordOptions, Recorded};
 use nix::sys::signal::Signal;
 
-use crate::error::Result;
+use crate::error::{Failure, Result};
 use crate::RecordArgs;
 
 /// Warnings always; figures unless `--quiet`.
@@ -39,7 +39,7 @@ pub fn run(args: &RecordArgs) -> Result<i32> {
     }
     if matches!(recorded.outcome, Outcome::StubLost) && args.gdb.is_some() {
         // The recording is kept (ended cleanly), but it ended early: a runtime failure.
-        return Err(glass_record::Failure::runtime(format!(
+        return Err(Failure::runtime(format!(
             "the GDB stub at {} went away mid-recording; {} kept the {} samples taken before",
             args.gdb.as_deref().unwrap_or_default(),
             args.output.display(),

@@ -15,17 +15,10 @@ fn warn(text: &str) {
     eprintln!("glass: warning: {text}");
 }
 
-fn failure(failure: library::Failure) -> Failure {
-    match failure {
-        library::Failure::BadInput(message) => Failure::bad_input(message),
-        library::Failure::Runtime(message) => Failure::runtime(message),
-    }
-}
-
 /// Reads a recording for a command: a file glass cannot read at all is bad input; a
 /// damaged or truncated one is reported with a warning and used as far as it goes.
 pub fn open_recording(path: &Path) -> Result<Recording> {
-    library::open_recording(path, &mut warn).map_err(failure)
+    library::open_recording(path, &mut warn).map_err(Failure::from)
 }
 
 /// Whether the file's first record says it is a `glass trace` recording.
@@ -35,7 +28,7 @@ pub fn is_trace_file(path: &Path) -> bool {
 
 /// A `glass trace` recording summed while it streams by (damage warned about).
 pub fn scan_trace(path: &Path, jobs: Option<u32>, wanted: &scan::Wanted) -> Result<scan::Scan> {
-    library::scan_trace(path, jobs, wanted, &mut warn).map_err(failure)
+    library::scan_trace(path, jobs, wanted, &mut warn).map_err(Failure::from)
 }
 
 pub fn run(args: &ReportArgs) -> Result<()> {
@@ -51,5 +44,5 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         no_idle: args.no_idle,
         jobs: args.jobs,
     };
-    library::run(&options, &mut warn).map_err(failure)
+    library::run(&options, &mut warn).map_err(Failure::from)
 }

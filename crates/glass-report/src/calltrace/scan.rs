@@ -224,6 +224,20 @@ fn pass(
     drop(stream);
     let stride = engine.as_ref().map_or(0, |e| e.stride);
     let workers = engine.map_or(Vec::new(), Engine::finish);
+    let bad_chunk = gather(&mut scan, workers);
+    Ok(Pass {
+        scan,
+        root: config.root,
+        stride: stride.max(1),
+        bad_chunk: bad_chunk.map(|(offset, what)| FormatError::Corrupt { offset, what }),
+    })
+}
+
+/// Adds up what the workers found into `scan`: records, calls and their statistics, the
+/// paths, and the invocations in the order they began (their starts made whole from
+/// the session's first cycle count). The first chunk a worker could not decode, if any:
+/// (offset, what).
+fn gather(scan: &mut Scan, workers: Vec<Worker>) -> Option<(usize, &'static str)> {
     let tsc_start = scan
         .recording
         .trace_summary
@@ -295,12 +309,7 @@ fn pass(
             invocation
         })
         .collect();
-    Ok(Pass {
-        scan,
-        root: config.root,
-        stride: stride.max(1),
-        bad_chunk: bad_chunk.map(|(offset, what)| FormatError::Corrupt { offset, what }),
-    })
+    bad_chunk
 }
 
 /// The workers: on this thread (one), or threads fed by queues.

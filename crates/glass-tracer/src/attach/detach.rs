@@ -21,6 +21,20 @@ pub(super) struct Detached {
     pub(super) moved: usize,
 }
 
+impl Detached {
+    /// How it went, as the user hears it.
+    pub(super) fn report(&self, pid: i32, why: &'static str) -> DetachReport {
+        DetachReport {
+            pid,
+            why,
+            stopped_ns: self.stopped_ns,
+            moved: self.moved,
+            unmap_ns: self.unmap_ns,
+            in_flight: self.in_flight,
+        }
+    }
+}
+
 /// The first half of taking instrumentation out: every thread stopped wherever it is,
 /// the bytes `undo` lists put back, every thread (but `keep`) let go again. No thread
 /// enters a probe after this but through a trampoline it was already in or the exit of
@@ -36,9 +50,7 @@ pub(super) fn restore_code(
     keep: Option<i32>,
 ) -> Result<Duration> {
     let pid = process.pid();
-    attachment
-        .stop_all()
-        .map_err(|e| Failure::runtime(e.to_string()))?;
+    attachment.stop_all()?;
     let stopped = Instant::now();
     let restored = install::uninstall(process, undo)
         .map_err(|e| Failure::runtime(format!("cannot restore the code of pid {pid}: {e}")));

@@ -68,14 +68,15 @@ use glass_format::TraceSummary;
 use glass_probe_abi::session::SessionMemory;
 use glass_target::attach::Attachment;
 use glass_target::inject::{LibcCalls, StoppedProcess};
+use glass_target::procfs::Mapping;
 
 use super::ledger::{self, Ledger};
 use super::owner::{self, Credentials};
 use super::{install, select, CounterChoice};
+use crate::error::{Failure, Result};
 use crate::{AttachReport, DetachReport, TraceNotes, TraceOptions, Traced};
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
 use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, Outcome};
-use glass_record::{Failure, Result};
 
 /// Tells the guardian that glass leaves the target as it should (not on a panic, after
 /// which the guardian takes the probes out).
@@ -110,6 +111,7 @@ struct Attached {
     runtime_text: Vec<Span>,
 }
 
+/// `glass trace --pid`: the phases of the module's first comment, in order.
 pub fn run(
     args: &TraceOptions,
     notes: &mut dyn TraceNotes,
@@ -119,51 +121,16 @@ pub fn run(
     counters: Vec<CounterChoice>,
     counters_note: String,
 ) -> Result<Traced> {
-    if pid <= 0 || !Path::new(&format!("/proc/{pid}/task")).exists() {
-        return Err(Failure::bad_input(format!("no process with pid {pid}")));
-    }
-    if pid == std::process::id() as i32 {
-        return Err(Failure::bad_input("glass cannot trace itself"));
-    }
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
-        Failure::bad_input(format!(
-            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process of another user: run glass as its owner, or as root or with CAP_SYS_PTRACE)"
-        ))
-    })?;
-    let program = if exe.exists() {
-        exe.clone()
-    } else {
-        PathBuf::from(format!("/proc/{pid}/exe"))
-    };
-    let main_module =
-        select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
-    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
-    if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
-        return Err(Failure::bad_input(format!(
-            "no function of {} matches {}",
-            program.display(),
-            patterns.join(",")
-        )));
-    }
-    let mappings = glass_target::procfs::executable_mappings(pid)
-        .map_err(|e| Failure::bad_input(format!("cannot read the mappings of pid {pid}: {e}")))?;
-    let Some(loader) = loader_functions(pid, &mappings) else {
-        return Err(Failure::bad_input(format!(
-            "pid {pid} ({}) has no dlopen to load the probe runtime with: it is statically linked, or its C library is not glibc 2.34 or later and it did not load libdl; it was not touched",
-            program.display()
-        )));
-    };
+    let Target {
+        main_module,
+        mappings,
+        loader,
+    } = examine(args, pid, patterns, libcalls)?;
     if !counters_note.is_empty() {
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let modules = super::choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
-    let runtime_symbols = FileSymbols::runtime(&RUNTIME_SYMBOLS)
-        .filter(|s| s.addresses.iter().all(Option::is_some))
-        .ok_or_else(|| {
-            Failure::runtime(
-                "the embedded probe runtime lacks glass_probe_attach and the other entry points glass calls (a broken build)",
-            )
-        })?;
+    let runtime_symbols = embedded_runtime()?;
     let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     let file = create_output(&args.output)?;
@@ -188,217 +155,54 @@ pub fn run(
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
 
     // -- Attach ------------------------------------------------------------------------
-    let mut attachment = Attachment::seize(pid).map_err(|e| {
-        if e.is_bad_input() {
-            Failure::bad_input(e.to_string())
-        } else {
-            Failure::runtime(e.to_string())
-        }
-    })?;
-    let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
-    let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
-    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
-    glass_target::test_hook("attach-safe-point");
-    let loader_stopped = Instant::now();
-    let mut process = StoppedProcess::for_thread(pid, loader_tid)
-        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
-    process.use_libc(loader.calls);
-    let runtime_at = load_runtime(&process, &runtime_symbols, &loader)?;
-    glass_target::test_hook("attach-runtime");
-    let trap = process.landing();
-    let leave = runtime_at[1];
-    // A ledger is a predecessor's, alive (refused) or dead (its probes taken out).
-    if let Some(writer) = recover(&mut attachment, &process, &runtime_at)? {
-        notes.note(&format!(
-            "pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
-        ));
-    }
-    // From here on a ledger names this glass: if it dies, its guardian or the next glass
-    // knows whose session the runtime holds.
-    let provisional = Ledger {
-        writer_pid: std::process::id() as u64,
-        writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
-        trap,
-        ..Ledger::default()
-    };
-    let provisional_at = leave_ledger(&process, &provisional, runtime_at[LEDGER])?;
-    let forget_provisional = || {
-        let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
-        process.unmap(provisional_at.0, provisional_at.1);
-    };
-    glass_target::test_hook("attach-ledger");
-    // A join that failed as a call (it did not return in time) may still join: the
-    // ledger stays, so whoever comes next can end that session.
-    let joined = join_session(&process, &runtime_at, &session)?;
-    if joined == -(libc::EBUSY as i64) {
-        forget_provisional();
-        return Err(Failure::bad_input(format!(
-            "pid {pid} is already being traced (its probe runtime has a session that no glass left a ledger for: a `glass trace` that launched it?)"
-        )));
-    }
-    if joined != 0 {
-        forget_provisional();
-        return Err(Failure::runtime(owner::refusal(
-            pid,
-            session.path(),
-            &user,
-            -joined as i32,
-        )));
-    }
-    // The target has mapped the rings; nobody else needs the name.
-    session.unlink();
-    let mut all_stopped = Instant::now();
-    let mut moved = 0;
-    let mut patch = || -> Result<_> {
-        let Some((_, enter)) = session.runtime() else {
-            return Err(Failure::runtime(
-                "the probe runtime did not join the session",
-            ));
-        };
-        let mappings = glass_target::procfs::executable_mappings(pid)
-            .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
-        let runtime_text: Vec<Span> = mappings
-            .iter()
-            .filter(|m| m.path.contains("libglass_probe"))
-            .map(|m| Span {
-                start: m.start,
-                end: m.end,
-            })
-            .collect();
-        bind_lazy_slots(&process, &modules, &mappings, loader.dlsym)?;
-        let hooks = unwinder_hooks(&process, &unwinder_slots, &runtime_at, loader.dlsym)?;
-        let biases = super::biases(pid, &modules)?;
-        let ranges: Vec<(u64, u64)> = modules
-            .iter()
-            .zip(&biases)
-            .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
-            .collect();
-        // Trampolines are built and written while the other threads run; only the
-        // patches wait for every thread to stop.
-        let (installed, skipped, prepared) =
-            super::prepare_all(&process, enter, &modules, &biases)?;
-        // The unwinder's GOT slots are committed with the rest, as one more module's
-        // patches.
-        let mut prepared = prepared;
-        let mut hook_patches = Vec::new();
-        for (slot, hook) in hooks {
-            let original = process
-                .read(slot, 8)
-                .map_err(|e| Failure::runtime(format!("cannot read the GOT of pid {pid}: {e}")))?;
-            hook_patches.push((slot, hook.to_le_bytes().to_vec(), original));
-        }
-        prepared.push(install::Outcome {
-            installed: Vec::new(),
-            skipped: Vec::new(),
-            patches: hook_patches,
-            region: (0, 0),
-            moves: Vec::new(),
-        });
-        // What a later glass needs to take it all out should this one die attached.
-        let ledger = Ledger {
-            writer_pid: std::process::id() as u64,
-            writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
-            session: session.mapped_at(),
-            trap,
-            regions: prepared
-                .iter()
-                .map(|o| o.region)
-                .filter(|r| r.1 > 0)
-                .collect(),
-            restore: prepared
-                .iter()
-                .flat_map(|o| {
-                    o.patches
-                        .iter()
-                        .map(|(at, _, original)| (*at, original.clone()))
-                })
-                .collect(),
-            moves: prepared
-                .iter()
-                .flat_map(|o| o.moves.iter().copied())
-                .collect(),
-            unwinder_hooks: prepared.last().map_or(0, |o| o.patches.len() as u64),
-        };
-        let ledger_at = leave_ledger(&process, &ledger, runtime_at[LEDGER])?;
-        process.unmap(provisional_at.0, provisional_at.1);
-        glass_target::test_hook("attach-prepared");
-        all_stopped = Instant::now();
-        let moves = prepared
-            .iter()
-            .flat_map(|o| o.moves.iter().copied())
-            .collect();
-        let inside = |rip: u64| {
-            ranges
-                .iter()
-                .any(|&(start, len)| rip > start && rip < start + len)
-        };
-        let leave = Leave {
-            inside: &inside,
-            spans: &[],
-            moves: &moves,
-        };
-        moved = stop_at_safe_points(&mut attachment, &leave, Some(loader_tid))?;
-        glass_target::test_hook("attach-stopped");
-        let undo = super::commit_all(&process, &prepared)?;
-        glass_target::test_hook("attach-patched");
-        let mut undo = undo;
-        // The unwinder's GOT slots are the last module's patches (pushed last above).
-        let hooks_undo = undo.pop().expect("the unwinder hooks' patches");
-        Ok((
-            installed,
-            skipped,
-            undo,
-            hooks_undo,
-            runtime_text,
-            ledger_at,
-        ))
-    };
-    let (installed, skipped, undo, hooks_undo, runtime_text, ledger_at) = match patch() {
-        Ok(done) => done,
+    let mut held = hold_loader_thread(pid, &mappings, &loader)?;
+    let joined = join(&mut held, &runtime_symbols, &loader, &session, &user, notes)?;
+    let patched = match patch(
+        &mut held,
+        &joined,
+        &modules,
+        &unwinder_slots,
+        &loader,
+        &session,
+    ) {
+        Ok(patched) => patched,
         Err(failure) => {
             // Nothing is patched (commit_all undoes its part): the runtime lets the
             // session go and stays loaded, idle.
-            let _ = leave_runtime(&process, leave);
-            attachment.release();
+            let _ = leave_runtime(&held.process, joined.leave());
+            held.attachment.release();
             return Err(failure);
         }
     };
-    attachment.release();
-    let attach_stop_ns = all_stopped.elapsed().as_nanos() as u64;
-    let loader_stop_ns = (all_stopped - loader_stopped).as_nanos() as u64;
-    drop(process);
+    held.attachment.release();
+    let attach_stop_ns = patched.all_stopped.elapsed().as_nanos() as u64;
+    let loader_stop_ns = (patched.all_stopped - held.loader_stopped).as_nanos() as u64;
+    let loader_tid = held.process.tid();
+    drop(held);
+    let (installed, skipped) = (patched.installed, patched.skipped);
     notes.instrumented(&installed, &skipped);
     notes.attached(&AttachReport {
         pid,
         stopped_ns: attach_stop_ns,
-        moved,
+        moved: patched.moved,
         loader_tid,
         loader_stopped_ns: loader_stop_ns,
     });
     let attached = Attached {
-        undo,
-        hooks_undo,
-        landing: trap,
+        undo: patched.undo,
+        hooks_undo: patched.hooks_undo,
+        landing: joined.trap,
         libc: loader.calls,
-        landing_word: runtime_at[LANDING],
-        leave,
-        runtime_text,
-        ledger_at,
-        ledger_slot: runtime_at[LEDGER],
+        landing_word: joined.runtime_at[LANDING],
+        leave: joined.leave(),
+        runtime_text: patched.runtime_text,
+        ledger_at: patched.ledger_at,
+        ledger_slot: joined.runtime_at[LEDGER],
     };
-
-    let command: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| {
-            c.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
     let mut out = super::start_output(
         file,
         pid,
-        &command,
+        &command_line(pid),
         true,
         &installed,
         &skipped,
@@ -424,13 +228,7 @@ pub fn run(
     )
     .unwrap_or(Outcome::DurationElapsed);
     let mut words = drain.words;
-    let why = match outcome {
-        Outcome::TargetExited => "the process exited",
-        Outcome::Signalled(libc::SIGINT) => "SIGINT",
-        Outcome::Signalled(libc::SIGTERM) => "SIGTERM",
-        Outcome::Signalled(_) => "SIGHUP",
-        _ => "the duration ran out",
-    };
+    let why = ended_by(outcome);
 
     // -- Detach ------------------------------------------------------------------------
     let mut summary = TraceSummary {
@@ -438,29 +236,11 @@ pub fn run(
         attach_stop_ns,
         ..TraceSummary::default()
     };
-    let detach_result = if process_gone(pid) {
-        Ok(None)
-    } else {
-        detach(pid, &attached, session.mapped_at()).map(|detached| {
-            summary.detach_stop_ns = detached.stopped_ns;
-            summary.in_flight_at_detach = detached.in_flight;
-            Some(detached)
-        })
-    };
+    let detach_result = detach_unless_gone(pid, &attached, &session, &mut summary);
     super::drain_once(&session, true, &mut words, &mut out);
     match &detach_result {
         Ok(None) => notes.detached(pid, None),
-        Ok(Some(detached)) => notes.detached(
-            pid,
-            Some(&DetachReport {
-                pid,
-                why,
-                stopped_ns: detached.stopped_ns,
-                moved: detached.moved,
-                unmap_ns: detached.unmap_ns,
-                in_flight: detached.in_flight,
-            }),
-        ),
+        Ok(Some(detached)) => notes.detached(pid, Some(&detached.report(pid, why))),
         Err(_) => {}
     }
     let (summary, records) = super::finish_output(
@@ -480,6 +260,354 @@ pub fn run(
         summary,
         records,
     })
+}
+
+/// What glass learns of the process before it touches it.
+struct Target {
+    main_module: select::ModuleChoice,
+    mappings: Vec<Mapping>,
+    loader: LoaderFunctions,
+}
+
+/// Whether `pid` can be traced as asked, found without touching it: a process other
+/// than glass, whose program has functions that match, and whose C library has the
+/// `dlopen` the runtime is loaded with.
+fn examine(
+    args: &TraceOptions,
+    pid: i32,
+    patterns: &[String],
+    libcalls: &[String],
+) -> Result<Target> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}/task")).exists() {
+        return Err(Failure::bad_input(format!("no process with pid {pid}")));
+    }
+    if pid == std::process::id() as i32 {
+        return Err(Failure::bad_input("glass cannot trace itself"));
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+        Failure::bad_input(format!(
+            "cannot read the program of pid {pid}: {e} (a kernel thread, or a process of another user: run glass as its owner, or as root or with CAP_SYS_PTRACE)"
+        ))
+    })?;
+    let program = if exe.exists() {
+        exe.clone()
+    } else {
+        PathBuf::from(format!("/proc/{pid}/exe"))
+    };
+    let main_module =
+        select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
+    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
+    if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
+        return Err(Failure::NothingToPatch(format!(
+            "no function of {} matches {}",
+            program.display(),
+            patterns.join(",")
+        )));
+    }
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::bad_input(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let Some(loader) = loader_functions(pid, &mappings) else {
+        return Err(Failure::bad_input(format!(
+            "pid {pid} ({}) has no dlopen to load the probe runtime with: it is statically linked, or its C library is not glibc 2.34 or later and it did not load libdl; it was not touched",
+            program.display()
+        )));
+    };
+    Ok(Target {
+        main_module,
+        mappings,
+        loader,
+    })
+}
+
+/// Every thread seized, and the one the runtime is loaded in stopped at a safe point.
+struct Held {
+    attachment: Attachment,
+    process: StoppedProcess,
+    loader_stopped: Instant,
+}
+
+/// Attach, step 1: seizes every thread (none stopped) and stops one at a safe point
+/// (never in the dynamic loader, nor elsewhere in libc unless it waits in a system
+/// call) to load the runtime in.
+fn hold_loader_thread(pid: i32, mappings: &[Mapping], loader: &LoaderFunctions) -> Result<Held> {
+    let mut attachment = Attachment::seize(pid).map_err(Failure::starting)?;
+    let loader_code = spans_of(mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let libc_code = spans_of(mappings, &["libc.so", "libc-", "libdl"]);
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    glass_target::test_hook("attach-safe-point");
+    let loader_stopped = Instant::now();
+    let mut process = StoppedProcess::for_thread(pid, loader_tid)
+        .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
+    process.use_libc(loader.calls);
+    Ok(Held {
+        attachment,
+        process,
+        loader_stopped,
+    })
+}
+
+/// The runtime loaded and in the session, and the ledger naming this glass.
+struct Joined {
+    /// Where the RUNTIME_SYMBOLS are in the process.
+    runtime_at: Vec<u64>,
+    /// Where injected calls return to (glass's landing, as the runtime was loaded).
+    trap: u64,
+    /// The provisional ledger's mapping (address, length), until the full one is written.
+    provisional_at: (u64, u64),
+}
+
+impl Joined {
+    /// The runtime's glass_probe_detach.
+    fn leave(&self) -> u64 {
+        self.runtime_at[1]
+    }
+}
+
+/// Attach, step 2, in the loader thread while the others run: loads the runtime, takes
+/// out what a dead glass left (a live one's ledger refuses), leaves a ledger naming this
+/// glass, and has the runtime join the session.
+fn join(
+    held: &mut Held,
+    runtime_symbols: &FileSymbols,
+    loader: &LoaderFunctions,
+    session: &SessionMemory,
+    user: &Credentials,
+    notes: &mut dyn TraceNotes,
+) -> Result<Joined> {
+    let process = &held.process;
+    let pid = process.pid();
+    let runtime_at = load_runtime(process, runtime_symbols, loader)?;
+    glass_target::test_hook("attach-runtime");
+    let trap = process.landing();
+    // A ledger is a predecessor's, alive (refused) or dead (its probes taken out).
+    if let Some(writer) = recover(&mut held.attachment, process, &runtime_at)? {
+        notes.note(&format!(
+            "pid {pid} still had the probes of glass pid {writer}, which died attached: taken out"
+        ));
+    }
+    // From here on a ledger names this glass: if it dies, its guardian or the next glass
+    // knows whose session the runtime holds.
+    let provisional = Ledger {
+        writer_pid: std::process::id() as u64,
+        writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+        trap,
+        ..Ledger::default()
+    };
+    let provisional_at = leave_ledger(process, &provisional, runtime_at[LEDGER])?;
+    let forget_provisional = || {
+        let _ = process.write(runtime_at[LEDGER], &0u64.to_le_bytes());
+        process.unmap(provisional_at.0, provisional_at.1);
+    };
+    glass_target::test_hook("attach-ledger");
+    // A join that failed as a call (it did not return in time) may still join: the
+    // ledger stays, so whoever comes next can end that session.
+    let joined = join_session(process, &runtime_at, session)?;
+    if joined == -(libc::EBUSY as i64) {
+        forget_provisional();
+        return Err(Failure::TracedByAnother(format!(
+            "pid {pid} is already being traced (its probe runtime has a session that no glass left a ledger for: a `glass trace` that launched it?)"
+        )));
+    }
+    if joined != 0 {
+        forget_provisional();
+        return Err(Failure::runtime(owner::refusal(
+            pid,
+            session.path(),
+            user,
+            -joined as i32,
+        )));
+    }
+    // The target has mapped the rings; nobody else needs the name.
+    session.unlink();
+    Ok(Joined {
+        runtime_at,
+        trap,
+        provisional_at,
+    })
+}
+
+/// What the patches changed, and how long every thread was held for them.
+struct Patched {
+    installed: Vec<install::Installed>,
+    skipped: Vec<crate::Skip>,
+    undo: Vec<install::Undo>,
+    hooks_undo: install::Undo,
+    runtime_text: Vec<Span>,
+    ledger_at: (u64, u64),
+    /// When every thread was stopped for the patches.
+    all_stopped: Instant,
+    /// Threads moved out of the bytes replaced.
+    moved: usize,
+}
+
+/// Attach, step 3: builds and writes the trampolines and the full ledger while the
+/// other threads run, then stops every thread at a safe point (moving any inside bytes
+/// about to be replaced into their relocated copy) and writes the entry jumps. On a
+/// failure nothing is patched.
+fn patch(
+    held: &mut Held,
+    joined: &Joined,
+    modules: &[select::ModuleChoice],
+    unwinder_slots: &[(u64, usize)],
+    loader: &LoaderFunctions,
+    session: &SessionMemory,
+) -> Result<Patched> {
+    let process = &held.process;
+    let pid = process.pid();
+    let runtime_at = &joined.runtime_at;
+    let Some((_, enter)) = session.runtime() else {
+        return Err(Failure::runtime(
+            "the probe runtime did not join the session",
+        ));
+    };
+    let mappings = glass_target::procfs::executable_mappings(pid)
+        .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let runtime_text = runtime_text(&mappings);
+    bind_lazy_slots(process, modules, &mappings, loader.dlsym)?;
+    let hooks = unwinder_hooks(process, unwinder_slots, runtime_at, loader.dlsym)?;
+    let biases = super::biases(pid, modules)?;
+    let ranges: Vec<(u64, u64)> = modules
+        .iter()
+        .zip(&biases)
+        .flat_map(|(module, &bias)| install::overwritten_ranges(module, bias))
+        .collect();
+    // Trampolines are built and written while the other threads run; only the
+    // patches wait for every thread to stop.
+    let (installed, skipped, prepared) = super::prepare_all(process, enter, modules, &biases)?;
+    // The unwinder's GOT slots are committed with the rest, as one more module's
+    // patches.
+    let mut prepared = prepared;
+    let mut hook_patches = Vec::new();
+    for (slot, hook) in hooks {
+        let original = process
+            .read(slot, 8)
+            .map_err(|e| Failure::runtime(format!("cannot read the GOT of pid {pid}: {e}")))?;
+        hook_patches.push((slot, hook.to_le_bytes().to_vec(), original));
+    }
+    prepared.push(install::Outcome {
+        installed: Vec::new(),
+        skipped: Vec::new(),
+        patches: hook_patches,
+        region: (0, 0),
+        moves: Vec::new(),
+    });
+    let ledger_at = leave_ledger(
+        process,
+        &full_ledger(&prepared, session, joined.trap),
+        runtime_at[LEDGER],
+    )?;
+    process.unmap(joined.provisional_at.0, joined.provisional_at.1);
+    glass_target::test_hook("attach-prepared");
+    let all_stopped = Instant::now();
+    let moves = prepared
+        .iter()
+        .flat_map(|o| o.moves.iter().copied())
+        .collect();
+    let inside = |rip: u64| {
+        ranges
+            .iter()
+            .any(|&(start, len)| rip > start && rip < start + len)
+    };
+    let leave = Leave {
+        inside: &inside,
+        spans: &[],
+        moves: &moves,
+    };
+    let moved = stop_at_safe_points(&mut held.attachment, &leave, Some(process.tid()))?;
+    glass_target::test_hook("attach-stopped");
+    let undo = super::commit_all(process, &prepared)?;
+    glass_target::test_hook("attach-patched");
+    let mut undo = undo;
+    // The unwinder's GOT slots are the last module's patches (pushed last above).
+    let hooks_undo = undo.pop().expect("the unwinder hooks' patches");
+    Ok(Patched {
+        installed,
+        skipped,
+        undo,
+        hooks_undo,
+        runtime_text,
+        ledger_at,
+        all_stopped,
+        moved,
+    })
+}
+
+/// What a later glass needs to take it all out should this one die attached.
+fn full_ledger(prepared: &[install::Outcome], session: &SessionMemory, trap: u64) -> Ledger {
+    Ledger {
+        writer_pid: std::process::id() as u64,
+        writer_start: ledger::start_time(std::process::id() as u64).unwrap_or(0),
+        session: session.mapped_at(),
+        trap,
+        regions: prepared
+            .iter()
+            .map(|o| o.region)
+            .filter(|r| r.1 > 0)
+            .collect(),
+        restore: prepared
+            .iter()
+            .flat_map(|o| {
+                o.patches
+                    .iter()
+                    .map(|(at, _, original)| (*at, original.clone()))
+            })
+            .collect(),
+        moves: prepared
+            .iter()
+            .flat_map(|o| o.moves.iter().copied())
+            .collect(),
+        unwinder_hooks: prepared.last().map_or(0, |o| o.patches.len() as u64),
+    }
+}
+
+/// The process's command line, for the recording's header.
+fn command_line(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The probe runtime glass embeds, with every entry point glass calls.
+fn embedded_runtime() -> Result<FileSymbols> {
+    FileSymbols::runtime(&RUNTIME_SYMBOLS)
+        .filter(|s| s.addresses.iter().all(Option::is_some))
+        .ok_or_else(|| {
+            Failure::runtime(
+                "the embedded probe runtime lacks glass_probe_attach and the other entry points glass calls (a broken build)",
+            )
+        })
+}
+
+/// Detach, unless the process exited while traced (None); the summary gets its figures.
+fn detach_unless_gone(
+    pid: i32,
+    attached: &Attached,
+    session: &SessionMemory,
+    summary: &mut TraceSummary,
+) -> Result<Option<Detached>> {
+    if process_gone(pid) {
+        return Ok(None);
+    }
+    let detached = detach(pid, attached, session.mapped_at())?;
+    summary.detach_stop_ns = detached.stopped_ns;
+    summary.in_flight_at_detach = detached.in_flight;
+    Ok(Some(detached))
+}
+
+/// What ended the trace, in the detach's words.
+fn ended_by(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::TargetExited => "the process exited",
+        Outcome::Signalled(libc::SIGINT) => "SIGINT",
+        Outcome::Signalled(libc::SIGTERM) => "SIGTERM",
+        Outcome::Signalled(_) => "SIGHUP",
+        _ => "the duration ran out",
+    }
 }
 
 /// An attached process's rings, drained until it exits, the duration runs out or a stop

@@ -25,7 +25,7 @@ pub(super) fn recover(
         return Ok(None);
     };
     if ledger.writer_alive() && ledger.writer_pid != std::process::id() as u64 {
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::TracedByAnother(format!(
             "pid {pid} is already being traced by glass pid {}: one glass at a time",
             ledger.writer_pid
         )));
@@ -35,14 +35,7 @@ pub(super) fn recover(
     // before it patched anything) has nothing to put back.
     if ledger.session != 0 {
         let mappings = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
-        let runtime_text: Vec<Span> = mappings
-            .iter()
-            .filter(|m| m.path.contains("libglass_probe"))
-            .map(|m| Span {
-                start: m.start,
-                end: m.end,
-            })
-            .collect();
+        let runtime_text = runtime_text(&mappings);
         let regions: Vec<Span> = ledger
             .regions
             .iter()
@@ -116,7 +109,7 @@ pub fn take_over(pid: i32) -> Result<Option<u64>> {
     let Some(loader) = loader_functions(pid, &mappings) else {
         return Ok(None);
     };
-    let mut attachment = Attachment::seize(pid).map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut attachment = Attachment::seize(pid)?;
     let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
     let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
     let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;

@@ -92,9 +92,7 @@ pub(super) fn stop_at_safe_points(
     keep: Option<i32>,
 ) -> Result<usize> {
     for attempt in 0..SAFE_POINT_TRIES {
-        attachment
-            .stop_all()
-            .map_err(|e| Failure::runtime(e.to_string()))?;
+        attachment.stop_all()?;
         let in_the_way = match move_out(attachment, leave)? {
             Ok(moved) => return Ok(moved),
             Err(in_the_way) => in_the_way,

@@ -115,6 +115,19 @@ pub(super) fn spans_of(mappings: &[Mapping], prefixes: &[&str]) -> Vec<Span> {
         .collect()
 }
 
+/// The probe runtime's code in the process: a thread in it is let run until it is out
+/// (see `safe_point::Leave`).
+pub(super) fn runtime_text(mappings: &[Mapping]) -> Vec<Span> {
+    mappings
+        .iter()
+        .filter(|m| m.path.contains("libglass_probe"))
+        .map(|m| Span {
+            start: m.start,
+            end: m.end,
+        })
+        .collect()
+}
+
 /// The process's `dlopen`, `dlerror` and `dlsym`, and the `mmap` and `munmap` its
 /// system calls are made through.
 pub(super) struct LoaderFunctions {
@@ -181,7 +194,7 @@ pub(super) fn pick_loader_thread(
             match attachment.stop(tid) {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(e) => return Err(Failure::runtime(e.to_string())),
+                Err(e) => return Err(e.into()),
             }
             let Ok(regs) = registers(tid) else {
                 attachment.resume(tid);

@@ -37,13 +37,13 @@ use std::time::{Duration, Instant, SystemTime};
 use glass_format::{Meta, Record, TraceSummary};
 use glass_patch::call_trampoline;
 use glass_patch::stack_args::{argument_passing, Arguments};
-use glass_record::{create_output, monotonic_now_ns, Failure, Result};
+use glass_record::{create_output, monotonic_now_ns};
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
 
 use crate::install::Installed;
 use crate::select::{self, SkipReason};
-use crate::{Output, Skip, TraceNotes, TraceOptions, Traced};
+use crate::{Failure, Output, Result, Skip, TraceNotes, TraceOptions, Traced};
 use layout::Layout;
 
 /// Set by SIGINT, SIGTERM and SIGHUP: the trace ends.
@@ -166,7 +166,7 @@ fn parse_ram_mib(value: &str) -> Option<u64> {
 fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
     let mut choice = select::read_module(symbols, patterns, &[]).map_err(Failure::bad_input)?;
     if choice.matched == 0 {
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",
             symbols.display(),
             patterns.join(",")
@@ -226,7 +226,7 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
             .take(5)
             .map(|skip| format!("{}: {}", skip.name, skip.reason))
             .collect();
-        return Err(Failure::bad_input(format!(
+        return Err(Failure::NothingToPatch(format!(
             "none of the matching functions can be patched ({}); the VM was not started",
             reasons.join("; ")
         )));

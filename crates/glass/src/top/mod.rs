@@ -30,10 +30,10 @@ use clap::builder::TypedValueParser;
 use clap::Args;
 use glass_format::Writer;
 use glass_record::recorder::Output;
-use glass_record::{CaptureMode, Failure, Outcome};
+use glass_record::{CaptureMode, Outcome};
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::error::Result;
+use crate::error::{Failure, Result};
 use crate::RecordArgs;
 use live::{LiveNotes, LiveOutput, Message};
 use view::{Settings, Shared};
@@ -174,9 +174,8 @@ pub fn run(args: &TopArgs) -> Result<i32> {
             Ok(None) => Ok(recorded),
             Err(failure) => Err(failure),
         },
-        (Err(mut failure), Some(kept)) if failure.exit_code == 1 => {
-            failure.message += &kept.seal(&[]);
-            Err(failure)
+        (Err(failure @ glass_record::Failure::Runtime(_)), Some(kept)) => {
+            Err(failure.followed_by(&kept.seal(&[])))
         }
         (result, _) => result,
     };
@@ -190,7 +189,7 @@ pub fn run(args: &TopArgs) -> Result<i32> {
             Outcome::StubLost => ("GDB stub connection lost".to_string(), true),
             Outcome::Signalled(_) | Outcome::WriteFailed(_) => (String::new(), false),
         },
-        Err(failure) => (failure.message.clone(), false),
+        Err(failure) => (failure.to_string(), false),
     };
     let _ = to_view.send(Message::Ended { text, linger });
     drop(to_view);
