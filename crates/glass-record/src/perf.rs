@@ -113,23 +113,7 @@ pub fn record(
             "--stack-size {stack_size}: the perf backend copies at most 65528 bytes per sample"
         )));
     }
-    // Kernel stacks where they are permitted and can be named, unless --no-kernel.
-    let mut kernel_off = match args.kernel {
-        Some(false) => Some("--no-kernel".to_string()),
-        _ if args.capture == CaptureMode::Raw => {
-            Some("--capture raw keeps no kernel frames".to_string())
-        }
-        // kallsyms hides addresses from users who may not sample the kernel either:
-        // the refusal is what they need to know.
-        _ => glass_target::perf::kallsyms_hidden().map(|hidden| {
-            // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } != 0 && paranoid() > 1 {
-                kernel_refusal()
-            } else {
-                hidden
-            }
-        }),
-    };
+    let mut kernel_off = kernel_off(args);
     let config = |enable_on_exec, kernel: bool| PerfConfig {
         ring_bytes: args.ring_kib.map(|kib| kib as usize * 1024),
         kernel,
@@ -150,98 +134,18 @@ pub fn record(
         PerfSampler::open_with(tids, &config(enable_on_exec, false))
     };
     let (sampler, watch, leader) = match args.pid {
-        Some(pid) => {
-            if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                return Err(TargetError::NoSuchProcess(pid));
-            }
-            // A kernel thread has no program (perf would accept it and never sample);
-            // a process this user may not inspect has an unreadable one.
-            if let Err(error) = std::fs::read_link(format!("/proc/{pid}/exe")) {
-                let code = error
-                    .raw_os_error()
-                    .filter(|&c| c != libc::ENOENT)
-                    .unwrap_or(libc::EPERM);
-                return Err(TargetError::Attach(pid, code));
-            }
-            let tids = procfs::thread_ids(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
-            let sampler = open(&tids, false)?;
-            // SAFETY: pidfd_open has no memory arguments.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-            if fd < 0 {
-                return Err(TargetError::NoSuchProcess(pid));
-            }
-            // SAFETY: a fresh descriptor we own.
-            let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-            sampler.enable();
-            (
-                sampler,
-                Watch::Attached {
-                    pid,
-                    pidfd,
-                    exited: false,
-                },
-                pid,
-            )
-        }
-        None => {
-            let child = spawn_paused(&args.command)?;
-            let pid = child.pid;
-            let sampler = match open(&[pid], true) {
-                Ok(sampler) => sampler,
-                Err(error) => {
-                    child.abandon();
-                    return Err(error);
-                }
-            };
-            if let Err(error) = child.release() {
-                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-                return Err(error);
-            }
-            (sampler, Watch::Child { pid, status: None }, pid)
-        }
+        Some(pid) => attach(pid, &mut open)?,
+        None => launch(&args.command, &mut open)?,
     };
     if let Some(cpu) = args.sampler_cpu {
         super::pin_to_cpu(cpu).map_err(TargetError::Io)?;
     }
     let rings = sampler.ring_info.clone();
     let mut sink = sink;
-    sink.kernel_stacks_recorded(match &kernel_off {
-        None => Ok(()),
-        Some(why) => Err(why.clone()),
-    });
-    if let Some(why) = &kernel_off {
-        if args.kernel == Some(true) || args.off_cpu {
-            let what = if args.off_cpu {
-                "kernel stacks and off-CPU time are"
-            } else {
-                "kernel stacks are"
-            };
-            sink.notes.warn(&format!("{what} not recorded: {why}"));
-        }
-    }
     let layout = sampler.layout;
     let switch_ids = sampler.switch_ids.clone();
-    if let Some(limit) = &rings.limited_by {
-        sink.notes.warn(&format!(
-            "perf rings limited to {} KiB per CPU ({} KiB wanted for {} Hz with {} byte stacks) by {limit}: samples may be lost",
-            rings.bytes / 1024,
-            rings.wanted / 1024,
-            args.frequency,
-            stack_size
-        ));
-    }
     let drain = Drain::start(sampler).map_err(TargetError::Io)?;
-    sink.notes.figure(&format!(
-        "perf rings: {} x {} KiB, wake-up every {} KiB{}",
-        rings.rings,
-        rings.bytes / 1024,
-        rings.watermark.div_ceil(1024),
-        if drain.realtime {
-            ", drained by a SCHED_FIFO thread"
-        } else {
-            ""
-        }
-    ));
+    say_what_is_recorded(&mut sink, &kernel_off, &rings, stack_size, drain.realtime);
     let mut backend = PerfBackend {
         drain,
         decoder: Decoder {
@@ -270,6 +174,132 @@ pub fn record(
     drop(sampler);
     drop(backend);
     Ok(finish(sink, outcome, exit_status, Backend::Perf))
+}
+
+/// Why kernel stacks are not recorded, if they are not: `--no-kernel`, `--capture raw`,
+/// or a kallsyms this user may not read. Else they are, where permitted and nameable.
+fn kernel_off(args: &crate::RecordOptions) -> Option<String> {
+    match args.kernel {
+        Some(false) => Some("--no-kernel".to_string()),
+        _ if args.capture == CaptureMode::Raw => {
+            Some("--capture raw keeps no kernel frames".to_string())
+        }
+        // kallsyms hides addresses from users who may not sample the kernel either:
+        // the refusal is what they need to know.
+        _ => glass_target::perf::kallsyms_hidden().map(|hidden| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 && paranoid() > 1 {
+                kernel_refusal()
+            } else {
+                hidden
+            }
+        }),
+    }
+}
+
+/// The sampler, the target's watch and its leader, for `--pid`: every thread of a
+/// running process, sampled from now on.
+fn attach(
+    pid: i32,
+    open: &mut impl FnMut(&[i32], bool) -> std::result::Result<PerfSampler, TargetError>,
+) -> std::result::Result<(PerfSampler, Watch, i32), TargetError> {
+    if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(TargetError::NoSuchProcess(pid));
+    }
+    // A kernel thread has no program (perf would accept it and never sample);
+    // a process this user may not inspect has an unreadable one.
+    if let Err(error) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+        let code = error
+            .raw_os_error()
+            .filter(|&c| c != libc::ENOENT)
+            .unwrap_or(libc::EPERM);
+        return Err(TargetError::Attach(pid, code));
+    }
+    let tids = procfs::thread_ids(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
+    let sampler = open(&tids, false)?;
+    // SAFETY: pidfd_open has no memory arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(TargetError::NoSuchProcess(pid));
+    }
+    // SAFETY: a fresh descriptor we own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    sampler.enable();
+    Ok((
+        sampler,
+        Watch::Attached {
+            pid,
+            pidfd,
+            exited: false,
+        },
+        pid,
+    ))
+}
+
+/// The same for a program glass starts: sampling is enabled by its exec.
+fn launch(
+    command: &[String],
+    open: &mut impl FnMut(&[i32], bool) -> std::result::Result<PerfSampler, TargetError>,
+) -> std::result::Result<(PerfSampler, Watch, i32), TargetError> {
+    let child = spawn_paused(command)?;
+    let pid = child.pid;
+    let sampler = match open(&[pid], true) {
+        Ok(sampler) => sampler,
+        Err(error) => {
+            child.abandon();
+            return Err(error);
+        }
+    };
+    if let Err(error) = child.release() {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(error);
+    }
+    Ok((sampler, Watch::Child { pid, status: None }, pid))
+}
+
+/// What the recording will hold, said once: kernel stacks (and why not), the rings.
+fn say_what_is_recorded(
+    sink: &mut Sink,
+    kernel_off: &Option<String>,
+    rings: &glass_target::perf::RingInfo,
+    stack_size: u32,
+    realtime: bool,
+) {
+    let args = sink.args;
+    sink.kernel_stacks_recorded(match kernel_off {
+        None => Ok(()),
+        Some(why) => Err(why.clone()),
+    });
+    if let Some(why) = kernel_off {
+        if args.kernel == Some(true) || args.off_cpu {
+            let what = if args.off_cpu {
+                "kernel stacks and off-CPU time are"
+            } else {
+                "kernel stacks are"
+            };
+            sink.notes.warn(&format!("{what} not recorded: {why}"));
+        }
+    }
+    if let Some(limit) = &rings.limited_by {
+        sink.notes.warn(&format!(
+            "perf rings limited to {} KiB per CPU ({} KiB wanted for {} Hz with {} byte stacks) by {limit}: samples may be lost",
+            rings.bytes / 1024,
+            rings.wanted / 1024,
+            args.frequency,
+            stack_size
+        ));
+    }
+    sink.notes.figure(&format!(
+        "perf rings: {} x {} KiB, wake-up every {} KiB{}",
+        rings.rings,
+        rings.bytes / 1024,
+        rings.watermark.div_ceil(1024),
+        if realtime {
+            ", drained by a SCHED_FIFO thread"
+        } else {
+            ""
+        }
+    ));
 }
 
 /// Copied records waiting for the recorder, at most: beyond it the drain thread leaves
