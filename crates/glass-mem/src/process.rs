@@ -74,6 +74,30 @@ pub fn read_process(pid: i32, address: u64, buf: &mut [u8]) -> std::io::Result<(
     Ok(())
 }
 
+/// Writes all of `buf` at `address` in process `pid` (process_vm_writev): an error for a
+/// failed or short write. For data the guest reads (glass's own region in it), never
+/// for code: QEMU's TCG would keep running what it translated before.
+pub fn write_process(pid: i32, address: u64, buf: &[u8]) -> std::io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: the local iovec covers `buf`, which the kernel only reads; the remote one
+    // is written in the other process.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != buf.len() {
+        return Err(std::io::Error::other("short write"));
+    }
+    Ok(())
+}
+
 impl PhysicalMemory for ProcessRam {
     fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {
         let Some(end) = address.checked_add(buf.len() as u64) else {
@@ -94,6 +118,21 @@ impl PhysicalMemory for ProcessRam {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_reach_the_other_process_memory() {
+        let mut target = vec![0u8; 64];
+        write_process(
+            std::process::id() as i32,
+            target.as_mut_ptr() as u64,
+            &[7; 16],
+        )
+        .unwrap();
+        assert_eq!(
+            std::hint::black_box(&target)[..17],
+            [[7u8; 16].as_slice(), &[0]].concat()
+        );
+    }
 
     #[test]
     fn reads_its_own_memory_through_the_ranges() {

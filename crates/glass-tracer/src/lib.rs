@@ -57,8 +57,10 @@ pub struct TraceOptions {
     pub command: Vec<String>,
     /// `command` is a QEMU to launch: its guest's functions are traced.
     pub vm: bool,
-    /// The guest's symbols (`--vm`; else `-kernel`'s file).
+    /// The guest's symbols (`--vm`: else `-kernel`'s file; `--qmp`: required).
     pub symbols: Option<PathBuf>,
+    /// Attach to the VM of the QEMU whose QMP socket this is.
+    pub qmp: Option<String>,
 }
 
 /// What a trace did.
@@ -150,6 +152,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     }
     if args.vm {
         return guest::run(args, notes);
+    }
+    if let Some(path) = &args.qmp {
+        return guest::attach::run(args, notes, path);
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {

@@ -75,7 +75,8 @@ enum Command {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp"]).multiple(true)))]
 pub struct TraceArgs {
     /// Output recording
     #[arg(short, long, default_value = "trace.glass")]
@@ -117,11 +118,17 @@ pub struct TraceArgs {
     /// know (docs/guests.md)
     #[arg(long, conflicts_with = "pid")]
     pub vm: bool,
-    /// With --vm: the guest's symbols (default: the file QEMU's -kernel names)
-    #[arg(long, requires = "vm")]
+    /// Attach to a running QEMU through its QMP socket: glass adds its region (the VM needs
+    /// a free memory slot: -m SIZE,slots=1,maxmem=...) and a GDB stub of its own, traces
+    /// for --duration or until Ctrl-C, and puts every patched byte back
+    #[arg(long, conflicts_with_all = ["pid", "vm", "command"], requires = "symbols")]
+    pub qmp: Option<String>,
+    /// With --vm or --qmp: the guest's symbols (with --vm, default: the file QEMU's
+    /// -kernel names)
+    #[arg(long, requires = "vm_or_qmp")]
     pub symbols: Option<PathBuf>,
     /// The command to launch and trace
-    #[arg(last = true, required_unless_present = "pid")]
+    #[arg(last = true, required_unless_present_any = ["pid", "qmp"])]
     pub command: Vec<String>,
 }
 

@@ -35,6 +35,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         command: args.command.clone(),
         vm: args.vm,
         symbols: args.symbols.clone(),
+        qmp: args.qmp.clone(),
     };
     let mut notes = Printed { quiet: args.quiet };
     let traced = glass_tracer::trace(&options, &mut notes)?;

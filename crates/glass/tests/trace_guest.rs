@@ -216,3 +216,188 @@ fn bad_input_is_one_line() {
         stderr(&output)
     );
 }
+
+/// A QMP monitor the test holds, past its greeting and capabilities negotiation.
+struct Monitor(std::io::BufReader<std::os::unix::net::UnixStream>);
+
+impl Monitor {
+    fn connect(socket: &Path) -> Monitor {
+        let stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        let mut monitor = Monitor(std::io::BufReader::new(stream));
+        monitor.execute(r#"{"execute":"qmp_capabilities"}"#);
+        monitor
+    }
+
+    /// The reply line of one command.
+    fn execute(&mut self, request: &str) -> String {
+        use std::io::{BufRead, Write};
+        let line = format!("{request}\n");
+        self.0.get_mut().write_all(line.as_bytes()).unwrap();
+        loop {
+            let mut reply = String::new();
+            self.0.read_line(&mut reply).unwrap();
+            assert!(!reply.contains(r#""error""#), "{request}: {reply}");
+            if reply.contains(r#""return""#) {
+                return reply;
+            }
+        }
+    }
+
+    /// HMP's answer to `command`.
+    fn hmp(&mut self, command: &str) -> String {
+        let reply = self.execute(&format!(
+            r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"{command}"}}}}"#
+        ));
+        let at = reply.find(r#""return": ""#).expect("a text answer") + 11;
+        reply[at..]
+            .trim_end()
+            .trim_end_matches(['}', '"'])
+            .replace("\\r\\n", "\n")
+    }
+}
+
+/// A QEMU the test started, ended with the test whatever happens.
+struct Qemu(std::process::Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_running_vm_is_traced_and_left_as_it_was() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_qmp");
+    let guest = demo(&dir, 0);
+    let serial = dir.join("serial");
+    let socket = dir.join("qmp.sock");
+    let _qemu = Qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg,thread=single", "-smp", "2"])
+            .args([
+                "-m",
+                "64,slots=1,maxmem=1G",
+                "-display",
+                "none",
+                "-nodefaults",
+            ])
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .arg("-kernel")
+            .arg(guest.join("guest-fp.img"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(&serial)
+        .unwrap_or_default()
+        .matches("rate")
+        .count()
+        < 2
+    {
+        assert!(started.elapsed().as_secs() < 60, "the guest did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let symbols = guest.join("guest-fp.elf");
+    let recording = dir.join("qmp.glass");
+    let trace_qmp = |functions: &str, seconds: &str| {
+        glass(&[
+            "trace",
+            "--qmp",
+            socket.to_str().unwrap(),
+            "--symbols",
+            symbols.to_str().unwrap(),
+            "-f",
+            functions,
+            "-d",
+            seconds,
+            "-o",
+            recording.to_str().unwrap(),
+        ])
+    };
+    let output = trace_qmp("dispatch,alpha,beta,gamma_,checksum_blocks", "2");
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    assert!(err.contains("the code reads as before"), "{err}");
+    assert!(err.contains(" 0 lost"), "{err}");
+    let calls = calls_and_self(&recording);
+    let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
+    // Calls under way when glass attached or detached are the only ones that may differ.
+    assert!(count("dispatch") > 50, "{calls:?}");
+    for name in ["alpha", "beta", "gamma_"] {
+        assert!(
+            count(name).abs_diff(count("dispatch")) <= 1,
+            "{name}: {calls:?}"
+        );
+    }
+    assert!(count("checksum_blocks") > 50, "{calls:?}");
+
+    // The guest runs on, its code as the image has it.
+    let before = std::fs::read_to_string(&serial)
+        .unwrap()
+        .matches("rate")
+        .count();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let after = std::fs::read_to_string(&serial)
+        .unwrap()
+        .matches("rate")
+        .count();
+    assert!(after > before, "the guest stopped after glass detached");
+    let mut monitor = Monitor::connect(&socket);
+    assert!(monitor.hmp("info status").contains("running"));
+    let nm = Command::new("nm").arg(&symbols).output().unwrap();
+    for name in ["dispatch", "alpha", "beta", "gamma_", "checksum_blocks"] {
+        let address = String::from_utf8_lossy(&nm.stdout)
+            .lines()
+            .find_map(|l| {
+                let (a, n) = l.split_once(" T ")?;
+                (n == name).then(|| u64::from_str_radix(a, 16).unwrap())
+            })
+            .unwrap();
+        let shown = monitor.hmp(&format!("x /8xb {address:#x}"));
+        let objdump = Command::new("objdump")
+            .args(["-d", "--start-address"])
+            .arg(format!("{address:#x}"))
+            .arg("--stop-address")
+            .arg(format!("{:#x}", address + 8))
+            .arg(&symbols)
+            .output()
+            .unwrap();
+        let bytes: Vec<String> = String::from_utf8_lossy(&objdump.stdout)
+            .lines()
+            .filter(|l| l.contains(":\t"))
+            .flat_map(|l| {
+                l.split('\t')
+                    .nth(1)
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .map(|b| format!("0x{b}"))
+                    .collect::<Vec<_>>()
+            })
+            .take(8)
+            .collect();
+        assert_eq!(
+            shown
+                .split_whitespace()
+                .filter(|w| w.starts_with("0x") && w.len() == 4)
+                .collect::<Vec<_>>(),
+            bytes,
+            "{name}: {shown}"
+        );
+    }
+    drop(monitor);
+
+    // The region stays, for calls that were under way: a second trace says so.
+    let output = trace_qmp("dispatch", "1");
+    assert_clean_failure(
+        &output,
+        2,
+        "region from an earlier trace is still in this VM",
+    );
+}

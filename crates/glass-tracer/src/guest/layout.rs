@@ -22,7 +22,6 @@ use glass_patch::call_trampoline::{self, Record, Ring, RECORD_BYTES};
 use glass_patch::trampoline::entry_patch;
 
 use super::replay::Replay;
-use super::REGION_GPA;
 use crate::install::Installed;
 use crate::select::ModuleChoice;
 
@@ -34,6 +33,9 @@ const TAIL: u64 = 0x2008;
 const DROPPED: u64 = 0x2010;
 const TRAMPOLINES: u64 = 0x3000;
 const RECORDS: u64 = 0x10_0000;
+/// What glass writes into the region before the guest uses it: everything before the
+/// records.
+pub const IMAGE_BYTES: u64 = RECORDS;
 const CAPACITY: u64 = (REGION_BYTES - RECORDS) / RECORD_BYTES;
 
 /// Present, writable; a 2 MiB page.
@@ -47,11 +49,19 @@ const TOP_INDEX: u64 = 511;
 pub struct Layout {
     /// Its first byte, as the guest addresses it.
     base: u64,
+    /// Its first byte, guest-physical.
+    gpa: u64,
 }
 
 impl Layout {
-    /// The region's place for code at `low..high`, or why there is none.
-    pub fn choose(low: u64, high: u64) -> Result<Layout, String> {
+    /// The region's place for code at `low..high`, the region being at guest-physical
+    /// `gpa` (2 MiB-aligned), or why there is none.
+    pub fn choose(low: u64, high: u64, gpa: u64) -> Result<Layout, String> {
+        if !gpa.is_multiple_of(REGION_BYTES) {
+            return Err(format!(
+                "glass's region is at guest-physical {gpa:#x}, not on a 2 MiB boundary"
+            ));
+        }
         const REACH: i64 = 1 << 31;
         if (low as i64) < 0 || (high as i64) < 0 {
             return Err(format!(
@@ -67,7 +77,10 @@ impl Layout {
                 "the code to trace reaches {high:#x}, more than 2 GiB above 0: no place for glass's region within a jump of it"
             ));
         }
-        Ok(Layout { base: base as u64 })
+        Ok(Layout {
+            base: base as u64,
+            gpa,
+        })
     }
 
     /// The guest's top-level page-table entry glass sets, by index.
@@ -77,7 +90,12 @@ impl Layout {
 
     /// The value of that entry: the region's page-directory-pointer table.
     pub fn top_entry(&self) -> u64 {
-        (REGION_GPA + PDPT) | PRESENT_WRITABLE
+        (self.gpa + PDPT) | PRESENT_WRITABLE
+    }
+
+    /// Where the guest sees the region.
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     fn address(&self, offset: u64) -> u64 {
@@ -103,12 +121,12 @@ impl Layout {
         put(
             shared,
             PDPT + 8 * pdpt_index,
-            &((REGION_GPA + PAGE_DIRECTORY) | PRESENT_WRITABLE).to_le_bytes(),
+            &((self.gpa + PAGE_DIRECTORY) | PRESENT_WRITABLE).to_le_bytes(),
         );
         put(
             shared,
             PAGE_DIRECTORY + 8 * pd_index,
-            &(REGION_GPA | PRESENT_WRITABLE | LARGE_PAGE).to_le_bytes(),
+            &(self.gpa | PRESENT_WRITABLE | LARGE_PAGE).to_le_bytes(),
         );
         let ring = Ring {
             head: self.address(HEAD),
@@ -144,43 +162,96 @@ impl Layout {
     }
 }
 
+/// The region's bytes as glass reaches them while the guest runs: a memfd glass shares
+/// with QEMU (`--vm`), or QEMU's own memory (`--qmp`).
+pub trait RegionAccess {
+    /// The u64 at `offset`.
+    fn load(&self, offset: u64) -> u64;
+    /// Stores a u64 at `offset`.
+    fn store(&self, offset: u64, value: u64);
+    /// `out.len()` bytes from `offset`.
+    fn read(&self, offset: u64, out: &mut [u8]);
+    /// Zeroes `len` bytes from `offset`.
+    fn zero(&self, offset: u64, len: u64);
+}
+
+impl RegionAccess for memmap2::MmapMut {
+    fn load(&self, offset: u64) -> u64 {
+        word(self, offset).load(Ordering::Acquire)
+    }
+
+    fn store(&self, offset: u64, value: u64) {
+        word(self, offset).store(value, Ordering::Release);
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        // Word by word, each an atomic load: the guest writes these words meanwhile.
+        for (i, chunk) in out.chunks_mut(8).enumerate() {
+            let value = word(self, offset + 8 * i as u64).load(Ordering::Acquire);
+            chunk.copy_from_slice(&value.to_le_bytes()[..chunk.len()]);
+        }
+    }
+
+    fn zero(&self, offset: u64, len: u64) {
+        for at in (offset..offset + len).step_by(8) {
+            word(self, at).store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+fn word(shared: &memmap2::MmapMut, offset: u64) -> &AtomicU64 {
+    assert!(offset.is_multiple_of(8) && offset + 8 <= shared.len() as u64);
+    // SAFETY: an 8-aligned offset inside the mapping (checked), which lives as long as
+    // the borrow; the guest writes the same words, atomically.
+    unsafe { &*(shared.as_ptr().add(offset as usize) as *const AtomicU64) }
+}
+
 /// Reads the ring while the guest writes it: takes each published record in order,
-/// zeroes its word, and moves the tail on (see `glass_patch::call_trampoline`).
+/// zeroes it, and moves the tail on (see `glass_patch::call_trampoline`).
 #[derive(Default)]
 pub struct RingReader {
     tail: u64,
     first_tsc: Option<u64>,
     dropped: u64,
+    batch: Vec<u8>,
 }
 
 impl RingReader {
     /// Hands every published record to `replay`; how many.
-    pub fn drain(&mut self, shared: &memmap2::MmapMut, replay: &mut Replay) -> usize {
-        let word = |offset: u64| -> &AtomicU64 {
-            // SAFETY: 8-aligned offsets inside the mapping, which lives as long as
-            // `shared`; the guest writes the same words, atomically.
-            unsafe { &*(shared.as_ptr().add(offset as usize) as *const AtomicU64) }
-        };
-        let head = word(HEAD).load(Ordering::Acquire);
-        let mut taken = 0;
-        while self.tail < head {
-            let at = RECORDS + (self.tail % CAPACITY) * RECORD_BYTES;
-            let Some(record) = Record::decode(
-                word(at).load(Ordering::Relaxed),
-                word(at + 8).load(Ordering::Acquire),
-            ) else {
-                // Reserved, not yet written.
+    pub fn drain(&mut self, region: &dyn RegionAccess, replay: &mut Replay) -> usize {
+        let head = region.load(HEAD);
+        let waiting = head.saturating_sub(self.tail).min(CAPACITY);
+        let mut taken = 0u64;
+        // At most two stretches: to the ring's end, then from its start.
+        while taken < waiting {
+            let index = (self.tail + taken) % CAPACITY;
+            let count = (waiting - taken).min(CAPACITY - index);
+            self.batch.resize((count * RECORD_BYTES) as usize, 0);
+            region.read(RECORDS + index * RECORD_BYTES, &mut self.batch);
+            let mut published = 0;
+            for record in self.batch.chunks_exact(RECORD_BYTES as usize) {
+                let tsc = u64::from_le_bytes(record[..8].try_into().unwrap_or_default());
+                let word = u64::from_le_bytes(record[8..].try_into().unwrap_or_default());
+                // Reserved, not yet written: the rest waits for the next turn.
+                let Some(record) = Record::decode(tsc, word) else {
+                    break;
+                };
+                self.first_tsc.get_or_insert(record.tsc);
+                replay.add(record);
+                published += 1;
+            }
+            region.zero(RECORDS + index * RECORD_BYTES, published * RECORD_BYTES);
+            taken += published;
+            if published < count {
                 break;
-            };
-            self.first_tsc.get_or_insert(record.tsc);
-            replay.add(record);
-            word(at + 8).store(0, Ordering::Relaxed);
-            self.tail += 1;
-            word(TAIL).store(self.tail, Ordering::Release);
-            taken += 1;
+            }
         }
-        self.dropped = word(DROPPED).load(Ordering::Relaxed);
-        taken
+        self.tail += taken;
+        if taken > 0 {
+            region.store(TAIL, self.tail);
+        }
+        self.dropped = region.load(DROPPED);
+        taken as usize
     }
 
     /// The first record's time stamp (0 before any).
@@ -200,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_region_goes_where_every_function_reaches_it() {
-        let layout = Layout::choose(0x10_0000, 0x10_4000).unwrap();
+        let layout = Layout::choose(0x10_0000, 0x10_4000, 1 << 32).unwrap();
         // Just reachable from the highest function, 2 MiB-aligned, in the top 2 GiB.
         assert_eq!(layout.base % REGION_BYTES, 0);
         assert!(layout.base >= 0xffff_ffff_8000_0000);
@@ -210,7 +281,8 @@ mod tests {
             assert!(reach(function, layout.base));
             assert!(reach(function, layout.base + REGION_BYTES - 1));
         }
-        assert!(Layout::choose(0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000).is_err());
-        assert!(Layout::choose(0x10_0000, 0x7ff0_0000).is_err());
+        assert!(Layout::choose(0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000, 1 << 32).is_err());
+        assert!(Layout::choose(0x10_0000, 0x7ff0_0000, 1 << 32).is_err());
+        assert!(Layout::choose(0x10_0000, 0x10_4000, (1 << 32) + 4096).is_err());
     }
 }

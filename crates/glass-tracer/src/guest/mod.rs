@@ -25,6 +25,7 @@
 //! Ctrl-C/SIGTERM), and QEMU is killed by the kernel if glass dies
 //! (PR_SET_PDEATHSIG), so no VM is ever left stopped.
 
+pub(crate) mod attach;
 mod layout;
 pub(crate) mod replay;
 
@@ -361,7 +362,7 @@ fn trace_launched(
         .map(|(_, plan, _)| plan.patch_at)
         .collect();
     wait_for_guest(&mut client, qemu, &entries, &mut regs)?;
-    let layout = match Layout::choose(text_low, text_high) {
+    let layout = match Layout::choose(text_low, text_high, REGION_GPA) {
         Ok(layout) => layout,
         Err(why) => {
             let _ = client.resume();
@@ -389,29 +390,21 @@ fn trace_launched(
     write_header(&mut out, args, qemu.id(), &installed, &skipped, clock_start);
     let mut replay = replay::Replay::default();
     let mut ring = layout::RingReader::default();
-    let started = Instant::now();
-    let why = loop {
-        let drained = ring.drain(shared, &mut replay);
-        replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
-        if let Ok(Some(status)) = qemu.try_wait() {
-            // What the guest wrote before it ended is in the memfd still.
-            ring.drain(shared, &mut replay);
-            replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
-            break Ended::Exited(status.code().unwrap_or(1));
-        }
-        if ENDING.load(Ordering::Relaxed) {
-            break Ended::Signal;
-        }
-        if args
-            .duration
-            .is_some_and(|d| started.elapsed() >= Duration::from_secs_f64(d))
-        {
-            break Ended::Duration;
-        }
-        if drained < 1024 {
-            std::thread::sleep(crate::DRAIN_WAKE);
-        }
-    };
+    let pid = qemu.id();
+    let why = drain_until(
+        (&*shared, &mut ring, &mut replay, &mut out),
+        pid,
+        args.duration,
+        || {
+            qemu.try_wait()
+                .ok()
+                .flatten()
+                .map(|status| Ended::Exited(status.code().unwrap_or(1)))
+        },
+    );
+    // What the guest wrote before it ended is in the memfd still.
+    ring.drain(&*shared, &mut replay);
+    replay.take(|stack, words| out.chunk(pid, stack, words));
     if !matches!(why, Ended::Exited(_)) {
         // The VM ends with the trace: stopped first, so that what the guest wrote up to
         // now is all in the ring.
@@ -451,6 +444,38 @@ enum Ended {
     Exited(i32),
     Signal,
     Duration,
+}
+
+/// Drains the ring into the recording while the guest runs, until the VM ends
+/// (`ended`), a stop signal, or the duration.
+fn drain_until(
+    (region, ring, replay, out): (
+        &dyn layout::RegionAccess,
+        &mut layout::RingReader,
+        &mut replay::Replay,
+        &mut Output,
+    ),
+    pid: u32,
+    duration: Option<f64>,
+    mut ended: impl FnMut() -> Option<Ended>,
+) -> Ended {
+    let started = Instant::now();
+    loop {
+        let drained = ring.drain(region, replay);
+        replay.take(|stack, words| out.chunk(pid, stack, words));
+        if let Some(why) = ended() {
+            return why;
+        }
+        if ENDING.load(Ordering::Relaxed) {
+            return Ended::Signal;
+        }
+        if duration.is_some_and(|d| started.elapsed() >= Duration::from_secs_f64(d)) {
+            return Ended::Duration;
+        }
+        if drained < 1024 {
+            std::thread::sleep(crate::DRAIN_WAKE);
+        }
+    }
 }
 
 /// The lowest and highest address of the code to patch.

@@ -1,0 +1,381 @@
+//! `glass trace --qmp SOCKET --symbols ELF -f GLOBS -d SECONDS`: a QEMU that runs already,
+//! traced from outside and left as it was found.
+//!
+//! Through QEMU's QMP monitor glass hot-plugs its region (`object-add` of a RAM backend
+//! and `device_add pc-dimm`: the VM must have been started with a free memory slot,
+//! `-m N,slots=1,maxmem=…`, or glass refuses in one line that says so), reads and writes
+//! it in QEMU's own memory (process_vm_readv/writev at the host address `gpa2hva` gives),
+//! and enables a GDB stub of its own (`gdbserver`), watched by glass-record's guardian:
+//! if glass dies while it holds the VM stopped, the guardian lets it run and removes the
+//! stub. With every vCPU stopped glass patches as `--vm` does (see the parent module),
+//! lets the VM run and drains the ring while it runs. At the end it stops the VM again,
+//! puts every patched byte back through the stub, moves any vCPU out of a trampoline's
+//! relocated copy, checks that the patched code reads as it did before, removes its stub
+//! and lets the VM run. The region stays (a call under way returns through its
+//! trampoline), mapped where the guest never looks; the recording says so.
+
+use std::time::Instant;
+
+use glass_format::Record;
+use glass_mem::process::{read_process, write_process};
+use glass_target::arch::VcpuRegs;
+use glass_target::gdbstub::client::Client;
+use glass_target::qmp::{existing_stub, parse_gpa2hva, Monitor, MonitorError, Qmp};
+use glass_target::stop_mark::StopMark;
+use serde_json::json;
+
+use super::layout::{self, Layout, RegionAccess};
+use super::{
+    choose, drain_until, finish, patch, replay, stub_failure, text_span, write_header, Ended,
+};
+use crate::{Failure, Output, Result, TraceNotes, TraceOptions, Traced};
+
+fn monitor_failure(error: MonitorError) -> Failure {
+    match error {
+        MonitorError::BadInput(text) => Failure::BadInput(text),
+        MonitorError::TimedOut(text) | MonitorError::Failed(text) => Failure::Runtime(text),
+    }
+}
+
+/// The region in QEMU's memory.
+struct ProcessRegion {
+    pid: i32,
+    host: u64,
+}
+
+impl RegionAccess for ProcessRegion {
+    fn load(&self, offset: u64) -> u64 {
+        let mut word = [0u8; 8];
+        let _ = read_process(self.pid, self.host + offset, &mut word);
+        u64::from_le_bytes(word)
+    }
+
+    fn store(&self, offset: u64, value: u64) {
+        let _ = write_process(self.pid, self.host + offset, &value.to_le_bytes());
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        if read_process(self.pid, self.host + offset, out).is_err() {
+            out.fill(0);
+        }
+    }
+
+    fn zero(&self, offset: u64, len: u64) {
+        if len > 0 {
+            let _ = write_process(self.pid, self.host + offset, &vec![0; len as usize]);
+        }
+    }
+}
+
+pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -> Result<Traced> {
+    let symbols = args
+        .symbols
+        .clone()
+        .ok_or_else(|| Failure::bad_input("--qmp needs --symbols: the guest's ELF image"))?;
+    let (choice, skipped) = choose(&symbols, &args.functions)?;
+    let mut monitor = Qmp::connect(path).map_err(monitor_failure)?;
+    let named = monitor.describe();
+    let status = monitor.status().map_err(monitor_failure)?;
+    if status != "running" {
+        return Err(Failure::bad_input(format!(
+            "{named}: the VM is {status} (glass traces a running VM and leaves it as it found it: resume it first)"
+        )));
+    }
+    let chardevs = monitor.hmp("info chardev").map_err(monitor_failure)?;
+    if let Some((_, filename)) = existing_stub(&chardevs) {
+        return Err(Failure::bad_input(format!(
+            "{named}: QEMU already has a GDB stub ({filename}), which glass does not replace: remove it (HMP: gdbserver none)"
+        )));
+    }
+    let file = glass_record::create_output(&args.output)?;
+    let pid = monitor.qemu_pid();
+    let (region_gpa, host) = plug_region(&mut monitor, &named)?;
+    let region = ProcessRegion { pid, host };
+    // QEMU creates the socket; glass reaches it through QEMU's root.
+    let socket = std::env::temp_dir().join(format!("glass-trace-gdb-{}.sock", std::process::id()));
+    let reached = format!("/proc/{pid}/root{}", socket.display());
+    let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
+    // Before the stub exists: from then on a glass that dies leaves it to the guardian,
+    // which lets the VM run and removes the stub.
+    let guardian = glass_record::guardian::Guardian::start_monitored(
+        &reached,
+        vec!["--qmp".into(), path.into()],
+        &mark,
+        glass_record::stop_bound()?,
+    )
+    .map_err(|e| Failure::runtime(e.to_string()))?;
+    let said = monitor
+        .hmp(&format!(
+            "gdbserver unix:{},server=on,wait=off",
+            socket.display()
+        ))
+        .map_err(monitor_failure)?;
+    let traced = if said.contains("Waiting for gdb connection") {
+        let traced = trace_attached(
+            args,
+            notes,
+            &mut monitor,
+            (&reached, &mark),
+            (&region, region_gpa),
+            (&symbols, choice, skipped),
+            file,
+        );
+        let _ = monitor.hmp("gdbserver none");
+        traced
+    } else {
+        Err(Failure::runtime(format!(
+            "{named}: QEMU did not start a GDB stub: {}",
+            said.trim().replace('\n', "; ")
+        )))
+    };
+    guardian.done();
+    let _ = std::fs::remove_file(&reached);
+    traced
+}
+
+/// Adds glass's region to the VM: its guest-physical address and where it lies in
+/// QEMU's memory.
+fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64)> {
+    let id = format!("glass-region-{}", std::process::id());
+    let dimm = format!("glass-dimm-{}", std::process::id());
+    let earlier = monitor
+        .execute("query-memory-devices", None)
+        .ok()
+        .and_then(|devices| {
+            devices.as_array()?.iter().find_map(|d| {
+                let id = d.get("data")?.get("id")?.as_str()?;
+                id.starts_with("glass-dimm-").then(|| id.to_string())
+            })
+        });
+    let refused = |why: MonitorError| {
+        match &earlier {
+        Some(id) => Failure::bad_input(format!(
+            "{named}: glass's region from an earlier trace is still in this VM ({id}: it stays for the calls that were under way), and QEMU would not add another ({why}): give the VM another free memory slot, or restart it, to trace it again"
+        )),
+        None => Failure::bad_input(format!(
+            "{named}: QEMU would not add glass's 2 MiB region ({why}): start the VM with a free memory slot (-m SIZE,slots=1,maxmem=SIZE+2M or more)"
+        )),
+    }
+    };
+    monitor
+        .execute(
+            "object-add",
+            Some(json!({"qom-type": "memory-backend-ram", "id": id, "size": layout::REGION_BYTES})),
+        )
+        .map_err(refused)?;
+    if let Err(why) = monitor.execute(
+        "device_add",
+        Some(json!({"driver": "pc-dimm", "id": dimm, "memdev": id})),
+    ) {
+        let _ = monitor.execute("object-del", Some(json!({ "id": id })));
+        return Err(refused(why));
+    }
+    let devices = monitor
+        .execute("query-memory-devices", None)
+        .map_err(monitor_failure)?;
+    let gpa = devices
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("data"))
+        .find(|d| d.get("id").and_then(|i| i.as_str()) == Some(dimm.as_str()))
+        .and_then(|d| d.get("addr").and_then(|a| a.as_u64()))
+        .ok_or_else(|| {
+            Failure::runtime(format!("{named}: the region glass added has no address"))
+        })?;
+    let answer = monitor
+        .hmp(&format!("gpa2hva {gpa:#x}"))
+        .map_err(monitor_failure)?;
+    let host = parse_gpa2hva(&answer).ok_or_else(|| {
+        Failure::runtime(format!(
+            "{named}: QEMU does not say where glass's region is in its memory ({})",
+            answer.trim()
+        ))
+    })?;
+    Ok((gpa, host))
+}
+
+/// The original bytes at each patch, read through the stub before it is written.
+fn read_originals(client: &mut Client, patches: &[(u64, Vec<u8>)]) -> Result<Vec<(u64, Vec<u8>)>> {
+    patches
+        .iter()
+        .map(|(at, bytes)| {
+            let original = client
+                .read_memory(*at, bytes.len())
+                .map_err(|e| stub_failure("cannot read the guest's code", e))?;
+            if original.len() != bytes.len() {
+                return Err(Failure::runtime(format!(
+                    "cannot read the guest's code at {at:#x}"
+                )));
+            }
+            Ok((*at, original))
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn trace_attached(
+    args: &TraceOptions,
+    notes: &mut dyn TraceNotes,
+    monitor: &mut Qmp,
+    (stub, mark): (&str, &StopMark),
+    (region, region_gpa): (&ProcessRegion, u64),
+    (symbols, choice, skipped): (
+        &std::path::Path,
+        crate::select::ModuleChoice,
+        Vec<crate::Skip>,
+    ),
+    file: std::fs::File,
+) -> Result<Traced> {
+    let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
+    let mut client = Client::connect_marked(stub, Some(mark))
+        .map_err(|e| stub_failure("cannot connect to the GDB stub glass enabled", e))?;
+    mark.end();
+    let (low, high) = text_span(&choice);
+    let layout = Layout::choose(low, high, region_gpa).map_err(Failure::bad_input)?;
+    let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
+    let (installed, patches, moves) = layout
+        .install(&mut image, &choice, symbols)
+        .map_err(Failure::runtime)?;
+    write_process(region.pid, region.host, &image)
+        .map_err(|e| Failure::runtime(format!("cannot write glass's region in QEMU: {e}")))?;
+    let mut regs = vec![VcpuRegs::zeroed(client.arch()); client.vcpus.len()];
+    mark.begin();
+    let attach_started = Instant::now();
+    client
+        .stop_with_registers(&mut regs)
+        .map_err(|e| stub_failure("cannot stop the VM", e))?;
+    let held = (|| {
+        if regs
+            .iter()
+            .any(|r| r.paging_on() && !matches!(r, VcpuRegs::X86_64(x) if x.long_mode()))
+        {
+            return Err(Failure::bad_input(
+                "a vCPU runs outside long mode: glass traces 64-bit guests",
+            ));
+        }
+        let originals = read_originals(&mut client, &patches)?;
+        patch(&mut client, &layout, &regs, &patches, &moves)?;
+        Ok(originals)
+    })();
+    let originals = match held {
+        Ok(originals) => originals,
+        Err(failure) => {
+            let _ = client.resume();
+            mark.end();
+            return Err(failure);
+        }
+    };
+    client
+        .resume()
+        .map_err(|e| stub_failure("cannot let the VM run", e))?;
+    mark.end();
+    let attach_ms = attach_started.elapsed().as_secs_f64() * 1e3;
+    notes.instrumented(&installed, &skipped);
+    notes.note(&format!(
+        "attached to {}: the VM stopped {attach_ms:.1} ms to patch",
+        monitor.describe()
+    ));
+
+    let qemu = monitor.qemu_pid() as u32;
+    let mut out = Output::new(file, 1);
+    write_header(&mut out, args, qemu, &installed, &skipped, clock_start);
+    // As `glass trace --pid` says what it attached to: the process record's name.
+    out.write(&Record::Process(glass_format::Process {
+        time_ns: 0,
+        pid: qemu,
+        parent_pid: 0,
+        kind: glass_format::ProcessKind::Attached,
+        name: format!("QEMU (pid {qemu}), {}", monitor.describe()),
+    }));
+    let mut replay = replay::Replay::default();
+    let mut ring = layout::RingReader::default();
+    let why = drain_until(
+        (region, &mut ring, &mut replay, &mut out),
+        qemu,
+        args.duration,
+        || monitor.ending().map(|_| Ended::Exited(0)),
+    );
+    if matches!(why, Ended::Exited(_)) {
+        return Err(Failure::runtime(format!(
+            "{}: the VM ended while traced",
+            monitor.describe()
+        )));
+    }
+    mark.begin();
+    let detach_started = Instant::now();
+    let restored = restore(&mut client, &originals, &moves);
+    ring.drain(region, &mut replay);
+    replay.take(|stack, words| out.chunk(qemu, stack, words));
+    let _ = client.detach();
+    mark.end();
+    let restored = restored?;
+    notes.note(&format!(
+        "detached: the VM stopped {:.1} ms to restore {} patched byte ranges ({} vCPUs moved out of the trampolines); the code reads as before",
+        detach_started.elapsed().as_secs_f64() * 1e3,
+        originals.len(),
+        restored
+    ));
+    out.write(&Record::Note(format!(
+        "glass's 2 MiB region stays in the VM (a pc-dimm at guest-physical {region_gpa:#x}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines",
+        layout.base(),
+        layout.top_index()
+    )));
+    let summary = finish(
+        &mut out,
+        args,
+        clock_start,
+        &ring,
+        &replay,
+        installed.len(),
+        skipped.len(),
+        0,
+    )?;
+    Ok(Traced {
+        exit_status: 0,
+        records: out.records,
+        summary,
+    })
+}
+
+/// With the VM stopped: every patched byte put back through the stub, every vCPU inside
+/// a trampoline's relocated copy moved back to the same instruction in the function, and
+/// the code read again to check it; the vCPUs moved.
+fn restore(
+    client: &mut Client,
+    originals: &[(u64, Vec<u8>)],
+    moves: &[(u64, u64)],
+) -> Result<usize> {
+    client
+        .stop()
+        .map_err(|e| stub_failure("cannot stop the VM", e))?;
+    for (at, bytes) in originals {
+        client
+            .write_memory(*at, bytes)
+            .map_err(|e| stub_failure("cannot put the guest's code back", e))?;
+    }
+    let mut moved = 0;
+    for index in 0..client.vcpus.len() {
+        let regs = client
+            .registers(index)
+            .map_err(|e| stub_failure("cannot read a vCPU", e))?;
+        if let Some(&(back, _)) = moves.iter().find(|&&(_, to)| to == regs.ip()) {
+            client
+                .select(index)
+                .and_then(|()| client.set_register("rip", back))
+                .map_err(|e| stub_failure("cannot move a vCPU out of a trampoline", e))?;
+            moved += 1;
+        }
+    }
+    for (at, bytes) in originals {
+        let now = client
+            .read_memory(*at, bytes.len())
+            .map_err(|e| stub_failure("cannot read the guest's code", e))?;
+        if &now != bytes {
+            return Err(Failure::runtime(format!(
+                "the guest's code at {at:#x} does not read as before after glass put it back"
+            )));
+        }
+    }
+    Ok(moved)
+}
