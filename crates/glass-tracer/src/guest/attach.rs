@@ -220,7 +220,7 @@ fn trace_attached(
     monitor: &mut Qmp,
     (stub, mark): (&str, &StopMark),
     (region, region_gpa): (&ProcessRegion, u64),
-    (symbols, choice, skipped): (
+    (symbols, choice, mut skipped): (
         &std::path::Path,
         crate::select::ModuleChoice,
         Vec<crate::Skip>,
@@ -235,7 +235,7 @@ fn trace_attached(
     let layout = Layout::choose(low, high, region_gpa).map_err(Failure::bad_input)?;
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
     let (installed, patches, moves) = layout
-        .install(&mut image, &choice, symbols)
+        .install(&mut image, &choice, symbols, &mut skipped)
         .map_err(Failure::runtime)?;
     write_process(region.pid, region.host, &image)
         .map_err(|e| Failure::runtime(format!("cannot write glass's region in QEMU: {e}")))?;

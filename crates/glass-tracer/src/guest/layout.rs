@@ -105,12 +105,14 @@ impl Layout {
     /// Writes the region (page tables, an empty ring, the trampolines) into `shared`;
     /// what is installed, the entry jumps to write (address, bytes), and where a vCPU
     /// stopped inside the bytes they replace goes.
+    /// Functions whose trampolines do not fit are left out, as skipped.
     #[allow(clippy::type_complexity)]
     pub fn install(
         &self,
         shared: &mut [u8],
         choice: &ModuleChoice,
         module: &std::path::Path,
+        skipped: &mut Vec<crate::Skip>,
     ) -> Result<(Vec<Installed>, Vec<(u64, Vec<u8>)>, Vec<(u64, u64)>), String> {
         let put = |shared: &mut [u8], offset: u64, bytes: &[u8]| {
             shared[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
@@ -144,7 +146,15 @@ impl Layout {
             let (code, function_moves) = call_trampoline::build(plan, id as u16, address, &ring)
                 .map_err(|e| format!("{}: {e}", function.name))?;
             if at + code.len() as u64 > RECORDS {
-                break;
+                skipped.push(crate::Skip {
+                    module: module.display().to_string(),
+                    address: function.address,
+                    name: function.name.clone(),
+                    reason: crate::SkipReason::Trampoline(
+                        "no room left in glass's 2 MiB region".into(),
+                    ),
+                });
+                continue;
             }
             put(shared, at, &code);
             patches.push((plan.patch_at, entry_patch(plan, address)?));

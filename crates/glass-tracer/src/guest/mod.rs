@@ -369,7 +369,8 @@ fn trace_launched(
             return Err(Failure::bad_input(why));
         }
     };
-    let (installed, patches, moves) = match layout.install(shared, &choice, symbols) {
+    let mut skipped = skipped;
+    let (installed, patches, moves) = match layout.install(shared, &choice, symbols, &mut skipped) {
         Ok(done) => done,
         Err(why) => {
             let _ = client.resume();
