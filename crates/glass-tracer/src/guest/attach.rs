@@ -279,7 +279,7 @@ fn trace_attached(
 
     let qemu = monitor.qemu_pid() as u32;
     let mut out = Output::new(file, 1);
-    write_header(&mut out, args, qemu, &installed, &skipped, clock_start);
+    write_header(&mut out, args, qemu, &installed, &skipped);
     // As `glass trace --pid` says what it attached to: the process record's name.
     out.write(&Record::Process(glass_format::Process {
         time_ns: 0,

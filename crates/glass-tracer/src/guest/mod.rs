@@ -388,7 +388,7 @@ fn trace_launched(
     notes.instrumented(&installed, &skipped);
 
     let mut out = Output::new(file, 1);
-    write_header(&mut out, args, qemu.id(), &installed, &skipped, clock_start);
+    write_header(&mut out, args, qemu.id(), &installed, &skipped);
     let mut replay = replay::Replay::default();
     let mut ring = layout::RingReader::default();
     let pid = qemu.id();
@@ -614,7 +614,6 @@ fn write_header(
     qemu_pid: u32,
     installed: &[Installed],
     skipped: &[Skip],
-    clock_start: (u64, u64),
 ) {
     let start_unix_ns = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -636,7 +635,6 @@ fn write_header(
         capture: "calls".into(),
     }));
     crate::write_instrumented(out, installed, skipped);
-    let _ = clock_start;
     out.write(&Record::TraceSummary(TraceSummary {
         patched: installed.len() as u32,
         not_patched: skipped.len() as u32,
