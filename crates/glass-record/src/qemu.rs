@@ -110,17 +110,8 @@ fn launch_and_sample(
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         qemu.pre_exec(move || {
-            // glass blocks the signals it waits for; QEMU gets an empty mask.
-            let empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            // A background process group that sets up the terminal (-serial stdio)
-            // would be stopped by SIGTTOU/SIGTTIN: the VM would never run.
-            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::signal(libc::SIGTTIN, libc::SIG_IGN);
             // The RAM descriptor is the one thing QEMU inherits on purpose.
-            if libc::fcntl(ram_raw, libc::F_SETFD, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            glass_target::launch::prepare_vmm_child(ram_raw)?;
             report_vm_pid(pipe);
             Ok(())
         });

@@ -17,6 +17,28 @@ pub struct PausedChild {
     exec_error: OwnedFd,
 }
 
+/// In the child glass forks to exec a VMM (QEMU), between fork and exec: an empty signal
+/// mask (glass blocks the signals it waits for), SIGTTOU and SIGTTIN ignored (a background
+/// process group that sets up the terminal, `-serial stdio`, would be stopped and the VM
+/// never run), and `inherit` (the guest's RAM, or glass's region) kept open across the
+/// exec: the one descriptor the VMM is meant to get. Async-signal-safe calls only.
+///
+/// # Safety
+/// Call only in a forked child before it execs (`CommandExt::pre_exec`).
+pub unsafe fn prepare_vmm_child(inherit: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: the caller is a forked child; these calls are async-signal-safe.
+    unsafe {
+        let empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+        if libc::fcntl(inherit, libc::F_SETFD, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Resolves a command the way execvp would, so that a missing command is an error
 /// before anything is started.
 pub fn resolve_command(command: &str) -> Result<PathBuf, TargetError> {

@@ -569,17 +569,22 @@ fn prepare_all(
         prepared.push(outcome);
     }
     if installed.is_empty() {
-        let reasons: Vec<String> = skipped
-            .iter()
-            .take(5)
-            .map(|skip| format!("{}: {}", skip.name, skip.reason))
-            .collect();
-        return Err(Failure::NothingToPatch(format!(
-            "none of the matching functions can be patched ({})",
-            reasons.join("; ")
-        )));
+        return Err(Failure::NothingToPatch(nothing_patchable(&skipped)));
     }
     Ok((installed, skipped, prepared))
+}
+
+/// The line for a trace with nothing to patch: the first five reasons.
+pub(crate) fn nothing_patchable(skipped: &[Skip]) -> String {
+    let reasons: Vec<String> = skipped
+        .iter()
+        .take(5)
+        .map(|skip| format!("{}: {}", skip.name, skip.reason))
+        .collect();
+    format!(
+        "none of the matching functions can be patched ({})",
+        reasons.join("; ")
+    )
 }
 
 /// Writes every module's patches (every thread stopped); how to undo them.

@@ -222,14 +222,9 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
         }
     }
     if patchable.is_empty() {
-        let reasons: Vec<String> = skipped
-            .iter()
-            .take(5)
-            .map(|skip| format!("{}: {}", skip.name, skip.reason))
-            .collect();
         return Err(Failure::NothingToPatch(format!(
-            "none of the matching functions can be patched ({}); the VM was not started",
-            reasons.join("; ")
+            "{}; the VM was not started",
+            crate::nothing_patchable(&skipped)
         )));
     }
     if patchable.len() > usize::from(call_trampoline::MAX_ID) + 1 {
@@ -301,16 +296,9 @@ fn launch(
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         qemu.pre_exec(move || {
-            let empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::signal(libc::SIGTTIN, libc::SIG_IGN);
             // The VM is glass's: it must not outlive a glass that dies, stopped.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            glass_target::launch::prepare_vmm_child(raw)
         });
     }
     let mut child = qemu.spawn().map_err(|e| match e.kind() {
