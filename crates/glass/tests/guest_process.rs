@@ -67,7 +67,13 @@ fn arm64_processes_under_vm() {
     assert!(status.success(), "run.sh under glass: {status}");
     let (spin_pid, dd_pid, spin, dd) =
         truth(&out.join("serial.log")).expect("the guest's glass-truth line");
-    check_split(&recording, spin_pid, dd_pid, spin, dd, true);
+    // 9 points: on this arm64 guest glass's share was 65.4, 66.1, 59.0 and 73.8% against
+    // the guest's 66.0-66.1% in six runs, twice beyond 4 standard errors of independent
+    // samples (6.4 points). Samples are not independent here: the scheduler gives each
+    // process slices of several ms on a 4 ms tick, glass samples every 5 ms, and each
+    // stop (0.4 ms, on a clock the guest keeps counting) is charged to the task it
+    // caught. A process misnamed would be off by 30 points or more.
+    check_split(&recording, spin_pid, dd_pid, spin, dd, true, 9.0);
     check_dyn_walked(&recording);
     // dd reads /dev/zero into a buffer: 35-41% of its samples in its user code here
     // (219 of 537 alone, 106 of 304 beside userspin-dyn); a tenth is asked for.
@@ -230,6 +236,7 @@ fn x86_64_processes_over_qmp() {
         last.0 - first.0,
         last.1 - first.1,
         true,
+        3.0,
     );
 }
 

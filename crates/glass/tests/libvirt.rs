@@ -390,7 +390,9 @@ fn a_libvirt_domain_running_debians_kernel_is_split_by_process() {
     // points here): measured 63.4% against 66.1% (729 samples), 67.9% against 66.0%
     // (499) and 66.1% against 66.1% (595), a debug build on 2 loaded cores.
     let (spin_ticks, dd_ticks) = (last.0 - first.0, last.1 - first.1);
-    check_split(&recording, spin_pid, dd_pid, spin_ticks, dd_ticks, false);
+    check_split(
+        &recording, spin_pid, dd_pid, spin_ticks, dd_ticks, false, 3.0,
+    );
     // The recording says where guest RAM was read from: QEMU's own address space, the
     // domain's QEMU, no shared memory backend.
     let info = stdout(&glass(&["info", recording.to_str().unwrap()]));

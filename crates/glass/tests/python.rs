@@ -505,6 +505,8 @@ fn top_shows_python_frames() {
     let _guard = exclusive();
     let dir = scratch("py_top");
     let recording = dir.join("top.glass");
+    // About 1.5 s: by_key holds 8% of the time, so a short run may not sample it.
+    let rounds = python_split_rounds(DEBIAN_311, 1.5);
     let output = glass(&[
         "top",
         "--batch",
@@ -519,7 +521,7 @@ fn top_shows_python_frames() {
         "--",
         DEBIAN_311,
         script().to_str().unwrap(),
-        "20",
+        &rounds,
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let table = stdout(&output);

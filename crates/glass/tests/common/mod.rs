@@ -348,3 +348,21 @@ pub fn trace_guardian_of(pid: i32) -> Option<i32> {
                 .then_some(candidate)
         })
 }
+
+/// How many rounds of tests/fixtures/python_split.py last about `seconds` under `python`
+/// on this machine: a fixed count ran 0.3 s on one host and too short to sample on
+/// another, so tests that need a recording of some size time three rounds first.
+pub fn python_split_rounds(python: &str, seconds: f64) -> String {
+    let script = fixtures_dir().join("python_split.py");
+    let started = std::time::Instant::now();
+    let status = Command::new(python)
+        .args([script.to_str().unwrap(), "3"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{python} python_split.py 3: {status}");
+    let per_round = started.elapsed().as_secs_f64() / 3.0;
+    ((seconds / per_round).ceil() as u64)
+        .clamp(3, 10_000)
+        .to_string()
+}
