@@ -57,7 +57,11 @@
 //!
 //! The pipe carries lines: `vm PID` (written by QEMU's process itself, between fork and
 //! exec, so a glass killed at any moment after QEMU exists has told the guardian which
-//! process to end) and `done`.
+//! process to end), `done`, and the ledger of code `glass trace` patched in a guest
+//! (`code ADDR HEX`, `back FROM TO`: glass_target's [`CodeLedger`]), written before the
+//! first patched byte: a guardian that holds one puts that code back through the stub
+//! (VM stopped, vCPUs moved out of the relocated copies, the code read again) before it
+//! lets the VM run.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -66,6 +70,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use glass_target::gdbstub::client::let_run;
+use glass_target::gdbstub::ledger::CodeLedger;
 use glass_target::qmp::unhook;
 use glass_target::stop_mark::{monotonic_ns, StopMark};
 use glass_target::xen::{Hypervisor, Unpaused};
@@ -253,6 +258,15 @@ impl Guardian {
     }
 
     /// The pipe's write end (close-on-exec), for QEMU's process to report its pid.
+    /// Hands the guardian the code glass is about to patch: if glass dies from now on,
+    /// the guardian puts it back before it lets the VM run.
+    pub fn tell(&mut self, ledger: &CodeLedger) -> std::io::Result<()> {
+        match self.pipe.as_mut() {
+            Some(pipe) => pipe.write_all(ledger.lines().as_bytes()),
+            None => Ok(()),
+        }
+    }
+
     pub fn pipe_fd(&self) -> RawFd {
         self.pipe.as_ref().map_or(-1, |p| p.as_raw_fd())
     }
@@ -349,7 +363,7 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     let glass = pidfd_open(args.glass)
         // SAFETY: getppid has no arguments.
         .filter(|_| unsafe { libc::getppid() } == args.glass);
-    let Some((vm, ending)) = watch(args, &mark, bound, glass.as_ref()) else {
+    let Some((vm, ending, ledger)) = watch(args, &mark, bound, glass.as_ref()) else {
         return Ok(0);
     };
     // EOF without `done`: glass died, or `watch` killed it.
@@ -368,21 +382,23 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
     if let Some(domid) = args.xen {
         return Ok(unpause_xen(domid, &mark, died, &ending, bound));
     }
-    Ok(let_vm_run(args, vm, &ending, bound, died))
+    Ok(let_vm_run(args, vm, &ending, &ledger, bound, died))
 }
 
 /// The QEMU `--vm` launched, as glass told the guardian: its pid, and a pidfd of it.
 type LaunchedVm = (i32, Option<OwnedFd>);
 
 /// Watches glass until its pipe ends: kills glass when it is stalled in a stop past the
-/// bound, and takes in what glass writes (`vm PID`). None when glass said `done`; else
-/// the launched QEMU (its pid, a pidfd of it) and how glass ended.
+/// bound, and takes in what glass writes (`vm PID`, the ledger). None when glass said
+/// `done`; else the launched QEMU (its pid, a pidfd of it), how glass ended, and the
+/// code it had patched.
 fn watch(
     args: &GuardianArgs,
     mark: &StopMark,
     bound: Duration,
     glass: Option<&OwnedFd>,
-) -> Option<(Option<LaunchedVm>, Ending)> {
+) -> Option<(Option<LaunchedVm>, Ending, CodeLedger)> {
+    let mut ledger = CodeLedger::default();
     let look_every = (bound / 10).clamp(Duration::from_millis(1), LOOK_EVERY);
     let mut vm: Option<LaunchedVm> = None;
     let mut ending = Ending::Died;
@@ -449,10 +465,12 @@ fn watch(
                 // A pidfd now, while QEMU certainly exists: later signals cannot reach
                 // another process that reused the pid.
                 vm = Some((pid, pidfd_open(pid)));
+            } else {
+                ledger.take_line(&line);
             }
         }
     }
-    Some((vm, ending))
+    Some((vm, ending, ledger))
 }
 
 /// glass died holding a QEMU VM: removes the stub glass enabled through the monitor,
@@ -462,11 +480,25 @@ fn let_vm_run(
     args: &GuardianArgs,
     vm: Option<LaunchedVm>,
     ending: &Ending,
+    ledger: &CodeLedger,
     bound: Duration,
     died: Instant,
 ) -> i32 {
-    let cause = ending.cause("the VM", bound);
+    let mut cause = ending.cause("the VM", bound);
     let stub = args.stub.clone().unwrap_or_default();
+    // A QEMU `--vm` launched ends with glass: its code needs no putting back.
+    let vm_ends = args.launched && !args.keep_vm;
+    if !ledger.is_empty() && !vm_ends {
+        match ledger.put_back_through(&stub, Instant::now() + CONNECT_FOR) {
+            Ok(moved) => cause.push_str(&format!(
+                "; its guardian put back the {} patched code ranges ({moved} vCPUs moved out of the trampolines)",
+                ledger.code.len()
+            )),
+            Err(error) => cause.push_str(&format!(
+                "; its guardian could NOT put back the code glass patched: {error}"
+            )),
+        }
+    }
     if args.qmp.is_some() || args.libvirt.is_some() {
         let until = Instant::now() + CONNECT_FOR;
         match unhook(args.qmp.as_deref(), args.libvirt.as_deref(), until) {

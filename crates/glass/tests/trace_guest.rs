@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -266,14 +267,13 @@ impl Drop for Qemu {
     }
 }
 
-#[test]
-fn a_running_vm_is_traced_and_left_as_it_was() {
-    let _alone = exclusive();
-    let dir = scratch("trace_guest_qmp");
-    let guest = demo(&dir, 0);
+/// A demo guest that runs forever (2 vCPUs) under a QEMU with a QMP socket and a free
+/// memory slot, once it has printed its work rate twice.
+fn running_vm(dir: &Path) -> (Qemu, PathBuf, PathBuf, PathBuf) {
+    let guest = demo(dir, 0);
     let serial = dir.join("serial");
     let socket = dir.join("qmp.sock");
-    let _qemu = Qemu(
+    let qemu = Qemu(
         Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg,thread=single", "-smp", "2"])
             .args([
@@ -295,109 +295,248 @@ fn a_running_vm_is_traced_and_left_as_it_was() {
             .unwrap(),
     );
     let started = std::time::Instant::now();
-    while std::fs::read_to_string(&serial)
-        .unwrap_or_default()
-        .matches("rate")
-        .count()
-        < 2
-    {
+    while rates(&serial) < 2 {
         assert!(started.elapsed().as_secs() < 60, "the guest did not start");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let symbols = guest.join("guest-fp.elf");
-    let recording = dir.join("qmp.glass");
-    let trace_qmp = |functions: &str, seconds: &str| {
-        glass(&[
-            "trace",
-            "--qmp",
-            socket.to_str().unwrap(),
-            "--symbols",
-            symbols.to_str().unwrap(),
-            "-f",
-            functions,
-            "-d",
-            seconds,
-            "-o",
-            recording.to_str().unwrap(),
-        ])
-    };
-    let output = trace_qmp("dispatch,alpha,beta,gamma_,checksum_blocks", "2");
-    let err = stderr(&output);
-    assert!(output.status.success(), "{err}");
-    assert!(err.contains("the code reads as before"), "{err}");
-    assert!(err.contains(" 0 lost"), "{err}");
-    let calls = calls_and_self(&recording);
-    let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
-    // Calls under way when glass attached or detached are the only ones that may differ.
-    assert!(count("dispatch") > 50, "{calls:?}");
-    for name in ["alpha", "beta", "gamma_"] {
-        assert!(
-            count(name).abs_diff(count("dispatch")) <= 1,
-            "{name}: {calls:?}"
-        );
-    }
-    assert!(count("checksum_blocks") > 50, "{calls:?}");
+    (qemu, guest.join("guest-fp.elf"), serial, socket)
+}
 
-    // The guest runs on, its code as the image has it.
-    let before = std::fs::read_to_string(&serial)
-        .unwrap()
+/// How many work-rate lines the running guest has printed.
+fn rates(serial: &Path) -> usize {
+    std::fs::read_to_string(serial)
+        .unwrap_or_default()
         .matches("rate")
-        .count();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let after = std::fs::read_to_string(&serial)
-        .unwrap()
-        .matches("rate")
-        .count();
-    assert!(after > before, "the guest stopped after glass detached");
-    let mut monitor = Monitor::connect(&socket);
-    assert!(monitor.hmp("info status").contains("running"));
-    let nm = Command::new("nm").arg(&symbols).output().unwrap();
-    for name in ["dispatch", "alpha", "beta", "gamma_", "checksum_blocks"] {
-        let address = String::from_utf8_lossy(&nm.stdout)
-            .lines()
-            .find_map(|l| {
-                let (a, n) = l.split_once(" T ")?;
-                (n == name).then(|| u64::from_str_radix(a, 16).unwrap())
+        .count()
+}
+
+/// `glass trace --qmp SOCKET --symbols ELF -f FUNCTIONS -d SECONDS -o RECORDING`.
+fn trace_qmp(
+    socket: &Path,
+    symbols: &Path,
+    functions: &str,
+    seconds: &str,
+    recording: &Path,
+) -> Command {
+    let mut command = Command::new(GLASS);
+    command.args([
+        "trace",
+        "--qmp",
+        socket.to_str().unwrap(),
+        "--symbols",
+        symbols.to_str().unwrap(),
+        "-f",
+        functions,
+        "-d",
+        seconds,
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    command
+}
+
+/// The guest's .text as its image has it: its address and bytes.
+fn text_of(elf: &Path, dir: &Path) -> (u64, Vec<u8>) {
+    let sections = Command::new("readelf")
+        .args(["-SW"])
+        .arg(elf)
+        .output()
+        .unwrap();
+    let address = String::from_utf8_lossy(&sections.stdout)
+        .lines()
+        .find_map(|l| {
+            let l = l.split_once(']')?.1;
+            let mut words = l.split_whitespace();
+            (words.next()? == ".text").then(|| {
+                words.next();
+                u64::from_str_radix(words.next().unwrap(), 16).unwrap()
             })
-            .unwrap();
-        let shown = monitor.hmp(&format!("x /8xb {address:#x}"));
-        let objdump = Command::new("objdump")
-            .args(["-d", "--start-address"])
-            .arg(format!("{address:#x}"))
-            .arg("--stop-address")
-            .arg(format!("{:#x}", address + 8))
-            .arg(&symbols)
+        })
+        .expect(".text in readelf -S");
+    let out = dir.join("text.bin");
+    let status = Command::new("objcopy")
+        .args(["-O", "binary", "--only-section=.text"])
+        .arg(elf)
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    (address, std::fs::read(&out).unwrap())
+}
+
+/// Whether the VM runs, with no GDB stub left, and its .text reads as the image has
+/// it (QMP memsave, through vCPU 0's page tables): None when so, else what differs.
+fn left_as_found(socket: &Path, text: &(u64, Vec<u8>), dir: &Path) -> Option<String> {
+    let mut monitor = Monitor::connect(socket);
+    let status = monitor.hmp("info status");
+    if !status.contains("running") {
+        return Some(status);
+    }
+    let chardevs = monitor.hmp("info chardev");
+    // The stub's character device is `gdb` (`#chrN: filename=gdb` is not one).
+    if chardevs.lines().any(|l| l.trim().starts_with("gdb:")) {
+        return Some(chardevs);
+    }
+    let saved = dir.join("text-now.bin");
+    let _ = std::fs::remove_file(&saved);
+    monitor.execute(&format!(
+        r#"{{"execute":"memsave","arguments":{{"val":{},"size":{},"filename":"{}"}}}}"#,
+        text.0,
+        text.1.len(),
+        saved.display()
+    ));
+    let now = std::fs::read(&saved).unwrap();
+    let differ = now.iter().zip(&text.1).filter(|(a, b)| a != b).count();
+    (now != text.1).then(|| format!("{differ} bytes of .text differ from the image"))
+}
+
+#[test]
+fn a_running_vm_is_traced_and_left_as_it_was() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_qmp");
+    let (_qemu, symbols, serial, socket) = running_vm(&dir);
+    let text = text_of(&symbols, &dir);
+    assert_eq!(left_as_found(&socket, &text, &dir), None);
+    let recording = dir.join("qmp.glass");
+    // Twice: the second trace uses the region the first one left.
+    for (round, functions) in [
+        "dispatch,alpha,beta,gamma_,checksum_blocks",
+        "dispatch,alpha,beta,gamma_",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let output = trace_qmp(&socket, &symbols, functions, "2", &recording)
             .output()
             .unwrap();
-        let bytes: Vec<String> = String::from_utf8_lossy(&objdump.stdout)
-            .lines()
-            .filter(|l| l.contains(":\t"))
-            .flat_map(|l| {
-                l.split('\t')
-                    .nth(1)
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .map(|b| format!("0x{b}"))
-                    .collect::<Vec<_>>()
-            })
-            .take(8)
-            .collect();
+        let err = stderr(&output);
+        assert!(output.status.success(), "{err}");
+        assert!(err.contains("the code reads as before"), "{err}");
+        assert!(err.contains(" 0 lost"), "{err}");
         assert_eq!(
-            shown
-                .split_whitespace()
-                .filter(|w| w.starts_with("0x") && w.len() == 4)
-                .collect::<Vec<_>>(),
-            bytes,
-            "{name}: {shown}"
+            err.contains("in glass's region of an earlier trace"),
+            round == 1,
+            "{err}"
         );
-    }
-    drop(monitor);
+        let calls = calls_and_self(&recording);
+        let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
+        // Calls under way when glass attached or detached are the only ones that may
+        // differ.
+        assert!(count("dispatch") > 50, "{calls:?}");
+        for name in ["alpha", "beta", "gamma_"] {
+            assert!(
+                count(name).abs_diff(count("dispatch")) <= 1,
+                "{name}: {calls:?}"
+            );
+        }
+        assert_eq!(count("checksum_blocks") > 50, round == 0, "{calls:?}");
 
-    // The region stays, for calls that were under way: a second trace says so.
-    let output = trace_qmp("dispatch", "1");
-    assert_clean_failure(
-        &output,
-        2,
-        "region from an earlier trace is still in this VM",
-    );
+        // The guest runs on, its code as the image has it.
+        let before = rates(&serial);
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        assert!(
+            rates(&serial) > before,
+            "the guest stopped after glass detached"
+        );
+        assert_eq!(left_as_found(&socket, &text, &dir), None);
+    }
+}
+
+/// glass stopped at each step of an attach and a detach (the test hooks): killed by its
+/// guardian for holding the VM stopped past the stop bound, or SIGKILLed while it runs:
+/// the guardian puts back every patched byte, removes the stub, and the VM runs on,
+/// its .text as the image has it; a trace after all that works.
+#[test]
+fn a_vm_is_left_as_found_whenever_glass_dies() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_killed");
+    let (_qemu, symbols, serial, socket) = running_vm(&dir);
+    let text = text_of(&symbols, &dir);
+    let recording = dir.join("killed.glass");
+    for step in [
+        "guest-attach-stopped",
+        "guest-attach-patched",
+        "guest-tracing",
+        "guest-detach-stopped",
+        "guest-detach-restored",
+    ] {
+        let log = dir.join(format!("{step}.log"));
+        let mut glass = trace_qmp(
+            &socket,
+            &symbols,
+            "dispatch,alpha,checksum_blocks",
+            "1",
+            &recording,
+        )
+        .env("GLASS_TEST_STOP_AT", step)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+        let said = |what: &str| {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains(what)
+        };
+        let started = std::time::Instant::now();
+        while !said(&format!("stopped at {step}")) {
+            assert!(
+                glass.try_wait().unwrap().is_none() && started.elapsed().as_secs() < 60,
+                "{step}: glass did not reach the step: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if step == "guest-tracing" {
+            let _ = glass.kill();
+        }
+        // Stopped holding the VM stopped (every other step): the guardian kills glass
+        // once the stop outlives its bound.
+        let status = glass.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{step}");
+        // The guardian works on after glass is gone.
+        let started = std::time::Instant::now();
+        while let Some(why) = left_as_found(&socket, &text, &dir) {
+            assert!(
+                started.elapsed().as_secs() < 30,
+                "{step}: the VM was not left as found: {why}; glass and its guardian said: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        // What the guardian says, once it has done it.
+        let started = std::time::Instant::now();
+        while !said("its guardian") && started.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        if step != "guest-attach-stopped" {
+            assert!(
+                log_text.contains("its guardian put back the"),
+                "{step}: {log_text}"
+            );
+        }
+        if step != "guest-tracing" {
+            assert!(
+                log_text.contains("past the stop bound"),
+                "{step}: {log_text}"
+            );
+        }
+        let before = rates(&serial);
+        let started = std::time::Instant::now();
+        while rates(&serial) == before {
+            assert!(
+                started.elapsed().as_secs() < 20,
+                "{step}: the guest stopped working"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let output = trace_qmp(&socket, &symbols, "dispatch,alpha", "1", &recording)
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    let calls = calls_and_self(&recording);
+    assert!(calls.get("dispatch").map_or(0, |c| c.0) > 20, "{calls:?}");
+    assert_eq!(left_as_found(&socket, &text, &dir), None);
 }

@@ -34,6 +34,14 @@ impl VcpuRegs {
         }
     }
 
+    /// The name the GDB stub gives `arch`'s program counter (to move a vCPU).
+    pub fn pc_name(arch: Arch) -> &'static str {
+        match arch {
+            Arch::X86_64 => "rip",
+            Arch::Aarch64 => "pc",
+        }
+    }
+
     /// The register names a backend must provide for `arch`, in the order
     /// [`VcpuRegs::from_values`] takes them.
     pub fn names(arch: Arch) -> &'static [&'static [&'static str]] {

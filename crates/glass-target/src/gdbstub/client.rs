@@ -843,17 +843,29 @@ impl Drop for Client {
 }
 
 /// What the guardian does for a glass that died (`--gdb`, `--vm --keep-vm`): connects to
-/// the stub and detaches (the VM runs), retrying until `until`: QEMU takes the new
-/// connection once it has seen the dead one close. Gives up early once `gone` says the
-/// VMM is (a launched QEMU that exited).
+/// the stub and detaches (the VM runs). See [`reconnect`].
 pub fn let_run(stub: &str, until: Instant, gone: &mut dyn FnMut() -> bool) -> Result<(), String> {
+    reconnect(stub, until, gone, &mut |client| {
+        client.detach().map_err(|e| e.to_string())
+    })
+}
+
+/// Connects to the stub a dead glass held and runs `then` on the connection, retrying
+/// until `until`: QEMU takes the new connection once it has seen the dead one close.
+/// Gives up early once `gone` says the VMM is (a launched QEMU that exited).
+pub fn reconnect<T>(
+    stub: &str,
+    until: Instant,
+    gone: &mut dyn FnMut() -> bool,
+    then: &mut dyn FnMut(&mut Client) -> Result<T, String>,
+) -> Result<T, String> {
     let mut last = String::new();
     while Instant::now() < until {
         if gone() {
             return Err("QEMU has exited".into());
         }
-        match Client::connect(stub).and_then(|mut client| client.detach()) {
-            Ok(()) => return Ok(()),
+        match Client::connect(stub) {
+            Ok(mut client) => return then(&mut client),
             Err(error) => last = error.to_string(),
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -4,5 +4,6 @@
 
 pub mod backend;
 pub mod client;
+pub mod ledger;
 pub mod packet;
 pub mod target_xml;

@@ -12,7 +12,13 @@
 //! puts every patched byte back through the stub, moves any vCPU out of a trampoline's
 //! relocated copy, checks that the patched code reads as it did before, removes its stub
 //! and lets the VM run. The region stays (a call under way returns through its
-//! trampoline), mapped where the guest never looks; the recording says so.
+//! trampoline), mapped where the guest never looks; the recording says so, and the next
+//! trace of the VM uses it again (`layout`).
+//!
+//! Before the first patched byte glass hands its guardian the ledger of the code it
+//! patches: a glass that dies (SIGKILL at any step, or killed by the guardian for
+//! holding the VM stopped past the stop bound) has its code put back by the guardian
+//! through the stub, every vCPU moved out of the relocated copies, and the stub removed.
 
 use std::time::Instant;
 
@@ -20,8 +26,10 @@ use glass_format::Record;
 use glass_mem::process::{read_process, write_process};
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
+use glass_target::gdbstub::ledger::CodeLedger;
 use glass_target::qmp::{existing_stub, parse_gpa2hva, Monitor, MonitorError, Qmp};
 use glass_target::stop_mark::StopMark;
+use glass_target::test_hook;
 use serde_json::json;
 
 use super::layout::{self, Layout, RegionAccess};
@@ -89,7 +97,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
     }
     let file = glass_record::create_output(&args.output)?;
     let pid = monitor.qemu_pid();
-    let (region_gpa, host) = plug_region(&mut monitor, &named)?;
+    let (region_gpa, host, reused) = plug_region(&mut monitor, &named)?;
     let region = ProcessRegion { pid, host };
     // QEMU creates the socket; glass reaches it through QEMU's root.
     let socket = std::env::temp_dir().join(format!("glass-trace-gdb-{}.sock", std::process::id()));
@@ -97,7 +105,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
     let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
     // Before the stub exists: from then on a glass that dies leaves it to the guardian,
     // which lets the VM run and removes the stub.
-    let guardian = glass_record::guardian::Guardian::start_monitored(
+    let mut guardian = glass_record::guardian::Guardian::start_monitored(
         &reached,
         vec!["--qmp".into(), path.into()],
         &mark,
@@ -115,8 +123,8 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
             args,
             notes,
             &mut monitor,
-            (&reached, &mark),
-            (&region, region_gpa),
+            (&reached, &mark, &mut guardian),
+            (&region, region_gpa, reused),
             (&symbols, choice, skipped),
             file,
         );
@@ -133,29 +141,43 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
     traced
 }
 
-/// Adds glass's region to the VM: its guest-physical address and where it lies in
-/// QEMU's memory.
-fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64)> {
+/// glass's region in the VM: the one an earlier trace added, or a new one. Its
+/// guest-physical address, where it lies in QEMU's memory, and whether it was there.
+fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64, bool)> {
+    let devices = monitor
+        .execute("query-memory-devices", None)
+        .map_err(monitor_failure)?;
+    let earlier = devices.as_array().into_iter().flatten().find_map(|d| {
+        let data = d.get("data")?;
+        let id = data.get("id")?.as_str()?;
+        id.starts_with("glass-dimm-")
+            .then(|| data.get("addr").and_then(|a| a.as_u64()))
+            .flatten()
+    });
+    let (gpa, reused) = match earlier {
+        Some(gpa) => (gpa, true),
+        None => (add_region(monitor, named)?, false),
+    };
+    let answer = monitor
+        .hmp(&format!("gpa2hva {gpa:#x}"))
+        .map_err(monitor_failure)?;
+    let host = parse_gpa2hva(&answer).ok_or_else(|| {
+        Failure::runtime(format!(
+            "{named}: QEMU does not say where glass's region is in its memory ({})",
+            answer.trim()
+        ))
+    })?;
+    Ok((gpa, host, reused))
+}
+
+/// Hot-plugs a new region: its guest-physical address.
+fn add_region(monitor: &mut Qmp, named: &str) -> Result<u64> {
     let id = format!("glass-region-{}", std::process::id());
     let dimm = format!("glass-dimm-{}", std::process::id());
-    let earlier = monitor
-        .execute("query-memory-devices", None)
-        .ok()
-        .and_then(|devices| {
-            devices.as_array()?.iter().find_map(|d| {
-                let id = d.get("data")?.get("id")?.as_str()?;
-                id.starts_with("glass-dimm-").then(|| id.to_string())
-            })
-        });
     let refused = |why: MonitorError| {
-        match &earlier {
-        Some(id) => Failure::bad_input(format!(
-            "{named}: glass's region from an earlier trace is still in this VM ({id}: it stays for the calls that were under way), and QEMU would not add another ({why}): give the VM another free memory slot, or restart it, to trace it again"
-        )),
-        None => Failure::bad_input(format!(
+        Failure::bad_input(format!(
             "{named}: QEMU would not add glass's 2 MiB region ({why}): start the VM with a free memory slot (-m SIZE,slots=1,maxmem=SIZE+2M or more)"
-        )),
-    }
+        ))
     };
     monitor
         .execute(
@@ -173,26 +195,14 @@ fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64)> {
     let devices = monitor
         .execute("query-memory-devices", None)
         .map_err(monitor_failure)?;
-    let gpa = devices
+    devices
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|d| d.get("data"))
         .find(|d| d.get("id").and_then(|i| i.as_str()) == Some(dimm.as_str()))
         .and_then(|d| d.get("addr").and_then(|a| a.as_u64()))
-        .ok_or_else(|| {
-            Failure::runtime(format!("{named}: the region glass added has no address"))
-        })?;
-    let answer = monitor
-        .hmp(&format!("gpa2hva {gpa:#x}"))
-        .map_err(monitor_failure)?;
-    let host = parse_gpa2hva(&answer).ok_or_else(|| {
-        Failure::runtime(format!(
-            "{named}: QEMU does not say where glass's region is in its memory ({})",
-            answer.trim()
-        ))
-    })?;
-    Ok((gpa, host))
+        .ok_or_else(|| Failure::runtime(format!("{named}: the region glass added has no address")))
 }
 
 /// The original bytes at each patch, read through the stub before it is written.
@@ -218,8 +228,8 @@ fn trace_attached(
     args: &TraceOptions,
     notes: &mut dyn TraceNotes,
     monitor: &mut Qmp,
-    (stub, mark): (&str, &StopMark),
-    (region, region_gpa): (&ProcessRegion, u64),
+    (stub, mark, guardian): (&str, &StopMark, &mut glass_record::guardian::Guardian),
+    (region, region_gpa, reused): (&ProcessRegion, u64, bool),
     (symbols, choice, mut skipped): (
         &std::path::Path,
         crate::select::ModuleChoice,
@@ -234,17 +244,25 @@ fn trace_attached(
     let (low, high) = text_span(&choice);
     let layout = Layout::choose(low, high, region_gpa).map_err(Failure::bad_input)?;
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
-    let (installed, patches, moves) = layout
+    if reused {
+        read_process(region.pid, region.host, &mut image)
+            .map_err(|e| Failure::runtime(format!("cannot read glass's region in QEMU: {e}")))?;
+    }
+    let installation = layout
         .install(&mut image, &choice, symbols, &mut skipped)
         .map_err(Failure::runtime)?;
-    write_process(region.pid, region.host, &image)
-        .map_err(|e| Failure::runtime(format!("cannot write glass's region in QEMU: {e}")))?;
+    for range in installation.written() {
+        let bytes = &image[range.start as usize..range.end as usize];
+        write_process(region.pid, region.host + range.start, bytes)
+            .map_err(|e| Failure::runtime(format!("cannot write glass's region in QEMU: {e}")))?;
+    }
     let mut regs = vec![VcpuRegs::zeroed(client.arch()); client.vcpus.len()];
     mark.begin();
     let attach_started = Instant::now();
     client
         .stop_with_registers(&mut regs)
         .map_err(|e| stub_failure("cannot stop the VM", e))?;
+    test_hook("guest-attach-stopped");
     let held = (|| {
         if regs
             .iter()
@@ -254,12 +272,24 @@ fn trace_attached(
                 "a vCPU runs outside long mode: glass traces 64-bit guests",
             ));
         }
-        let originals = read_originals(&mut client, &patches)?;
-        patch(&mut client, &layout, &regs, &patches, &moves)?;
-        Ok(originals)
+        let ledger = installation.ledger(read_originals(&mut client, &installation.patches)?);
+        // Told before the first byte changes: from here a glass that dies has its
+        // guardian put the code back.
+        guardian.tell(&ledger).map_err(|e| {
+            Failure::runtime(format!("cannot hand glass's guardian its ledger: {e}"))
+        })?;
+        patch(
+            &mut client,
+            &layout,
+            &regs,
+            &installation.patches,
+            &installation.moves,
+        )?;
+        test_hook("guest-attach-patched");
+        Ok(ledger)
     })();
-    let originals = match held {
-        Ok(originals) => originals,
+    let ledger = match held {
+        Ok(ledger) => ledger,
         Err(failure) => {
             let _ = client.resume();
             mark.end();
@@ -271,10 +301,16 @@ fn trace_attached(
         .map_err(|e| stub_failure("cannot let the VM run", e))?;
     mark.end();
     let attach_ms = attach_started.elapsed().as_secs_f64() * 1e3;
+    let installed = installation.installed;
     notes.instrumented(&installed, &skipped);
     notes.note(&format!(
-        "attached to {}: the VM stopped {attach_ms:.1} ms to patch",
-        monitor.describe()
+        "attached to {}: the VM stopped {attach_ms:.1} ms to patch{}",
+        monitor.describe(),
+        if reused {
+            " (in glass's region of an earlier trace)"
+        } else {
+            ""
+        }
     ));
 
     let qemu = monitor.qemu_pid() as u32;
@@ -289,12 +325,18 @@ fn trace_attached(
         name: format!("QEMU (pid {qemu}), {}", monitor.describe()),
     }));
     let mut replay = replay::Replay::default();
-    let mut ring = layout::RingReader::default();
+    let mut ring = layout::RingReader::resuming(region);
+    let mut hooked = false;
     let why = drain_until(
         (region, &mut ring, &mut replay, &mut out),
         qemu,
         args.duration,
-        || monitor.ending().map(|_| Ended::Exited(0)),
+        || {
+            if !std::mem::replace(&mut hooked, true) {
+                test_hook("guest-tracing");
+            }
+            monitor.ending().map(|_| Ended::Exited(0))
+        },
     );
     if matches!(why, Ended::Exited(_)) {
         return Err(Failure::runtime(format!(
@@ -304,7 +346,7 @@ fn trace_attached(
     }
     mark.begin();
     let detach_started = Instant::now();
-    let restored = restore(&mut client, &originals, &moves);
+    let restored = restore(&mut client, &ledger);
     ring.drain(region, &mut replay);
     replay.take(|stack, words| out.chunk(qemu, stack, words));
     let _ = client.detach();
@@ -313,11 +355,11 @@ fn trace_attached(
     notes.note(&format!(
         "detached: the VM stopped {:.1} ms to restore {} patched byte ranges ({} vCPUs moved out of the trampolines); the code reads as before",
         detach_started.elapsed().as_secs_f64() * 1e3,
-        originals.len(),
+        ledger.code.len(),
         restored
     ));
     out.write(&Record::Note(format!(
-        "glass's 2 MiB region stays in the VM (a pc-dimm at guest-physical {region_gpa:#x}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines",
+        "glass's 2 MiB region stays in the VM (a pc-dimm at guest-physical {region_gpa:#x}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines, and the next glass trace of this VM uses it again",
         layout.base(),
         layout.top_index()
     )));
@@ -338,44 +380,14 @@ fn trace_attached(
     })
 }
 
-/// With the VM stopped: every patched byte put back through the stub, every vCPU inside
-/// a trampoline's relocated copy moved back to the same instruction in the function, and
-/// the code read again to check it; the vCPUs moved.
-fn restore(
-    client: &mut Client,
-    originals: &[(u64, Vec<u8>)],
-    moves: &[(u64, u64)],
-) -> Result<usize> {
+/// Stops the VM and puts the code back (see [`CodeLedger::put_back`]): how many vCPUs
+/// were moved out of the trampolines.
+fn restore(client: &mut Client, ledger: &CodeLedger) -> Result<usize> {
     client
         .stop()
         .map_err(|e| stub_failure("cannot stop the VM", e))?;
-    for (at, bytes) in originals {
-        client
-            .write_memory(*at, bytes)
-            .map_err(|e| stub_failure("cannot put the guest's code back", e))?;
-    }
-    let mut moved = 0;
-    for index in 0..client.vcpus.len() {
-        let regs = client
-            .registers(index)
-            .map_err(|e| stub_failure("cannot read a vCPU", e))?;
-        if let Some(&(back, _)) = moves.iter().find(|&&(_, to)| to == regs.ip()) {
-            client
-                .select(index)
-                .and_then(|()| client.set_register("rip", back))
-                .map_err(|e| stub_failure("cannot move a vCPU out of a trampoline", e))?;
-            moved += 1;
-        }
-    }
-    for (at, bytes) in originals {
-        let now = client
-            .read_memory(*at, bytes.len())
-            .map_err(|e| stub_failure("cannot read the guest's code", e))?;
-        if &now != bytes {
-            return Err(Failure::runtime(format!(
-                "the guest's code at {at:#x} does not read as before after glass put it back"
-            )));
-        }
-    }
+    test_hook("guest-detach-stopped");
+    let moved = ledger.put_back(client).map_err(Failure::runtime)?;
+    test_hook("guest-detach-restored");
     Ok(moved)
 }

@@ -6,6 +6,7 @@
 //!   0x0000   page-directory-pointer table: one entry, to the page directory
 //!   0x1000   page directory: one 2 MiB entry, the region itself
 //!   0x2000   ring: head, tail, dropped (u64 each)
+//!   0x2018   where the trampolines written so far end (0: none yet)
 //!   0x3000   trampolines
 //!   0x100000 records: 65536 of 16 bytes
 //! ```
@@ -15,6 +16,11 @@
 //! within a `jmp rel32` (2 GiB): from a kernel linked in the low 2 GiB, addresses wrap
 //! around to the top one. The guest runs the trampolines at ring 0 (supervisor pages,
 //! executable).
+//!
+//! A region stays in the VM after glass detaches (a call under way returns through its
+//! trampoline), and the next `glass trace --qmp` of that VM uses it again: its
+//! trampolines go after the earlier ones, never over them (a call of the earlier trace
+//! may still return into one), and its ring reader starts where the earlier one stopped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +37,7 @@ const PAGE_DIRECTORY: u64 = 0x1000;
 const HEAD: u64 = 0x2000;
 const TAIL: u64 = 0x2008;
 const DROPPED: u64 = 0x2010;
+const TRAMPOLINES_END: u64 = 0x2018;
 const TRAMPOLINES: u64 = 0x3000;
 const RECORDS: u64 = 0x10_0000;
 /// What glass writes into the region before the guest uses it: everything before the
@@ -44,6 +51,44 @@ const LARGE_PAGE: u64 = 0x80;
 
 /// The top-level entry the region hangs from.
 const TOP_INDEX: u64 = 511;
+
+/// What [`Layout::install`] wrote and what the guest's code needs.
+pub struct Installation {
+    pub installed: Vec<Installed>,
+    /// The entry jumps to write: (address, bytes).
+    pub patches: Vec<(u64, Vec<u8>)>,
+    /// (inside the bytes a jump replaces, the same instruction in the relocated copy).
+    pub moves: Vec<(u64, u64)>,
+    /// The region's bytes this installation wrote, as offsets, besides the page-table
+    /// pages and the header word: its trampolines.
+    pub trampolines: std::ops::Range<u64>,
+}
+
+impl Installation {
+    /// The region's byte ranges (offsets) glass writes into a region the guest may be
+    /// running trampolines of an earlier trace in: its page-table pages (entries are
+    /// only added), the header word, and the new trampolines. Never the ring's words,
+    /// which such a trampoline may be updating.
+    pub fn written(&self) -> [std::ops::Range<u64>; 3] {
+        [
+            PDPT..HEAD,
+            TRAMPOLINES_END..TRAMPOLINES_END + 8,
+            self.trampolines.clone(),
+        ]
+    }
+
+    /// What glass and its guardian put back at the end: each patch's original bytes
+    /// (read from the guest), and the moves reversed.
+    pub fn ledger(
+        &self,
+        originals: Vec<(u64, Vec<u8>)>,
+    ) -> glass_target::gdbstub::ledger::CodeLedger {
+        glass_target::gdbstub::ledger::CodeLedger {
+            code: originals,
+            back: self.moves.iter().map(|&(from, to)| (to, from)).collect(),
+        }
+    }
+}
 
 /// Where the region is in the guest's virtual address space.
 pub struct Layout {
@@ -102,22 +147,27 @@ impl Layout {
         self.base + offset
     }
 
-    /// Writes the region (page tables, an empty ring, the trampolines) into `shared`;
-    /// what is installed, the entry jumps to write (address, bytes), and where a vCPU
-    /// stopped inside the bytes they replace goes.
-    /// Functions whose trampolines do not fit are left out, as skipped.
-    #[allow(clippy::type_complexity)]
+    /// Writes into `shared` (the region's first [`IMAGE_BYTES`]: zeroes for a new
+    /// region, the bytes it holds for one used before) its page tables and the
+    /// trampolines, after any written before. Functions whose trampolines do not fit are
+    /// left out, as skipped.
     pub fn install(
         &self,
         shared: &mut [u8],
         choice: &ModuleChoice,
         module: &std::path::Path,
         skipped: &mut Vec<crate::Skip>,
-    ) -> Result<(Vec<Installed>, Vec<(u64, Vec<u8>)>, Vec<(u64, u64)>), String> {
+    ) -> Result<Installation, String> {
         let put = |shared: &mut [u8], offset: u64, bytes: &[u8]| {
             shared[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
         };
-        shared[..RECORDS as usize].fill(0);
+        let end_word = TRAMPOLINES_END as usize..TRAMPOLINES_END as usize + 8;
+        let written = u64::from_le_bytes(shared[end_word.clone()].try_into().unwrap_or_default());
+        let first = if (TRAMPOLINES..=RECORDS).contains(&written) {
+            written
+        } else {
+            TRAMPOLINES
+        };
         let pdpt_index = (self.base >> 30) & 511;
         let pd_index = (self.base >> 21) & 511;
         put(
@@ -140,7 +190,7 @@ impl Layout {
         let mut installed = Vec::new();
         let mut patches = Vec::new();
         let mut moves = Vec::new();
-        let mut at = TRAMPOLINES;
+        let mut at = first;
         for (id, (function, plan, _)) in choice.patchable.iter().enumerate() {
             let address = self.address(at);
             let (code, function_moves) = call_trampoline::build(plan, id as u16, address, &ring)
@@ -168,7 +218,14 @@ impl Layout {
             });
             at = (at + code.len() as u64 + 15) & !15;
         }
-        Ok((installed, patches, moves))
+        let end = at.min(RECORDS);
+        put(shared, TRAMPOLINES_END, &end.to_le_bytes());
+        Ok(Installation {
+            installed,
+            patches,
+            moves,
+            trampolines: first..end,
+        })
     }
 }
 
@@ -223,10 +280,22 @@ pub struct RingReader {
     tail: u64,
     first_tsc: Option<u64>,
     dropped: u64,
+    /// The drop count an earlier trace of the same region left.
+    dropped_before: u64,
     batch: Vec<u8>,
 }
 
 impl RingReader {
+    /// A reader that goes on where an earlier trace's left the region's ring (a new
+    /// region reads 0s: from the start).
+    pub fn resuming(region: &dyn RegionAccess) -> RingReader {
+        RingReader {
+            tail: region.load(TAIL),
+            dropped_before: region.load(DROPPED),
+            ..RingReader::default()
+        }
+    }
+
     /// Hands every published record to `replay`; how many.
     pub fn drain(&mut self, region: &dyn RegionAccess, replay: &mut Replay) -> usize {
         let head = region.load(HEAD);
@@ -260,7 +329,7 @@ impl RingReader {
         if taken > 0 {
             region.store(TAIL, self.tail);
         }
-        self.dropped = region.load(DROPPED);
+        self.dropped = region.load(DROPPED).saturating_sub(self.dropped_before);
         taken as usize
     }
 

@@ -358,7 +358,17 @@ fn trace_launched(
         }
     };
     let mut skipped = skipped;
-    let (installed, patches, moves) = match layout.install(shared, &choice, symbols, &mut skipped) {
+    let layout::Installation {
+        installed,
+        patches,
+        moves,
+        ..
+    } = match layout.install(
+        &mut shared[..layout::IMAGE_BYTES as usize],
+        &choice,
+        symbols,
+        &mut skipped,
+    ) {
         Ok(done) => done,
         Err(why) => {
             let _ = client.resume();
@@ -565,7 +575,13 @@ fn patch(
     let present = client
         .read_memory(entry_at, 8)
         .map_err(|e| stub_failure("cannot read the guest's page tables", e))?;
-    if present.len() != 8 || present.iter().any(|&b| b != 0) {
+    // Empty, or glass's own region of an earlier trace (`glass trace --qmp` again),
+    // whose entry the guest's walks have marked accessed (bit 5) since.
+    const ACCESSED: u64 = 0x20;
+    let present = present
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) & !ACCESSED);
+    if present != Some(0) && present != Some(layout.top_entry()) {
         let _ = client.physical_memory_mode(false);
         return Err(Failure::bad_input(format!(
             "the guest maps the top of its address space already (top-level entry {} of its page tables): no room for glass's region there",
