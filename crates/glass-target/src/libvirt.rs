@@ -112,21 +112,43 @@ impl Monitor for Libvirt {
             })
     }
 
-    fn status(&mut self) -> Result<String, MonitorError> {
+    fn qmp(
+        &mut self,
+        command: &str,
+        arguments: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, MonitorError> {
+        let mut message = serde_json::json!({ "execute": command });
+        if let Some(arguments) = arguments {
+            message["arguments"] = arguments;
+        }
         let reply = self
-            .virsh(&[
-                "qemu-monitor-command",
-                &self.domain,
-                r#"{"execute":"query-status"}"#,
-            ])
+            .virsh(&["qemu-monitor-command", &self.domain, &message.to_string()])
             .map_err(|e| match e {
                 VirshError::Missing => MonitorError::Failed("virsh not found".into()),
-                VirshError::Said(text) => MonitorError::Failed(text),
+                VirshError::Said(text) => MonitorError::Failed(format!(
+                    "libvirt domain {}: QMP {command}: {text}",
+                    self.domain
+                )),
             })?;
         let value: serde_json::Value = serde_json::from_str(reply.trim())
-            .map_err(|e| MonitorError::Failed(format!("query-status: {e}")))?;
-        Ok(value
-            .pointer("/return/status")
+            .map_err(|e| MonitorError::Failed(format!("QMP {command}: {e}")))?;
+        match (value.get("return"), value.pointer("/error/desc")) {
+            (Some(answer), _) => Ok(answer.clone()),
+            (None, Some(desc)) => Err(MonitorError::Failed(format!(
+                "QMP {command}: {}",
+                desc.as_str().unwrap_or("refused")
+            ))),
+            (None, None) => Err(MonitorError::Failed(format!(
+                "QMP {command}: no answer in {}",
+                reply.trim()
+            ))),
+        }
+    }
+
+    fn status(&mut self) -> Result<String, MonitorError> {
+        let status = self.qmp("query-status", None)?;
+        Ok(status
+            .get("status")
             .and_then(serde_json::Value::as_str)
             .unwrap_or("unknown")
             .to_string())

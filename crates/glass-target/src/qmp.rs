@@ -110,6 +110,9 @@ pub trait Monitor {
     /// Runs an HMP command and returns its text.
     fn hmp(&mut self, command: &str) -> Result<String, MonitorError>;
 
+    /// Runs a QMP command and returns its `return` value.
+    fn qmp(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, MonitorError>;
+
     /// The VM's run state (`running`, `paused`, `debug`, `shutdown`, ...).
     fn status(&mut self) -> Result<String, MonitorError>;
 
@@ -323,6 +326,10 @@ impl Qmp {
 }
 
 impl Monitor for Qmp {
+    fn qmp(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, MonitorError> {
+        self.execute(command, arguments)
+    }
+
     fn hmp(&mut self, command: &str) -> Result<String, MonitorError> {
         let text = self.execute(
             "human-monitor-command",

@@ -57,10 +57,13 @@ pub struct TraceOptions {
     pub command: Vec<String>,
     /// `command` is a QEMU to launch: its guest's functions are traced.
     pub vm: bool,
-    /// The guest's symbols (`--vm`: else `-kernel`'s file; `--qmp`: required).
+    /// The guest's symbols (`--vm`: else `-kernel`'s file; `--qmp`, `--libvirt`:
+    /// required).
     pub symbols: Option<PathBuf>,
     /// Attach to the VM of the QEMU whose QMP socket this is.
     pub qmp: Option<String>,
+    /// Attach to the VM of this libvirt domain (its QEMU's monitor, through virsh).
+    pub libvirt: Option<String>,
 }
 
 /// What a trace did.
@@ -153,8 +156,8 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     if args.vm {
         return guest::run(args, notes);
     }
-    if let Some(path) = &args.qmp {
-        return guest::attach::run(args, notes, path);
+    if args.qmp.is_some() || args.libvirt.is_some() {
+        return guest::attach::run(args, notes);
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {

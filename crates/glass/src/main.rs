@@ -75,8 +75,8 @@ enum Command {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp"]).multiple(true)))]
-#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp", "libvirt"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp", "libvirt"]).multiple(true)))]
 pub struct TraceArgs {
     /// Output recording
     #[arg(short, long, default_value = "trace.glass")]
@@ -109,7 +109,7 @@ pub struct TraceArgs {
     /// patched byte restored, the process never restarted
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
-    /// With --pid or --vm: end after this many seconds (default: on Ctrl-C, SIGTERM, or
+    /// With --pid, --vm, --qmp or --libvirt: end after this many seconds (default: on Ctrl-C, SIGTERM, or
     /// when the process or VM ends)
     #[arg(short, long, requires = "attached_or_vm", value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
@@ -123,12 +123,17 @@ pub struct TraceArgs {
     /// for --duration or until Ctrl-C, and puts every patched byte back
     #[arg(long, conflicts_with_all = ["pid", "vm", "command"], requires = "symbols")]
     pub qmp: Option<String>,
-    /// With --vm or --qmp: the guest's symbols (with --vm, default: the file QEMU's
-    /// -kernel names)
+    /// Attach to a running libvirt domain's QEMU, through libvirt (virsh
+    /// qemu-monitor-command), as --qmp does: the domain needs a free memory slot
+    /// (<maxMemory slots='1' ...> in its XML)
+    #[arg(long, value_name = "DOMAIN", conflicts_with_all = ["pid", "vm", "command", "qmp"], requires = "symbols")]
+    pub libvirt: Option<String>,
+    /// With --vm, --qmp or --libvirt: the guest's symbols (with --vm, default: the file
+    /// QEMU's -kernel names)
     #[arg(long, requires = "vm_or_qmp")]
     pub symbols: Option<PathBuf>,
     /// The command to launch and trace
-    #[arg(last = true, required_unless_present_any = ["pid", "qmp"])]
+    #[arg(last = true, required_unless_present_any = ["pid", "qmp", "libvirt"])]
     pub command: Vec<String>,
 }
 

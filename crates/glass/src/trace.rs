@@ -36,6 +36,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         vm: args.vm,
         symbols: args.symbols.clone(),
         qmp: args.qmp.clone(),
+        libvirt: args.libvirt.clone(),
     };
     let mut notes = Printed { quiet: args.quiet };
     let traced = glass_tracer::trace(&options, &mut notes)?;

@@ -70,14 +70,33 @@ impl Drop for Domain {
 impl Domain {
     /// The unikernel `image` as a `type='qemu'` domain, its serial port in a file.
     fn create(image: &Path) -> Domain {
-        Domain::define("uk", &[(image, "uk.img")], 64, 1, "rate", |dir| {
+        Domain::define("uk", &[(image, "uk.img")], 64, 1, "rate", "", |dir| {
             format!("<kernel>{}</kernel>", dir.join("uk.img").display())
         })
     }
 
+    /// The same, with a free memory slot (`maxMemory`, which libvirt takes only with a
+    /// NUMA cell, and QEMU hot-plugs into only with ACPI), for `glass trace
+    /// --libvirt`'s region.
+    fn create_with_slot(image: &Path) -> Domain {
+        let slot = "<maxMemory slots='1' unit='MiB'>1024</maxMemory>
+  <cpu><numa><cell id='0' cpus='0' memory='64' unit='MiB'/></numa></cpu>
+  <features><acpi/></features>";
+        Domain::define(
+            "uk-slot",
+            &[(image, "uk.img")],
+            64,
+            1,
+            "rate",
+            slot,
+            |dir| format!("<kernel>{}</kernel>", dir.join("uk.img").display()),
+        )
+    }
+
     /// A `type='qemu'` domain named after `kind`, booting the files `files` (each copied
-    /// under its name) as `os(dir)` says, with `memory` MiB and `vcpus`; started once its
-    /// serial shows a line that begins with `progress_line`. The files live in a
+    /// under its name) as `os(dir)` says, with `memory` MiB and `vcpus` (and `extra` XML
+    /// beside them); started once its serial shows a line that begins with
+    /// `progress_line`. The files live in a
     /// directory under /tmp, which QEMU's user (libvirt-qemu) can reach.
     fn define(
         kind: &str,
@@ -85,6 +104,7 @@ impl Domain {
         memory: u32,
         vcpus: u32,
         progress_line: &'static str,
+        extra: &str,
         os: impl FnOnce(&Path) -> String,
     ) -> Domain {
         let name = format!("glass-test-{kind}-{}", std::process::id());
@@ -101,6 +121,7 @@ impl Domain {
   <name>{name}</name>
   <memory unit='MiB'>{memory}</memory>
   <vcpu>{vcpus}</vcpu>
+  {extra}
   <os><type arch='x86_64' machine='pc'>hvm</type>{}</os>
   <on_reboot>destroy</on_reboot>
   <devices>
@@ -308,6 +329,104 @@ fn a_libvirt_domain_is_profiled_by_name_and_left_as_found() {
     assert_clean_failure(&missing, 2, "no such domain (running: ");
 }
 
+/// `glass trace --libvirt DOMAIN`: the Unikraft-style unikernel (no frame pointers, CFI
+/// only in .debug_frame, one vCPU, a timer interrupt, an 80-frame recursion) timed from
+/// outside through libvirt, twice (the second trace in the first one's region), every
+/// call counted as the guest makes them, and the domain running on after with its code
+/// as the image has it and no stub left.
+#[test]
+fn a_libvirt_domain_is_traced_by_name_and_left_as_found() {
+    let _alone = exclusive();
+    libvirtd_running();
+    let dir = scratch("libvirt_trace");
+    build_guest_image("unikernel", &dir, &["0"]);
+    let elf = dir.join("uk.elf");
+    let domain = Domain::create_with_slot(&dir.join("uk.img"));
+    let recording = dir.join("trace.glass");
+    for round in 0..2 {
+        let output = glass(&[
+            "trace",
+            "--libvirt",
+            &domain.name,
+            "--symbols",
+            elf.to_str().unwrap(),
+            "-f",
+            "dispatch,alpha,beta,gamma,descend",
+            "-d",
+            "3",
+            "-o",
+            recording.to_str().unwrap(),
+        ]);
+        let err = stderr(&output);
+        assert!(output.status.success(), "{err}");
+        assert!(err.contains("instrumented 5 functions"), "{err}");
+        assert!(err.contains("the code reads as before"), "{err}");
+        assert!(err.contains(" 0 lost"), "{err}");
+        assert_eq!(
+            err.contains("in glass's region of an earlier trace"),
+            round == 1,
+            "{err}"
+        );
+        let table = calls_and_self(&recording);
+        let calls = |name: &str| table.get(name).map_or(0, |c| c.0);
+        let dispatch = calls("dispatch");
+        assert!(dispatch >= 3, "{table:?}");
+        for name in ["alpha", "beta", "gamma"] {
+            assert!(calls(name).abs_diff(dispatch) <= 1, "{name}: {table:?}");
+        }
+        // 80 levels a call of beta; a beta under way at attach or detach counts part.
+        assert!(
+            calls("descend").abs_diff(80 * calls("beta")) <= 160,
+            "descend: {table:?}"
+        );
+        domain.assert_as_found();
+    }
+    // The domain's code as the image has it (a word of each traced function's start).
+    let nm = Command::new("nm").arg(&elf).output().unwrap();
+    for name in ["dispatch", "alpha", "beta", "gamma", "descend"] {
+        let address = String::from_utf8_lossy(&nm.stdout)
+            .lines()
+            .find_map(|l| {
+                let (a, n) = l.split_once(" T ")?;
+                (n == name).then(|| u64::from_str_radix(a, 16).unwrap())
+            })
+            .unwrap();
+        let shown = domain.hmp(&format!("x /2xg {address:#x}"));
+        let objdump = Command::new("objdump")
+            .args(["-s", "--start-address"])
+            .arg(format!("{address:#x}"))
+            .arg("--stop-address")
+            .arg(format!("{:#x}", address + 16))
+            .arg(&elf)
+            .output()
+            .unwrap();
+        let image: String = String::from_utf8_lossy(&objdump.stdout)
+            .lines()
+            .filter(|l| l.starts_with(' '))
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .take(4)
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let vm: String = shown
+            .split_whitespace()
+            .filter(|w| w.starts_with("0x") && w.len() == 18)
+            .map(|w| {
+                let value = u64::from_str_radix(&w[2..], 16).unwrap();
+                value
+                    .to_le_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            })
+            .collect();
+        assert_eq!(vm, image[..32.min(image.len())], "{name}: {shown}");
+    }
+}
+
 /// Debian 12's kernel (the Linux kit) booted directly by libvirt: glass profiles the
 /// domain by name, splits the samples by guest process (`--guest-btf`) as the guest
 /// counted them, records that RAM was read from QEMU's address space, and leaves the
@@ -330,6 +449,7 @@ fn a_libvirt_domain_running_debians_kernel_is_split_by_process() {
         256,
         1,
         "glass-work ",
+        "",
         |dir| {
             // run.sh's command line, without the dump disk.
             format!(

@@ -76,32 +76,6 @@ fn trace_vm(
     glass(&args)
 }
 
-/// `glass report --format calls`: (calls, median time per call in ns) per function.
-fn calls_and_self(recording: &Path) -> std::collections::BTreeMap<String, (u64, f64)> {
-    let output = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let unit = |value: &str, unit: &str| -> Option<f64> {
-        let v: f64 = value.parse().ok()?;
-        Some(match unit {
-            "ns" => v,
-            "µs" => v * 1e3,
-            "ms" => v * 1e6,
-            "s" => v * 1e9,
-            _ => return None,
-        })
-    };
-    stdout(&output)
-        .lines()
-        .filter_map(|line| {
-            // calls, total, self, self cycles, min, p50, ...; the name last.
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let calls: u64 = f.first()?.parse().ok()?;
-            let median = unit(f.get(8)?, f.get(9)?)?;
-            Some((f.last()?.to_string(), (calls, median)))
-        })
-        .collect()
-}
-
 #[test]
 fn every_call_of_a_unikernel_is_timed_from_outside() {
     let _alone = exclusive();

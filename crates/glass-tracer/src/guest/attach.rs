@@ -27,7 +27,7 @@ use glass_mem::process::{read_process, write_process};
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
 use glass_target::gdbstub::ledger::CodeLedger;
-use glass_target::qmp::{existing_stub, parse_gpa2hva, Monitor, MonitorError, Qmp};
+use glass_target::qmp::{existing_stub, open_monitor, parse_gpa2hva, Monitor, MonitorError};
 use glass_target::stop_mark::StopMark;
 use glass_target::test_hook;
 use serde_json::json;
@@ -75,13 +75,13 @@ impl RegionAccess for ProcessRegion {
     }
 }
 
-pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -> Result<Traced> {
-    let symbols = args
-        .symbols
-        .clone()
-        .ok_or_else(|| Failure::bad_input("--qmp needs --symbols: the guest's ELF image"))?;
+pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
+    let symbols = args.symbols.clone().ok_or_else(|| {
+        Failure::bad_input("--qmp and --libvirt need --symbols: the guest's ELF image")
+    })?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
-    let mut monitor = Qmp::connect(path).map_err(monitor_failure)?;
+    let (mut monitor, guardian_args) =
+        open_monitor(args.qmp.as_deref(), args.libvirt.as_deref()).map_err(Failure::from)?;
     let named = monitor.describe();
     let status = monitor.status().map_err(monitor_failure)?;
     if status != "running" {
@@ -97,7 +97,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
     }
     let file = glass_record::create_output(&args.output)?;
     let pid = monitor.qemu_pid();
-    let (region_gpa, host, reused) = plug_region(&mut monitor, &named)?;
+    let (region_gpa, host, reused) = plug_region(&mut *monitor, &named)?;
     let region = ProcessRegion { pid, host };
     // QEMU creates the socket; glass reaches it through QEMU's root.
     let socket = std::env::temp_dir().join(format!("glass-trace-gdb-{}.sock", std::process::id()));
@@ -107,7 +107,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
     // which lets the VM run and removes the stub.
     let mut guardian = glass_record::guardian::Guardian::start_monitored(
         &reached,
-        vec!["--qmp".into(), path.into()],
+        guardian_args,
         &mark,
         glass_record::stop_bound()?,
     )
@@ -122,7 +122,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
         let traced = trace_attached(
             args,
             notes,
-            &mut monitor,
+            &mut *monitor,
             (&reached, &mark, &mut guardian),
             (&region, region_gpa, reused),
             (&symbols, choice, skipped),
@@ -143,9 +143,9 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, path: &str) -
 
 /// glass's region in the VM: the one an earlier trace added, or a new one. Its
 /// guest-physical address, where it lies in QEMU's memory, and whether it was there.
-fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64, bool)> {
+fn plug_region(monitor: &mut dyn Monitor, named: &str) -> Result<(u64, u64, bool)> {
     let devices = monitor
-        .execute("query-memory-devices", None)
+        .qmp("query-memory-devices", None)
         .map_err(monitor_failure)?;
     let earlier = devices.as_array().into_iter().flatten().find_map(|d| {
         let data = d.get("data")?;
@@ -171,29 +171,34 @@ fn plug_region(monitor: &mut Qmp, named: &str) -> Result<(u64, u64, bool)> {
 }
 
 /// Hot-plugs a new region: its guest-physical address.
-fn add_region(monitor: &mut Qmp, named: &str) -> Result<u64> {
+fn add_region(monitor: &mut dyn Monitor, named: &str) -> Result<u64> {
     let id = format!("glass-region-{}", std::process::id());
     let dimm = format!("glass-dimm-{}", std::process::id());
     let refused = |why: MonitorError| {
         Failure::bad_input(format!(
-            "{named}: QEMU would not add glass's 2 MiB region ({why}): start the VM with a free memory slot (-m SIZE,slots=1,maxmem=SIZE+2M or more)"
+            "{named}: QEMU would not add glass's 2 MiB region ({why}): {}",
+            if named.starts_with("libvirt") {
+                "give the domain a free memory slot (<maxMemory slots='1' unit='MiB'>SIZE+2 or more</maxMemory>, a NUMA <cell>, and <features><acpi/></features>)"
+            } else {
+                "start the VM with a free memory slot (-m SIZE,slots=1,maxmem=SIZE+2M or more)"
+            }
         ))
     };
     monitor
-        .execute(
+        .qmp(
             "object-add",
             Some(json!({"qom-type": "memory-backend-ram", "id": id, "size": layout::REGION_BYTES})),
         )
         .map_err(refused)?;
-    if let Err(why) = monitor.execute(
+    if let Err(why) = monitor.qmp(
         "device_add",
         Some(json!({"driver": "pc-dimm", "id": dimm, "memdev": id})),
     ) {
-        let _ = monitor.execute("object-del", Some(json!({ "id": id })));
+        let _ = monitor.qmp("object-del", Some(json!({ "id": id })));
         return Err(refused(why));
     }
     let devices = monitor
-        .execute("query-memory-devices", None)
+        .qmp("query-memory-devices", None)
         .map_err(monitor_failure)?;
     devices
         .as_array()
@@ -227,7 +232,7 @@ fn read_originals(client: &mut Client, patches: &[(u64, Vec<u8>)]) -> Result<Vec
 fn trace_attached(
     args: &TraceOptions,
     notes: &mut dyn TraceNotes,
-    monitor: &mut Qmp,
+    monitor: &mut dyn Monitor,
     (stub, mark, guardian): (&str, &StopMark, &mut glass_record::guardian::Guardian),
     (region, region_gpa, reused): (&ProcessRegion, u64, bool),
     (symbols, choice, mut skipped): (
