@@ -64,6 +64,10 @@ pub struct TraceOptions {
     pub qmp: Option<String>,
     /// Attach to the VM of this libvirt domain (its QEMU's monitor, through virsh).
     pub libvirt: Option<String>,
+    /// Attach to the VM behind this GDB stub (`host:port` or a unix socket path).
+    pub gdb: Option<String>,
+    /// With `gdb`: `GPA,SIZE`, guest RAM the guest does not use, for glass's region.
+    pub guest_scratch: Option<String>,
 }
 
 /// What a trace did.
@@ -158,6 +162,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     }
     if args.qmp.is_some() || args.libvirt.is_some() {
         return guest::attach::run(args, notes);
+    }
+    if let Some(address) = &args.gdb {
+        return guest::gdb::run(args, notes, address);
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {

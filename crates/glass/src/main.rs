@@ -75,8 +75,8 @@ enum Command {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp", "libvirt"]).multiple(true)))]
-#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp", "libvirt"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp", "libvirt", "gdb"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp", "libvirt", "gdb"]).multiple(true)))]
 pub struct TraceArgs {
     /// Output recording
     #[arg(short, long, default_value = "trace.glass")]
@@ -109,7 +109,7 @@ pub struct TraceArgs {
     /// patched byte restored, the process never restarted
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
-    /// With --pid, --vm, --qmp or --libvirt: end after this many seconds (default: on Ctrl-C, SIGTERM, or
+    /// With --pid, --vm, --qmp, --libvirt or --gdb: end after this many seconds (default: on Ctrl-C, SIGTERM, or
     /// when the process or VM ends)
     #[arg(short, long, requires = "attached_or_vm", value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
@@ -128,12 +128,21 @@ pub struct TraceArgs {
     /// (<maxMemory slots='1' ...> in its XML)
     #[arg(long, value_name = "DOMAIN", conflicts_with_all = ["pid", "vm", "command", "qmp"], requires = "symbols")]
     pub libvirt: Option<String>,
-    /// With --vm, --qmp or --libvirt: the guest's symbols (with --vm, default: the file
-    /// QEMU's -kernel names)
+    /// Attach to a running VM through its GDB stub (QEMU's -gdb or -s: host:port or a
+    /// unix socket path), as --qmp does, with glass's region in guest RAM the guest does
+    /// not use (--guest-scratch); the ring is drained in short stops every 20 ms
+    #[arg(long, value_name = "ADDRESS", conflicts_with_all = ["pid", "vm", "command", "qmp", "libvirt"], requires_all = ["symbols", "guest_scratch"])]
+    pub gdb: Option<String>,
+    /// With --gdb: GPA,SIZE (e.g. 0x3e00000,2M), 2 MiB of guest RAM on a 2 MiB boundary
+    /// that the guest does not use, for glass's trampolines and ring
+    #[arg(long, value_name = "GPA,SIZE", requires = "gdb")]
+    pub guest_scratch: Option<String>,
+    /// With --vm, --qmp, --libvirt or --gdb: the guest's symbols (with --vm, default: the
+    /// file QEMU's -kernel names)
     #[arg(long, requires = "vm_or_qmp")]
     pub symbols: Option<PathBuf>,
     /// The command to launch and trace
-    #[arg(last = true, required_unless_present_any = ["pid", "qmp", "libvirt"])]
+    #[arg(last = true, required_unless_present_any = ["pid", "qmp", "libvirt", "gdb"])]
     pub command: Vec<String>,
 }
 

@@ -37,6 +37,8 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         symbols: args.symbols.clone(),
         qmp: args.qmp.clone(),
         libvirt: args.libvirt.clone(),
+        gdb: args.gdb.clone(),
+        guest_scratch: args.guest_scratch.clone(),
     };
     let mut notes = Printed { quiet: args.quiet };
     let traced = glass_tracer::trace(&options, &mut notes)?;

@@ -244,6 +244,11 @@ impl Drop for Qemu {
 /// A demo guest that runs forever (2 vCPUs) under a QEMU with a QMP socket and a free
 /// memory slot, once it has printed its work rate twice.
 fn running_vm(dir: &Path) -> (Qemu, PathBuf, PathBuf, PathBuf) {
+    running_vm_with(dir, &[])
+}
+
+/// The same, with `extra` arguments for QEMU.
+fn running_vm_with(dir: &Path, extra: &[&str]) -> (Qemu, PathBuf, PathBuf, PathBuf) {
     let guest = demo(dir, 0);
     let serial = dir.join("serial");
     let socket = dir.join("qmp.sock");
@@ -263,6 +268,7 @@ fn running_vm(dir: &Path) -> (Qemu, PathBuf, PathBuf, PathBuf) {
             .arg(format!("unix:{},server=on,wait=off", socket.display()))
             .arg("-kernel")
             .arg(guest.join("guest-fp.img"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -338,9 +344,20 @@ fn text_of(elf: &Path, dir: &Path) -> (u64, Vec<u8>) {
     (address, std::fs::read(&out).unwrap())
 }
 
-/// Whether the VM runs, with no GDB stub left, and its .text reads as the image has
-/// it (QMP memsave, through vCPU 0's page tables): None when so, else what differs.
+/// Whether the VM runs, with no GDB stub left (or its own, `-gdb`, with no one
+/// connected), and its .text reads as the image has it (QMP memsave, through vCPU 0's
+/// page tables): None when so, else what differs.
 fn left_as_found(socket: &Path, text: &(u64, Vec<u8>), dir: &Path) -> Option<String> {
+    left_as_found_with(socket, text, dir, false)
+}
+
+/// [`left_as_found`]; `own_stub`: the VM was started with a stub of its own (`-gdb`).
+fn left_as_found_with(
+    socket: &Path,
+    text: &(u64, Vec<u8>),
+    dir: &Path,
+    own_stub: bool,
+) -> Option<String> {
     let mut monitor = Monitor::connect(socket);
     let status = monitor.hmp("info status");
     if !status.contains("running") {
@@ -348,7 +365,9 @@ fn left_as_found(socket: &Path, text: &(u64, Vec<u8>), dir: &Path) -> Option<Str
     }
     let chardevs = monitor.hmp("info chardev");
     // The stub's character device is `gdb` (`#chrN: filename=gdb` is not one).
-    if chardevs.lines().any(|l| l.trim().starts_with("gdb:")) {
+    if chardevs.lines().any(|l| {
+        l.trim().starts_with("gdb:") && !(own_stub && l.contains("filename=disconnected:"))
+    }) {
         return Some(chardevs);
     }
     let saved = dir.join("text-now.bin");
@@ -362,6 +381,45 @@ fn left_as_found(socket: &Path, text: &(u64, Vec<u8>), dir: &Path) -> Option<Str
     let now = std::fs::read(&saved).unwrap();
     let differ = now.iter().zip(&text.1).filter(|(a, b)| a != b).count();
     (now != text.1).then(|| format!("{differ} bytes of .text differ from the image"))
+}
+
+/// A trace of the running demo VM that attached (`reused`: in an earlier trace's
+/// region), detached with the code as before and lost nothing: the calls of each
+/// function, dispatch's callees within one of dispatch (calls under way at attach or
+/// detach are the only ones that may differ).
+fn check_attached_trace(
+    output: &std::process::Output,
+    recording: &Path,
+    reused: bool,
+) -> impl Fn(&str) -> u64 {
+    let err = stderr(output);
+    assert!(output.status.success(), "{err}");
+    assert!(err.contains("the code reads as before"), "{err}");
+    assert!(err.contains(" 0 lost"), "{err}");
+    assert_eq!(
+        err.contains("in glass's region of an earlier trace"),
+        reused,
+        "{err}"
+    );
+    let calls = calls_and_self(recording);
+    let count = move |name: &str| calls.get(name).map_or(0, |c| c.0);
+    assert!(count("dispatch") > 50, "dispatch: {}", count("dispatch"));
+    for name in ["alpha", "beta", "gamma_"] {
+        assert!(
+            count(name).abs_diff(count("dispatch")) <= 1,
+            "{name}: {} calls, dispatch {}",
+            count(name),
+            count("dispatch")
+        );
+    }
+    count
+}
+
+/// Whether the guest goes on printing its rate.
+fn assert_guest_works(serial: &Path) {
+    let before = rates(serial);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(rates(serial) > before, "the guest stopped after glass");
 }
 
 #[test]
@@ -383,35 +441,10 @@ fn a_running_vm_is_traced_and_left_as_it_was() {
         let output = trace_qmp(&socket, &symbols, functions, "2", &recording)
             .output()
             .unwrap();
-        let err = stderr(&output);
-        assert!(output.status.success(), "{err}");
-        assert!(err.contains("the code reads as before"), "{err}");
-        assert!(err.contains(" 0 lost"), "{err}");
-        assert_eq!(
-            err.contains("in glass's region of an earlier trace"),
-            round == 1,
-            "{err}"
-        );
-        let calls = calls_and_self(&recording);
-        let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
-        // Calls under way when glass attached or detached are the only ones that may
-        // differ.
-        assert!(count("dispatch") > 50, "{calls:?}");
-        for name in ["alpha", "beta", "gamma_"] {
-            assert!(
-                count(name).abs_diff(count("dispatch")) <= 1,
-                "{name}: {calls:?}"
-            );
-        }
-        assert_eq!(count("checksum_blocks") > 50, round == 0, "{calls:?}");
-
+        let count = check_attached_trace(&output, &recording, round == 1);
+        assert_eq!(count("checksum_blocks") > 50, round == 0);
         // The guest runs on, its code as the image has it.
-        let before = rates(&serial);
-        std::thread::sleep(std::time::Duration::from_millis(1500));
-        assert!(
-            rates(&serial) > before,
-            "the guest stopped after glass detached"
-        );
+        assert_guest_works(&serial);
         assert_eq!(left_as_found(&socket, &text, &dir), None);
     }
 }
@@ -513,4 +546,113 @@ fn a_vm_is_left_as_found_whenever_glass_dies() {
     let calls = calls_and_self(&recording);
     assert!(calls.get("dispatch").map_or(0, |c| c.0) > 20, "{calls:?}");
     assert_eq!(left_as_found(&socket, &text, &dir), None);
+}
+
+/// `glass trace --gdb`: a VM reached only through its GDB stub, glass's region in 2 MiB
+/// of guest RAM the guest does not use (`--guest-scratch`), drained in short stops.
+/// Traced twice (the second time in the region the first left, found by its mark), then
+/// SIGKILLed while tracing: each time the VM runs on, its .text the image's; and bad
+/// input refused in one line.
+#[test]
+fn a_vm_behind_a_gdb_stub_is_traced_in_ram_it_does_not_use() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_gdb");
+    let stub = dir.join("gdb.sock");
+    let gdb_arg = format!("unix:{},server=on,wait=off", stub.display());
+    let (_qemu, symbols, serial, socket) = running_vm_with(&dir, &["-gdb", &gdb_arg]);
+    let text = text_of(&symbols, &dir);
+    let recording = dir.join("gdb.glass");
+    // The demo guest's RAM is 64 MiB, and it uses the first few: its last 2 MiB.
+    let trace_gdb = |scratch: &str, seconds: &str| {
+        let mut command = Command::new(GLASS);
+        command.args([
+            "trace",
+            "--gdb",
+            stub.to_str().unwrap(),
+            "--guest-scratch",
+            scratch,
+            "--symbols",
+            symbols.to_str().unwrap(),
+            "-f",
+            "dispatch,alpha,beta,gamma_,checksum_blocks",
+            "-d",
+            seconds,
+            "-o",
+            recording.to_str().unwrap(),
+        ]);
+        command
+    };
+    for round in 0..2 {
+        let output = trace_gdb("0x3e00000,2M", "2").output().unwrap();
+        let count = check_attached_trace(&output, &recording, round == 1);
+        assert!(count("checksum_blocks") > 50);
+        assert_guest_works(&serial);
+        assert_eq!(left_as_found_with(&socket, &text, &dir, true), None);
+    }
+
+    // Killed while tracing: the guardian puts the code back through the stub.
+    let log = dir.join("killed.log");
+    let mut glass = trace_gdb("0x3e00000,2M", "10")
+        .env("GLASS_TEST_STOP_AT", "guest-tracing")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = |what: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    let started = std::time::Instant::now();
+    while !said("stopped at guest-tracing") {
+        assert!(
+            glass.try_wait().unwrap().is_none() && started.elapsed().as_secs() < 60,
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = glass.kill();
+    let _ = glass.wait();
+    let started = std::time::Instant::now();
+    while !said("its guardian") {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        said("its guardian put back the 5 patched code ranges"),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let before = rates(&serial);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        rates(&serial) > before,
+        "the guest stopped after glass died"
+    );
+    assert_eq!(left_as_found_with(&socket, &text, &dir, true), None);
+
+    // Bad input: one line, exit 2.
+    for (scratch, said) in [
+        ("0x3e01000,2M", "2 MiB of guest RAM on a 2 MiB boundary"),
+        ("0x3e00000,4K", "2 MiB of guest RAM on a 2 MiB boundary"),
+        ("0x3e00000", "give GPA,SIZE"),
+    ] {
+        assert_clean_failure(&trace_gdb(scratch, "1").output().unwrap(), 2, said);
+    }
+    let output = Command::new(GLASS)
+        .args(["trace", "--gdb", stub.to_str().unwrap(), "--symbols"])
+        .arg(&symbols)
+        .args(["-f", "alpha", "-o", "/dev/null"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--guest-scratch"),
+        "{}",
+        stderr(&output)
+    );
 }

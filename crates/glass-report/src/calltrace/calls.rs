@@ -138,7 +138,10 @@ pub fn stats(trace: &CallTrace) -> HashMap<u32, FunctionStats> {
         let s = stats.entry(call.function).or_default();
         s.calls += 1;
         s.self_time += call.self_cycles();
-        s.durations.add(call.cycles());
+        // As the scan does: a call still under way when the trace ended has no duration.
+        if !call.incomplete || call.unwound {
+            s.durations.add(call.cycles());
+        }
         s.unwound += call.unwound as u64;
         if !trace.is_nested_in_itself(index) {
             s.total += call.cycles();
@@ -252,6 +255,14 @@ pub fn write_table(
             )?;
             continue;
         }
+        // No call of it ended inside the trace: no duration to show.
+        let whole = |text: String| {
+            if s.durations.is_empty() {
+                "-".to_string()
+            } else {
+                text
+            }
+        };
         writeln!(
             out,
             "{:>10} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{counters}  {}{unwound}",
@@ -259,11 +270,11 @@ pub fn write_table(
             context.duration(s.total),
             context.duration(s.self_time),
             human_cycles(s.self_time),
-            context.duration(s.durations.min()),
-            context.duration(s.percentile(50.0)),
-            human_cycles(s.percentile(50.0)),
-            context.duration(s.percentile(99.0)),
-            context.duration(s.durations.max()),
+            whole(context.duration(s.durations.min())),
+            whole(context.duration(s.percentile(50.0))),
+            whole(human_cycles(s.percentile(50.0))),
+            whole(context.duration(s.percentile(99.0))),
+            whole(context.duration(s.durations.max())),
             context.name(*function)
         )?;
     }

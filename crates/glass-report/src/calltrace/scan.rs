@@ -761,7 +761,11 @@ impl ThreadState {
         let stats = &mut functions[index];
         stats.calls += 1;
         stats.self_time += cycles.saturating_sub(open.children);
-        stats.durations.add(cycles);
+        // A call still open at the end of the records (under way when the trace ended)
+        // has no duration of its own: min, p50, p99 and max are of whole calls.
+        if matched || unwound {
+            stats.durations.add(cycles);
+        }
         stats.unwound += unwound as u64;
         let entry = self.at_entry.len() - counters;
         if !open.nested {

@@ -808,6 +808,11 @@ impl Client {
         self.exit_packet.clone()
     }
 
+    /// Whether glass has let the VM run (and not stopped it since).
+    pub fn is_running(&self) -> bool {
+        self.running
+    }
+
     /// Whether the connection is gone (closed by the stub, reset, or broken on write).
     pub fn is_closed(&self) -> bool {
         self.closed

@@ -20,6 +20,7 @@
 //! holding the VM stopped past the stop bound) has its code put back by the guardian
 //! through the stub, every vCPU moved out of the relocated copies, and the stub removed.
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use glass_format::Record;
@@ -52,6 +53,12 @@ struct ProcessRegion {
 }
 
 impl RegionAccess for ProcessRegion {
+    fn write(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String> {
+        write_process(self.pid, self.host + offset, bytes)
+            .map(|_| ())
+            .map_err(|e| format!("cannot write glass's region in QEMU: {e}"))
+    }
+
     fn load(&self, offset: u64) -> u64 {
         let mut word = [0u8; 8];
         let _ = read_process(self.pid, self.host + offset, &mut word);
@@ -119,15 +126,29 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         ))
         .map_err(monitor_failure)?;
     let traced = if said.contains("Waiting for gdb connection") {
-        let traced = trace_attached(
-            args,
-            notes,
-            &mut *monitor,
-            (&reached, &mark, &mut guardian),
-            (&region, region_gpa, reused),
-            (&symbols, choice, skipped),
-            file,
-        );
+        let traced = Client::connect_marked(&reached, Some(&mark))
+            .map_err(|e| stub_failure("cannot connect to the GDB stub glass enabled", e))
+            .and_then(|client| {
+                mark.end();
+                let client = RefCell::new(client);
+                trace_attached(
+                    args,
+                    notes,
+                    Reached {
+                        client: &client,
+                        region: &region,
+                        region_gpa,
+                        reused,
+                        monitor: Some(&mut *monitor),
+                        qemu: pid as u32,
+                        named: named.clone(),
+                        region_said: format!("a pc-dimm at guest-physical {region_gpa:#x}"),
+                    },
+                    (&mark, &mut guardian),
+                    (&symbols, choice, skipped),
+                    file,
+                )
+            });
         let _ = monitor.hmp("gdbserver none");
         traced
     } else {
@@ -228,13 +249,31 @@ fn read_originals(client: &mut Client, patches: &[(u64, Vec<u8>)]) -> Result<Vec
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn trace_attached(
+/// The VM an attach reached, however it reached it.
+pub(super) struct Reached<'a> {
+    /// The stub connection glass holds.
+    pub client: &'a RefCell<Client>,
+    /// glass's region in the guest, and its guest-physical address.
+    pub region: &'a dyn RegionAccess,
+    pub region_gpa: u64,
+    /// The region holds an earlier trace's trampolines, which stay.
+    pub reused: bool,
+    /// QEMU's monitor, where glass has one: it says how a VM ended.
+    pub monitor: Option<&'a mut dyn Monitor>,
+    /// QEMU's pid (0: not known, `--gdb`), and how the user named the VM.
+    pub qemu: u32,
+    pub named: String,
+    /// What the region is, for the recording's note ("a pc-dimm at ...").
+    pub region_said: String,
+}
+
+/// From the VM running, untouched: patch in one stop, drain while it runs, put the code
+/// back in one stop. `guardian` holds the ledger meanwhile.
+pub(super) fn trace_attached(
     args: &TraceOptions,
     notes: &mut dyn TraceNotes,
-    monitor: &mut dyn Monitor,
-    (stub, mark, guardian): (&str, &StopMark, &mut glass_record::guardian::Guardian),
-    (region, region_gpa, reused): (&ProcessRegion, u64, bool),
+    reached: Reached,
+    (mark, guardian): (&StopMark, &mut glass_record::guardian::Guardian),
     (symbols, choice, mut skipped): (
         &std::path::Path,
         crate::select::ModuleChoice,
@@ -242,25 +281,35 @@ fn trace_attached(
     ),
     file: std::fs::File,
 ) -> Result<Traced> {
+    let Reached {
+        client: stub,
+        region,
+        region_gpa,
+        reused,
+        mut monitor,
+        qemu,
+        named,
+        region_said,
+    } = reached;
     let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
-    let mut client = Client::connect_marked(stub, Some(mark))
-        .map_err(|e| stub_failure("cannot connect to the GDB stub glass enabled", e))?;
-    mark.end();
     let (low, high) = text_span(&choice);
     let layout = Layout::choose(low, high, region_gpa).map_err(Failure::bad_input)?;
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
     if reused {
-        read_process(region.pid, region.host, &mut image)
-            .map_err(|e| Failure::runtime(format!("cannot read glass's region in QEMU: {e}")))?;
+        region.read(0, &mut image[..layout::HEADER_BYTES as usize]);
     }
     let installation = layout
         .install(&mut image, &choice, symbols, &mut skipped)
         .map_err(Failure::runtime)?;
     for range in installation.written() {
-        let bytes = &image[range.start as usize..range.end as usize];
-        write_process(region.pid, region.host + range.start, bytes)
-            .map_err(|e| Failure::runtime(format!("cannot write glass's region in QEMU: {e}")))?;
+        region
+            .write(
+                range.start,
+                &image[range.start as usize..range.end as usize],
+            )
+            .map_err(Failure::runtime)?;
     }
+    let mut client = stub.borrow_mut();
     let mut regs = vec![VcpuRegs::zeroed(client.arch()); client.vcpus.len()];
     mark.begin();
     let attach_started = Instant::now();
@@ -305,12 +354,12 @@ fn trace_attached(
         .resume()
         .map_err(|e| stub_failure("cannot let the VM run", e))?;
     mark.end();
+    drop(client);
     let attach_ms = attach_started.elapsed().as_secs_f64() * 1e3;
     let installed = installation.installed;
     notes.instrumented(&installed, &skipped);
     notes.note(&format!(
-        "attached to {}: the VM stopped {attach_ms:.1} ms to patch{}",
-        monitor.describe(),
+        "attached to {named}: the VM stopped {attach_ms:.1} ms to patch{}",
         if reused {
             " (in glass's region of an earlier trace)"
         } else {
@@ -318,7 +367,6 @@ fn trace_attached(
         }
     ));
 
-    let qemu = monitor.qemu_pid() as u32;
     let mut out = Output::new(file, 1);
     write_header(&mut out, args, qemu, &installed, &skipped);
     // As `glass trace --pid` says what it attached to: the process record's name.
@@ -327,7 +375,11 @@ fn trace_attached(
         pid: qemu,
         parent_pid: 0,
         kind: glass_format::ProcessKind::Attached,
-        name: format!("QEMU (pid {qemu}), {}", monitor.describe()),
+        name: if qemu != 0 {
+            format!("QEMU (pid {qemu}), {named}")
+        } else {
+            named.clone()
+        },
     }));
     let mut replay = replay::Replay::default();
     let mut ring = layout::RingReader::resuming(region);
@@ -340,21 +392,25 @@ fn trace_attached(
             if !std::mem::replace(&mut hooked, true) {
                 test_hook("guest-tracing");
             }
-            monitor.ending().map(|_| Ended::Exited(0))
+            match monitor.as_deref_mut() {
+                Some(monitor) => monitor.ending().map(|_| Ended::Exited(0)),
+                None => stub.borrow().is_closed().then_some(Ended::Exited(0)),
+            }
         },
     );
     if matches!(why, Ended::Exited(_)) {
         return Err(Failure::runtime(format!(
-            "{}: the VM ended while traced",
-            monitor.describe()
+            "{named}: the VM ended while traced"
         )));
     }
     mark.begin();
     let detach_started = Instant::now();
+    let mut client = stub.borrow_mut();
     let restored = restore(&mut client, &ledger);
+    drop(client);
     ring.drain(region, &mut replay);
     replay.take(|stack, words| out.chunk(qemu, stack, words));
-    let _ = client.detach();
+    let _ = stub.borrow_mut().detach();
     mark.end();
     let restored = restored?;
     notes.note(&format!(
@@ -364,7 +420,7 @@ fn trace_attached(
         restored
     ));
     out.write(&Record::Note(format!(
-        "glass's 2 MiB region stays in the VM (a pc-dimm at guest-physical {region_gpa:#x}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines, and the next glass trace of this VM uses it again",
+        "glass's 2 MiB region stays in the VM ({region_said}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines, and the next glass trace of this VM uses it again",
         layout.base(),
         layout.top_index()
     )));

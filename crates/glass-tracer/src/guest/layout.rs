@@ -7,6 +7,7 @@
 //!   0x1000   page directory: one 2 MiB entry, the region itself
 //!   0x2000   ring: head, tail, dropped (u64 each)
 //!   0x2018   where the trampolines written so far end (0: none yet)
+//!   0x2020   "glassrgn": the region is glass's (a `--guest-scratch` range says so)
 //!   0x3000   trampolines
 //!   0x100000 records: 65536 of 16 bytes
 //! ```
@@ -38,6 +39,14 @@ const HEAD: u64 = 0x2000;
 const TAIL: u64 = 0x2008;
 const DROPPED: u64 = 0x2010;
 const TRAMPOLINES_END: u64 = 0x2018;
+const MAGIC_AT: u64 = 0x2020;
+const MAGIC: &[u8; 8] = b"glassrgn";
+/// The bytes before the trampolines: all [`Layout::install`] reads of a region used
+/// before (its page tables and header).
+pub const HEADER_BYTES: u64 = TRAMPOLINES;
+/// The ring's words and records: what a range glass has not used before must have
+/// zeroed before its first use.
+pub const RING: std::ops::Range<u64> = HEAD..REGION_BYTES;
 const TRAMPOLINES: u64 = 0x3000;
 const RECORDS: u64 = 0x10_0000;
 /// What glass writes into the region before the guest uses it: everything before the
@@ -72,7 +81,7 @@ impl Installation {
     pub fn written(&self) -> [std::ops::Range<u64>; 3] {
         [
             PDPT..HEAD,
-            TRAMPOLINES_END..TRAMPOLINES_END + 8,
+            TRAMPOLINES_END..MAGIC_AT + 8,
             self.trampolines.clone(),
         ]
     }
@@ -148,7 +157,7 @@ impl Layout {
     }
 
     /// Writes into `shared` (the region's first [`IMAGE_BYTES`]: zeroes for a new
-    /// region, the bytes it holds for one used before) its page tables and the
+    /// region; for one used before, its first [`HEADER_BYTES`] as they are) its page tables and the
     /// trampolines, after any written before. Functions whose trampolines do not fit are
     /// left out, as skipped.
     pub fn install(
@@ -220,6 +229,7 @@ impl Layout {
         }
         let end = at.min(RECORDS);
         put(shared, TRAMPOLINES_END, &end.to_le_bytes());
+        put(shared, MAGIC_AT, MAGIC);
         Ok(Installation {
             installed,
             patches,
@@ -229,9 +239,27 @@ impl Layout {
     }
 }
 
+/// Whether the region's first bytes (its first [`IMAGE_BYTES`]) are glass's: written by
+/// an earlier trace.
+pub fn is_glass_region(image: &[u8]) -> bool {
+    image.get(MAGIC_AT as usize..MAGIC_AT as usize + 8) == Some(&MAGIC[..])
+}
+
 /// The region's bytes as glass reaches them while the guest runs: a memfd glass shares
-/// with QEMU (`--vm`), or QEMU's own memory (`--qmp`).
+/// with QEMU (`--vm`), QEMU's own memory (`--qmp`, `--libvirt`), or guest memory
+/// through the GDB stub, with the VM stopped (`--gdb`).
 pub trait RegionAccess {
+    /// Writes `bytes` at `offset`.
+    fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), String>;
+    /// Before a batch of accesses (a drain): a region reached through the stub stops
+    /// the VM once for the batch.
+    fn begin(&self) {}
+    /// After the batch.
+    fn end(&self) {}
+    /// How long the drain loop sleeps when it found little.
+    fn drain_every(&self) -> std::time::Duration {
+        crate::DRAIN_WAKE
+    }
     /// The u64 at `offset`.
     fn load(&self, offset: u64) -> u64;
     /// Stores a u64 at `offset`.
@@ -243,6 +271,17 @@ pub trait RegionAccess {
 }
 
 impl RegionAccess for memmap2::MmapMut {
+    fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut value = word(self, offset + 8 * i as u64)
+                .load(Ordering::Acquire)
+                .to_le_bytes();
+            value[..chunk.len()].copy_from_slice(chunk);
+            word(self, offset + 8 * i as u64).store(u64::from_le_bytes(value), Ordering::Release);
+        }
+        Ok(())
+    }
+
     fn load(&self, offset: u64) -> u64 {
         word(self, offset).load(Ordering::Acquire)
     }
@@ -298,6 +337,13 @@ impl RingReader {
 
     /// Hands every published record to `replay`; how many.
     pub fn drain(&mut self, region: &dyn RegionAccess, replay: &mut Replay) -> usize {
+        region.begin();
+        let taken = self.drain_held(region, replay);
+        region.end();
+        taken
+    }
+
+    fn drain_held(&mut self, region: &dyn RegionAccess, replay: &mut Replay) -> usize {
         let head = region.load(HEAD);
         let waiting = head.saturating_sub(self.tail).min(CAPACITY);
         let mut taken = 0u64;

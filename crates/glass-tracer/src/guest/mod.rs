@@ -26,6 +26,7 @@
 //! (PR_SET_PDEATHSIG), so no VM is ever left stopped.
 
 pub(crate) mod attach;
+pub(crate) mod gdb;
 mod layout;
 pub(crate) mod replay;
 
@@ -472,7 +473,7 @@ fn drain_until(
             return Ended::Duration;
         }
         if drained < 1024 {
-            std::thread::sleep(crate::DRAIN_WAKE);
+            std::thread::sleep(region.drain_every());
         }
     }
 }
