@@ -447,6 +447,14 @@ fn a_running_vm_is_traced_and_left_as_it_was() {
         assert_guest_works(&serial);
         assert_eq!(left_as_found(&socket, &text, &dir), None);
     }
+    // Symbols of another build (without frame pointers: its functions elsewhere):
+    // refused in one line, nothing written.
+    let other = symbols.with_file_name("guest-nofp.elf");
+    let output = trace_qmp(&socket, &other, "alpha,beta", "1", &recording)
+        .output()
+        .unwrap();
+    assert_clean_failure(&output, 2, "is not the image the guest runs");
+    assert_eq!(left_as_found(&socket, &text, &dir), None);
 }
 
 /// glass stopped at each step of an attach and a detach (the test hooks): killed by its

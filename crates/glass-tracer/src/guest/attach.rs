@@ -35,7 +35,8 @@ use serde_json::json;
 
 use super::layout::{self, Layout, RegionAccess};
 use super::{
-    choose, drain_until, finish, patch, replay, stub_failure, text_span, write_header, Ended,
+    check_code, choose, drain_until, finish, image_code, patch, replay, stub_failure, text_span,
+    write_header, Ended,
 };
 use crate::{Failure, Output, Result, TraceNotes, TraceOptions, Traced};
 
@@ -301,6 +302,7 @@ pub(super) fn trace_attached(
     let installation = layout
         .install(&mut image, &choice, symbols, &mut skipped)
         .map_err(Failure::runtime)?;
+    let image_code = image_code(symbols, &installation.patches)?;
     for range in installation.written() {
         region
             .write(
@@ -326,7 +328,9 @@ pub(super) fn trace_attached(
                 "a vCPU runs outside long mode: glass traces 64-bit guests",
             ));
         }
-        let ledger = installation.ledger(read_originals(&mut client, &installation.patches)?);
+        let originals = read_originals(&mut client, &installation.patches)?;
+        check_code(symbols, &originals, &image_code, &installation.installed)?;
+        let ledger = installation.ledger(originals);
         // Told before the first byte changes: from here a glass that dies has its
         // guardian put the code back.
         guardian.tell(&ledger).map_err(|e| {

@@ -224,7 +224,7 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
     }
     if patchable.is_empty() {
         return Err(Failure::NothingToPatch(format!(
-            "{}; the VM was not started",
+            "{}; nothing in the VM was touched",
             crate::nothing_patchable(&skipped)
         )));
     }
@@ -233,6 +233,54 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
     }
     choice.patchable = patchable;
     Ok((choice, skipped))
+}
+
+/// The bytes the image has where each patch goes, to check against the guest's own
+/// before anything is written: a `--symbols` that is not the guest's image, or code
+/// that was changed, would have glass run relocated copies of instructions the guest
+/// does not have.
+fn image_code(symbols: &Path, patches: &[(u64, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
+    use object::{Object, ObjectSection};
+    let bytes = std::fs::read(symbols)
+        .map_err(|e| Failure::bad_input(format!("cannot read {}: {e}", symbols.display())))?;
+    let elf = object::File::parse(&*bytes)
+        .map_err(|_| Failure::bad_input(format!("{} is not an ELF file", symbols.display())))?;
+    patches
+        .iter()
+        .map(|(at, patch)| {
+            let len = patch.len() as u64;
+            elf.sections()
+                .filter(|s| s.address() <= *at && at + len <= s.address() + s.size())
+                .find_map(|s| {
+                    let data = s.data().ok()?;
+                    let from = (at - s.address()) as usize;
+                    data.get(from..from + len as usize).map(<[u8]>::to_vec)
+                })
+                .ok_or_else(|| {
+                    Failure::bad_input(format!("{} has no code at {at:#x}", symbols.display()))
+                })
+        })
+        .collect()
+}
+
+/// Whether the guest's code (`found`, read with the VM stopped) is the image's where
+/// glass patches: else which function differs, as bad input (nothing was written).
+fn check_code(
+    symbols: &Path,
+    found: &[(u64, Vec<u8>)],
+    image: &[Vec<u8>],
+    installed: &[Installed],
+) -> Result<()> {
+    for (((at, guest), image), function) in found.iter().zip(image).zip(installed) {
+        if guest != image {
+            return Err(Failure::bad_input(format!(
+                "the guest's code at {at:#x} ({}) is not what {} has there: --symbols is not the image the guest runs (or its code was changed since); nothing was patched",
+                function.name,
+                symbols.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The region's memory: a memfd QEMU inherits (it never has a name in the file system).
@@ -376,7 +424,17 @@ fn trace_launched(
             return Err(Failure::runtime(why));
         }
     };
-    let patched = patch(&mut client, &layout, &regs, &patches, &moves);
+    let patched = image_code(symbols, &patches).and_then(|image| {
+        let mut found = Vec::with_capacity(patches.len());
+        for (at, bytes) in &patches {
+            let code = client
+                .read_memory(*at, bytes.len())
+                .map_err(|e| stub_failure("cannot read the guest's code", e))?;
+            found.push((*at, code));
+        }
+        check_code(symbols, &found, &image, &installed)?;
+        patch(&mut client, &layout, &regs, &patches, &moves)
+    });
     if let Err(failure) = patched {
         let _ = client.resume();
         return Err(failure);
