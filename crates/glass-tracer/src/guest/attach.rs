@@ -320,14 +320,7 @@ pub(super) fn trace_attached(
         .map_err(|e| stub_failure("cannot stop the VM", e))?;
     test_hook("guest-attach-stopped");
     let held = (|| {
-        if regs
-            .iter()
-            .any(|r| r.paging_on() && !matches!(r, VcpuRegs::X86_64(x) if x.long_mode()))
-        {
-            return Err(Failure::bad_input(
-                "a vCPU runs outside long mode: glass traces 64-bit guests",
-            ));
-        }
+        check_long_mode(&regs)?;
         let originals = read_originals(&mut client, &installation.patches)?;
         check_code(symbols, &originals, &image_code, &installation.installed)?;
         let ledger = installation.ledger(originals);
@@ -443,6 +436,33 @@ pub(super) fn trace_attached(
         records: out.records,
         summary,
     })
+}
+
+/// Whether the guest runs 64-bit code on one set of page tables, the ones glass maps
+/// its region into (vCPU 0's): a vCPU still in real or protected mode (a guest booting,
+/// or not 64-bit) would leave glass reading page tables that are not there, and one on
+/// other page tables would fault at its first traced call. A vCPU not yet started (in
+/// the firmware's real mode, paging off) runs none of the guest's code.
+fn check_long_mode(regs: &[VcpuRegs]) -> Result<()> {
+    let long = |r: &VcpuRegs| matches!(r, VcpuRegs::X86_64(x) if x.long_mode());
+    let cr3 = |r: &VcpuRegs| match r {
+        VcpuRegs::X86_64(x) => x.cr3 & 0x000f_ffff_ffff_f000,
+        _ => 0,
+    };
+    if !regs.first().is_some_and(long) {
+        return Err(Failure::bad_input(
+            "vCPU 0 runs outside long mode (a guest still in its firmware or boot code, or not a 64-bit one): glass traces 64-bit guests; attach once the guest runs its own code",
+        ));
+    }
+    if let Some(other) = regs
+        .iter()
+        .position(|r| r.paging_on() && (!long(r) || cr3(r) != cr3(&regs[0])))
+    {
+        return Err(Failure::bad_input(format!(
+            "vCPU {other} runs on other page tables than vCPU 0 (or outside long mode): glass maps its region into one set of page tables, as a unikernel has"
+        )));
+    }
+    Ok(())
 }
 
 /// Stops the VM and puts the code back (see [`CodeLedger::put_back`]): how many vCPUs
