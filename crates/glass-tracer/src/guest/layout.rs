@@ -227,6 +227,47 @@ impl Layout {
             });
             at = (at + code.len() as u64 + 15) & !15;
         }
+        // Short functions: one trampoline each, whose body is the whole function; each
+        // direct call, jump or conditional jump to it now goes there (its last four
+        // bytes, the displacement). No vCPU can be inside those four bytes.
+        let first_short = choice.patchable.len();
+        for (index, (function, plan, sites)) in choice.redirected.iter().enumerate() {
+            let id = (first_short + index) as u16;
+            let address = self.address(at);
+            let (code, _) = call_trampoline::build(plan, id, address, &ring)
+                .map_err(|e| format!("{}: {e}", function.name))?;
+            if at + code.len() as u64 > RECORDS {
+                skipped.push(crate::Skip {
+                    module: module.display().to_string(),
+                    address: function.address,
+                    name: function.name.clone(),
+                    reason: crate::SkipReason::Trampoline(
+                        "no room left in glass's 2 MiB region".into(),
+                    ),
+                });
+                continue;
+            }
+            put(shared, at, &code);
+            for site in sites {
+                let next = site.at + u64::from(site.len);
+                let displacement = address.wrapping_sub(next) as i64;
+                let displacement = i32::try_from(displacement).map_err(|_| {
+                    format!(
+                        "{}: the call site at {:#x} cannot reach glass's region",
+                        function.name, site.at
+                    )
+                })?;
+                patches.push((next - 4, displacement.to_le_bytes().to_vec()));
+            }
+            installed.push(Installed {
+                id: u32::from(id),
+                module: module.display().to_string(),
+                address: function.address,
+                size: function.size,
+                name: function.name.clone(),
+            });
+            at = (at + code.len() as u64 + 15) & !15;
+        }
         let end = at.min(RECORDS);
         put(shared, TRAMPOLINES_END, &end.to_le_bytes());
         put(shared, MAGIC_AT, MAGIC);

@@ -190,20 +190,10 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
             reason,
         })
         .collect();
-    // Short functions are traced at their call sites in processes; not yet in guests.
-    for (function, _, _) in choice.redirected.drain(..) {
-        skipped.push(Skip {
-            module: module.clone(),
-            address: function.address,
-            name: function.name,
-            reason: SkipReason::TooShortNoCallSite(glass_patch::Reason::TooShort {
-                size: function.size,
-            }),
-        });
-    }
-    let mut patchable = Vec::new();
-    for (function, plan, padding) in choice.patchable.drain(..) {
-        let why = if function.name.contains(".isra") || function.name.contains(".part") {
+    // Why a function cannot be called from a trampoline: the trampoline's call shifts
+    // arguments passed on the stack.
+    let unsafe_to_call = |function: &glass_patch::Function| -> Option<String> {
+        if function.name.contains(".isra") || function.name.contains(".part") {
             Some("a compiler's clone, whose arguments are not the ones DWARF declares".into())
         } else {
             match arguments.get(&function.address) {
@@ -211,8 +201,11 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
                 Some(Arguments::OnStack(why)) => Some(why.clone()),
                 None => Some("no DWARF describes its arguments".into()),
             }
-        };
-        match why {
+        }
+    };
+    let mut patchable = Vec::new();
+    for (function, plan, padding) in choice.patchable.drain(..) {
+        match unsafe_to_call(&function) {
             Some(why) => skipped.push(Skip {
                 module: module.clone(),
                 address: function.address,
@@ -222,16 +215,31 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
             None => patchable.push((function, plan, padding)),
         }
     }
-    if patchable.is_empty() {
+    // Functions too short for the entry jump: traced at their direct call sites, each
+    // site's displacement turned to the function's trampoline, as in processes.
+    let mut redirected = Vec::new();
+    for (function, plan, sites) in choice.redirected.drain(..) {
+        match unsafe_to_call(&function) {
+            Some(why) => skipped.push(Skip {
+                module: module.clone(),
+                address: function.address,
+                name: function.name,
+                reason: SkipReason::StackArguments(why),
+            }),
+            None => redirected.push((function, plan, sites)),
+        }
+    }
+    if patchable.is_empty() && redirected.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "{}; nothing in the VM was touched",
             crate::nothing_patchable(&skipped)
         )));
     }
-    if patchable.len() > usize::from(call_trampoline::MAX_ID) + 1 {
-        patchable.truncate(usize::from(call_trampoline::MAX_ID) + 1);
-    }
+    let most = usize::from(call_trampoline::MAX_ID) + 1;
+    patchable.truncate(most);
+    redirected.truncate(most - patchable.len());
     choice.patchable = patchable;
+    choice.redirected = redirected;
     Ok((choice, skipped))
 }
 
@@ -536,15 +544,22 @@ fn drain_until(
     }
 }
 
-/// The lowest and highest address of the code to patch.
+/// The lowest and highest address of the code to patch: the functions' entries and
+/// the call sites of those traced there.
 fn text_span(choice: &select::ModuleChoice) -> (u64, u64) {
-    let low = choice.patchable.iter().map(|(f, _, _)| f.address).min();
-    let high = choice
+    let spans = choice
         .patchable
         .iter()
-        .map(|(f, _, _)| f.address + f.size)
-        .max();
-    (low.unwrap_or(0), high.unwrap_or(0))
+        .map(|(f, _, _)| (f.address, f.address + f.size))
+        .chain(choice.redirected.iter().flat_map(|(_, _, sites)| {
+            sites
+                .iter()
+                .map(|site| (site.at, site.at + u64::from(site.len)))
+        }));
+    let (low, high) = spans.fold((u64::MAX, 0), |(low, high), (start, end)| {
+        (low.min(start), high.max(end))
+    });
+    (if high == 0 { 0 } else { low }, high)
 }
 
 /// Breakpoints glass sets to catch the guest's first call of a traced function.
