@@ -7,7 +7,8 @@
 # calls tick, a function with an almost empty body, TICKS times a round, times every call
 # of alpha, beta, gamma_ and tick with rdtsc and, before "done", prints a line a function,
 # `self alpha calls=N p50=CYCLES min=CYCLES`. Without it the image is the plain demo,
-# byte for byte (the existing tests and benchmarks use it).
+# byte for byte (the existing tests and benchmarks use it). UNIT_ITERATIONS=N in the
+# environment sets the spin loop's length (20000 a unit by default) of a self-timed build.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$1"; rounds="${2:-0}"
@@ -19,6 +20,7 @@ if [ $# -ge 3 ]; then
         ''|*[!0-9]*) echo "build.sh: TICKS must be a number of calls a round, not '$3'" >&2; exit 2 ;;
     esac
     common+=(-DSELF_TIME=1 -DSELF_TICKS="$3")
+    if [ -n "${UNIT_ITERATIONS:-}" ]; then common+=(-DSELF_UNIT_ITERATIONS="$UNIT_ITERATIONS"); fi
 fi
 for variant in fp nofp; do
     if [ $variant = fp ]; then flags=(-fno-omit-frame-pointer); else flags=(-fomit-frame-pointer); fi
