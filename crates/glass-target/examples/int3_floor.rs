@@ -76,7 +76,9 @@ fn run(address: &str, entry: u64, calls: usize) -> Result<(), String> {
         entry_stops.push(at_entry.elapsed());
 
         if !client.wait_for_stop(wait).map_err(e)? {
-            return Err(format!("the call of {entry:#x} did not return within {wait:?}"));
+            return Err(format!(
+                "the call of {entry:#x} did not return within {wait:?}"
+            ));
         }
         let at_return = Instant::now();
         client.breakpoint(back, false).map_err(e)?;
