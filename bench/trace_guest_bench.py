@@ -144,7 +144,7 @@ def calls(recording):
 def instructions(work):
     """The guest's median instructions per call under -icount shift=0, alone and traced."""
     ticks = 50
-    guest = build(work, 400, ticks)
+    guest = build(work, 1200, ticks)
     alone, alone_chunks, _, _ = run_guest(work, guest, True)
     traced, traced_chunks, _, counts = run_guest(work, guest, True, "alpha,beta,gamma_,tick")
     for name in ("alpha", "beta", "gamma_", "tick"):
@@ -335,7 +335,7 @@ def markdown(r):
         "### Instructions the probe adds to a call",
         "",
         "Under `-icount shift=0` the guest's TSC counts its instructions: the guest's own median per call with "
-        "`glass trace --vm -f alpha,beta,gamma_,tick` minus without is what the probe adds (400 rounds, tick 50 "
+        "`glass trace --vm -f alpha,beta,gamma_,tick` minus without is what the probe adds (1200 rounds, tick 50 "
         "a round; the guest's counts equal glass's).",
         "",
         "| function | calls | median alone | median traced | added by the probe |",
