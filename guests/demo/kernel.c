@@ -9,19 +9,19 @@
 #define ROUNDS 0
 #endif
 #define UNIT_ITERATIONS 20000
-#include "work.h"
+#include "self_time.h"
 
 __attribute__((noinline)) uint64_t alpha(uint64_t seed) { return spin_units(6, seed); }
 __attribute__((noinline)) uint64_t beta(uint64_t seed) { return spin_units(3, seed); }
 __attribute__((noinline)) uint64_t gamma_(uint64_t seed) { return spin_units(1, seed); }
 
 __attribute__((noinline)) uint64_t dispatch(uint64_t round) {
-    uint64_t sum = 0;
-    sum += alpha(round);
-    work_sink = sum;
-    sum += beta(round + 1);
-    work_sink = sum;
-    sum += gamma_(round + 2);
+    uint64_t sum = 0; SELF_BEGIN()
+    sum += alpha(round); SELF_AFTER(SELF_ALPHA)
+    work_sink = sum; SELF_BEGIN()
+    sum += beta(round + 1); SELF_AFTER(SELF_BETA)
+    work_sink = sum; SELF_BEGIN()
+    sum += gamma_(round + 2); SELF_AFTER(SELF_GAMMA)
     work_sink = sum;
     return sum;
 }
@@ -29,7 +29,7 @@ __attribute__((noinline)) uint64_t dispatch(uint64_t round) {
 __attribute__((noinline)) void run_workload(void) {
     uint64_t checksum = 0, rounds_done = 0, last = rdtsc();
     for (uint64_t round = 0; ROUNDS == 0 || round < ROUNDS; round++) {
-        checksum ^= dispatch(round);
+        checksum ^= dispatch(round); SELF_ROUND(round)
         work_sink = checksum;
         if (++rounds_done % 200 == 0) {
             uint64_t now = rdtsc();
@@ -38,7 +38,7 @@ __attribute__((noinline)) void run_workload(void) {
             serial_puts("\n");
             last = now;
         }
-    }
+    } SELF_END()
     serial_puts("done\n");
 }
 

@@ -702,3 +702,109 @@ fn a_guest_outside_long_mode_is_refused() {
         .lines()
         .any(|l| l.trim().starts_with("gdb:")));
 }
+
+/// The demo guest built to time its own calls (guests/demo/build.sh's third argument):
+/// `ticks` calls of tick a round besides dispatch's, and a line a function before "done".
+fn self_timed_demo(dir: &Path, rounds: u32, ticks: u32) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guests/demo/build.sh");
+    let status = Command::new(script)
+        .arg(dir)
+        .arg(rounds.to_string())
+        .arg(ticks.to_string())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "guests/demo/build.sh (self-timed)");
+    dir.to_path_buf()
+}
+
+/// A count of cycles as `glass report --format calls` prints it (`52`, `480.0k`, `1.5M`).
+fn cycles(text: &str) -> Option<f64> {
+    let (number, scale) = match text.chars().last()? {
+        'k' => (&text[..text.len() - 1], 1e3),
+        'M' => (&text[..text.len() - 1], 1e6),
+        'G' => (&text[..text.len() - 1], 1e9),
+        _ => (text, 1.0),
+    };
+    Some(number.parse::<f64>().ok()? * scale)
+}
+
+#[test]
+fn a_self_timed_guest_counts_what_glass_counts() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_self");
+    let (rounds, ticks) = (1000, 20);
+    let guest = self_timed_demo(&dir, rounds, ticks);
+    let serial = dir.join("serial");
+    let recording = dir.join("self.glass");
+    // One vCPU: the other tests run two.
+    let mut command = qemu(&guest, &serial);
+    let smp = command.iter().position(|a| a == "-smp").unwrap();
+    command[smp + 1] = "1".into();
+    let output = trace_vm(
+        &recording,
+        "alpha,beta,gamma_,tick",
+        &guest.join("guest-fp.elf"),
+        command,
+    );
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("instrumented 4 functions, skipped 0"), "{err}");
+    assert!(err.contains(" 0 lost"), "{err}");
+
+    let console = std::fs::read_to_string(&serial).unwrap();
+    assert!(
+        console.starts_with("glass demo guest: alpha 60% beta 30% gamma 10%\n")
+            && console.ends_with("done\n"),
+        "{console}"
+    );
+    assert_eq!(
+        console.matches("rate rounds=200").count() as u32,
+        rounds / 200,
+        "{console}"
+    );
+    // `self NAME calls=N p50=CYCLES min=CYCLES`, the guest's own.
+    let own: std::collections::BTreeMap<String, (u64, f64)> = console
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.strip_prefix("self ")?.split_whitespace().collect();
+            let field = |name: &str| {
+                f.iter()
+                    .find_map(|w| w.strip_prefix(name)?.parse::<u64>().ok())
+            };
+            Some((f[0].to_string(), (field("calls=")?, field("p50=")? as f64)))
+        })
+        .collect();
+
+    let report = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
+    assert!(report.status.success(), "{}", stderr(&report));
+    // calls, total, self, self cycles, min, p50, p50 cycles, p99, max, the name.
+    let theirs: std::collections::BTreeMap<String, (u64, f64)> = stdout(&report)
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Some((
+                f.get(15)?.to_string(),
+                (f.first()?.parse().ok()?, cycles(f.get(10)?)?),
+            ))
+        })
+        .collect();
+    for (name, expected) in [
+        ("alpha", rounds),
+        ("beta", rounds),
+        ("gamma_", rounds),
+        ("tick", rounds * ticks),
+    ] {
+        let (guest_calls, guest_p50) = own[name];
+        let (glass_calls, glass_p50) = theirs[name];
+        assert_eq!(guest_calls, u64::from(expected), "{name}: {console}");
+        assert_eq!(glass_calls, guest_calls, "{name}: glass against the guest");
+        // The guest's window holds the whole probe (both records); glass's lies inside
+        // it, from the entry record's rdtsc to the exit's.
+        eprintln!("{name}: median {guest_p50} cycles by the guest, {glass_p50} by glass");
+        assert!(
+            glass_p50 <= 2.0 * guest_p50 + 1000.0 && guest_p50 <= 2.0 * glass_p50 + 1000.0,
+            "{name}: median {guest_p50} cycles by the guest, {glass_p50} by glass"
+        );
+    }
+}
