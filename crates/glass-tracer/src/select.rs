@@ -28,6 +28,12 @@ pub struct ModuleChoice {
     pub go: bool,
 }
 
+/// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
+/// glass-symbols names sampled frames (the same addr2line call); C's unchanged.
+pub fn demangled(raw: &str) -> String {
+    addr2line::demangle_auto(raw.into(), None).into_owned()
+}
+
 /// Functions whose return address is not theirs to lose: those that return twice or
 /// switch stacks (setjmp would save the exit stub as the place to come back to; a vfork
 /// child would return through the parent's shadow entry), and the unwinder, which reads
@@ -237,16 +243,24 @@ pub fn read_module(
     let aliases = glass_patch::function_aliases(&elf);
     for (index, function) in all.iter().enumerate() {
         let names = aliases.get(&function.address);
-        // A function matches by any of its names, and is then called by the one that
-        // matched (`-f puts` is reported as puts, not as the C library's _IO_puts).
+        // A function matches by any of its names, raw or demangled (`-f 'rsp::*'`,
+        // `-f 'ns::Class::*'`), and is then called by the one that matched (`-f puts`
+        // is reported as puts, not as the C library's _IO_puts), demangled as every
+        // report names functions.
         let Some(matched) = std::iter::once(&function.name)
             .chain(names.into_iter().flatten())
-            .find(|name| patterns.iter().any(|p| glob_match(p, name)))
+            .find_map(|name| {
+                let shown = demangled(name);
+                patterns
+                    .iter()
+                    .any(|p| glob_match(p, name) || glob_match(p, &shown))
+                    .then_some(shown)
+            })
         else {
             continue;
         };
         let function = &Function {
-            name: matched.clone(),
+            name: matched,
             ..function.clone()
         };
         choice.matched += 1;

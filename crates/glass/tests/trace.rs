@@ -695,3 +695,104 @@ fn bad_input_and_a_full_disk() {
         stderr(&output)
     );
 }
+
+/// `-f` globs match the names reports show: Rust's (`rsp::*`, with panics unwinding
+/// through traced frames) and C++'s (`shapes::Counter::*`, with exceptions), and every
+/// trace format names them so, as sampling reports do; the raw symbol still matches.
+#[test]
+fn rust_and_cpp_functions_are_traced_by_their_demangled_names() {
+    let _alone = exclusive();
+    let dir = scratch("trace_demangled");
+    let rust = dir.join("rsp");
+    let status = Command::new("rustc")
+        .args([
+            "-C",
+            "opt-level=1",
+            "-C",
+            "debuginfo=2",
+            "-C",
+            "panic=unwind",
+        ])
+        .args(["-C", "force-frame-pointers=yes", "--edition", "2021", "-o"])
+        .arg(&rust)
+        .arg(fixtures_dir().join("trace/rsp.rs"))
+        .status()
+        .expect("rustc runs");
+    assert!(status.success(), "rustc failed for rsp.rs");
+    let recording = dir.join("rsp.glass");
+    let (native, traced) = trace_same(
+        &recording,
+        &["-f", "rsp::top,rsp::mid,rsp::leaf"],
+        &[rust.to_str().unwrap(), "50"],
+    );
+    assert!(
+        stderr(&traced).contains("instrumented 3 functions"),
+        "{}",
+        stderr(&traced)
+    );
+    let truth = stdout(&native);
+    let own = |name: &str| -> u64 {
+        truth
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}="))?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {truth}"))
+    };
+    let counted = counts(&recording);
+    for name in ["top", "mid", "leaf"] {
+        assert_eq!(
+            counted.calls(&format!("rsp::{name}")),
+            own(name),
+            "{name}: {truth}"
+        );
+    }
+    // Each panic unwinds through mid's traced frame.
+    assert_eq!(
+        counted.unwound.get("rsp::mid").copied(),
+        Some(own("panics")),
+        "{truth}"
+    );
+    for format in ["calls", "tree", "chrome"] {
+        let shown = stdout(&glass(&[
+            "report",
+            recording.to_str().unwrap(),
+            "--format",
+            format,
+        ]));
+        assert!(
+            shown.contains("rsp::mid") && !shown.contains("_ZN3rsp"),
+            "{format}: {shown}"
+        );
+    }
+    // The raw symbol matches too, and is shown demangled.
+    let raw = String::from_utf8_lossy(&Command::new("nm").arg(&rust).output().unwrap().stdout)
+        .lines()
+        .find_map(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .filter(|n| n.starts_with("_ZN3rsp4leaf"))
+                .map(String::from)
+        })
+        .expect("rsp::leaf's symbol");
+    trace_same(&recording, &["-f", &raw], &[rust.to_str().unwrap(), "5"]);
+    assert_eq!(counts(&recording).calls("rsp::leaf"), 5 * 170);
+
+    let cpp = compile_trace_fixture(&dir, "names.cpp", &[]);
+    let recording = dir.join("names.glass");
+    let (native, _) = trace_same(
+        &recording,
+        &["-f", "shapes::Counter::*"],
+        &[cpp.to_str().unwrap()],
+    );
+    assert!(
+        stdout(&native).starts_with("bump=1000 twice=800 caught=200"),
+        "{}",
+        stdout(&native)
+    );
+    let counted = counts(&recording);
+    assert_eq!(counted.calls("shapes::Counter::bump(int)"), 1000);
+    assert_eq!(counted.calls("shapes::Counter::twice(int)"), 800);
+    assert_eq!(
+        counted.unwound.get("shapes::Counter::bump(int)").copied(),
+        Some(200)
+    );
+}
