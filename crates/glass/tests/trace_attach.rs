@@ -437,6 +437,25 @@ fn what_glass_cannot_attach_to_is_refused_and_left_unharmed() {
         libc::waitpid(pid, &mut status, libc::__WALL);
         libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
     }
+    // Nothing patchable (the entry point is never called): refused before the process
+    // is touched, so the next attach finds no ledger of a "dead" glass.
+    let output = glass(&[
+        "trace",
+        "--pid",
+        &pid.to_string(),
+        "-f",
+        "_start",
+        "-o",
+        recording,
+    ]);
+    assert_clean_failure(&output, 2, "none of the matching functions can be patched");
+    let output = attach(pid, Path::new(recording), "classify", "0.3");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("died attached"),
+        "{}",
+        stderr(&output)
+    );
     // A process of another user (glass run as nobody, the target root's).
     let output = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", GLASS])

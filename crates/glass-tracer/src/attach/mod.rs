@@ -130,6 +130,9 @@ pub fn run(
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }
     let modules = super::choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
+    // Said before the process is touched: a refusal leaves no runtime, ledger or
+    // session behind for the next attach to find.
+    refuse_if_nothing_patchable(&modules)?;
     let runtime_symbols = embedded_runtime()?;
     let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
@@ -168,7 +171,11 @@ pub fn run(
         Ok(patched) => patched,
         Err(failure) => {
             // Nothing is patched (commit_all undoes its part): the runtime lets the
-            // session go and stays loaded, idle.
+            // session go and stays loaded, idle, with no ledger naming this glass (the
+            // next attach would take it for a dead glass's).
+            let _ = held
+                .process
+                .write(joined.runtime_at[LEDGER], &0u64.to_le_bytes());
             let _ = leave_runtime(&held.process, joined.leave());
             held.attachment.release();
             return Err(failure);
@@ -438,6 +445,29 @@ struct Patched {
     all_stopped: Instant,
     /// Threads moved out of the bytes replaced.
     moved: usize,
+}
+
+/// Refuses, in the one line a launched trace gives, an attach none of whose functions,
+/// short functions or library calls can be patched.
+fn refuse_if_nothing_patchable(modules: &[select::ModuleChoice]) -> Result<()> {
+    let nothing = modules
+        .iter()
+        .all(|m| m.patchable.is_empty() && m.redirected.is_empty() && m.libcalls.is_empty());
+    if !nothing {
+        return Ok(());
+    }
+    let skipped: Vec<crate::Skip> = modules
+        .iter()
+        .flat_map(|m| {
+            m.skipped.iter().map(|(function, reason)| crate::Skip {
+                module: m.path.clone(),
+                address: function.address,
+                name: function.name.clone(),
+                reason: reason.clone(),
+            })
+        })
+        .collect();
+    Err(Failure::NothingToPatch(super::nothing_patchable(&skipped)))
 }
 
 /// Attach, step 3: builds and writes the trampolines and the full ledger while the
