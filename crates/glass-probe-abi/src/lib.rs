@@ -60,6 +60,15 @@ pub mod header {
     /// Written by the runtime: where it mapped the session in the target (a later
     /// glass reads the shadow stacks there if this one dies attached).
     pub const MAPPED_AT: usize = 168;
+    /// Written by the runtime of a launched program that dies of a fault (SIGSEGV,
+    /// SIGILL, SIGBUS, SIGFPE, where the program had no handler of its own): the
+    /// signal, the instruction pointer and the faulting address, for glass to say where
+    /// it died (0: no such death).
+    pub const FATAL_SIGNAL: usize = 176;
+    pub const FATAL_PC: usize = 184;
+    pub const FATAL_ADDRESS: usize = 192;
+    /// The process that died so (a forked child shares the session).
+    pub const FATAL_PID: usize = 200;
     pub const SIZE: usize = 4096;
 }
 

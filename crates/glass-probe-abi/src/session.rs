@@ -142,6 +142,20 @@ impl SessionMemory {
     }
 
     /// The runtime's pid and its `glass_enter`, once it has mapped the session.
+    /// The fault the launched program (or a child it forked) died of, as its runtime
+    /// noted it: (pid, signal, instruction pointer, faulting address).
+    pub fn fatal_fault(&self) -> Option<(u32, u32, u64, u64)> {
+        let signal = self.word(header::FATAL_SIGNAL).load(Ordering::Acquire);
+        (signal != 0).then(|| {
+            (
+                self.word(header::FATAL_PID).load(Ordering::Relaxed) as u32,
+                signal as u32,
+                self.word(header::FATAL_PC).load(Ordering::Relaxed),
+                self.word(header::FATAL_ADDRESS).load(Ordering::Relaxed),
+            )
+        })
+    }
+
     pub fn runtime(&self) -> Option<(u32, u64)> {
         let pid = self.get(header::RUNTIME_PID);
         (pid != 0).then(|| (pid as u32, self.get(header::ENTER)))

@@ -504,7 +504,51 @@ extern "C" fn init() {
     let path = unsafe { libc::getenv(c"GLASS_TRACE_SHM".as_ptr()) };
     if !path.is_null() {
         // SAFETY: a NUL-terminated path from the environment.
-        unsafe { start_session(path) };
+        if unsafe { start_session(path) } == 0 {
+            // SAFETY: sigaction with our own handler, before the program's main.
+            unsafe { note_fatal_faults() };
+        }
+    }
+}
+
+/// The faults a program dies of with the default action; glass says where.
+const FATAL_FAULTS: [c_int; 4] = [libc::SIGSEGV, libc::SIGILL, libc::SIGBUS, libc::SIGFPE];
+
+/// For a launched program only, at start-up, and only for the faults it has no handler
+/// of its own for (a handler it installs later replaces this one): a fault is noted in
+/// the session's header (signal, pc, address) and the default action then ends the
+/// program as it would have ended (SA_RESETHAND: the faulting instruction runs again
+/// with the default disposition), so that glass can say whether it died inside glass's
+/// trampolines or probe, or in its own code.
+unsafe fn note_fatal_faults() {
+    for signal in FATAL_FAULTS {
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(signal, core::ptr::null(), &mut old) != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            continue;
+        }
+        let mut action: libc::sigaction = core::mem::zeroed();
+        action.sa_sigaction = on_fatal_fault as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_NODEFER;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, core::ptr::null_mut());
+    }
+}
+
+extern "C" fn on_fatal_fault(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    let shm = SHM.load(Ordering::Acquire);
+    if shm.is_null() || info.is_null() || context.is_null() {
+        return;
+    }
+    // SAFETY: the kernel's siginfo and ucontext for this signal; the header's words.
+    unsafe {
+        let context = &*(context as *const libc::ucontext_t);
+        let pc = context.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+        word(shm, header::FATAL_PC).store(pc, Ordering::Relaxed);
+        word(shm, header::FATAL_ADDRESS).store((*info).si_addr() as u64, Ordering::Relaxed);
+        word(shm, header::FATAL_PID).store(libc::getpid() as u64, Ordering::Relaxed);
+        word(shm, header::FATAL_SIGNAL).store(signal as u64, Ordering::Release);
     }
 }
 

@@ -246,6 +246,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
             return Err(failure);
         }
     };
+    // Where code lies, while the process is there to ask: if it dies of a fault, glass
+    // says in which.
+    let code_at_start = glass_target::procfs::executable_mappings(pid).unwrap_or_default();
     if let Err(e) = process.detach() {
         return Err(Failure::runtime(format!("cannot let pid {pid} go: {e}")));
     }
@@ -267,6 +270,14 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         clock_start,
     );
     let exit_status = drain_until_exit(&session, pid, &mut out);
+    if let Some((died, signal, pc, address)) = session.fatal_fault() {
+        notes.note(&fault_line(
+            died as i32,
+            (signal, pc, address),
+            &code_at_start,
+            &installed,
+        ));
+    }
     let summary = TraceSummary {
         exit_status,
         ..TraceSummary::default()
@@ -287,6 +298,43 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         summary,
         records,
     })
+}
+
+/// The line for a launched program that died of a fault its runtime noted: where, and
+/// whether that was glass's code (its trampolines or probe runtime) or the program's.
+fn fault_line(
+    pid: i32,
+    (signal, pc, address): (u32, u64, u64),
+    mappings: &[glass_target::procfs::Mapping],
+    installed: &[install::Installed],
+) -> String {
+    let name = match signal as i32 {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGILL => "SIGILL",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        _ => "a fault",
+    };
+    let traced = installed
+        .iter()
+        .find(|f| pc >= f.address && pc < f.address + f.size.max(1));
+    let mapping = mappings.iter().find(|m| pc >= m.start && pc < m.end);
+    let place = match (traced, mapping) {
+        (Some(f), _) => format!(
+            "in its own code, in {}+{:#x} (a traced function)",
+            f.name,
+            pc - f.address
+        ),
+        (None, Some(m)) if m.path.contains("libglass_probe") => {
+            "inside glass's probe runtime: a glass fault (the exit stub's ud2 means a return glass had no entry for)".into()
+        }
+        (None, Some(m)) if m.path == "[anon]" => {
+            "inside anonymous code: glass's trampolines, or code the program generated".into()
+        }
+        (None, Some(m)) => format!("in {}+{:#x}", m.path, pc - m.start + m.file_offset),
+        (None, None) => "outside the code mapped when it started".into(),
+    };
+    format!("pid {pid} died of {name} at pc {pc:#x} {place} (faulting address {address:#x})")
 }
 
 /// The recording's first records: what was instrumented and skipped, and a first

@@ -796,3 +796,34 @@ fn rust_and_cpp_functions_are_traced_by_their_demangled_names() {
         Some(200)
     );
 }
+
+/// A program that dies of a fault under tracing dies as without glass (same signal,
+/// same output), and glass says where, in one line: here in its own traced function.
+#[test]
+fn a_program_that_dies_of_a_fault_is_said_to_have_died_where_it_did() {
+    let _alone = exclusive();
+    let dir = scratch("trace_crash");
+    let program = compile_trace_fixture(&dir, "crash.c", &[]);
+    let recording = dir.join("crash.glass");
+    let native = run(&[program.to_str().unwrap()]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(native.status.signal(), Some(libc::SIGSEGV));
+    let traced = glass(&[
+        "trace",
+        "-o",
+        recording.to_str().unwrap(),
+        "-f",
+        "work",
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    // As a shell says it: 128 + the signal.
+    assert_eq!(traced.status.code(), Some(128 + libc::SIGSEGV));
+    assert_eq!(stdout(&traced), stdout(&native));
+    let err = stderr(&traced);
+    assert!(
+        err.contains("died of SIGSEGV at pc ") && err.contains("in its own code, in work+0x"),
+        "{err}"
+    );
+    assert_eq!(counts(&recording).calls("work"), 1001);
+}
