@@ -666,41 +666,48 @@ fn a_vm_behind_a_gdb_stub_is_traced_in_ram_it_does_not_use() {
 }
 
 /// A VM whose only vCPU is still in its firmware's real mode (SeaBIOS, no bootable
-/// device): refused in one line, exit 2, the VM left running with no stub.
+/// device), and one started without a free memory slot: each refused in one line, exit
+/// 2, the VM left running with no stub.
 #[test]
-fn a_guest_outside_long_mode_is_refused() {
+fn a_guest_outside_long_mode_or_without_a_slot_is_refused() {
     let _alone = exclusive();
     let dir = scratch("trace_guest_real_mode");
     let guest = demo(&dir, 0);
     let symbols = guest.join("guest-fp.elf");
-    let socket = dir.join("qmp.sock");
-    let _qemu = Qemu(
-        Command::new("qemu-system-x86_64")
-            .args(["-accel", "tcg", "-m", "64,slots=1,maxmem=1G"])
-            .args(["-display", "none", "-nodefaults"])
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", socket.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(started.elapsed().as_secs() < 30, "QEMU did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    for (memory, said) in [
+        ("64,slots=1,maxmem=1G", "runs outside long mode"),
+        ("64", "start the VM with a free memory slot"),
+    ] {
+        let socket = dir.join("qmp.sock");
+        let _ = std::fs::remove_file(&socket);
+        let _qemu = Qemu(
+            Command::new("qemu-system-x86_64")
+                .args(["-accel", "tcg", "-m", memory])
+                .args(["-display", "none", "-nodefaults"])
+                .arg("-qmp")
+                .arg(format!("unix:{},server=on,wait=off", socket.display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let started = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(started.elapsed().as_secs() < 30, "QEMU did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let recording = dir.join("refused.glass");
+        let output = trace_qmp(&socket, &symbols, "alpha", "1", &recording)
+            .output()
+            .unwrap();
+        assert_clean_failure(&output, 2, said);
+        let mut monitor = Monitor::connect(&socket);
+        assert!(monitor.hmp("info status").contains("running"));
+        assert!(!monitor
+            .hmp("info chardev")
+            .lines()
+            .any(|l| l.trim().starts_with("gdb:")));
     }
-    let recording = dir.join("real.glass");
-    let output = trace_qmp(&socket, &symbols, "alpha", "1", &recording)
-        .output()
-        .unwrap();
-    assert_clean_failure(&output, 2, "runs outside long mode");
-    let mut monitor = Monitor::connect(&socket);
-    assert!(monitor.hmp("info status").contains("running"));
-    assert!(!monitor
-        .hmp("info chardev")
-        .lines()
-        .any(|l| l.trim().starts_with("gdb:")));
 }
 
 /// The demo guest built to time its own calls (guests/demo/build.sh's third argument):
