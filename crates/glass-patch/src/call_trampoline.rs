@@ -211,7 +211,11 @@ fn probe(
         RAX,
         at(ring.head),
     ))?);
-    // retry: rcx = head - tail; full when it reaches the capacity.
+    // retry: rcx = head - tail; full when it reaches the capacity. Compared signed: a
+    // head read before another CPU reserved and the reader consumed past it is behind
+    // the tail, and the difference is negative, not full (an unsigned compare dropped
+    // such records: 1-3 a run with two vCPUs under multi-threaded TCG); the cmpxchg
+    // below then fails on the moved head and the loop reads it again.
     code.push(labelled(
         with(Instruction::with2(Code::Mov_r64_rm64, RCX, RAX))?,
         retry,
@@ -226,7 +230,7 @@ fn probe(
         RCX,
         ring.capacity as i32,
     ))?);
-    code.push(with(Instruction::with_branch(Code::Jae_rel32_64, full))?);
+    code.push(with(Instruction::with_branch(Code::Jge_rel32_64, full))?);
     code.push(with(Instruction::with2(
         Code::Lea_r64_m,
         RCX,

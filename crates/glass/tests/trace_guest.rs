@@ -84,16 +84,25 @@ fn every_call_of_a_unikernel_is_timed_from_outside() {
     let guest = demo(&dir, rounds);
     let serial = dir.join("serial");
     let recording = dir.join("guest.glass");
+    // Multi-threaded TCG: the two vCPUs run at once on two host threads, and both call
+    // checkpoint (spin_units' first step), so their probes reserve ring slots at the
+    // same time.
+    let mut command = qemu(&guest, &serial);
+    let accel = command
+        .iter()
+        .position(|a| a == "tcg,thread=single")
+        .unwrap();
+    command[accel] = "tcg,thread=multi".into();
     let output = trace_vm(
         &recording,
-        "run_workload,dispatch,alpha,beta,gamma_,checksum_blocks",
+        "run_workload,dispatch,alpha,beta,gamma_,checksum_blocks,checkpoint",
         &guest.join("guest-fp.elf"),
-        qemu(&guest, &serial),
+        command,
     );
     let err = stderr(&output);
     // The guest powers off through isa-debug-exit: QEMU's status 1 is glass's.
     assert_eq!(output.status.code(), Some(1), "{err}");
-    assert!(err.contains("instrumented 6 functions, skipped 0"), "{err}");
+    assert!(err.contains("instrumented 7 functions, skipped 0"), "{err}");
     assert!(err.contains(" 0 lost"), "{err}");
 
     // The guest ran to its end, its output whole.
@@ -117,6 +126,15 @@ fn every_call_of_a_unikernel_is_timed_from_outside() {
     }
     // vCPU 1 called checksum_blocks all the while, on its own stack: a second thread.
     assert!(count("checksum_blocks") > 100, "{calls:?}");
+    // Both vCPUs' calls of checkpoint, none lost: one a call of alpha, beta, gamma_ and
+    // checksum_blocks (less one if the VM powered off between a checksum_blocks' entry
+    // and its checkpoint).
+    let expected = 3 * u64::from(rounds) + count("checksum_blocks");
+    assert!(
+        count("checkpoint") == expected || count("checkpoint") + 1 == expected,
+        "checkpoint: {} calls, {expected} expected: {calls:?}",
+        count("checkpoint")
+    );
     let info = stdout(&glass(&["info", recording.to_str().unwrap()]));
     assert!(info.contains("from 2 threads"), "{info}");
     let tree = stdout(&glass(&[

@@ -601,8 +601,23 @@ fn wait_for_guest(
                 )),
                 _ => stub_failure("the VM's GDB stub", e),
             })?;
+        // A stop is the guest's first call only if a vCPU is at one of the breakpoints,
+        // in long mode: multi-threaded TCG also reports stops that are not (measured:
+        // one while the firmware was still loading the kernel, whose copy then wrote
+        // over the patches).
         if stopped {
-            break;
+            client
+                .stop_with_registers(regs)
+                .map_err(|e| stub_failure("cannot read the vCPUs", e))?;
+            let hit = regs.iter().any(|r| {
+                caught.contains(&r.ip()) && matches!(r, VcpuRegs::X86_64(x) if x.long_mode())
+            });
+            if hit {
+                break;
+            }
+            client
+                .resume()
+                .map_err(|e| stub_failure("cannot let the VM run", e))?;
         }
         if ENDING.load(Ordering::Relaxed) || Instant::now() > deadline {
             client
@@ -638,9 +653,17 @@ fn patch(
     patches: &[(u64, Vec<u8>)],
     moves: &[(u64, u64)],
 ) -> Result<()> {
-    let cr3 = match &regs[0] {
-        VcpuRegs::X86_64(x) => x.cr3 & 0x000f_ffff_ffff_f000,
-        _ => 0,
+    // The page tables of a vCPU in long mode: under multi-threaded TCG the vCPU that
+    // made the first traced call may run 64-bit code while vCPU 0 is still in its 32-bit
+    // boot code (measured with the demo: vCPU 1 at checkpoint, vCPU 0 paging off); the
+    // other vCPUs load the same tables when they get there.
+    let Some(cr3) = regs.iter().find_map(|r| match r {
+        VcpuRegs::X86_64(x) if x.long_mode() => Some(x.cr3 & 0x000f_ffff_ffff_f000),
+        _ => None,
+    }) else {
+        return Err(Failure::bad_input(
+            "no vCPU runs in long mode: glass traces 64-bit guests",
+        ));
     };
     client
         .physical_memory_mode(true)
