@@ -101,8 +101,15 @@ impl Tmux {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let screen = self.screen();
+            // A settled frame: the same on a second look. A capture can land while glass
+            // top is redrawing, with part of the old frame still on the screen (seen once:
+            // a row's tail and two stale rows under the name sort).
             if ready(&screen) {
-                return screen;
+                std::thread::sleep(Duration::from_millis(30));
+                if self.screen() == screen {
+                    return screen;
+                }
+                continue;
             }
             if let Some(code) = self.exit_status() {
                 panic!("glass exited ({code}) while waiting for {what}; screen:\n{screen}");
