@@ -857,3 +857,49 @@ fn a_self_timed_guest_counts_what_glass_counts() {
         );
     }
 }
+
+/// `--vm`: a glass stopped while it holds its VM stopped to patch is killed by its
+/// guardian at the stop bound, and the VM, glass's own, ends with it: nothing is left
+/// stopped or running.
+#[test]
+fn a_vm_glass_stopped_in_its_patch_stop_is_ended_with_its_vm() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_vm_stopped");
+    let guest = demo(&dir, 0);
+    let serial = dir.join("serial");
+    let recording = dir.join("stopped.glass");
+    let mut args: Vec<String> = ["trace", "--vm", "-o"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(recording.display().to_string());
+    args.extend(["-f".into(), "alpha,checkpoint".into(), "--symbols".into()]);
+    args.push(guest.join("guest-fp.elf").display().to_string());
+    args.push("--".into());
+    args.extend(qemu(&guest, &serial));
+    let output = Command::new(GLASS)
+        .args(&args)
+        .env("GLASS_TEST_STOP_AT", "guest-vm-patched")
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(output.status.signal(), Some(libc::SIGKILL), "{err}");
+    assert!(err.contains("stopped at guest-vm-patched"), "{err}");
+    // The guardian's line comes once it has ended QEMU (glass's stderr is its own).
+    let qemu_pid = err
+        .split("QEMU pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|pid| pid.parse::<i32>().ok());
+    assert!(err.contains("past the stop bound"), "{err}");
+    let pid = qemu_pid.unwrap_or_else(|| panic!("the guardian names QEMU's pid: {err}"));
+    let started = std::time::Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(false, |s| !s.contains(") Z"))
+    {
+        assert!(started.elapsed().as_secs() < 10, "QEMU {pid} still runs");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -23,7 +23,9 @@
 //! the trampoline's call shifts them (`glass_patch::stack_args`). The VM is glass's: it
 //! ends with the trace (the run ends when the guest powers off, after `-d`, or on
 //! Ctrl-C/SIGTERM), and QEMU is killed by the kernel if glass dies
-//! (PR_SET_PDEATHSIG), so no VM is ever left stopped.
+//! (PR_SET_PDEATHSIG), so no VM is ever left stopped. glass-record's guardian bounds
+//! the one stop glass holds (the patch): a glass stopped or stalled in it past the stop
+//! bound is killed, and the VM with it.
 
 pub(crate) mod attach;
 pub(crate) mod gdb;
@@ -116,7 +118,20 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         .map_err(|e| Failure::runtime(format!("cannot map the trace region: {e}")))?;
     let socket = std::env::temp_dir().join(format!("glass-trace-vm-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
-    let mut qemu = launch(command, ram_mib, &region, &socket)?;
+    // The stop bound: a glass stopped (SIGSTOP, Ctrl-Z) or stalled while it holds the VM
+    // stopped is killed by its guardian, which then ends the VM, glass's own (as when
+    // glass dies: QEMU reports its pid into the guardian's pipe before it execs).
+    let mark =
+        glass_target::stop_mark::StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
+    let guardian = glass_record::guardian::Guardian::start(
+        &socket.to_string_lossy(),
+        true,
+        false,
+        &mark,
+        glass_record::stop_bound()?,
+    )
+    .map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut qemu = launch(command, ram_mib, &region, &socket, guardian.pipe_fd())?;
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -126,7 +141,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
     let traced = trace_launched(
         args,
         notes,
-        &mut qemu,
+        (&mut qemu, &mark),
         &socket,
         &mut shared,
         (&symbols, choice, skipped),
@@ -137,6 +152,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         let _ = qemu.kill();
         let _ = qemu.wait();
     }
+    guardian.done();
     traced
 }
 
@@ -320,6 +336,7 @@ fn launch(
     ram_mib: u64,
     region: &OwnedFd,
     socket: &Path,
+    guardian_pipe: std::os::fd::RawFd,
 ) -> Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let program = &command[0];
@@ -355,7 +372,9 @@ fn launch(
         qemu.pre_exec(move || {
             // The VM is glass's: it must not outlive a glass that dies, stopped.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            glass_target::launch::prepare_vmm_child(raw)
+            glass_target::launch::prepare_vmm_child(raw)?;
+            glass_record::guardian::report_vm_pid(guardian_pipe);
+            Ok(())
         });
     }
     let mut child = qemu.spawn().map_err(|e| match e.kind() {
@@ -389,15 +408,16 @@ fn stub_failure(what: &str, e: impl std::fmt::Display) -> Failure {
 fn trace_launched(
     args: &TraceOptions,
     notes: &mut dyn TraceNotes,
-    qemu: &mut std::process::Child,
+    (qemu, mark): (&mut std::process::Child, &glass_target::stop_mark::StopMark),
     socket: &Path,
     shared: &mut memmap2::MmapMut,
     (symbols, choice, skipped): (&Path, select::ModuleChoice, Vec<Skip>),
     file: std::fs::File,
 ) -> Result<Traced> {
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
-    let mut client = Client::connect(&socket.to_string_lossy())
+    let mut client = Client::connect_marked(&socket.to_string_lossy(), Some(mark))
         .map_err(|e| stub_failure("cannot connect to the VM's GDB stub", e))?;
+    mark.end();
     let (text_low, text_high) = text_span(&choice);
     let vcpus = client.vcpus.len();
     let mut regs = vec![VcpuRegs::zeroed(client.arch()); vcpus];
@@ -407,10 +427,13 @@ fn trace_launched(
         .map(|(_, plan, _)| plan.patch_at)
         .collect();
     wait_for_guest(&mut client, qemu, &entries, &mut regs)?;
+    // From the breakpoint's stop to the resume after patching, glass holds the VM.
+    mark.begin();
     let layout = match Layout::choose(text_low, text_high, REGION_GPA) {
         Ok(layout) => layout,
         Err(why) => {
             let _ = client.resume();
+            mark.end();
             return Err(Failure::bad_input(why));
         }
     };
@@ -429,6 +452,7 @@ fn trace_launched(
         Ok(done) => done,
         Err(why) => {
             let _ = client.resume();
+            mark.end();
             return Err(Failure::runtime(why));
         }
     };
@@ -445,11 +469,14 @@ fn trace_launched(
     });
     if let Err(failure) = patched {
         let _ = client.resume();
+        mark.end();
         return Err(failure);
     }
+    glass_target::test_hook("guest-vm-patched");
     client
         .resume()
         .map_err(|e| stub_failure("cannot let the VM run", e))?;
+    mark.end();
     notes.instrumented(&installed, &skipped);
 
     let mut out = Output::new(file, 1);
