@@ -896,8 +896,7 @@ fn a_vm_glass_stopped_in_its_patch_stop_is_ended_with_its_vm() {
     let pid = qemu_pid.unwrap_or_else(|| panic!("the guardian names QEMU's pid: {err}"));
     let started = std::time::Instant::now();
     while Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map_or(false, |s| !s.contains(") Z"))
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"))
     {
         assert!(started.elapsed().as_secs() < 10, "QEMU {pid} still runs");
         std::thread::sleep(std::time::Duration::from_millis(50));
