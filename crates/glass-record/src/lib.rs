@@ -448,6 +448,59 @@ pub fn create_output(path: &Path) -> Result<File> {
     })
 }
 
+/// The output file, opened to learn early that glass can write it, but not yet
+/// truncated: a run refused before it records anything (bad input found once the
+/// target is reached, say) leaves a recording already at that path whole, and removes
+/// the empty file it created. [`PendingOutput::start`] truncates it when recording
+/// begins.
+pub struct PendingOutput {
+    path: PathBuf,
+    file: Option<File>,
+    created: bool,
+}
+
+impl PendingOutput {
+    pub fn open(path: &Path) -> Result<PendingOutput> {
+        let created = !path.exists();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|error| {
+                Failure::bad_input(format!(
+                    "cannot write {}: {}",
+                    path.display(),
+                    error_text(&error)
+                ))
+            })?;
+        Ok(PendingOutput {
+            path: path.to_path_buf(),
+            file: Some(file),
+            created,
+        })
+    }
+
+    /// Recording begins: the file, emptied (a regular file: a device such as /dev/full
+    /// or a pipe has nothing to empty, as `O_TRUNC` leaves them be).
+    pub fn start(mut self) -> Result<File> {
+        let file = self.file.take().expect("started once");
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            file.set_len(0)
+                .map_err(|error| write_failure(&self.path, &error))?;
+        }
+        Ok(file)
+    }
+}
+
+impl Drop for PendingOutput {
+    fn drop(&mut self) {
+        if self.file.take().is_some() && self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// The recording's file as glass created it, held open: to end it cleanly when writing
 /// failed ([`OutputFile::seal`]), and to find out whether it was removed while glass
 /// wrote it ([`OutputFile::check_kept`]): writes into a removed file succeed, and glass

@@ -141,7 +141,7 @@ use glass_probe_abi::session::SessionMemory;
 use glass_target::inject::{shell_status, StoppedProcess};
 
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
-use glass_record::{create_output, error_text, monotonic_now_ns};
+use glass_record::{error_text, monotonic_now_ns};
 
 /// Traces as `args` say, telling `notes` what the user should hear on the way.
 pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
@@ -201,7 +201,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
     // Kept open until the target exits: a program it starts preloads the runtime too.
     let runtime = embedded::memfd()?;
-    let file = create_output(&args.output)?;
+    let output = glass_record::PendingOutput::open(&args.output)?;
     let session = SessionMemory::create(args.max_threads as usize, args.ring_size, &configs, None)
         .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
     let mut preload = format!(
@@ -239,7 +239,11 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         args,
         notes,
     );
-    let (installed, skipped) = match set_up {
+    // Refused (a static program, nothing patchable) or not, the program has been
+    // reached: only now is a recording already at the output path replaced.
+    let (installed, skipped, file) = match set_up.and_then(|(installed, skipped)| {
+        Ok((installed, skipped, output.start().map_err(Failure::from)?))
+    }) {
         Ok(done) => done,
         Err(failure) => {
             process.kill();

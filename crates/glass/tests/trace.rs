@@ -673,6 +673,9 @@ fn bad_input_and_a_full_disk() {
     let static_dir = dir.join("static");
     std::fs::create_dir_all(&static_dir).unwrap();
     let static_program = compile_trace_fixture(&static_dir, "recursion.c", &["-static"]);
+    // What is at the output path already stays: the refusal comes once the program is
+    // reached, and nothing was recorded.
+    std::fs::write(out, b"an earlier recording").unwrap();
     let output = glass(&[
         "trace",
         "-o",
@@ -684,6 +687,7 @@ fn bad_input_and_a_full_disk() {
     ]);
     assert_clean_failure(&output, 2, "statically linked");
     assert!(stdout(&output).is_empty(), "the program did not run");
+    assert_eq!(std::fs::read(out).unwrap(), b"an earlier recording");
     // A full disk: the target runs to the end unharmed, glass says what was lost.
     let native = run(&[program]);
     let output = glass(&["trace", "-o", "/dev/full", "-f", "descend", "--", program]);

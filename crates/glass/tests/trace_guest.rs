@@ -473,6 +473,10 @@ fn a_running_vm_is_traced_and_left_as_it_was() {
         .unwrap();
     assert_clean_failure(&output, 2, "is not the image the guest runs");
     assert_eq!(left_as_found(&socket, &text, &dir), None);
+    // The refusal came once the VM was reached: the recording already at that path is
+    // whole, the second trace's.
+    let kept = calls_and_self(&recording);
+    assert!(kept.get("dispatch").is_some_and(|c| c.0 > 50), "{kept:?}");
 }
 
 /// glass stopped at each step of an attach and a detach (the test hooks): killed by its

@@ -76,7 +76,7 @@ use super::{install, select, CounterChoice};
 use crate::error::{Failure, Result};
 use crate::{AttachReport, DetachReport, TraceNotes, TraceOptions, Traced};
 use glass_record::driver::{drive, Clock, Gathered, Sampler};
-use glass_record::{create_output, monotonic_now_ns, stop_signal_fd, Outcome};
+use glass_record::{monotonic_now_ns, stop_signal_fd, Outcome};
 
 /// Tells the guardian that glass leaves the target as it should (not on a panic, after
 /// which the guardian takes the probes out).
@@ -136,7 +136,7 @@ pub fn run(
     let runtime_symbols = embedded_runtime()?;
     let unwinder_slots = unwinder_slots(pid, &mappings);
     let configs: Vec<(u32, u64)> = counters.iter().map(|c| c.1).collect();
-    let file = create_output(&args.output)?;
+    let output = glass_record::PendingOutput::open(&args.output)?;
     // The session file is the process's user's (mode 0600): a worker that dropped
     // root must still be able to open it.
     let user = Credentials::of_process(pid)
@@ -156,6 +156,10 @@ pub fn run(
     .map_err(|e| Failure::runtime(format!("cannot create the trace rings: {e}")))?;
     let stop_signals = stop_signal_fd()?;
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
+
+    // Every refusal of bad input is behind: a recording already at the output path is
+    // replaced from here.
+    let file = output.start()?;
 
     // -- Attach ------------------------------------------------------------------------
     let mut held = hold_loader_thread(pid, &mappings, &loader)?;

@@ -103,7 +103,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
             "{named}: QEMU already has a GDB stub ({filename}), which glass does not replace: remove it (HMP: gdbserver none)"
         )));
     }
-    let file = glass_record::create_output(&args.output)?;
+    let file = glass_record::PendingOutput::open(&args.output)?;
     let pid = monitor.qemu_pid();
     let (region_gpa, host, reused) = plug_region(&mut *monitor, &named)?;
     let region = ProcessRegion { pid, host };
@@ -280,7 +280,7 @@ pub(super) fn trace_attached(
         crate::select::ModuleChoice,
         Vec<crate::Skip>,
     ),
-    file: std::fs::File,
+    output: glass_record::PendingOutput,
 ) -> Result<Traced> {
     let Reached {
         client: stub,
@@ -337,10 +337,18 @@ pub(super) fn trace_attached(
             &installation.moves,
         )?;
         test_hook("guest-attach-patched");
-        Ok(ledger)
+        // Nothing refused: the recording begins (a refusal left a recording already at
+        // that path whole). If the file cannot be emptied, the code goes back first.
+        match output.start() {
+            Ok(file) => Ok((ledger, file)),
+            Err(failure) => {
+                let _ = ledger.put_back(&mut client);
+                Err(Failure::from(failure))
+            }
+        }
     })();
-    let ledger = match held {
-        Ok(ledger) => ledger,
+    let (ledger, file) = match held {
+        Ok(held) => held,
         Err(failure) => {
             let _ = client.resume();
             mark.end();

@@ -74,7 +74,7 @@ pub(crate) fn run(
         )
     })?)?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
-    let file = glass_record::create_output(&args.output)?;
+    let file = glass_record::PendingOutput::open(&args.output)?;
     let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
     // Before the first connection stops the VM: a glass that dies from here on has its
     // guardian put back what it patched and let the VM run.

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant, SystemTime};
 use glass_format::{Meta, Record, TraceSummary};
 use glass_patch::call_trampoline;
 use glass_patch::stack_args::{argument_passing, Arguments};
-use glass_record::{create_output, monotonic_now_ns};
+use glass_record::monotonic_now_ns;
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
 
@@ -110,7 +110,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         )));
     }
     let (choice, skipped) = choose(&symbols, &args.functions)?;
-    let file = create_output(&args.output)?;
+    let file = glass_record::PendingOutput::open(&args.output)?;
 
     let region = region_memfd()?;
     // SAFETY: glass's own memfd, sized; shared with QEMU, which maps it as guest RAM.
@@ -412,7 +412,7 @@ fn trace_launched(
     socket: &Path,
     shared: &mut memmap2::MmapMut,
     (symbols, choice, skipped): (&Path, select::ModuleChoice, Vec<Skip>),
-    file: std::fs::File,
+    output: glass_record::PendingOutput,
 ) -> Result<Traced> {
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     let mut client = Client::connect_marked(&socket.to_string_lossy(), Some(mark))
@@ -465,13 +465,18 @@ fn trace_launched(
             found.push((*at, code));
         }
         check_code(symbols, &found, &image, &installed)?;
-        patch(&mut client, &layout, &regs, &patches, &moves)
+        patch(&mut client, &layout, &regs, &patches, &moves)?;
+        // Nothing refused: the recording begins (a failure here ends the VM, glass's).
+        output.start().map_err(Failure::from)
     });
-    if let Err(failure) = patched {
-        let _ = client.resume();
-        mark.end();
-        return Err(failure);
-    }
+    let file = match patched {
+        Ok(file) => file,
+        Err(failure) => {
+            let _ = client.resume();
+            mark.end();
+            return Err(failure);
+        }
+    };
     glass_target::test_hook("guest-vm-patched");
     client
         .resume()
