@@ -200,9 +200,15 @@ impl Layout {
         let mut patches = Vec::new();
         let mut moves = Vec::new();
         let mut at = first;
-        for (id, (function, plan, _)) in choice.patchable.iter().enumerate() {
+        // Builds `function`'s trampoline at the next free place and records it as
+        // installed; None (and the function listed as skipped) when the region is full.
+        let mut place = |shared: &mut [u8],
+                         function: &glass_patch::Function,
+                         plan: &glass_patch::Plan,
+                         id: u16|
+         -> Result<Option<(u64, glass_patch::trampoline::Moves)>, String> {
             let address = self.address(at);
-            let (code, function_moves) = call_trampoline::build(plan, id as u16, address, &ring)
+            let (code, moves) = call_trampoline::build(plan, id, address, &ring)
                 .map_err(|e| format!("{}: {e}", function.name))?;
             if at + code.len() as u64 > RECORDS {
                 skipped.push(crate::Skip {
@@ -213,52 +219,9 @@ impl Layout {
                         "no room left in glass's 2 MiB region".into(),
                     ),
                 });
-                continue;
+                return Ok(None);
             }
             put(shared, at, &code);
-            patches.push((plan.patch_at, entry_patch(plan, address)?));
-            moves.extend(function_moves);
-            installed.push(Installed {
-                id: id as u32,
-                module: module.display().to_string(),
-                address: function.address,
-                size: function.size,
-                name: function.name.clone(),
-            });
-            at = (at + code.len() as u64 + 15) & !15;
-        }
-        // Short functions: one trampoline each, whose body is the whole function; each
-        // direct call, jump or conditional jump to it now goes there (its last four
-        // bytes, the displacement). No vCPU can be inside those four bytes.
-        let first_short = choice.patchable.len();
-        for (index, (function, plan, sites)) in choice.redirected.iter().enumerate() {
-            let id = (first_short + index) as u16;
-            let address = self.address(at);
-            let (code, _) = call_trampoline::build(plan, id, address, &ring)
-                .map_err(|e| format!("{}: {e}", function.name))?;
-            if at + code.len() as u64 > RECORDS {
-                skipped.push(crate::Skip {
-                    module: module.display().to_string(),
-                    address: function.address,
-                    name: function.name.clone(),
-                    reason: crate::SkipReason::Trampoline(
-                        "no room left in glass's 2 MiB region".into(),
-                    ),
-                });
-                continue;
-            }
-            put(shared, at, &code);
-            for site in sites {
-                let next = site.at + u64::from(site.len);
-                let displacement = address.wrapping_sub(next) as i64;
-                let displacement = i32::try_from(displacement).map_err(|_| {
-                    format!(
-                        "{}: the call site at {:#x} cannot reach glass's region",
-                        function.name, site.at
-                    )
-                })?;
-                patches.push((next - 4, displacement.to_le_bytes().to_vec()));
-            }
             installed.push(Installed {
                 id: u32::from(id),
                 module: module.display().to_string(),
@@ -267,6 +230,34 @@ impl Layout {
                 name: function.name.clone(),
             });
             at = (at + code.len() as u64 + 15) & !15;
+            Ok(Some((address, moves)))
+        };
+        for (id, (function, plan, _)) in choice.patchable.iter().enumerate() {
+            if let Some((address, function_moves)) = place(shared, function, plan, id as u16)? {
+                patches.push((plan.patch_at, entry_patch(plan, address)?));
+                moves.extend(function_moves);
+            }
+        }
+        // Short functions: one trampoline each, whose body is the whole function; each
+        // direct call, jump or conditional jump to it now goes there (its last four
+        // bytes, the displacement). No vCPU can be inside those four bytes.
+        let first_short = choice.patchable.len();
+        for (index, (function, plan, sites)) in choice.redirected.iter().enumerate() {
+            let Some((address, _)) = place(shared, function, plan, (first_short + index) as u16)?
+            else {
+                continue;
+            };
+            for site in sites {
+                let next = site.at + u64::from(site.len);
+                let displacement =
+                    i32::try_from(address.wrapping_sub(next) as i64).map_err(|_| {
+                        format!(
+                            "{}: the call site at {:#x} cannot reach glass's region",
+                            function.name, site.at
+                        )
+                    })?;
+                patches.push((next - 4, displacement.to_le_bytes().to_vec()));
+            }
         }
         let end = at.min(RECORDS);
         put(shared, TRAMPOLINES_END, &end.to_le_bytes());

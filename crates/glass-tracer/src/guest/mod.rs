@@ -219,32 +219,26 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
             }
         }
     };
-    let mut patchable = Vec::new();
-    for (function, plan, padding) in choice.patchable.drain(..) {
-        match unsafe_to_call(&function) {
-            Some(why) => skipped.push(Skip {
+    // Functions whose arguments the trampoline's call would shift are left out, with
+    // the reason; entry-patched functions and short ones (traced at their direct call
+    // sites, each site's displacement turned to the function's trampoline, as in
+    // processes) alike.
+    let mut callable = |function: &glass_patch::Function| match unsafe_to_call(function) {
+        Some(why) => {
+            skipped.push(Skip {
                 module: module.clone(),
                 address: function.address,
-                name: function.name,
+                name: function.name.clone(),
                 reason: SkipReason::StackArguments(why),
-            }),
-            None => patchable.push((function, plan, padding)),
+            });
+            false
         }
-    }
-    // Functions too short for the entry jump: traced at their direct call sites, each
-    // site's displacement turned to the function's trampoline, as in processes.
-    let mut redirected = Vec::new();
-    for (function, plan, sites) in choice.redirected.drain(..) {
-        match unsafe_to_call(&function) {
-            Some(why) => skipped.push(Skip {
-                module: module.clone(),
-                address: function.address,
-                name: function.name,
-                reason: SkipReason::StackArguments(why),
-            }),
-            None => redirected.push((function, plan, sites)),
-        }
-    }
+        None => true,
+    };
+    let mut patchable = std::mem::take(&mut choice.patchable);
+    patchable.retain(|(function, _, _)| callable(function));
+    let mut redirected = std::mem::take(&mut choice.redirected);
+    redirected.retain(|(function, _, _)| callable(function));
     if patchable.is_empty() && redirected.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "{}; nothing in the VM was touched",
