@@ -380,6 +380,9 @@ pub fn run(args: &GuardianArgs) -> crate::Result<i32> {
         return Ok(0);
     }
     if let Some(domid) = args.xen {
+        if !ledger.is_empty() {
+            return Ok(put_back_xen(domid, &mark, &ledger, died, &ending, bound));
+        }
         return Ok(unpause_xen(domid, &mark, died, &ending, bound));
     }
     Ok(let_vm_run(args, vm, &ending, &ledger, bound, died))
@@ -589,6 +592,63 @@ fn unpause_xen(
         Err(error) => {
             eprintln!(
                 "glass: {cause}; its guardian could not unpause Xen domain {domid}: {error} (run: xl unpause {domid})"
+            );
+            1
+        }
+    }
+}
+
+/// `glass trace --xen` died with the domain patched: with the domain paused (its own
+/// pause, nested in any glass held), puts the code back as glass's detach does, lets
+/// the domain run, and releases glass's pause if it held one. Returns the exit code.
+fn put_back_xen(
+    domid: u32,
+    mark: &StopMark,
+    ledger: &CodeLedger,
+    died: Instant,
+    ending: &Ending,
+    bound: Duration,
+) -> i32 {
+    let cause = ending.cause(&format!("Xen domain {domid}"), bound);
+    let put_back = (|| {
+        let (mut code, _) =
+            glass_target::xen::code::XenCode::open(&domid.to_string(), None).map_err(|e| e.to_string())?;
+        let mut regs = vec![
+            glass_target::arch::VcpuRegs::zeroed(glass_target::guest::Arch::X86_64);
+            glass_target::guest_code::GuestCode::vcpu_count(&code)
+        ];
+        glass_target::guest_code::GuestCode::stop_with_registers(&mut code, &mut regs)?;
+        let moved = ledger.put_back(&mut code);
+        let resumed = glass_target::guest_code::GuestCode::resume(&mut code);
+        let moved = moved?;
+        resumed?;
+        Ok::<usize, String>(moved)
+    })();
+    let released = if mark.held() {
+        let released = Hypervisor::unpause_left(domid);
+        mark.end();
+        released.map(|_| ())
+    } else {
+        Ok(())
+    };
+    match (put_back, released) {
+        (Ok(moved), Ok(())) => {
+            eprintln!(
+                "glass: {cause}; its guardian put back the {} patched ranges of Xen domain {domid} ({moved} vCPUs moved out of the trampolines) and let it run, in {:.1} ms",
+                ledger.code.len(),
+                died.elapsed().as_secs_f64() * 1e3
+            );
+            0
+        }
+        (Err(error), _) => {
+            eprintln!(
+                "glass: {cause}; its guardian could not put back the code glass patched in Xen domain {domid}: {error}"
+            );
+            1
+        }
+        (Ok(_), Err(error)) => {
+            eprintln!(
+                "glass: {cause}; its guardian put the code back but could not unpause Xen domain {domid}: {error} (run: xl unpause {domid})"
             );
             1
         }

@@ -68,6 +68,8 @@ pub struct TraceOptions {
     pub gdb: Option<String>,
     /// With `gdb`: `GPA,SIZE`, guest RAM the guest does not use, for glass's region.
     pub guest_scratch: Option<String>,
+    /// Attach to this Xen PVH/HVM domain (a domid or a name), from dom0.
+    pub xen: Option<String>,
 }
 
 /// What a trace did.
@@ -165,6 +167,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     }
     if let Some(address) = &args.gdb {
         return guest::gdb::run(args, notes, address);
+    }
+    if let Some(domain) = &args.xen {
+        return guest::xen::run(args, notes, domain);
     }
     let (counters, counters_note) = choose_counters(args)?;
     if let Some(pid) = args.pid {

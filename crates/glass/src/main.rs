@@ -75,8 +75,8 @@ enum Command {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp", "libvirt", "gdb"]).multiple(true)))]
-#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp", "libvirt", "gdb"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("attached_or_vm").args(["pid", "vm", "qmp", "libvirt", "gdb", "xen"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("vm_or_qmp").args(["vm", "qmp", "libvirt", "gdb", "xen"]).multiple(true)))]
 pub struct TraceArgs {
     /// Output recording
     #[arg(short, long, default_value = "trace.glass")]
@@ -109,8 +109,8 @@ pub struct TraceArgs {
     /// patched byte restored, the process never restarted
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
-    /// With --pid, --vm, --qmp, --libvirt or --gdb: end after this many seconds (default: on Ctrl-C, SIGTERM, or
-    /// when the process or VM ends)
+    /// With --pid, --vm, --qmp, --libvirt, --gdb or --xen: end after this many seconds
+    /// (default: on Ctrl-C, SIGTERM, or when the process or VM ends)
     #[arg(short, long, requires = "attached_or_vm", value_parser = inputs::parse_duration)]
     pub duration: Option<f64>,
     /// The command is a QEMU (qemu-system-x86_64) to launch: time the guest's functions
@@ -137,12 +137,17 @@ pub struct TraceArgs {
     /// that the guest does not use, for glass's trampolines and ring
     #[arg(long, value_name = "GPA,SIZE", requires = "gdb")]
     pub guest_scratch: Option<String>,
-    /// With --vm, --qmp, --libvirt or --gdb: the guest's symbols (with --vm, default: the
-    /// file QEMU's -kernel names)
+    /// Attach to a running Xen PVH or HVM domain (its id or name), from dom0: glass adds
+    /// 2 MiB of memory to it for its region, patches with the domain paused, drains while
+    /// it runs, and puts every patched byte back
+    #[arg(long, value_name = "DOMID|NAME", conflicts_with_all = ["pid", "vm", "command", "qmp", "libvirt", "gdb"], requires = "symbols")]
+    pub xen: Option<String>,
+    /// With --vm, --qmp, --libvirt, --gdb or --xen: the guest's symbols (with --vm,
+    /// default: the file QEMU's -kernel names)
     #[arg(long, requires = "vm_or_qmp")]
     pub symbols: Option<PathBuf>,
     /// The command to launch and trace
-    #[arg(last = true, required_unless_present_any = ["pid", "qmp", "libvirt", "gdb"])]
+    #[arg(last = true, required_unless_present_any = ["pid", "qmp", "libvirt", "gdb", "xen"])]
     pub command: Vec<String>,
 }
 

@@ -39,6 +39,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         libvirt: args.libvirt.clone(),
         gdb: args.gdb.clone(),
         guest_scratch: args.guest_scratch.clone(),
+        xen: args.xen.clone(),
     };
     let mut notes = Printed { quiet: args.quiet };
     let traced = glass_tracer::trace(&options, &mut notes)?;

@@ -12,7 +12,8 @@
 
 use std::time::Instant;
 
-use super::client::{reconnect, Client, StubError};
+use super::client::reconnect;
+use crate::guest_code::GuestCode;
 
 /// Patched code and where a vCPU inside a relocated copy goes back to.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -70,34 +71,21 @@ impl CodeLedger {
         self.code.is_empty()
     }
 
-    /// With the VM stopped through `client`: puts every patched byte back, moves every
-    /// vCPU out of the relocated copies, and checks that the code reads as before.
-    /// How many vCPUs it moved.
-    pub fn put_back(&self, client: &mut Client) -> Result<usize, String> {
-        let failed = |what: &str, e: StubError| format!("{what}: {e}");
+    /// With the guest stopped through `guest`: puts every patched byte back, sees to
+    /// it that no vCPU is inside a relocated copy ([`GuestCode::move_vcpus`]: after the
+    /// bytes are back, where letting a vCPU run on is harmless), and checks that the code
+    /// reads as before. How many vCPUs were inside a copy.
+    pub fn put_back(&self, guest: &mut dyn GuestCode) -> Result<usize, String> {
         for (at, bytes) in &self.code {
-            client
-                .write_memory(*at, bytes)
-                .map_err(|e| failed("cannot put the guest's code back", e))?;
+            guest
+                .write_virtual(*at, bytes)
+                .map_err(|e| format!("cannot put the guest's code back: {e}"))?;
         }
-        let pc = crate::arch::VcpuRegs::pc_name(client.arch());
-        let mut moved = 0;
-        for index in 0..client.vcpus.len() {
-            let regs = client
-                .registers(index)
-                .map_err(|e| failed("cannot read a vCPU", e))?;
-            if let Some(&(_, to)) = self.back.iter().find(|&&(from, _)| from == regs.ip()) {
-                client
-                    .select(index)
-                    .and_then(|()| client.set_register(pc, to))
-                    .map_err(|e| failed("cannot move a vCPU out of a trampoline", e))?;
-                moved += 1;
-            }
-        }
+        let moved = guest
+            .move_vcpus(&self.back)
+            .map_err(|e| format!("cannot move a vCPU out of a trampoline: {e}"))?;
         for (at, bytes) in &self.code {
-            let now = client
-                .read_memory(*at, bytes.len())
-                .map_err(|e| failed("cannot read the guest's code", e))?;
+            let now = guest.read_virtual(*at, bytes.len())?;
             if &now != bytes {
                 return Err(format!(
                     "the guest's code at {at:#x} does not read as before after it was put back"

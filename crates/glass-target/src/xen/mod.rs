@@ -40,6 +40,7 @@
 
 pub mod abi;
 pub mod arm64;
+pub mod code;
 pub mod frames;
 pub mod libs;
 

@@ -28,12 +28,13 @@ use glass_mem::process::{read_process, write_process};
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
 use glass_target::gdbstub::ledger::CodeLedger;
+use glass_target::guest_code::GuestCode;
 use glass_target::qmp::{existing_stub, open_monitor, parse_gpa2hva, Monitor, MonitorError};
 use glass_target::stop_mark::StopMark;
 use glass_target::test_hook;
 use serde_json::json;
 
-use super::layout::{self, Layout, RegionAccess};
+use super::layout::{self, RegionAccess};
 use super::{
     check_code, choose, drain_until, finish, image_code, patch, replay, stub_failure, text_span,
     write_header, Ended,
@@ -136,7 +137,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
                     args,
                     notes,
                     Reached {
-                        client: &client,
+                        target: &client,
                         region: &region,
                         region_gpa,
                         reused,
@@ -232,19 +233,17 @@ fn add_region(monitor: &mut dyn Monitor, named: &str) -> Result<u64> {
         .ok_or_else(|| Failure::runtime(format!("{named}: the region glass added has no address")))
 }
 
-/// The original bytes at each patch, read through the stub before it is written.
-fn read_originals(client: &mut Client, patches: &[(u64, Vec<u8>)]) -> Result<Vec<(u64, Vec<u8>)>> {
+/// The original bytes at each patch, read before it is written.
+fn read_originals(
+    target: &mut dyn GuestCode,
+    patches: &[(u64, Vec<u8>)],
+) -> Result<Vec<(u64, Vec<u8>)>> {
     patches
         .iter()
         .map(|(at, bytes)| {
-            let original = client
-                .read_memory(*at, bytes.len())
-                .map_err(|e| stub_failure("cannot read the guest's code", e))?;
-            if original.len() != bytes.len() {
-                return Err(Failure::runtime(format!(
-                    "cannot read the guest's code at {at:#x}"
-                )));
-            }
+            let original = target
+                .read_virtual(*at, bytes.len())
+                .map_err(|e| Failure::runtime(format!("cannot read the guest's code: {e}")))?;
             Ok((*at, original))
         })
         .collect()
@@ -252,8 +251,9 @@ fn read_originals(client: &mut Client, patches: &[(u64, Vec<u8>)]) -> Result<Vec
 
 /// The VM an attach reached, however it reached it.
 pub(super) struct Reached<'a> {
-    /// The stub connection glass holds.
-    pub client: &'a RefCell<Client>,
+    /// What glass stops, reads and patches the guest through: the stub connection
+    /// glass holds, or Xen.
+    pub target: &'a RefCell<dyn GuestCode + 'a>,
     /// glass's region in the guest, and its guest-physical address.
     pub region: &'a dyn RegionAccess,
     pub region_gpa: u64,
@@ -283,7 +283,7 @@ pub(super) fn trace_attached(
     output: glass_record::PendingOutput,
 ) -> Result<Traced> {
     let Reached {
-        client: stub,
+        target,
         region,
         region_gpa,
         reused,
@@ -293,8 +293,24 @@ pub(super) fn trace_attached(
         region_said,
     } = reached;
     let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
-    let (low, high) = text_span(&choice);
-    let layout = Layout::choose(low, high, region_gpa).map_err(Failure::bad_input)?;
+    let span = text_span(&choice);
+    let vcpus = target.borrow().vcpu_count();
+    let mut regs = vec![VcpuRegs::zeroed(glass_target::guest::Arch::X86_64); vcpus];
+    // A first short stop to read the guest's page tables, so that the trampolines are
+    // written with the VM running and the stop that patches stays short.
+    let layout = {
+        let mut target = target.borrow_mut();
+        mark.begin();
+        let looked = target.stop_with_registers(&mut regs).map_err(Failure::runtime).and_then(|()| {
+            check_long_mode(&regs)?;
+            super::choose_layout(&mut *target, &regs, span, region_gpa)
+        });
+        let resumed = target.resume();
+        mark.end();
+        let layout = looked?;
+        resumed.map_err(Failure::runtime)?;
+        layout
+    };
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
     if reused {
         region.read(0, &mut image[..layout::HEADER_BYTES as usize]);
@@ -311,17 +327,16 @@ pub(super) fn trace_attached(
             )
             .map_err(Failure::runtime)?;
     }
-    let mut client = stub.borrow_mut();
-    let mut regs = vec![VcpuRegs::zeroed(client.arch()); client.vcpus.len()];
+    let mut guest = target.borrow_mut();
     mark.begin();
     let attach_started = Instant::now();
-    client
+    guest
         .stop_with_registers(&mut regs)
-        .map_err(|e| stub_failure("cannot stop the VM", e))?;
+        .map_err(Failure::runtime)?;
     test_hook("guest-attach-stopped");
     let held = (|| {
         check_long_mode(&regs)?;
-        let originals = read_originals(&mut client, &installation.patches)?;
+        let originals = read_originals(&mut *guest, &installation.patches)?;
         check_code(symbols, &originals, &image_code, &installation.installed)?;
         let ledger = installation.ledger(originals);
         // Told before the first byte changes: from here a glass that dies has its
@@ -330,9 +345,8 @@ pub(super) fn trace_attached(
             Failure::runtime(format!("cannot hand glass's guardian its ledger: {e}"))
         })?;
         patch(
-            &mut client,
+            &mut *guest,
             &layout,
-            &regs,
             &installation.patches,
             &installation.moves,
         )?;
@@ -342,7 +356,7 @@ pub(super) fn trace_attached(
         match output.start() {
             Ok(file) => Ok((ledger, file)),
             Err(failure) => {
-                let _ = ledger.put_back(&mut client);
+                let _ = ledger.put_back(&mut *guest);
                 Err(Failure::from(failure))
             }
         }
@@ -350,16 +364,14 @@ pub(super) fn trace_attached(
     let (ledger, file) = match held {
         Ok(held) => held,
         Err(failure) => {
-            let _ = client.resume();
+            let _ = guest.resume();
             mark.end();
             return Err(failure);
         }
     };
-    client
-        .resume()
-        .map_err(|e| stub_failure("cannot let the VM run", e))?;
+    guest.resume().map_err(Failure::runtime)?;
     mark.end();
-    drop(client);
+    drop(guest);
     let attach_ms = attach_started.elapsed().as_secs_f64() * 1e3;
     let installed = installation.installed;
     notes.instrumented(&installed, &skipped);
@@ -399,7 +411,7 @@ pub(super) fn trace_attached(
             }
             match monitor.as_deref_mut() {
                 Some(monitor) => monitor.ending().map(|_| Ended::Exited(0)),
-                None => stub.borrow().is_closed().then_some(Ended::Exited(0)),
+                None => target.borrow_mut().is_gone().then_some(Ended::Exited(0)),
             }
         },
     );
@@ -410,12 +422,12 @@ pub(super) fn trace_attached(
     }
     mark.begin();
     let detach_started = Instant::now();
-    let mut client = stub.borrow_mut();
-    let restored = restore(&mut client, &ledger);
-    drop(client);
+    let mut guest = target.borrow_mut();
+    let restored = restore(&mut *guest, &ledger, vcpus);
+    drop(guest);
     ring.drain(region, &mut replay);
     replay.take(|stack, words| out.chunk(qemu, stack, words));
-    let _ = stub.borrow_mut().detach();
+    let _ = target.borrow_mut().detach();
     mark.end();
     let restored = restored?;
     notes.note(&format!(
@@ -425,9 +437,9 @@ pub(super) fn trace_attached(
         restored
     ));
     out.write(&Record::Note(format!(
-        "glass's 2 MiB region stays in the VM ({region_said}, mapped at {:#x} through the guest's top-level page-table entry {}): calls under way when glass detached return through its trampolines, and the next glass trace of this VM uses it again",
+        "glass's 2 MiB region stays in the VM ({region_said}, mapped at {:#x} through {}): calls under way when glass detached return through its trampolines, and the next glass trace of this VM uses it again",
         layout.base(),
-        layout.top_index()
+        layout.hang()
     )));
     let summary = finish(
         &mut out,
@@ -475,12 +487,13 @@ fn check_long_mode(regs: &[VcpuRegs]) -> Result<()> {
 
 /// Stops the VM and puts the code back (see [`CodeLedger::put_back`]): how many vCPUs
 /// were moved out of the trampolines.
-fn restore(client: &mut Client, ledger: &CodeLedger) -> Result<usize> {
-    client
-        .stop()
-        .map_err(|e| stub_failure("cannot stop the VM", e))?;
+fn restore(guest: &mut dyn GuestCode, ledger: &CodeLedger, vcpus: usize) -> Result<usize> {
+    let mut regs = vec![VcpuRegs::zeroed(glass_target::guest::Arch::X86_64); vcpus];
+    guest
+        .stop_with_registers(&mut regs)
+        .map_err(Failure::runtime)?;
     test_hook("guest-detach-stopped");
-    let moved = ledger.put_back(client).map_err(Failure::runtime)?;
+    let moved = ledger.put_back(guest).map_err(Failure::runtime)?;
     test_hook("guest-detach-restored");
     Ok(moved)
 }

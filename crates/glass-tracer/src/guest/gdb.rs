@@ -119,7 +119,7 @@ pub(crate) fn run(
             args,
             notes,
             Reached {
-                client: &client,
+                target: &client,
                 region: &region,
                 region_gpa: gpa,
                 reused,

@@ -12,11 +12,12 @@
 //!   0x100000 records: 65536 of 16 bytes
 //! ```
 //!
-//! The guest reaches it through top-level entry 511 (the top 512 GiB), which must be
-//! empty, at the highest 2 MiB-aligned address from which every patched function is
-//! within a `jmp rel32` (2 GiB): from a kernel linked in the low 2 GiB, addresses wrap
-//! around to the top one. The guest runs the trampolines at ring 0 (supervisor pages,
-//! executable).
+//! The guest reaches it through one entry glass adds to its page tables, at a 1 GiB
+//! slot within a `jmp rel32` (2 GiB) of every patched function that the guest does not
+//! map (`Layout::choose`): an empty top-level entry (a kernel linked in the low 2 GiB
+//! reaches the top one, addresses wrapping around), or an empty entry of the guest's
+//! page-directory-pointer table of a kernel linked in the top 2 GiB. The guest runs the
+//! trampolines at ring 0 (supervisor pages, executable).
 //!
 //! A region stays in the VM after glass detaches (a call under way returns through its
 //! trampoline), and the next `glass trace --qmp` of that VM uses it again: its
@@ -58,8 +59,6 @@ const CAPACITY: u64 = (REGION_BYTES - RECORDS) / RECORD_BYTES;
 const PRESENT_WRITABLE: u64 = 0x3;
 const LARGE_PAGE: u64 = 0x80;
 
-/// The top-level entry the region hangs from.
-const TOP_INDEX: u64 = 511;
 
 /// What [`Layout::install`] wrote and what the guest's code needs.
 pub struct Installation {
@@ -99,52 +98,128 @@ impl Installation {
     }
 }
 
-/// Where the region is in the guest's virtual address space.
+/// Where the region is in the guest's virtual address space, and the one entry of the
+/// guest's page tables that reaches it.
 pub struct Layout {
     /// Its first byte, as the guest addresses it.
     base: u64,
     /// Its first byte, guest-physical.
     gpa: u64,
+    /// The guest-physical address of the entry glass sets, and its value.
+    entry_at: u64,
+    entry: u64,
+    /// That entry, in words ("top-level entry 511").
+    hang: String,
 }
+
+/// What a walk's accessed bit changes: glass's own entry of an earlier trace, which the
+/// guest's walks have marked accessed since, is still glass's.
+const ACCESSED: u64 = 0x20;
+const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
 
 impl Layout {
     /// The region's place for code at `low..high`, the region being at guest-physical
-    /// `gpa` (2 MiB-aligned), or why there is none.
-    pub fn choose(low: u64, high: u64, gpa: u64) -> Result<Layout, String> {
+    /// `gpa` (2 MiB-aligned), in the page tables at `cr3` (4-level), whose entries
+    /// `entry` reads (a u64 at a guest-physical address); or why there is none.
+    ///
+    /// A 1 GiB slot within a `jmp rel32` (2 GiB) of every function, whose top-level
+    /// entry is empty (the region's own page-directory-pointer table then hangs
+    /// there), or else whose entry in an existing page-directory-pointer table of the
+    /// guest is (the region's page directory hangs there): a kernel linked in the top 2
+    /// GiB, as Linux and most unikernels built with `-mcmodel=kernel` are, has its
+    /// top-level entry in use, and a free 1 GiB below its image.
+    pub fn choose(
+        low: u64,
+        high: u64,
+        gpa: u64,
+        cr3: u64,
+        entry: &mut dyn FnMut(u64) -> Result<u64, String>,
+    ) -> Result<Layout, String> {
         if !gpa.is_multiple_of(REGION_BYTES) {
             return Err(format!(
                 "glass's region is at guest-physical {gpa:#x}, not on a 2 MiB boundary"
             ));
         }
-        const REACH: i64 = 1 << 31;
-        if (low as i64) < 0 || (high as i64) < 0 {
+        const REACH: i128 = 1 << 31;
+        const GIB: i128 = 1 << 30;
+        let (low_signed, high_signed) = (low as i64 as i128, high as i64 as i128);
+        // Every base from `lowest` to `highest` has the region's whole length within a
+        // jump of every function, and every function within a jump of it.
+        let lowest = high_signed + 16 - REACH + REGION_BYTES as i128;
+        let highest = low_signed + REACH - 2 * REGION_BYTES as i128 - 16;
+        let align = |at: i128| (at + REGION_BYTES as i128 - 1) & !(REGION_BYTES as i128 - 1);
+        let canonical = |at: i128| (-(1i128 << 47)..(1i128 << 47)).contains(&at);
+        let mut slots = Vec::new();
+        let mut slot = lowest.div_euclid(GIB) * GIB;
+        while slot <= highest {
+            let base = align(slot.max(lowest));
+            if base <= highest && base < slot + GIB && canonical(base) {
+                slots.push(base as i64 as u64);
+            }
+            slot += GIB;
+        }
+        if slots.is_empty() {
             return Err(format!(
-                "the code to trace is in the top half of the guest's address space ({low:#x}): glass's region cannot go there yet (a kernel linked high, as Linux is)"
+                "the code to trace spans {low:#x}..{high:#x}, more than 2 GiB: no place for glass's region within a jump of all of it"
             ));
         }
-        // The lowest 2 MiB-aligned base (below 0, wrapped) that `high` still reaches,
-        // with the region's whole length in reach too.
-        let lowest = high as i64 + 16 - REACH + REGION_BYTES as i64;
-        let base = (lowest + (REGION_BYTES as i64 - 1)) & !(REGION_BYTES as i64 - 1);
-        if base > -(REGION_BYTES as i64) {
-            return Err(format!(
-                "the code to trace reaches {high:#x}, more than 2 GiB above 0: no place for glass's region within a jump of it"
-            ));
+        let table = cr3 & ADDRESS_MASK;
+        let own_pdpt = (gpa + PDPT) | PRESENT_WRITABLE;
+        let own_pd = (gpa + PAGE_DIRECTORY) | PRESENT_WRITABLE;
+        let free = |value: u64, own: u64| value & !ACCESSED == 0 || value & !ACCESSED == own;
+        // Nearest the code first: the top 2 GiB wrap to a kernel linked low.
+        for &base in slots.iter().rev() {
+            let index = (base >> 39) & 511;
+            let entry_at = table + 8 * index;
+            if free(entry(entry_at)?, own_pdpt) {
+                return Ok(Layout {
+                    base,
+                    gpa,
+                    entry_at,
+                    entry: own_pdpt,
+                    hang: format!("the guest's top-level page-table entry {index}"),
+                });
+            }
         }
-        Ok(Layout {
-            base: base as u64,
-            gpa,
-        })
+        for &base in slots.iter().rev() {
+            let top = entry(table + 8 * ((base >> 39) & 511))?;
+            if top & 1 == 0 {
+                continue;
+            }
+            let index = (base >> 30) & 511;
+            let entry_at = (top & ADDRESS_MASK) + 8 * index;
+            if free(entry(entry_at)?, own_pd) {
+                return Ok(Layout {
+                    base,
+                    gpa,
+                    entry_at,
+                    entry: own_pd,
+                    hang: format!(
+                        "entry {index} of the guest's page-directory-pointer table at guest-physical {:#x}",
+                        top & ADDRESS_MASK
+                    ),
+                });
+            }
+        }
+        Err(format!(
+            "the guest maps every 1 GiB within a jump of the code to trace ({low:#x}..{high:#x}): no room for glass's region"
+        ))
     }
 
-    /// The guest's top-level page-table entry glass sets, by index.
-    pub fn top_index(&self) -> u64 {
-        TOP_INDEX
+    /// The guest-physical address of the page-table entry glass sets, and its value.
+    pub fn entry(&self) -> (u64, u64) {
+        (self.entry_at, self.entry)
     }
 
-    /// The value of that entry: the region's page-directory-pointer table.
-    pub fn top_entry(&self) -> u64 {
-        (self.gpa + PDPT) | PRESENT_WRITABLE
+    /// Whether `value`, read at [`Layout::entry`]'s address, leaves the place free for
+    /// the region: empty, or glass's own of an earlier trace.
+    pub fn entry_is_free(&self, value: u64) -> bool {
+        value & !ACCESSED == 0 || value & !ACCESSED == self.entry
+    }
+
+    /// That entry, in words.
+    pub fn hang(&self) -> &str {
+        &self.hang
     }
 
     /// Where the guest sees the region.
@@ -302,42 +377,46 @@ pub trait RegionAccess {
     fn zero(&self, offset: u64, len: u64);
 }
 
-impl RegionAccess for memmap2::MmapMut {
+/// The region mapped into glass: a memfd shared with QEMU (`--vm`), or guest frames
+/// mapped from Xen (`--xen`).
+pub struct Words<'a>(pub &'a [u8]);
+
+impl RegionAccess for Words<'_> {
     fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
         for (i, chunk) in bytes.chunks(8).enumerate() {
-            let mut value = word(self, offset + 8 * i as u64)
+            let mut value = word(self.0, offset + 8 * i as u64)
                 .load(Ordering::Acquire)
                 .to_le_bytes();
             value[..chunk.len()].copy_from_slice(chunk);
-            word(self, offset + 8 * i as u64).store(u64::from_le_bytes(value), Ordering::Release);
+            word(self.0, offset + 8 * i as u64).store(u64::from_le_bytes(value), Ordering::Release);
         }
         Ok(())
     }
 
     fn load(&self, offset: u64) -> u64 {
-        word(self, offset).load(Ordering::Acquire)
+        word(self.0, offset).load(Ordering::Acquire)
     }
 
     fn store(&self, offset: u64, value: u64) {
-        word(self, offset).store(value, Ordering::Release);
+        word(self.0, offset).store(value, Ordering::Release);
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) {
         // Word by word, each an atomic load: the guest writes these words meanwhile.
         for (i, chunk) in out.chunks_mut(8).enumerate() {
-            let value = word(self, offset + 8 * i as u64).load(Ordering::Acquire);
+            let value = word(self.0, offset + 8 * i as u64).load(Ordering::Acquire);
             chunk.copy_from_slice(&value.to_le_bytes()[..chunk.len()]);
         }
     }
 
     fn zero(&self, offset: u64, len: u64) {
         for at in (offset..offset + len).step_by(8) {
-            word(self, at).store(0, Ordering::Relaxed);
+            word(self.0, at).store(0, Ordering::Relaxed);
         }
     }
 }
 
-fn word(shared: &memmap2::MmapMut, offset: u64) -> &AtomicU64 {
+fn word(shared: &[u8], offset: u64) -> &AtomicU64 {
     assert!(offset.is_multiple_of(8) && offset + 8 <= shared.len() as u64);
     // SAFETY: an 8-aligned offset inside the mapping (checked), which lives as long as
     // the borrow; the guest writes the same words, atomically.
@@ -426,20 +505,64 @@ impl RingReader {
 mod tests {
     use super::*;
 
+    /// Page tables as a map of guest-physical address to entry.
+    fn tables(entries: &[(u64, u64)]) -> impl FnMut(u64) -> Result<u64, String> + '_ {
+        move |at| Ok(entries.iter().find(|(a, _)| *a == at).map_or(0, |(_, v)| *v))
+    }
+
+    fn reach(from: u64, to: u64) -> bool {
+        (to.wrapping_sub(from + 5) as i64).unsigned_abs() < 1 << 31
+    }
+
     #[test]
     fn the_region_goes_where_every_function_reaches_it() {
-        let layout = Layout::choose(0x10_0000, 0x10_4000, 1 << 32).unwrap();
-        // Just reachable from the highest function, 2 MiB-aligned, in the top 2 GiB.
+        let cr3 = 0x1000;
+        // The kernel's own top-level entry, 0, is in use.
+        let kernel = [(cr3, 0x2003)];
+        let layout =
+            Layout::choose(0x10_0000, 0x10_4000, 1 << 32, cr3, &mut tables(&kernel)).unwrap();
+        // A kernel linked low: the top-level entry 511, wrapped around.
         assert_eq!(layout.base % REGION_BYTES, 0);
         assert!(layout.base >= 0xffff_ffff_8000_0000);
-        let reach =
-            |from: u64, to: u64| (to.wrapping_sub(from + 5) as i64).unsigned_abs() < 1 << 31;
+        assert_eq!(layout.entry(), (cr3 + 8 * 511, (1 << 32) | PRESENT_WRITABLE));
         for function in [0x10_0000, 0x10_4000] {
             assert!(reach(function, layout.base));
             assert!(reach(function, layout.base + REGION_BYTES - 1));
         }
-        assert!(Layout::choose(0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000, 1 << 32).is_err());
-        assert!(Layout::choose(0x10_0000, 0x7ff0_0000, 1 << 32).is_err());
-        assert!(Layout::choose(0x10_0000, 0x10_4000, (1 << 32) + 4096).is_err());
+        assert!(
+            Layout::choose(0x10_0000, 0x1_7ff0_0000, 1 << 32, cr3, &mut tables(&kernel)).is_err()
+        );
+        assert!(
+            Layout::choose(0x10_0000, 0x10_4000, (1 << 32) + 4096, cr3, &mut tables(&[])).is_err()
+        );
+    }
+
+    #[test]
+    fn a_kernel_linked_high_gets_the_region_in_its_own_top_table() {
+        // As the Xen PVH demo maps itself: top-level entry 511 to a table whose entries
+        // 510 and 511 map the image's 2 GiB.
+        let (cr3, pdpt) = (0x1000, 0x5000);
+        let entries = [
+            (cr3 + 8 * 511, pdpt | 3),
+            (pdpt + 8 * 510, 0x6000 | 3),
+            (pdpt + 8 * 511, 0x7000 | 3),
+        ];
+        let (low, high) = (0xffff_ffff_8010_0000, 0xffff_ffff_8012_0000);
+        let layout = Layout::choose(low, high, 1 << 32, cr3, &mut tables(&entries)).unwrap();
+        assert_eq!(layout.entry().0, pdpt + 8 * 509);
+        assert_eq!(layout.entry().1, ((1 << 32) + PAGE_DIRECTORY) | PRESENT_WRITABLE);
+        for function in [low, high] {
+            assert!(reach(function, layout.base));
+            assert!(reach(function, layout.base + REGION_BYTES - 1));
+        }
+        // Its own entry of an earlier trace, accessed since, is still free for it.
+        let mut again = entries.to_vec();
+        again.push((pdpt + 8 * 509, layout.entry().1 | ACCESSED));
+        let reused = Layout::choose(low, high, 1 << 32, cr3, &mut tables(&again)).unwrap();
+        assert_eq!(reused.entry(), layout.entry());
+        // Every slot in reach mapped: refused.
+        let mut full = entries.to_vec();
+        full.extend((0..510).map(|i| (pdpt + 8 * i, 0x9000 | 3)));
+        assert!(Layout::choose(low, high, 1 << 32, cr3, &mut tables(&full)).is_err());
     }
 }

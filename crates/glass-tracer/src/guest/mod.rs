@@ -31,6 +31,7 @@ pub(crate) mod attach;
 pub(crate) mod gdb;
 mod layout;
 pub(crate) mod replay;
+pub(crate) mod xen;
 
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -44,6 +45,7 @@ use glass_patch::stack_args::{argument_passing, Arguments};
 use glass_record::monotonic_now_ns;
 use glass_target::arch::VcpuRegs;
 use glass_target::gdbstub::client::Client;
+use glass_target::guest_code::GuestCode;
 
 use crate::install::Installed;
 use crate::select::{self, SkipReason};
@@ -423,12 +425,12 @@ fn trace_launched(
     wait_for_guest(&mut client, qemu, &entries, &mut regs)?;
     // From the breakpoint's stop to the resume after patching, glass holds the VM.
     mark.begin();
-    let layout = match Layout::choose(text_low, text_high, REGION_GPA) {
+    let layout = match choose_layout(&mut client, &regs, (text_low, text_high), REGION_GPA) {
         Ok(layout) => layout,
-        Err(why) => {
+        Err(failure) => {
             let _ = client.resume();
             mark.end();
-            return Err(Failure::bad_input(why));
+            return Err(failure);
         }
     };
     let mut skipped = skipped;
@@ -459,7 +461,7 @@ fn trace_launched(
             found.push((*at, code));
         }
         check_code(symbols, &found, &image, &installed)?;
-        patch(&mut client, &layout, &regs, &patches, &moves)?;
+        patch(&mut client, &layout, &patches, &moves)?;
         // Nothing refused: the recording begins (a failure here ends the VM, glass's).
         output.start().map_err(Failure::from)
     });
@@ -484,7 +486,7 @@ fn trace_launched(
     let mut ring = layout::RingReader::default();
     let pid = qemu.id();
     let why = drain_until(
-        (&*shared, &mut ring, &mut replay, &mut out),
+        (&layout::Words(&shared[..]), &mut ring, &mut replay, &mut out),
         pid,
         args.duration,
         || {
@@ -495,13 +497,13 @@ fn trace_launched(
         },
     );
     // What the guest wrote before it ended is in the memfd still.
-    ring.drain(&*shared, &mut replay);
+    ring.drain(&layout::Words(&shared[..]), &mut replay);
     replay.take(|stack, words| out.chunk(pid, stack, words));
     if !matches!(why, Ended::Exited(_)) {
         // The VM ends with the trace: stopped first, so that what the guest wrote up to
         // now is all in the ring.
         let _ = client.stop();
-        ring.drain(shared, &mut replay);
+        ring.drain(&layout::Words(&shared[..]), &mut replay);
         replay.take(|stack, words| out.chunk(qemu.id(), stack, words));
     }
     drop(client);
@@ -673,65 +675,67 @@ fn wait_for_guest(
 /// With every vCPU stopped: the region's top-level entry, the entry jumps (through the
 /// stub), and the vCPUs inside the replaced bytes moved to their relocated copies.
 fn patch(
-    client: &mut Client,
+    target: &mut dyn GuestCode,
     layout: &Layout,
-    regs: &[VcpuRegs],
     patches: &[(u64, Vec<u8>)],
     moves: &[(u64, u64)],
 ) -> Result<()> {
-    // The page tables of a vCPU in long mode: under multi-threaded TCG the vCPU that
-    // made the first traced call may run 64-bit code while vCPU 0 is still in its 32-bit
-    // boot code (measured with the demo: vCPU 1 at checkpoint, vCPU 0 paging off); the
-    // other vCPUs load the same tables when they get there.
-    let Some(cr3) = regs.iter().find_map(|r| match r {
-        VcpuRegs::X86_64(x) if x.long_mode() => Some(x.cr3 & 0x000f_ffff_ffff_f000),
-        _ => None,
-    }) else {
-        return Err(Failure::bad_input(
-            "no vCPU runs in long mode: glass traces 64-bit guests",
-        ));
-    };
-    client
-        .physical_memory_mode(true)
-        .map_err(|e| stub_failure("cannot read the guest's page tables", e))?;
-    let entry_at = cr3 + 8 * layout.top_index();
-    let present = client
-        .read_memory(entry_at, 8)
-        .map_err(|e| stub_failure("cannot read the guest's page tables", e))?;
-    // Empty, or glass's own region of an earlier trace (`glass trace --qmp` again),
-    // whose entry the guest's walks have marked accessed (bit 5) since.
-    const ACCESSED: u64 = 0x20;
-    let present = present
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) & !ACCESSED);
-    if present != Some(0) && present != Some(layout.top_entry()) {
-        let _ = client.physical_memory_mode(false);
+    let (entry_at, entry) = layout.entry();
+    let present = read_u64_physical(target, entry_at).map_err(Failure::runtime)?;
+    if !layout.entry_is_free(present) {
         return Err(Failure::bad_input(format!(
-            "the guest maps the top of its address space already (top-level entry {} of its page tables): no room for glass's region there",
-            layout.top_index()
+            "the guest maps the place glass chose for its region now ({}): try again",
+            layout.hang()
         )));
     }
-    client
-        .write_memory(entry_at, &layout.top_entry().to_le_bytes())
-        .map_err(|e| stub_failure("cannot map glass's region in the guest", e))?;
-    client
-        .physical_memory_mode(false)
-        .map_err(|e| stub_failure("cannot write the guest's code", e))?;
+    target
+        .write_physical(entry_at, &entry.to_le_bytes())
+        .map_err(|e| Failure::runtime(format!("cannot map glass's region in the guest: {e}")))?;
+    // Before the jumps are written: a backend that lets the guest run a moment to have
+    // a vCPU leave the bytes they replace (Xen) needs those bytes still whole.
+    target
+        .move_vcpus(moves)
+        .map_err(|e| Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}")))?;
     for (at, bytes) in patches {
-        client
-            .write_memory(*at, bytes)
-            .map_err(|e| stub_failure("cannot write the guest's code", e))?;
-    }
-    for (index, vcpu) in regs.iter().enumerate() {
-        let ip = vcpu.ip();
-        if let Some(&(_, to)) = moves.iter().find(|&&(from, _)| from == ip) {
-            client
-                .select(index)
-                .and_then(|()| client.set_register("rip", to))
-                .map_err(|e| stub_failure("cannot move a vCPU out of the patched bytes", e))?;
-        }
+        target
+            .write_virtual(*at, bytes)
+            .map_err(|e| Failure::runtime(format!("cannot write the guest's code: {e}")))?;
     }
     Ok(())
+}
+
+/// The u64 at guest-physical `address`.
+fn read_u64_physical(target: &mut dyn GuestCode, address: u64) -> std::result::Result<u64, String> {
+    let bytes = target.read_physical(address, 8)?;
+    Ok(u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()))
+}
+
+/// CR3 (the table's address) of the first vCPU in long mode.
+fn long_mode_cr3(regs: &[VcpuRegs]) -> Result<u64> {
+    // Under multi-threaded TCG the vCPU that made the first traced call may run 64-bit
+    // code while vCPU 0 is still in its 32-bit boot code (measured with the demo: vCPU 1
+    // at checkpoint, vCPU 0 paging off); the other vCPUs load the same tables when they
+    // get there.
+    regs.iter()
+        .find_map(|r| match r {
+            VcpuRegs::X86_64(x) if x.long_mode() => Some(x.cr3 & 0x000f_ffff_ffff_f000),
+            _ => None,
+        })
+        .ok_or_else(|| Failure::bad_input("no vCPU runs in long mode: glass traces 64-bit guests"))
+}
+
+/// The region's place in the guest that `target` reaches, stopped with `regs`.
+fn choose_layout(
+    target: &mut dyn GuestCode,
+    regs: &[VcpuRegs],
+    (low, high): (u64, u64),
+    region_gpa: u64,
+) -> Result<Layout> {
+    let cr3 = long_mode_cr3(regs)?;
+    Layout::choose(low, high, region_gpa, cr3, &mut |at| {
+        read_u64_physical(target, at)
+    })
+    .map_err(Failure::bad_input)
 }
 
 /// The recording's first records: what is traced and what is not.

@@ -1,0 +1,80 @@
+//! `glass trace --xen DOMAIN --symbols ELF -f GLOBS -d SECONDS`: a Xen PVH or HVM guest
+//! traced from dom0, through the hypervisor alone.
+//!
+//! glass adds 2 MiB of frames to the domain above all its memory (`XEN_DOMCTL_max_mem`,
+//! `XENMEM_populate_physmap`: glass_target's `xen::code`), maps them writable into
+//! itself with libxenforeignmemory, and drains the ring from that mapping while the
+//! guest runs, never pausing it to read. Pauses, registers and the guest's own memory
+//! go through the same hypercalls as `glass record --xen`. Everything else is the attach
+//! of `--qmp` (the parent's `attach` module): patch in one pause, put back in one pause,
+//! the guardian holding the ledger and putting the code back if glass dies. A second
+//! trace finds the region by its mark and uses it again.
+//!
+//! What differs from QEMU: Xen has no call that moves an HVM vCPU's pc without
+//! reloading other state (see `xen::code`), so a vCPU inside the bytes about to be
+//! patched, or inside a relocated copy at detach, is let run a moment until it has
+//! left.
+
+use std::cell::RefCell;
+
+use glass_target::xen::code::XenCode;
+use glass_target::stop_mark::StopMark;
+
+use super::attach::{trace_attached, Reached};
+use super::choose;
+use super::layout::{self, RegionAccess, Words};
+use crate::{Failure, Result, TraceNotes, TraceOptions, Traced};
+
+pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -> Result<Traced> {
+    let symbols = args
+        .symbols
+        .clone()
+        .ok_or_else(|| Failure::bad_input("--xen needs --symbols: the guest's ELF image"))?;
+    let (choice, skipped) = choose(&symbols, &args.functions)?;
+    let file = glass_record::PendingOutput::open(&args.output)?;
+    let (mut code, name) = XenCode::open(spec, None).map_err(Failure::from)?;
+    let domid = code.domid();
+    let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
+    // Before the first pause: a glass that dies from here on has its guardian put back
+    // what it patched and let the domain run.
+    let mut guardian = glass_record::guardian::Guardian::start_xen(
+        domid,
+        &mark,
+        glass_record::stop_bound()?,
+    )
+    .map_err(|e| Failure::runtime(e.to_string()))?;
+    let traced = (|| {
+        let (gpa, reused) = code
+            .add_region(layout::REGION_BYTES, &layout::is_glass_region)
+            .map_err(Failure::runtime)?;
+        let mapping = code.map(gpa, layout::REGION_BYTES).map_err(Failure::runtime)?;
+        let region = Words(mapping.as_slice());
+        if !reused {
+            // Frames Xen just gave the domain: not necessarily zeroed (a host booted
+            // without scrubbing hands out what was there).
+            region.zero(0, layout::REGION_BYTES);
+        }
+        let code = RefCell::new(code);
+        trace_attached(
+            args,
+            notes,
+            Reached {
+                target: &code,
+                region: &region,
+                region_gpa: gpa,
+                reused,
+                monitor: None,
+                qemu: 0,
+                named: format!("Xen domain {name} (id {domid})"),
+                region_said: format!(
+                    "2 MiB glass added to the domain at guest-physical {gpa:#x}"
+                ),
+            },
+            (&mark, &mut guardian),
+            (&symbols, choice, skipped),
+            file,
+        )
+    })();
+    guardian.done();
+    traced
+}
