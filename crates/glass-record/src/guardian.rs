@@ -611,8 +611,8 @@ fn put_back_xen(
 ) -> i32 {
     let cause = ending.cause(&format!("Xen domain {domid}"), bound);
     let put_back = (|| {
-        let (mut code, _) =
-            glass_target::xen::code::XenCode::open(&domid.to_string(), None).map_err(|e| e.to_string())?;
+        let (mut code, _) = glass_target::xen::code::XenCode::open(&domid.to_string(), None)
+            .map_err(|e| e.to_string())?;
         let mut regs = vec![
             glass_target::arch::VcpuRegs::zeroed(glass_target::guest::Arch::X86_64);
             glass_target::guest_code::GuestCode::vcpu_count(&code)

@@ -623,6 +623,7 @@ fn bad_input_gets_one_line_and_exit_2() {
         ("no-such-id", "no such domain"),
         ("dom0", "that is dom0"),
         ("not-root", "run as root"),
+        ("trace-pv", "a PV guest, whose page tables Xen validates"),
     ] {
         let text = read(out, &format!("bad.{name}.txt"));
         let (code, err) = text.split_once('\n').unwrap_or((&text, ""));
@@ -685,4 +686,108 @@ fn outside_xen_glass_says_so_in_one_line() {
     ]);
     assert_clean_failure(&output, 2, "not running on Xen");
     assert!(!dir.join("x.glass").exists());
+}
+
+/// `glass report --format calls` of a trace: calls by function, and what it said first.
+fn calls_of(out: &Path, name: &str) -> (std::collections::BTreeMap<String, u64>, String) {
+    let text = read(out, name);
+    let calls = text
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Some((f.last()?.to_string(), f.first()?.parse().ok()?))
+        })
+        .collect();
+    (calls, text)
+}
+
+#[test]
+fn the_pvh_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
+    let out = xen_run();
+    let before = read(out, "trace.text.before");
+    assert_eq!(
+        before.trim().len(),
+        64,
+        "no hash of the guest's text: {before}"
+    );
+    for n in 1..=2 {
+        let err = read(out, &format!("trace.{n}.err"));
+        assert_eq!(read(out, &format!("trace.{n}.rc")).trim(), "0", "{err}");
+        assert!(err.contains("instrumented 6 functions, skipped 0"), "{err}");
+        assert!(err.contains(" 0 lost"), "{err}");
+        assert!(err.contains("from 2 threads"), "{err}");
+        // The PVH build is linked in the top 2 GiB and maps it: the region hangs from an
+        // entry of the guest's own page-directory-pointer table.
+        assert!(err.contains("page-directory-pointer table"), "{err}");
+        if n == 2 {
+            assert!(
+                err.contains("in glass's region of an earlier trace"),
+                "{err}"
+            );
+        }
+        let (calls, text) = calls_of(out, &format!("trace.{n}.calls"));
+        let count = |f: &str| calls.get(f).copied().unwrap_or(0);
+        assert!(text.contains("no records lost"), "{text}");
+        // One round: dispatch calls alpha, beta and gamma once each, beta 80 descend
+        // frames; a round under way at attach or detach is not counted whole.
+        assert!(count("dispatch") > 50, "{text}");
+        for f in ["alpha", "beta", "gamma"] {
+            assert!(count(f).abs_diff(count("dispatch")) <= 1, "{f}: {text}");
+        }
+        assert!(
+            count("descend").abs_diff(80 * count("beta")) <= 80,
+            "descend: {text}"
+        );
+        // checkpoint on both vCPUs: once in each of alpha, beta and gamma's spin units
+        // on vCPU 0, and in every round of delta's loop on vCPU 1.
+        assert!(
+            count("checkpoint") > count("alpha") + count("beta") + count("gamma"),
+            "{text}"
+        );
+        let after = read(out, &format!("trace.text.after.{n}"));
+        assert!(after.starts_with(before.trim()), "text changed: {after}");
+        assert!(after.contains("progressed=yes"), "{after}");
+    }
+    // glass SIGKILLed while tracing and with the domain patched, and stopped past the
+    // stop bound inside its attach and detach pauses: its guardian put the code back
+    // each time, and the domain ran on unpaused with its text as before.
+    for (step, hook) in [
+        (3, "guest-tracing"),
+        (4, "guest-attach-stopped"),
+        (5, "guest-attach-patched"),
+        (6, "guest-detach-stopped"),
+    ] {
+        let err = read(out, &format!("trace.kill.{hook}.err"));
+        assert!(
+            err.contains(&format!("test hook: stopped at {hook}")),
+            "{hook}: {err}"
+        );
+        if hook != "guest-attach-stopped" {
+            assert!(
+                err.contains("its guardian put back the 6 patched ranges"),
+                "{hook}: {err}"
+            );
+        }
+        let after = read(out, &format!("trace.text.after.{step}"));
+        assert!(
+            after.starts_with(before.trim()),
+            "{hook}: text changed: {after}"
+        );
+        assert!(after.contains("progressed=yes"), "{hook}: {after}");
+        assert!(
+            !after.contains("state=--p") && !after.contains("p---"),
+            "{hook}: {after}"
+        );
+    }
+    for (name, needle) in [
+        ("no-function", "no function"),
+        ("wrong-symbols", "symbol"),
+        ("second", "is being traced by another glass"),
+    ] {
+        let text = read(out, &format!("trace.bad.{name}.txt"));
+        let (code, err) = text.split_once('\n').unwrap_or((&text, ""));
+        assert_eq!(code.trim(), "2", "{name}: {text}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(needle), "{name}: {err}");
+    }
 }

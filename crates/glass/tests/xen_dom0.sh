@@ -16,6 +16,7 @@
 #                                       as device model), 2 vCPUs, and its endings
 #   hvm.fw.glass, hvm.fw.err            the HVM domain created paused: both vCPUs before
 #                                       the guest's first instruction (paging off)
+#   trace.*                             glass trace --xen of the PVH build (xen_trace_dom0.sh)
 #   pvhl.glass, pvhl.err, pvhl.console(.before), pvhl.kallsyms
 #                                       Debian's kernel as a PVH domU (1 vCPU) running a
 #                                       known kernel/user split (guests/xen/linux/
@@ -44,18 +45,7 @@ export GLASS_STOP_BOUND_MS=1000
 xl sched-credit2 -d 0 -w 4096 >/dev/null 2>&1 || xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
 xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
 
-console() { echo "/var/log/xen/console/guest-$1.log"; }
-lines() { tr -d '\r' <"$(console "$1")" 2>/dev/null | grep -c '^split ' || true; }
-state() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $5 }'; }
-
-# Waits up to $2 s until domain $1 printed $3 more split lines than it had.
-wait_lines() {
-    local name=$1 limit=$(($(date +%s) + $2)) want=$(($(lines "$1") + $3))
-    while [ "$(lines "$name")" -lt "$want" ]; do
-        [ "$(date +%s)" -lt "$limit" ] || return 1
-        sleep 0.2
-    done
-}
+source "$HERE/xen_dom0_lib.sh"
 
 pin_guest() {
     xl vcpu-pin "$1" all 1 >/dev/null 2>&1
@@ -152,6 +142,7 @@ bad() {
 bad no-such-name "$GLASS" record --xen no-such-guest --symbols "$PV_ELF" -o "$OUT/bad.glass"
 bad no-such-id "$GLASS" record --xen 4242 --symbols "$PV_ELF" -o "$OUT/bad.glass"
 bad dom0 "$GLASS" record --xen 0 --symbols "$PV_ELF" -o "$OUT/bad.glass"
+bad trace-pv "$GLASS" trace --xen uk --symbols "$PV_ELF" -f alpha -d 1 -o "$OUT/bad.glass"
 bad not-root setpriv --reuid=65534 --regid=65534 --clear-groups "$GLASS" record --xen uk --symbols "$PV_ELF" -o /tmp/bad.glass
 for f in "$OUT"/bad.*.txt; do echo "$f: $(tr '\n' ' ' <"$f")"; done
 echo "bad input done; uk state=$(state uk)" >>"$OUT/endings.txt"
@@ -227,6 +218,9 @@ EOF
     cat "$OUT/endings.$kind.txt"
     xl destroy "$kind"
 done
+
+# glass trace --xen: the PVH build traced from dom0 (its own domain and files).
+"$HERE/xen_trace_dom0.sh" || echo "xen_trace_dom0.sh exited with $?"
 
 echo "== Linux PV domU"
 # The domU's ramdisk with glass appended (a second archive: the kernel unpacks both), so

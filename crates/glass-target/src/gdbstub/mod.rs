@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod code;
 pub mod ledger;
 pub mod packet;
 pub mod target_xml;

@@ -52,6 +52,9 @@ const INFO_MAX_PAGES: usize = 32;
 /// How often glass lets the guest run a moment to have a vCPU leave a place (see the
 /// module's comment) before it gives up.
 const RUN_OUT_TRIES: usize = 200;
+/// How much of a region glass reads to know it for its own (its page tables and header
+/// words lie in its first pages).
+const HEADER_PAGES: usize = 4;
 
 /// A Xen HVM/PVH domain glass patches.
 pub struct XenCode {
@@ -141,7 +144,8 @@ impl XenCode {
         let aligned = |at: u64| at.div_ceil(bytes) * bytes;
         for candidate in [four_gib, aligned(above.saturating_sub(bytes))] {
             if candidate + bytes <= above {
-                let mut first = vec![0u8; PAGE as usize];
+                // The region's header: its page tables and its words.
+                let mut first = vec![0u8; HEADER_PAGES * PAGE as usize];
                 if self.backend.frames.read_physical(candidate, &mut first) && is_glass(&first) {
                     return Ok((candidate, true));
                 }
@@ -164,7 +168,9 @@ impl XenCode {
         let wanted_kb = (tot.max(max) + frames) * (PAGE / 1024);
         self.backend
             .hv
-            .domctl(DOMCTL_MAX_MEM, domid, |b| write_u64(b, MAX_MEM_KB, wanted_kb))
+            .domctl(DOMCTL_MAX_MEM, domid, |b| {
+                write_u64(b, MAX_MEM_KB, wanted_kb)
+            })
             .map_err(|e| {
                 format!(
                     "cannot raise domain {domid}'s memory limit by 2 MiB for glass's region: {}",
@@ -261,11 +267,7 @@ impl XenCode {
         let offset = (gpa % PAGE) as usize;
         // SAFETY: one writable page; offset + len <= PAGE (the caller splits at pages).
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                page.pointer.add(offset),
-                bytes.len(),
-            )
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), page.pointer.add(offset), bytes.len())
         };
         Ok(())
     }
@@ -284,7 +286,7 @@ impl GuestCode for XenCode {
             self.stopped = true;
         }
         for (out, regs) in out.iter_mut().zip(&self.regs) {
-            *out = regs.clone();
+            *out = *regs;
         }
         Ok(())
     }
@@ -437,7 +439,10 @@ impl ForeignMapping {
             return Err(format!(
                 "cannot map domain {domid}'s memory at guest-physical {gpa:#x} writable: {}",
                 std::io::Error::from_raw_os_error(
-                    errors.iter().find(|&&e| e != 0).map_or(libc::EFAULT, |e| e.abs())
+                    errors
+                        .iter()
+                        .find(|&&e| e != 0)
+                        .map_or(libc::EFAULT, |e| e.abs())
                 )
             ));
         }

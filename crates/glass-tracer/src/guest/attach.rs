@@ -301,10 +301,13 @@ pub(super) fn trace_attached(
     let layout = {
         let mut target = target.borrow_mut();
         mark.begin();
-        let looked = target.stop_with_registers(&mut regs).map_err(Failure::runtime).and_then(|()| {
-            check_long_mode(&regs)?;
-            super::choose_layout(&mut *target, &regs, span, region_gpa)
-        });
+        let looked = target
+            .stop_with_registers(&mut regs)
+            .map_err(Failure::runtime)
+            .and_then(|()| {
+                check_long_mode(&regs)?;
+                super::choose_layout(&mut *target, &regs, span, region_gpa)
+            });
         let resumed = target.resume();
         mark.end();
         let layout = looked?;
@@ -469,6 +472,11 @@ fn check_long_mode(regs: &[VcpuRegs]) -> Result<()> {
         VcpuRegs::X86_64(x) => x.cr3 & 0x000f_ffff_ffff_f000,
         _ => 0,
     };
+    if matches!(regs.first(), Some(VcpuRegs::Aarch64(_))) {
+        return Err(Failure::bad_input(
+            "an AArch64 guest: glass trace patches x86-64 guests (docs/guests.md, \"Timing every call inside a guest\", says what AArch64 needs)",
+        ));
+    }
     if !regs.first().is_some_and(long) {
         return Err(Failure::bad_input(
             "vCPU 0 runs outside long mode (a guest still in its firmware or boot code, or not a 64-bit one): glass traces 64-bit guests; attach once the guest runs its own code",

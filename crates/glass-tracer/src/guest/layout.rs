@@ -59,7 +59,6 @@ const CAPACITY: u64 = (REGION_BYTES - RECORDS) / RECORD_BYTES;
 const PRESENT_WRITABLE: u64 = 0x3;
 const LARGE_PAGE: u64 = 0x80;
 
-
 /// What [`Layout::install`] wrote and what the guest's code needs.
 pub struct Installation {
     pub installed: Vec<Installed>,
@@ -507,7 +506,12 @@ mod tests {
 
     /// Page tables as a map of guest-physical address to entry.
     fn tables(entries: &[(u64, u64)]) -> impl FnMut(u64) -> Result<u64, String> + '_ {
-        move |at| Ok(entries.iter().find(|(a, _)| *a == at).map_or(0, |(_, v)| *v))
+        move |at| {
+            Ok(entries
+                .iter()
+                .find(|(a, _)| *a == at)
+                .map_or(0, |(_, v)| *v))
+        }
     }
 
     fn reach(from: u64, to: u64) -> bool {
@@ -524,7 +528,10 @@ mod tests {
         // A kernel linked low: the top-level entry 511, wrapped around.
         assert_eq!(layout.base % REGION_BYTES, 0);
         assert!(layout.base >= 0xffff_ffff_8000_0000);
-        assert_eq!(layout.entry(), (cr3 + 8 * 511, (1 << 32) | PRESENT_WRITABLE));
+        assert_eq!(
+            layout.entry(),
+            (cr3 + 8 * 511, (1 << 32) | PRESENT_WRITABLE)
+        );
         for function in [0x10_0000, 0x10_4000] {
             assert!(reach(function, layout.base));
             assert!(reach(function, layout.base + REGION_BYTES - 1));
@@ -532,9 +539,14 @@ mod tests {
         assert!(
             Layout::choose(0x10_0000, 0x1_7ff0_0000, 1 << 32, cr3, &mut tables(&kernel)).is_err()
         );
-        assert!(
-            Layout::choose(0x10_0000, 0x10_4000, (1 << 32) + 4096, cr3, &mut tables(&[])).is_err()
-        );
+        assert!(Layout::choose(
+            0x10_0000,
+            0x10_4000,
+            (1 << 32) + 4096,
+            cr3,
+            &mut tables(&[])
+        )
+        .is_err());
     }
 
     #[test]
@@ -550,7 +562,10 @@ mod tests {
         let (low, high) = (0xffff_ffff_8010_0000, 0xffff_ffff_8012_0000);
         let layout = Layout::choose(low, high, 1 << 32, cr3, &mut tables(&entries)).unwrap();
         assert_eq!(layout.entry().0, pdpt + 8 * 509);
-        assert_eq!(layout.entry().1, ((1 << 32) + PAGE_DIRECTORY) | PRESENT_WRITABLE);
+        assert_eq!(
+            layout.entry().1,
+            ((1 << 32) + PAGE_DIRECTORY) | PRESENT_WRITABLE
+        );
         for function in [low, high] {
             assert!(reach(function, layout.base));
             assert!(reach(function, layout.base + REGION_BYTES - 1));

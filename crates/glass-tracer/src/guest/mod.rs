@@ -486,7 +486,12 @@ fn trace_launched(
     let mut ring = layout::RingReader::default();
     let pid = qemu.id();
     let why = drain_until(
-        (&layout::Words(&shared[..]), &mut ring, &mut replay, &mut out),
+        (
+            &layout::Words(&shared[..]),
+            &mut ring,
+            &mut replay,
+            &mut out,
+        ),
         pid,
         args.duration,
         || {
@@ -693,9 +698,9 @@ fn patch(
         .map_err(|e| Failure::runtime(format!("cannot map glass's region in the guest: {e}")))?;
     // Before the jumps are written: a backend that lets the guest run a moment to have
     // a vCPU leave the bytes they replace (Xen) needs those bytes still whole.
-    target
-        .move_vcpus(moves)
-        .map_err(|e| Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}")))?;
+    target.move_vcpus(moves).map_err(|e| {
+        Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}"))
+    })?;
     for (at, bytes) in patches {
         target
             .write_virtual(*at, bytes)
@@ -707,7 +712,9 @@ fn patch(
 /// The u64 at guest-physical `address`.
 fn read_u64_physical(target: &mut dyn GuestCode, address: u64) -> std::result::Result<u64, String> {
     let bytes = target.read_physical(address, 8)?;
-    Ok(u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()))
+    Ok(u64::from_le_bytes(
+        bytes[..8].try_into().unwrap_or_default(),
+    ))
 }
 
 /// CR3 (the table's address) of the first vCPU in long mode.

@@ -17,8 +17,8 @@
 
 use std::cell::RefCell;
 
-use glass_target::xen::code::XenCode;
 use glass_target::stop_mark::StopMark;
+use glass_target::xen::code::XenCode;
 
 use super::attach::{trace_attached, Reached};
 use super::choose;
@@ -34,20 +34,20 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
     let file = glass_record::PendingOutput::open(&args.output)?;
     let (mut code, name) = XenCode::open(spec, None).map_err(Failure::from)?;
     let domid = code.domid();
+    let _only_tracer = claim(domid)?;
     let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
     // Before the first pause: a glass that dies from here on has its guardian put back
     // what it patched and let the domain run.
-    let mut guardian = glass_record::guardian::Guardian::start_xen(
-        domid,
-        &mark,
-        glass_record::stop_bound()?,
-    )
-    .map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut guardian =
+        glass_record::guardian::Guardian::start_xen(domid, &mark, glass_record::stop_bound()?)
+            .map_err(|e| Failure::runtime(e.to_string()))?;
     let traced = (|| {
         let (gpa, reused) = code
             .add_region(layout::REGION_BYTES, &layout::is_glass_region)
             .map_err(Failure::runtime)?;
-        let mapping = code.map(gpa, layout::REGION_BYTES).map_err(Failure::runtime)?;
+        let mapping = code
+            .map(gpa, layout::REGION_BYTES)
+            .map_err(Failure::runtime)?;
         let region = Words(mapping.as_slice());
         if !reused {
             // Frames Xen just gave the domain: not necessarily zeroed (a host booted
@@ -66,9 +66,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
                 monitor: None,
                 qemu: 0,
                 named: format!("Xen domain {name} (id {domid})"),
-                region_said: format!(
-                    "2 MiB glass added to the domain at guest-physical {gpa:#x}"
-                ),
+                region_said: format!("2 MiB glass added to the domain at guest-physical {gpa:#x}"),
             },
             (&mark, &mut guardian),
             (&symbols, choice, skipped),
@@ -77,4 +75,39 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
     })();
     guardian.done();
     traced
+}
+
+/// One glass trace of a domain at a time: a second one would find the first one's jumps
+/// where it expects the ELF's code. Every glass that controls a domain runs in the same
+/// dom0, so a lock file there says who traces it; the kernel drops the lock when the
+/// holder dies, whatever kills it.
+fn claim(domid: u32) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let dir = if std::path::Path::new("/run/lock").is_dir() {
+        "/run/lock"
+    } else {
+        "/tmp"
+    };
+    let path = format!("{dir}/glass-trace-xen-{domid}");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Failure::runtime(format!("cannot open {path}: {e}")))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        return Err(Failure::bad_input(format!(
+            "Xen domain {domid} is being traced by another glass (pid {}): one trace of a domain at a time",
+            holder.trim()
+        )));
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(file, "{}", std::process::id());
+    Ok(file)
 }
