@@ -32,7 +32,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
         .ok_or_else(|| Failure::bad_input("--xen needs --symbols: the guest's ELF image"))?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
     let file = glass_record::PendingOutput::open(&args.output)?;
-    let (mut code, name) = XenCode::open(spec, None).map_err(Failure::from)?;
+    let (mut code, name) = XenCode::open(spec, None).map_err(Failure::starting)?;
     let domid = code.domid();
     let _only_tracer = claim(domid)?;
     let mark = StopMark::create().map_err(|e| Failure::runtime(e.to_string()))?;
