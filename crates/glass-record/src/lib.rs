@@ -215,7 +215,11 @@ pub fn stop_bound() -> Result<Duration> {
 /// Records as `args` says, into the file `args.output` names; notes go to `notes`.
 pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     let backend = prepare(args, notes)?;
-    let file = create_output(&args.output)?;
+    let staged = StagedOutput::create(&args.output)?;
+    let file = staged
+        .file
+        .try_clone()
+        .map_err(|e| write_failure(&args.output, &e))?;
     let kept = OutputFile::new(&args.output, &file)?;
     // Block the signals glass waits for before any target exists, so they arrive as
     // descriptor reads and never interrupt a half-written record.
@@ -227,14 +231,26 @@ pub fn record(args: &RecordOptions, notes: &mut dyn Notes) -> Result<Recorded> {
     writer
         .flush()
         .map_err(|e| write_failure(&args.output, &e))?;
-    let recorded = start(
+    let recorded = start_named(
         args,
         backend,
         Box::new(writer),
-        Some(&args.output),
+        (staged.written_at(), staged.rename()),
         notes,
         &stop_signals,
     );
+    // A run that recorded something and never wrote its Meta (it ended before the
+    // target was reached, at a runtime failure) still takes the path: what it wrote is
+    // what the user asked for. One refused before it recorded anything has had its file
+    // removed, and leaves what was at the path as it was.
+    if matches!(
+        recorded,
+        Err(Failure::BadInput(_) | Failure::TracedByAnother(_))
+    ) {
+        staged.discard();
+    } else {
+        staged.settle()?;
+    }
     match recorded {
         Ok(recorded) => {
             if let Some(warning) = kept.check_kept()? {
@@ -261,7 +277,7 @@ pub fn record_to<'a>(
 ) -> Result<Recorded> {
     let backend = prepare(args, notes)?;
     let stop_signals = stop_signal_fd()?;
-    start(args, backend, output, file, notes, &stop_signals)
+    start_named(args, backend, output, (file, None), notes, &stop_signals)
 }
 
 /// Checks what can be checked before anything starts; the backend to use.
@@ -321,15 +337,21 @@ fn prepare(args: &RecordOptions, notes: &mut dyn Notes) -> Result<BackendChoice>
 }
 
 /// Runs the backend `args` asks for, its records going to `output`.
-fn start<'a>(
+/// Starts the backend with the records going to `output`. `file` is the file they are
+/// written to, removed if the target cannot be started; `rename`, (that file, the path
+/// the user named), moves it there once the target is reached.
+fn start_named<'a>(
     args: &'a RecordOptions,
     backend: BackendChoice,
     output: Box<dyn recorder::Output + 'a>,
-    file: Option<&Path>,
+    (file, rename): (Option<&Path>, Option<(PathBuf, PathBuf)>),
     notes: &'a mut dyn Notes,
     stop_signals: &SignalFd,
 ) -> Result<Recorded> {
-    let sink = Sink::new(args, output, notes, stop_bound()?);
+    let mut sink = Sink::new(args, output, notes, stop_bound()?);
+    if let Some((from, to)) = rename {
+        sink.name_output_when_started(from, to);
+    }
     let start_failed = |error: TargetError| {
         if let Some(file) = file {
             let _ = std::fs::remove_file(file);
@@ -446,6 +468,91 @@ pub fn create_output(path: &Path) -> Result<File> {
             error_text(&error)
         ))
     })
+}
+
+/// Where `glass record` writes: a new file beside the path the user named
+/// (`.NAME.PID.partial`), renamed over it when the target is reached (the recorder's
+/// Meta record). A run refused before that (no such domain, a process that is gone, a
+/// second tracer) removes its own file and leaves a recording already at the path
+/// whole. A path that names no regular file (a device, a pipe) is written directly.
+struct StagedOutput {
+    path: PathBuf,
+    /// The file being written, when it is not the path itself.
+    temp: Option<PathBuf>,
+    file: File,
+}
+
+impl StagedOutput {
+    fn create(path: &Path) -> Result<StagedOutput> {
+        let cannot = |error: std::io::Error| {
+            Failure::bad_input(format!(
+                "cannot write {}: {}",
+                path.display(),
+                error_text(&error)
+            ))
+        };
+        let staged = match std::fs::metadata(path) {
+            // A recording there already: it must be writable (checked without
+            // touching it), and stays as it is until this run records.
+            Ok(meta) if meta.is_file() => {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(cannot)?;
+                true
+            }
+            Ok(_) => false,
+            Err(_) => true,
+        };
+        let temp = path.file_name().filter(|_| staged).map(|name| {
+            path.with_file_name(format!(
+                ".{}.{}.partial",
+                name.to_string_lossy(),
+                std::process::id()
+            ))
+        });
+        if let Some(temp) = temp {
+            // A directory glass cannot create the file in fails below, as before.
+            if let Ok(file) = File::create(&temp) {
+                return Ok(StagedOutput {
+                    path: path.to_path_buf(),
+                    temp: Some(temp),
+                    file,
+                });
+            }
+        }
+        Ok(StagedOutput {
+            path: path.to_path_buf(),
+            temp: None,
+            file: create_output(path)?,
+        })
+    }
+
+    /// The file the records go to.
+    fn written_at(&self) -> Option<&Path> {
+        Some(self.temp.as_deref().unwrap_or(&self.path))
+    }
+
+    fn rename(&self) -> Option<(PathBuf, PathBuf)> {
+        self.temp.clone().map(|temp| (temp, self.path.clone()))
+    }
+
+    /// A refused run: its own file goes, if it never took the path.
+    fn discard(&self) {
+        if let Some(temp) = &self.temp {
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+
+    /// After the run: the records at the path, if they are not there yet.
+    fn settle(&self) -> Result<()> {
+        match &self.temp {
+            Some(temp) if temp.exists() => {
+                std::fs::rename(temp, &self.path).map_err(|e| write_failure(&self.path, &e))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The output file, opened to learn early that glass can write it, but not yet

@@ -19,6 +19,7 @@ mod threads;
 mod walk;
 
 use std::io;
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use glass_format::{
@@ -75,6 +76,9 @@ pub struct Recorder<'a> {
     /// sample's own time, so that no sample reads the clock for it (in a Xen PV dom0
     /// every clock read is a system call).
     last_flush_ns: u64,
+    /// The output file's name until the target is reached, and the path it then takes
+    /// ([`Recorder::name_output_when_started`]).
+    pending_name: Option<(PathBuf, PathBuf)>,
 }
 
 impl<'a> Recorder<'a> {
@@ -101,7 +105,14 @@ impl<'a> Recorder<'a> {
             use_proc: true,
             frames: Vec::with_capacity(args.max_depth as usize + 1),
             last_flush_ns: 0,
+            pending_name: None,
         }
+    }
+
+    /// Renames the file the records go to, `from`, to `to` when the Meta record is
+    /// written: the target is reached, and this run's recording takes the path.
+    pub fn name_output_when_started(&mut self, from: PathBuf, to: PathBuf) {
+        self.pending_name = Some((from, to));
     }
 
     /// The samples are not of host processes: module maps come only from the caller.
@@ -146,6 +157,9 @@ impl<'a> Recorder<'a> {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| (d.as_nanos() as u64).saturating_sub(self.now_ns()))
             .unwrap_or(0);
+        if let Some((from, to)) = self.pending_name.take() {
+            std::fs::rename(&from, &to)?;
+        }
         self.modules.set_arch(arch);
         let capture = match self.args.capture {
             CaptureMode::Frames => "frames",

@@ -42,6 +42,49 @@ fn a_pid_glass_may_not_trace() {
     assert!(!out.exists(), "no empty recording is left behind");
 }
 
+/// A run refused once glass has begun (the target cannot be traced, or launched) leaves
+/// a recording already at its path byte for byte, and no file of its own.
+#[test]
+fn a_refused_recording_leaves_the_one_already_at_its_path_whole() {
+    let dir = scratch("refused_keeps");
+    let recording = dir.join("kept.glass");
+    record(&recording, 99, &["true"]);
+    let before = std::fs::read(&recording).unwrap();
+    let names = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let path = recording.to_str().unwrap();
+    for (refused, says) in [
+        (
+            vec!["record", "--pid", "2", "-o", path],
+            "cannot trace pid 2",
+        ),
+        (
+            vec!["record", "-o", path, "--", "/no/such/program"],
+            "command not found",
+        ),
+    ] {
+        let output = glass(&refused);
+        assert_clean_failure(&output, 2, says);
+        assert!(
+            std::fs::read(&recording).unwrap() == before,
+            "{refused:?} changed it"
+        );
+        assert_eq!(names(), ["kept.glass"], "{refused:?}");
+    }
+    // A run that records takes the path.
+    record(&recording, 99, &["sh", "-c", "for i in 1 2 3; do :; done"]);
+    assert!(std::fs::read(&recording).unwrap() != before);
+    assert_eq!(names(), ["kept.glass"]);
+    let info = glass(&["info", path]);
+    assert!(info.status.success(), "{}", stderr(&info));
+}
+
 #[test]
 fn a_command_that_does_not_exist() {
     let output = glass(&[
