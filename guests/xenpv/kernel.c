@@ -31,6 +31,10 @@
  *                                                                 (TA/TB/TG: cumulative ns)
  *   delta rounds=N                                                right after each split line
  *   done rounds=N                                                 at the end (ROUNDS > 0)
+ *   idle before the work / work begins                            around START_IDLE_MS of
+ *                                                                 idling first, when set
+ *   exact rounds=N done / work goes on                            around HOLD_MS of idling
+ *                                                                 after EXACT_ROUNDS rounds
  * alpha/beta/gamma are shares of busy time (each function's inclusive time around its
  * call in dispatch, in ns of Xen system time the vCPU was not offline: see active_ns;
  * TA/TB/TG are those ns), halted is the share of all TSC cycles since run
@@ -54,6 +58,19 @@
 #include "../demo/work.h"
 #define DESCEND_FRAMES 80       /* descend frames on the stack at the bottom */
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
+/* The exact-count build (build.sh's XENPV_DEFINES): idle START_IDLE_MS before the first
+ * round, and after EXACT_ROUNDS rounds idle HOLD_MS before the work goes on, so that a
+ * tracer attached in the first idle and detached in the second sees exactly
+ * EXACT_ROUNDS rounds. */
+#ifndef START_IDLE_MS
+#define START_IDLE_MS 0
+#endif
+#ifndef EXACT_ROUNDS
+#define EXACT_ROUNDS 0
+#endif
+#ifndef HOLD_MS
+#define HOLD_MS 5000
+#endif
 #ifndef IDLE_NS
 #define IDLE_NS 3000000         /* blocked per round (Xen system time) */
 #endif
@@ -336,12 +353,30 @@ static void print_split(uint64_t rounds, uint64_t wall) {
 }
 
 __attribute__((noinline, noclone)) void run(void) {
+#if START_IDLE_MS
+    /* Idle first (the exact-count build): a tracer attaches before the first round. */
+    cons_puts("idle before the work\n");
+    for (uint64_t until = xen_now() + START_IDLE_MS * 1000000ULL; xen_now() < until;)
+        idle_wait(IDLE_NS);
+    cons_puts("work begins\n");
+#endif
     uint64_t checksum = 0, rounds_done = 0, start = rdtsc(), last = start;
     const uint64_t max_rounds = ROUNDS;
     for (uint64_t round = 0; max_rounds == 0 || round < max_rounds; round++) {
         checksum ^= dispatch(round);
         work_sink = checksum;
         idle_wait(IDLE_NS);
+#if EXACT_ROUNDS
+        if (rounds_done + 1 == EXACT_ROUNDS) {
+            /* Its tracer detaches now, while nothing it traces runs. */
+            cons_puts("exact rounds=");
+            cons_putu(EXACT_ROUNDS);
+            cons_puts(" done\n");
+            for (uint64_t until = xen_now() + HOLD_MS * 1000000ULL; xen_now() < until;)
+                idle_wait(IDLE_NS);
+            cons_puts("work goes on\n");
+        }
+#endif
         if (++rounds_done == 1) {
             cons_puts("stack depth=");
             cons_putu(stack_top - stack_bottom_sp);

@@ -2,14 +2,20 @@
 # glass trace --xen in the nested Xen (called by xen_dom0.sh; the host half is
 # crates/glass/tests/xen.rs). The demo unikernel's PVH build (guests/xenpv, linked in the
 # top 2 GiB, no room at the top-level entry: glass's region hangs from its own table),
-# 2 vCPUs both calling checkpoint, traced from dom0 and left as found. In $GLASS_OUT:
+# 2 vCPUs both calling checkpoint, traced from dom0 and left as found. It is the
+# exact-count build ($EXACT_ELF: idle 8 s, 200 rounds, idle 5 s, then rounds forever).
+# In $GLASS_OUT:
+#   trace.exact.glass, .err, .rc, .calls   attached in the first idle, detached in the
+#                                       second: the 200 rounds whole
+#   trace.exact.late                    what went wrong with that timing, if anything
 #   trace.N.glass, trace.N.err, trace.N.rc, trace.N.calls   two traces, one after the other
-#                                       (the second reuses glass's region)
+#                                       (N = 1, 2; both reuse glass's region)
 #   trace.kill.STEP.err, .rc            glass SIGKILLed (tracing) or stopped past the stop
 #                                       bound (attach-stopped, detach-stopped) at STEP
-#   trace.text.before, trace.text.after.N   sha256 of the guest's .text as xenctx
+#   trace.text.before, trace.text.after.WHEN   sha256 of the guest's .text as xenctx
 #                                       reads it, before the first trace and after each
-#                                       trace or death of glass
+#                                       trace or death of glass (WHEN: exact, N,
+#                                       kill.STEP)
 #   trace.text.patched                  the same while glass traces (it must differ)
 #   trace.console                       the guest's console at the end
 #   trace.bad.NAME.txt                  bad input: exit code, then stderr (NAME second: a
@@ -28,7 +34,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/xen_dom0_lib.sh"
 # are compared, not the ELF.
 text_hash() {
     local addr size
-    read -r addr size <<<"$(readelf -S -W "$HVM_ELF" | sed -n 's/.* \.text *[A-Z_]* *\([0-9a-f]*\) [0-9a-f]* \([0-9a-f]*\) .*/\1 \2/p')"
+    read -r addr size <<<"$(readelf -S -W "$EXACT_ELF" | sed -n 's/.* \.text *[A-Z_]* *\([0-9a-f]*\) [0-9a-f]* \([0-9a-f]*\) .*/\1 \2/p')"
     local lines=$(((16#$size + 31) / 32)) dump=/run/trace.text
     xenctx -m "0x$addr" -b 32 -l "$lines" "$(xl domid "$1")" 0 >"$dump" 2>&1
     if head -n1 "$dump" | grep -q '^Memory (address' && [ "$(grep -c '^ [0-9a-f]' "$dump")" -eq "$lines" ]; then
@@ -42,7 +48,7 @@ echo "== glass trace --xen: the PVH demo unikernel"
 cat >/run/tr.cfg <<EOF2
 name = "tr"
 type = "pvh"
-kernel = "$HVM_ELF"
+kernel = "$EXACT_ELF"
 memory = 64
 vcpus = 2
 cpus = ["1", "1"]
@@ -51,27 +57,56 @@ on_poweroff = "destroy"
 on_crash = "preserve"
 EOF2
 xl create -q /run/tr.cfg || { echo "xl create tr failed"; exit 1; }
-wait_lines tr 120 1 || { echo "tr printed no split line"; cat "$(console tr)"; exit 1; }
+said() { tr -d '\r' <"$(console tr)" 2>/dev/null | grep -c "^$1" || true; }
+# Waits up to $2 s for the console line $1.
+wait_said() {
+    local limit=$(($(date +%s) + $2))
+    until [ "$(said "$1")" -gt 0 ]; do
+        [ "$(date +%s)" -lt "$limit" ] || return 1
+        sleep 0.2
+    done
+}
+wait_said "idle before the work" 120 || { echo "tr did not boot"; cat "$(console tr)"; exit 1; }
 text_hash tr >"$OUT/trace.text.before"
 echo "text before: $(cat "$OUT/trace.text.before")"
 functions="dispatch,alpha,beta,gamma,descend,checkpoint"
-step=0
 after() {
-    step=$((step + 1))
     wait_lines tr 60 1 && progressed=yes || progressed=no
-    echo "$(text_hash tr) at $(date +%T) state=$(xl list tr 2>/dev/null | awk 'NR == 2 { print $5 }') progressed=$progressed ($1)" >"$OUT/trace.text.after.$step"
-    cat "$OUT/trace.text.after.$step"
+    echo "$(text_hash tr) at $(date +%T) state=$(xl list tr 2>/dev/null | awk 'NR == 2 { print $5 }') progressed=$progressed ($1)" >"$OUT/trace.text.after.$1"
+    cat "$OUT/trace.text.after.$1"
 }
+
+# The exact count: attached while the guest idles before its first round, detached
+# while it idles after round 200 (the exact build: START_IDLE_MS, EXACT_ROUNDS).
+"$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f "$functions" -d 300 -o "$OUT/trace.exact.glass" 2>"$OUT/trace.exact.err" &
+pid=$!
+limit=$(($(date +%s) + 60))
+until grep -q "attached to" "$OUT/trace.exact.err" 2>/dev/null; do
+    [ "$(date +%s)" -lt "$limit" ] && kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+[ "$(said "work begins")" -eq 0 ] || echo "glass attached after the work began" >>"$OUT/trace.exact.late"
+wait_said "exact rounds=" 120 || echo "the guest never finished its exact rounds" >>"$OUT/trace.exact.late"
+kill -INT "$pid"
+wait "$pid"
+echo "$?" >"$OUT/trace.exact.rc"
+[ "$(said "work goes on")" -eq 0 ] || echo "glass detached after the work went on" >>"$OUT/trace.exact.late"
+cat "$OUT/trace.exact.err" "$OUT/trace.exact.late" 2>/dev/null
+"$GLASS" report "$OUT/trace.exact.glass" --format calls >"$OUT/trace.exact.calls" 2>&1
+cat "$OUT/trace.exact.calls"
+wait_said "work goes on" 60 && wait_lines tr 120 1
+after exact
+
 for n in 1 2; do
-    "$GLASS" trace --xen tr --symbols "$HVM_ELF" -f "$functions" -d 4 -o "$OUT/trace.$n.glass" 2>"$OUT/trace.$n.err"
+    "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f "$functions" -d 3 -o "$OUT/trace.$n.glass" 2>"$OUT/trace.$n.err"
     echo "$?" >"$OUT/trace.$n.rc"
     cat "$OUT/trace.$n.err"
     "$GLASS" report "$OUT/trace.$n.glass" --format calls >"$OUT/trace.$n.calls" 2>&1
     cat "$OUT/trace.$n.calls"
-    after "trace $n"
+    after "$n"
 done
 for hook in guest-tracing guest-attach-stopped guest-attach-patched guest-detach-stopped; do
-    GLASS_TEST_STOP_AT=$hook "$GLASS" trace --xen tr --symbols "$HVM_ELF" -f "$functions" -d 2 -o "/run/kill.glass" 2>"$OUT/trace.kill.$hook.err" &
+    GLASS_TEST_STOP_AT=$hook "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f "$functions" -d 2 -o "/run/kill.glass" 2>"$OUT/trace.kill.$hook.err" &
     pid=$!
     limit=$(($(date +%s) + 60))
     until grep -q "test hook: stopped at $hook" "$OUT/trace.kill.$hook.err" 2>/dev/null; do
@@ -86,7 +121,7 @@ for hook in guest-tracing guest-attach-stopped guest-attach-patched guest-detach
     echo "$?" >"$OUT/trace.kill.$hook.rc"
     sleep 2
     cat "$OUT/trace.kill.$hook.err"
-    after "killed at $hook"
+    after "kill.$hook"
 done
 echo "== trace bad input"
 bad() {
@@ -96,17 +131,17 @@ bad() {
     cat "$OUT/trace.bad.$name.err" >>"$OUT/trace.bad.$name.txt"
     echo "$name: $(tr '\n' ' ' <"$OUT/trace.bad.$name.txt")"
 }
-bad no-function "$GLASS" trace --xen tr --symbols "$HVM_ELF" -f no_such_function -d 1 -o /run/bad.glass
+bad no-function "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f no_such_function -d 1 -o /run/bad.glass
 bad wrong-symbols "$GLASS" trace --xen tr --symbols "$PV_ELF" -f alpha -d 1 -o /run/bad.glass
 # A second glass while one traces the domain.
-"$GLASS" trace --xen tr --symbols "$HVM_ELF" -f alpha -d 20 -o /run/first.glass 2>"$OUT/trace.first.err" &
+"$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f alpha -d 20 -o /run/first.glass 2>"$OUT/trace.first.err" &
 first=$!
 limit=$(($(date +%s) + 60))
 until grep -q "attached to" "$OUT/trace.first.err" 2>/dev/null; do
     [ "$(date +%s)" -lt "$limit" ] && kill -0 "$first" 2>/dev/null || break
     sleep 0.2
 done
-bad second "$GLASS" trace --xen tr --symbols "$HVM_ELF" -f beta -d 1 -o /run/bad.glass
+bad second "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f beta -d 1 -o /run/bad.glass
 # The hash sees a patch: the guest's text, with alpha patched, hashes otherwise.
 text_hash tr >"$OUT/trace.text.patched"
 kill -INT "$first"

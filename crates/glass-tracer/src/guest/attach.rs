@@ -292,6 +292,7 @@ pub(super) fn trace_attached(
         named,
         region_said,
     } = reached;
+    super::end_on_signals();
     let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
     let span = text_span(&choice);
     let vcpus = target.borrow().vcpu_count();

@@ -467,7 +467,14 @@ impl RingReader {
             for record in self.batch.chunks_exact(RECORD_BYTES as usize) {
                 let tsc = u64::from_le_bytes(record[..8].try_into().unwrap_or_default());
                 let word = u64::from_le_bytes(record[8..].try_into().unwrap_or_default());
-                // Reserved, not yet written: the rest waits for the next turn.
+                // Reserved, not yet written: the rest waits for the next turn. The batch
+                // is read in address order, the time stamp before the word that
+                // publishes it, so a record written between the two loads reads as its
+                // word with the zero its slot was left at: also not yet (no TSC is 0).
+                // Seen once in 4.5 million records under Xen: a call of 6776 s.
+                if tsc == 0 {
+                    break;
+                }
                 let Some(record) = Record::decode(tsc, word) else {
                     break;
                 };

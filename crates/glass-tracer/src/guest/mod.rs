@@ -59,6 +59,18 @@ extern "C" fn on_signal(_: libc::c_int) {
     ENDING.store(true, Ordering::Relaxed);
 }
 
+/// SIGINT, SIGTERM and SIGHUP end the trace (the code is put back, the recording
+/// finished) instead of killing glass; also where the shell that started glass in the
+/// background had SIGINT ignored.
+pub(crate) fn end_on_signals() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
 pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> {
     let command = &args.command;
     let program = command
@@ -134,12 +146,7 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
     )
     .map_err(|e| Failure::runtime(e.to_string()))?;
     let mut qemu = launch(command, ram_mib, &region, &socket, guardian.pipe_fd())?;
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::signal(signal, on_signal as *const () as libc::sighandler_t);
-        }
-    }
+    end_on_signals();
     let traced = trace_launched(
         args,
         notes,
