@@ -3,7 +3,7 @@
 # crates/glass/tests/xen.rs). The demo unikernel's PVH build (guests/xenpv, linked in the
 # top 2 GiB, no room at the top-level entry: glass's region hangs from its own table),
 # 2 vCPUs both calling checkpoint, traced from dom0 and left as found. It is the
-# exact-count build ($EXACT_ELF: idle 8 s, 200 rounds, idle 5 s, then rounds forever).
+# exact-count build ($EXACT_ELF: idle 6 s, 200 rounds, idle 3 s, then rounds forever).
 # In $GLASS_OUT:
 #   trace.exact.glass, .err, .rc, .calls   attached in the first idle, detached in the
 #                                       second: the 200 rounds whole
@@ -98,7 +98,7 @@ wait_said "work goes on" 60 && wait_lines tr 120 1
 after exact
 
 for n in 1 2; do
-    "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f "$functions" -d 3 -o "$OUT/trace.$n.glass" 2>"$OUT/trace.$n.err"
+    "$GLASS" trace --xen tr --symbols "$EXACT_ELF" -f "$functions" -d 2 -o "$OUT/trace.$n.glass" 2>"$OUT/trace.$n.err"
     echo "$?" >"$OUT/trace.$n.rc"
     cat "$OUT/trace.$n.err"
     "$GLASS" report "$OUT/trace.$n.glass" --format calls >"$OUT/trace.$n.calls" 2>&1
