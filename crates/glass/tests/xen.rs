@@ -80,7 +80,10 @@ fn boot_and_run() -> Result<PathBuf, String> {
         .arg(&exact)
         .arg("0")
         .arg("hvm")
-        .env("XENPV_DEFINES", "-DSTART_IDLE_MS=6000 -DEXACT_ROUNDS=200 -DHOLD_MS=3000")
+        .env(
+            "XENPV_DEFINES",
+            "-DSTART_IDLE_MS=6000 -DEXACT_ROUNDS=200 -DHOLD_MS=3000",
+        )
         .stdout(std::process::Stdio::null())
         .status()
         .map_err(|e| format!("guests/xenpv/build.sh hvm (exact): {e}"))?;

@@ -178,9 +178,9 @@ impl XenCode {
                 )
             })?;
         // One 2 MiB extent where Xen has one; else 4 KiB frames.
-        if self.populate(gpa / PAGE, 1, 9)? != 1 {
+        if self.populate(&[gpa / PAGE], 9)? != 1 {
             let gfns: Vec<u64> = (0..frames).map(|i| gpa / PAGE + i).collect();
-            let done = self.populate_list(&gfns, 0)?;
+            let done = self.populate(&gfns, 0)?;
             if done != frames {
                 return Err(format!(
                     "Xen gave glass's region {done} of its {frames} frames in domain {domid} (XENMEM_populate_physmap)"
@@ -195,15 +195,7 @@ impl XenCode {
         let call = self.backend.hv.call;
         let mut buffer = HypercallBuffer::new(&libs, call, 8).map_err(|e| e.to_string())?;
         write_u16(buffer.bytes(), 0, self.backend.domid as u16);
-        // SAFETY: the argument is a domid_t in a hypercall buffer.
-        let result = unsafe {
-            (libs.xencall2)(
-                call,
-                HYPERVISOR_MEMORY_OP,
-                XENMEM_MAXIMUM_GPFN,
-                buffer.address(0),
-            )
-        };
+        let result = self.memory_op(XENMEM_MAXIMUM_GPFN, &buffer);
         if result < 0 {
             return Err(format!(
                 "cannot ask Xen for domain {}'s highest frame: {}",
@@ -214,14 +206,9 @@ impl XenCode {
         Ok(result as u64)
     }
 
-    fn populate(&mut self, gfn: u64, count: u64, order: u32) -> Result<u64, String> {
-        let gfns: Vec<u64> = (0..count).map(|i| gfn + (i << order)).collect();
-        self.populate_list(&gfns, order)
-    }
-
     /// `XENMEM_populate_physmap` of `gfns` (each an extent of 2^`order` frames): how
     /// many extents Xen populated.
-    fn populate_list(&mut self, gfns: &[u64], order: u32) -> Result<u64, String> {
+    fn populate(&mut self, gfns: &[u64], order: u32) -> Result<u64, String> {
         let libs = self.backend.hv.libs.clone();
         let call = self.backend.hv.call;
         let mut list =
@@ -236,16 +223,8 @@ impl XenCode {
         write_u32(r, 16, order);
         write_u32(r, 20, 0);
         write_u16(r, 24, self.backend.domid as u16);
-        // SAFETY: a xen_memory_reservation in a hypercall buffer, whose extent list is
-        // another of this handle's buffers.
-        let result = unsafe {
-            (libs.xencall2)(
-                call,
-                HYPERVISOR_MEMORY_OP,
-                XENMEM_POPULATE_PHYSMAP,
-                reservation.address(0),
-            )
-        };
+        // (The reservation's extent list is another of this handle's buffers.)
+        let result = self.memory_op(XENMEM_POPULATE_PHYSMAP, &reservation);
         if result < 0 {
             return Err(format!(
                 "Xen would not add glass's region to domain {} (XENMEM_populate_physmap): {}",
@@ -254,6 +233,21 @@ impl XenCode {
             ));
         }
         Ok(result as u64)
+    }
+
+    /// `HYPERVISOR_memory_op` `cmd` with its argument in `argument`: Xen's result.
+    fn memory_op(&self, cmd: u64, argument: &HypercallBuffer) -> i64 {
+        let libs = &self.backend.hv.libs;
+        // SAFETY: the argument lies in a hypercall buffer of this handle, as `cmd` wants.
+        let result = unsafe {
+            (libs.xencall2)(
+                self.backend.hv.call,
+                HYPERVISOR_MEMORY_OP,
+                cmd,
+                argument.address(0),
+            )
+        };
+        result as i64
     }
 
     /// Maps `bytes` of guest-physical memory from `gpa` (glass's region) writable, for
