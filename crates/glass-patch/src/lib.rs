@@ -21,6 +21,7 @@ use iced_x86::{
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 pub mod call_trampoline;
+pub mod go;
 pub mod plt;
 pub mod stack_args;
 pub mod trampoline;
@@ -49,6 +50,31 @@ pub enum Reason {
     Unrelocatable { at: u64, instruction: String },
     /// The bytes do not decode as x86-64 code.
     Undecodable { at: u64 },
+    /// Go: a jump through a register (a jump table), whose targets glass does not know.
+    IndirectJump { at: u64 },
+    /// Go: a jump out of the function (a tail call), an exit no return probe sees.
+    TailCall { at: u64, to: u64 },
+    /// Go: an instruction the patch would displace could fault, and Go panics only at
+    /// pcs of its own code.
+    MayFault { at: u64, instruction: String },
+    /// Go: a return that no patch can reach.
+    ReturnSite { at: u64, why: &'static str },
+}
+
+impl Reason {
+    /// The kind, without the detail: stable names summaries group by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reason::TooShort { .. } => "too short",
+            Reason::JumpIntoPatch { .. } => "a branch lands inside the patched bytes",
+            Reason::Unrelocatable { .. } => "cannot relocate",
+            Reason::Undecodable { .. } => "undecodable bytes",
+            Reason::IndirectJump { .. } => "a jump table",
+            Reason::TailCall { .. } => "a tail call",
+            Reason::MayFault { .. } => "a displaced instruction could fault",
+            Reason::ReturnSite { .. } => "a return that cannot be patched",
+        }
+    }
 }
 
 impl std::fmt::Display for Reason {
@@ -67,6 +93,21 @@ impl std::fmt::Display for Reason {
                 write!(f, "cannot relocate `{instruction}` at {at:#x}")
             }
             Reason::Undecodable { at } => write!(f, "undecodable bytes at {at:#x}"),
+            Reason::IndirectJump { at } => write!(
+                f,
+                "a jump through a register at {at:#x} (a jump table), whose targets glass does not know"
+            ),
+            Reason::TailCall { at, to } => write!(
+                f,
+                "leaves by a jump at {at:#x} to {to:#x}, which no return probe sees"
+            ),
+            Reason::MayFault { at, instruction } => write!(
+                f,
+                "`{instruction}` at {at:#x} could fault where the patch would move it (Go panics only at its own pcs)"
+            ),
+            Reason::ReturnSite { at, why } => {
+                write!(f, "the return at {at:#x} cannot be patched: {why}")
+            }
         }
     }
 }
@@ -286,6 +327,18 @@ pub fn analyze(code: &[u8], address: u64) -> Result<Plan, Reason> {
 /// filler (nop, int3) and the function cannot run into them (its last instruction is a
 /// `ret` or `jmp`), since then no symbol covers them and no code reaches them.
 pub fn analyze_with_padding(code: &[u8], address: u64, padding: &[u8]) -> Result<Plan, Reason> {
+    analyze_inner(code, address, padding, false)
+}
+
+/// [`analyze_with_padding`]; `to_start_too`: a branch may land on the patch's first
+/// byte, as Go's stack-growth path does (see [`go`]): the exit probe that hijacks
+/// returns must not allow it, since the entry would then take its own slot again.
+pub(crate) fn analyze_inner(
+    code: &[u8],
+    address: u64,
+    padding: &[u8],
+    to_start_too: bool,
+) -> Result<Plan, Reason> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut instructions: Vec<Instruction> = Vec::new();
     while decoder.can_decode() {
@@ -348,7 +401,8 @@ pub fn analyze_with_padding(code: &[u8], address: u64, padding: &[u8]) -> Result
             let target = instruction.near_branch_target();
             let recursive_call =
                 instruction.flow_control() == FlowControl::Call && target == address;
-            if target >= address && target < displaced_end && !recursive_call {
+            let to_start = to_start_too && target == patch_at;
+            if target >= address && target < displaced_end && !recursive_call && !to_start {
                 return Err(Reason::JumpIntoPatch {
                     from: instruction.ip(),
                     to: target,
@@ -539,7 +593,7 @@ pub fn whole_function_plan(code: &[u8], address: u64) -> Result<Plan, Reason> {
 }
 
 /// Whether `bytes` (at `address`) are only alignment filler: int3 or nops.
-fn is_filler(bytes: &[u8], address: u64) -> bool {
+pub(crate) fn is_filler(bytes: &[u8], address: u64) -> bool {
     let mut decoder = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE);
     while decoder.can_decode() {
         let instruction = decoder.decode();

@@ -84,6 +84,29 @@ pub fn build_with_moves(
     address: u64,
     enter_slot: u64,
 ) -> Result<(Vec<u8>, Moves), String> {
+    build_entry(plan, id, address, enter_slot, None)
+}
+
+/// A Go function's entry trampoline (see [`crate::go`]): as [`build_with_moves`], with
+/// the probe at `enter_slot` keeping return addresses alone, and, when the displaced
+/// instructions end in the function's `ret`, the exit probe at `exit_slot` before it.
+pub fn build_go_entry(
+    plan: &Plan,
+    id: u32,
+    address: u64,
+    enter_slot: u64,
+    exit_slot: u64,
+) -> Result<(Vec<u8>, Moves), String> {
+    build_entry(plan, id, address, enter_slot, Some(exit_slot))
+}
+
+fn build_entry(
+    plan: &Plan,
+    id: u32,
+    address: u64,
+    enter_slot: u64,
+    exit_slot: Option<u64>,
+) -> Result<(Vec<u8>, Moves), String> {
     let mut instructions = vec![
         Instruction::with1(Code::Pushq_imm32, id as i32).map_err(|e| e.to_string())?,
         Instruction::with1(
@@ -93,7 +116,22 @@ pub fn build_with_moves(
         .map_err(|e| e.to_string())?,
     ];
     let end = plan.patch_at + plan.displaced;
-    let relocated = relocate(&plan.instructions, end);
+    let mut relocated = relocate(&plan.instructions, end);
+    if let Some(exit_slot) = exit_slot {
+        if relocated.last().is_some_and(|i| i.code() == Code::Retnq) {
+            // The ret's own index then names the probe: a thread moved to it is timed.
+            let at = relocated.len() - 1;
+            let probe = [
+                Instruction::with1(Code::Pushq_imm32, id as i32).map_err(|e| e.to_string())?,
+                Instruction::with1(
+                    Code::Call_rm64,
+                    MemoryOperand::with_base_displ(Register::RIP, exit_slot as i64),
+                )
+                .map_err(|e| e.to_string())?,
+            ];
+            relocated.splice(at..at, probe);
+        }
+    }
     let relocated_count = relocated.len();
     instructions.extend(relocated);
     let leaves = leaves_by_itself(plan);

@@ -83,12 +83,7 @@ fn programs_of_this_machine_are_mostly_patchable() {
         let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
         for verdict in verdicts.values() {
             if let Err(reason) = verdict {
-                let kind = match reason {
-                    Reason::TooShort { .. } => "too short",
-                    Reason::JumpIntoPatch { .. } => "jump into patch",
-                    Reason::Unrelocatable { .. } => "unrelocatable",
-                    Reason::Undecodable { .. } => "undecodable",
-                };
+                let kind = reason.kind();
                 *reasons.entry(kind).or_insert(0) += 1;
             }
         }

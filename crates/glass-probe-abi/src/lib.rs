@@ -24,7 +24,7 @@ pub mod session;
 /// First word of the header.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GLASSTRC");
 /// Bumped when the layout changes.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 
 /// Header fields (byte offsets).
 pub mod header {
@@ -69,6 +69,15 @@ pub mod header {
     pub const FATAL_ADDRESS: usize = 192;
     /// The process that died so (a forked child shares the session).
     pub const FATAL_PID: usize = 200;
+    /// Written by the runtime: its Go entry and exit probes (`glass_go_enter`,
+    /// `glass_go_exit`), which key each record by goroutine instead of replacing the
+    /// return address (see [`KEYED_BIT`]).
+    pub const GO_ENTER: usize = 208;
+    pub const GO_EXIT: usize = 216;
+    /// Written by glass for a Go program: where the running goroutine (`g`) lies
+    /// relative to the thread pointer (fs base), as the Go runtime keeps it in TLS; 0
+    /// when unknown (records are then keyed by their slot alone).
+    pub const GO_G_OFFSET: usize = 224;
     pub const SIZE: usize = 4096;
 }
 
@@ -130,8 +139,17 @@ pub const TSC_BITS: u32 = 44;
 pub const EXIT_BIT: u32 = 44;
 pub const UNWOUND_BIT: u32 = 45;
 pub const FUNCTION_SHIFT: u32 = 46;
-/// Largest function id a record can carry.
-pub const MAX_FUNCTIONS: u32 = 1 << (64 - FUNCTION_SHIFT);
+/// A record of the Go probes, which two more words follow: whose stack the call is on,
+/// and its slot there. On a goroutine's stack they are the goroutine (`g`) and the
+/// slot's offset from the stack's top plus 2^62, which stay the same when the Go runtime
+/// moves the stack; elsewhere (a signal handler's first frames) the thread pointer and
+/// the slot's address. glass pairs these per stack before they reach the file, which
+/// never holds them.
+pub const KEYED_BIT: u32 = 63;
+/// Words of a keyed record.
+pub const KEYED_WORDS: usize = 3;
+/// Largest function id a record can carry (the top bit is [`KEYED_BIT`]).
+pub const MAX_FUNCTIONS: u32 = 1 << (KEYED_BIT - FUNCTION_SHIFT);
 
 /// What a record says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,7 +209,7 @@ impl TscUnwrapper {
         };
         Event {
             tsc,
-            function: (word >> FUNCTION_SHIFT) as u32,
+            function: ((word >> FUNCTION_SHIFT) as u32) & (MAX_FUNCTIONS - 1),
             kind,
         }
     }
@@ -234,12 +252,12 @@ mod tests {
         ];
         for (i, &t) in times.iter().enumerate() {
             let kind = [EventKind::Entry, EventKind::Exit, EventKind::Unwound][i % 3];
-            let event = unwrap.decode(encode(t, 262_000 + i as u32, kind));
+            let event = unwrap.decode(encode(t, 131_000 + i as u32, kind));
             assert_eq!(
                 event,
                 Event {
                     tsc: t,
-                    function: 262_000 + i as u32,
+                    function: 131_000 + i as u32,
                     kind
                 }
             );

@@ -165,6 +165,18 @@ impl SessionMemory {
         self.get(header::EXIT_STUB)
     }
 
+    /// The runtime's Go probes: (entry, exit).
+    pub fn go_probes(&self) -> (u64, u64) {
+        (self.get(header::GO_ENTER), self.get(header::GO_EXIT))
+    }
+
+    /// Tells the Go probes where the running goroutine lies relative to the thread
+    /// pointer (see [`header::GO_G_OFFSET`]).
+    pub fn set_go_g_offset(&self, offset: i64) {
+        self.word(header::GO_G_OFFSET)
+            .store(offset as u64, Ordering::Relaxed);
+    }
+
     /// Where the runtime mapped the session in the target.
     pub fn mapped_at(&self) -> u64 {
         self.get(header::MAPPED_AT)

@@ -47,6 +47,7 @@ const ENTRY_ID: usize = 16;
 const RESTORED: u64 = 1 << glass_probe_abi::SHADOW_RESTORED_BIT;
 const EXIT_WORD: u64 = 1 << EXIT_BIT;
 const UNWOUND_WORD: u64 = (1 << EXIT_BIT) | (1 << UNWOUND_BIT);
+const KEYED_WORD: u64 = 1 << glass_probe_abi::KEYED_BIT;
 
 // Register use in the probe path: rsi = this thread's area, rdi = the slot. Every
 // caller-saved general register is preserved: at a function's entry any of them may
@@ -306,6 +307,24 @@ core::arch::global_asm!(
     "jmp 25b",
     // First probe of this thread (rsi = 0), or it has no area (rsi = 1).
     "40:",
+    "call glass_claim_area",
+    "cmp rsi, 1",
+    "jbe 26b",
+    "jmp 10b",
+    // A probe of this thread is running (a signal arrived inside it): not traced.
+    "45:",
+    "inc qword ptr [rsi + {skipped}]",
+    "jmp 26b",
+    ".size glass_enter, . - glass_enter",
+    // ---------------------------------------------------------------------------------
+    // glass_claim_area: a thread's first probe claims an area (rsi = 0), or finds it has
+    // none (rsi = 1). In: r8 = the area word's offset from fs. Out: rsi = the area, or 1.
+    // Clobbers rax, rcx, rdx, r11.
+    ".p2align 4",
+    ".globl glass_claim_area",
+    ".hidden glass_claim_area",
+    ".type glass_claim_area, @function",
+    "glass_claim_area:",
     "mov rax, [rip + {shm}]",
     "test rax, rax",
     "jz 42f",
@@ -329,7 +348,7 @@ core::arch::global_asm!(
     // the vector registers (arguments of the traced function) saved around it.
     "mov rax, [rip + {shm}]",
     "cmp qword ptr [rax + {counters}], 0",
-    "je 10b",
+    "je 43f",
     "mov rdx, rsp",
     "and rsp, -16",
     "sub rsp, 144",
@@ -357,17 +376,154 @@ core::arch::global_asm!(
     "movdqu xmm6, [rsp + 96]",
     "movdqu xmm7, [rsp + 112]",
     "mov rsp, [rsp + 128]",
-    "jmp 10b",
+    "43:",
+    "ret",
     "41:",
     "lock inc qword ptr [rax + {no_area_lost}]",
     "42:",
     "mov qword ptr fs:[r8], 1",
-    "jmp 26b",
-    // A probe of this thread is running (a signal arrived inside it): not traced.
-    "45:",
+    "mov esi, 1",
+    "ret",
+    ".size glass_claim_area, . - glass_claim_area",
+    // ---------------------------------------------------------------------------------
+    // glass_record_keyed: appends a Go probe's record, three words (see
+    // glass_probe_abi::KEYED_BIT), published at once: the goroutine may go on on another
+    // thread, whose records glass must not see first. In: rsi = area, r8 = the record
+    // without its time, r9 = g, r10 = depth. Clobbers rax, rcx, rdx.
+    ".p2align 4",
+    ".globl glass_record_keyed",
+    ".hidden glass_record_keyed",
+    "glass_record_keyed:",
+    "mov rcx, [rsi + {cursor}]",
+    "lea rax, [rcx + 3]",
+    "cmp rax, [rsi + {limit}]",
+    "jbe 2f",
+    "mov rdx, [rsi + {tail}]",
+    "add rdx, [rsi + {mask}]",
+    "inc rdx",
+    "mov [rsi + {limit}], rdx",
+    "cmp rax, rdx",
+    "jbe 2f",
+    "mov [rsi + {head}], rcx",
+    "inc qword ptr [rsi + {lost}]",
+    "ret",
+    "2:",
+    "rdtsc",
+    "shl rdx, 32",
+    "or rax, rdx",
+    "shl rax, 20",
+    "shr rax, 20",
+    "or rax, r8",
+    "mov rdx, rcx",
+    "and rdx, [rsi + {mask}]",
+    "mov [rsi + rdx*8 + {records}], rax",
+    "lea rdx, [rcx + 1]",
+    "and rdx, [rsi + {mask}]",
+    "mov [rsi + rdx*8 + {records}], r9",
+    "lea rdx, [rcx + 2]",
+    "and rdx, [rsi + {mask}]",
+    "mov [rsi + rdx*8 + {records}], r10",
+    "add rcx, 3",
+    "mov [rsi + {cursor}], rcx",
+    "mov [rsi + {head}], rcx",
+    "ret",
+    ".size glass_record_keyed, . - glass_record_keyed",
+    // ---------------------------------------------------------------------------------
+    // glass_go_enter, glass_go_exit: the probes of Go functions, called by a trampoline
+    // at the function's entry and at each of its returns. Neither touches the return
+    // address: the Go runtime reads and moves every frame itself. Stack: [rsp] return
+    // into the trampoline, [rsp+8] the function id (pushed by the trampoline), [rsp+16]
+    // the slot (the return address's word). They take 88 bytes of the goroutine's stack,
+    // within the 128 Go keeps below any frame for functions that do not check.
+    ".p2align 4",
+    ".globl glass_go_enter",
+    ".type glass_go_enter, @function",
+    "glass_go_enter:",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "xor edi, edi",
+    "jmp 60f",
+    ".size glass_go_enter, . - glass_go_enter",
+    ".p2align 4",
+    ".globl glass_go_exit",
+    ".type glass_go_exit, @function",
+    "glass_go_exit:",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "mov rdi, {exit_word}",
+    "60:",
+    "mov r8, [rip + glass_thread_area@GOTTPOFF]",
+    "mov rsi, fs:[r8]",
+    "cmp rsi, 1",
+    "ja 61f",
+    "push rdi",
+    "call glass_claim_area",
+    "pop rdi",
+    "cmp rsi, 1",
+    "jbe 66f",
+    "61:",
+    "cmp qword ptr [rsi + {busy}], 0",
+    "jne 65f",
+    "mov qword ptr [rsi + {busy}], 1",
+    "mov r8, [rsp + 80]",
+    "shl r8, {function_shift}",
+    "or r8, rdi",
+    "mov rax, {keyed_word}",
+    "or r8, rax",
+    // The key: the goroutine and the slot relative to its stack's top (plus 2^62: the
+    // same wherever the runtime moves the stack); off any goroutine's stack (a signal
+    // handler's first frames, code on a stack the runtime has not switched g to), the
+    // thread pointer and the slot itself.
+    "lea rdi, [rsp + 88]",
+    "mov r10, rdi",
+    "mov r9, fs:[0]",
+    "mov rax, [rip + {shm}]",
+    "mov rcx, [rax + {go_g_offset}]",
+    "test rcx, rcx",
+    "jz 62f",
+    "mov rax, fs:[rcx]",
+    "test rax, rax",
+    "jz 62f",
+    "cmp rdi, [rax]",
+    "jb 62f",
+    "cmp rdi, [rax + 8]",
+    "jae 62f",
+    "mov r9, rax",
+    "sub r10, [rax + 8]",
+    "mov rax, {stack_relative}",
+    "add r10, rax",
+    "62:",
+    "call glass_record_keyed",
+    "mov qword ptr [rsi + {busy}], 0",
+    "66:",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "ret 8",
+    "65:",
     "inc qword ptr [rsi + {skipped}]",
-    "jmp 26b",
-    ".size glass_enter, . - glass_enter",
+    "jmp 66b",
+    ".size glass_go_exit, . - glass_go_exit",
     // ---------------------------------------------------------------------------------
     // glass_exit_stub: where hijacked returns land; rsp is just above the slot.
     ".p2align 4",
@@ -459,6 +615,9 @@ core::arch::global_asm!(
     function_shift = const FUNCTION_SHIFT,
     unwound_word = const UNWOUND_WORD,
     exit_word = const EXIT_WORD,
+    keyed_word = const KEYED_WORD,
+    go_g_offset = const header::GO_G_OFFSET,
+    stack_relative = const 1u64 << 62,
     unwound = const area::UNWOUND,
     skipped = const area::SKIPPED,
     next_area = const header::NEXT_AREA,
@@ -487,6 +646,8 @@ fn stub_address() -> u64 {
 extern "C" {
     fn glass_enter();
     fn glass_exit_stub();
+    fn glass_go_enter();
+    fn glass_go_exit();
     fn glass_record_c(area: *mut u8, word: u64) -> u32;
     fn glass_thread_area_ptr() -> *mut *mut u8;
     fn glass_thread_area_offset() -> i64;
@@ -576,6 +737,8 @@ unsafe fn start_session(path: *const c_char) -> i64 {
     }
     word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
     word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
+    word(shm, header::GO_ENTER).store(glass_go_enter as *const () as u64, Ordering::Relaxed);
+    word(shm, header::GO_EXIT).store(glass_go_exit as *const () as u64, Ordering::Relaxed);
     word(shm, header::TLS_OFFSET).store(glass_thread_area_offset() as u64, Ordering::Relaxed);
     word(shm, header::MAPPED_AT).store(shm as u64, Ordering::Relaxed);
     SHM.store(shm, Ordering::Release);

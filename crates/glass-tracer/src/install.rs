@@ -3,6 +3,7 @@
 //! check that can refuse a function runs before anything of it is written, so a function
 //! is patched whole or not at all.
 
+use glass_patch::go::GoPlan;
 use glass_patch::{trampoline, DirectSite, Function, Plan};
 use glass_target::inject::StoppedProcess;
 use glass_target::procfs::Mapping;
@@ -145,6 +146,13 @@ pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
         .iter()
         .map(|(_, plan, _)| (plan.patch_at.wrapping_add(bias), plan.overwritten))
         .collect();
+    for (_, plan, _) in &choice.go_patchable {
+        ranges.extend(
+            plan.overwritten()
+                .into_iter()
+                .map(|(at, len)| (at.wrapping_add(bias), len)),
+        );
+    }
     for (_, _, sites) in &choice.redirected {
         ranges.extend(
             sites
@@ -171,11 +179,25 @@ fn trampoline_room(relocated_len: usize) -> u64 {
     (relocated_len as u64 + 64).next_multiple_of(16)
 }
 
+/// The probe runtime's entries in the target.
+#[derive(Debug, Clone, Copy)]
+pub struct Probes {
+    /// `glass_enter`: records the entry and takes over the return address.
+    pub enter: u64,
+    /// `glass_go_enter` and `glass_go_exit`: Go's, which leave return addresses alone.
+    pub go_enter: u64,
+    pub go_exit: u64,
+}
+
+/// Bytes at the start of a module's trampoline region: the probes' addresses, which
+/// trampolines call through (`call [rip + slot]`).
+const SLOTS: usize = 32;
+
 /// Builds and writes the trampolines of `choice` (unreachable until the patches are
 /// written: the threads may run meanwhile) and returns the patches, for [`commit`].
 pub fn prepare(
     process: &StoppedProcess,
-    enter: u64,
+    probes: Probes,
     choice: &ModuleChoice,
     bias: u64,
     first_id: u32,
@@ -195,7 +217,10 @@ pub fn prepare(
             reason: reason.clone(),
         });
     }
-    let count = choice.patchable.len() + choice.redirected.len() + choice.libcalls.len();
+    let count = choice.patchable.len()
+        + choice.go_patchable.len()
+        + choice.redirected.len()
+        + choice.libcalls.len();
     if count == 0 {
         return Ok(outcome);
     }
@@ -210,8 +235,11 @@ pub fn prepare(
         },
     );
     let region = process.map_code_near(low, high, room)?;
-    let mut code = enter.to_le_bytes().to_vec();
-    code.resize(16, 0xcc);
+    let mut code = Vec::with_capacity(room as usize);
+    for probe in [probes.enter, probes.go_enter, probes.go_exit] {
+        code.extend_from_slice(&probe.to_le_bytes());
+    }
+    code.resize(SLOTS, 0xcc);
     let mut building = Building {
         process,
         module: &choice.path,
@@ -224,6 +252,9 @@ pub fn prepare(
     };
     for (function, file_plan, padding) in &choice.patchable {
         building.entry(function, file_plan, *padding);
+    }
+    for (function, file_plan, padding) in &choice.go_patchable {
+        building.go_function(function, file_plan, *padding);
     }
     // Functions too short for the jump: a copy in the trampoline, reached from each
     // direct call site (whose displacement is rewritten).
@@ -252,11 +283,24 @@ pub fn prepare(
 
 /// Room for every trampoline of `choice`, after the slot holding the probe's entry.
 fn region_room(choice: &ModuleChoice) -> u64 {
-    16 + choice
-        .patchable
-        .iter()
-        .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
-        .sum::<u64>()
+    SLOTS as u64
+        + choice
+            .go_patchable
+            .iter()
+            .map(|(_, plan, _)| {
+                trampoline_room(plan.entry.relocated_len + 16)
+                    + plan
+                        .returns
+                        .iter()
+                        .map(|site| trampoline_room(site.overwritten as usize + 16))
+                        .sum::<u64>()
+            })
+            .sum::<u64>()
+        + choice
+            .patchable
+            .iter()
+            .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
+            .sum::<u64>()
         + choice
             .redirected
             .iter()
@@ -290,6 +334,11 @@ impl Building<'_> {
     /// The slot that holds the probe's entry.
     fn enter_slot(&self) -> u64 {
         self.region
+    }
+
+    /// The slots that hold the Go probes' entry and exit.
+    fn go_slots(&self) -> (u64, u64) {
+        (self.region + 8, self.region + 16)
     }
 
     fn skip(&mut self, function: &Function, address: u64, reason: SkipReason) {
@@ -353,6 +402,65 @@ impl Building<'_> {
             }
             Err(reason) => self.skip(function, runtime_address, SkipReason::Trampoline(reason)),
         }
+    }
+
+    /// A Go function: a jump over its entry and over each of its returns, each to a
+    /// trampoline of its own, all written or none.
+    fn go_function(&mut self, function: &Function, file_plan: &GoPlan, padding: u64) {
+        let runtime_address = function.address.wrapping_add(self.bias);
+        // Analyse again where the code runs (see `entry`), and require the same patches.
+        let shifted = |plan: &GoPlan| -> Vec<(u64, u64)> { plan.overwritten() };
+        let expected: Vec<(u64, u64)> = shifted(file_plan)
+            .into_iter()
+            .map(|(at, len)| (at.wrapping_add(self.bias), len))
+            .collect();
+        let plan = self
+            .process
+            .read(runtime_address, (function.size + padding) as usize)
+            .ok()
+            .and_then(|bytes| {
+                let (code, padding) = bytes.split_at(function.size as usize);
+                glass_patch::go::plan(code, runtime_address, padding, &|_, _| None).ok()
+            })
+            .filter(|plan| shifted(plan) == expected);
+        let Some(plan) = plan else {
+            return self.skip(function, runtime_address, SkipReason::CodeDiffers);
+        };
+        let (enter_slot, exit_slot) = self.go_slots();
+        let mut code = Vec::new();
+        let mut moves = Vec::new();
+        let mut patches = Vec::new();
+        let base = self.next_at();
+        let built = (|| -> Result<(), String> {
+            let mut place = |bytes: Vec<u8>, more: trampoline::Moves, from: u64, len: u64| {
+                let at = base + code.len() as u64;
+                let rel = i32::try_from(at as i64 - (from + 5) as i64)
+                    .map_err(|_| format!("trampoline {at:#x} is out of reach of {from:#x}"))?;
+                let mut patch = vec![0xe9];
+                patch.extend_from_slice(&rel.to_le_bytes());
+                patch.resize(len as usize, 0xcc);
+                patches.push((from, patch));
+                moves.extend(more);
+                code.extend_from_slice(&bytes);
+                code.resize(code.len().next_multiple_of(16), 0xcc);
+                Ok::<u64, String>(base + code.len() as u64)
+            };
+            let (bytes, more) =
+                trampoline::build_go_entry(&plan.entry, self.id, base, enter_slot, exit_slot)?;
+            let mut next = place(bytes, more, plan.entry.patch_at, plan.entry.overwritten)?;
+            for site in &plan.returns {
+                let (bytes, more) =
+                    glass_patch::go::return_trampoline(site, self.id, next, exit_slot)?;
+                next = place(bytes, more, site.at, site.overwritten)?;
+            }
+            Ok(())
+        })();
+        if let Err(reason) = built {
+            return self.skip(function, runtime_address, SkipReason::Trampoline(reason));
+        }
+        self.outcome.moves.extend(moves);
+        self.patches.extend(patches);
+        self.install(&code, runtime_address, function.size, function.name.clone());
     }
 
     /// A function too short for the entry jump, copied whole into its trampoline and

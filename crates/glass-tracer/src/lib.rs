@@ -21,11 +21,13 @@
 mod attach;
 pub mod embedded;
 mod error;
+mod goroutines;
 pub mod guardian;
 mod guest;
 mod install;
 mod ledger;
 mod owner;
+mod replay;
 mod select;
 
 pub use error::{Failure, Result};
@@ -185,9 +187,8 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     }
     let program = glass_target::launch::resolve_command(&args.command[0])
         .map_err(|e| Failure::bad_input(e.to_string()))?;
-    let main_module =
-        select::read_module(&program, &patterns, &libcalls).map_err(Failure::bad_input)?;
-    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
+    let main_module = select::read_module(&program, &patterns, &libcalls, args.pmc.is_some())
+        .map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}{}",
@@ -368,6 +369,7 @@ fn start_output(
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let mut out = Output::new(file, 1 + counters.len() as u64);
+    out.goroutines = Some(goroutines::Goroutines::new(session.tsc_start()));
     out.write(&Record::Meta(Meta {
         start_unix_ns,
         backend: glass_format::Backend::Trace,
@@ -578,7 +580,7 @@ fn choose_modules(
                 continue;
             }
             found = true;
-            let module = select::read_module(Path::new(&mapping.path), patterns, libcalls)
+            let module = select::read_module(Path::new(&mapping.path), patterns, libcalls, false)
                 .map_err(Failure::bad_input)?;
             modules.push(module);
         }
@@ -613,11 +615,22 @@ fn biases(pid: i32, modules: &[select::ModuleChoice]) -> Result<Vec<u64>> {
         .collect()
 }
 
+/// The runtime's probes in the target, once it has mapped the session.
+pub(crate) fn probes(session: &SessionMemory) -> Option<install::Probes> {
+    let (_, enter) = session.runtime()?;
+    let (go_enter, go_exit) = session.go_probes();
+    Some(install::Probes {
+        enter,
+        go_enter,
+        go_exit,
+    })
+}
+
 /// Builds every module's trampolines (see [`install::prepare`]); what will be installed,
 /// skipped, and the patches to commit.
 fn prepare_all(
     process: &StoppedProcess,
-    enter: u64,
+    probes: install::Probes,
     modules: &[select::ModuleChoice],
     biases: &[u64],
 ) -> Result<(Vec<install::Installed>, Skipped, Vec<install::Outcome>)> {
@@ -627,9 +640,10 @@ fn prepare_all(
     let mut prepared = Vec::new();
     let mut next_id = 0u32;
     for (module, &bias) in modules.iter().zip(biases) {
-        let mut outcome = install::prepare(process, enter, module, bias, next_id).map_err(|e| {
-            Failure::runtime(format!("cannot patch {} in pid {pid}: {e}", module.path))
-        })?;
+        let mut outcome =
+            install::prepare(process, probes, module, bias, next_id).map_err(|e| {
+                Failure::runtime(format!("cannot patch {} in pid {pid}: {e}", module.path))
+            })?;
         next_id += outcome.installed.len() as u32;
         installed.append(&mut outcome.installed);
         skipped.append(&mut outcome.skipped);
@@ -686,15 +700,18 @@ fn set_up(
     notes: &mut dyn TraceNotes,
 ) -> Result<(Vec<install::Installed>, Skipped)> {
     let pid = process.pid();
-    let Some((_, enter)) = session.runtime() else {
+    let Some(probes) = probes(session) else {
         return Err(Failure::bad_input(format!(
             "the probe runtime did not load into {} (a statically linked program cannot preload it)",
             main_module.path
         )));
     };
+    if let Some(offset) = main_module.go_g_offset {
+        session.set_go_g_offset(offset);
+    }
     let modules = choose_modules(pid, main_module, patterns, libcalls, args, notes)?;
     let biases = biases(pid, &modules)?;
-    let (installed, skipped, prepared) = prepare_all(process, enter, &modules, &biases)?;
+    let (installed, skipped, prepared) = prepare_all(process, probes, &modules, &biases)?;
     commit_all(process, &prepared)?;
     Ok((installed, skipped))
 }
@@ -745,6 +762,7 @@ impl Sampler<Output> for LaunchDrain<'_> {
 }
 
 fn drain_once(session: &SessionMemory, all: bool, words: &mut Vec<u64>, out: &mut Output) -> usize {
+    out.begin_turn();
     let mut total = 0;
     for index in 0..session.claimed() {
         if !session.is_ready(index) {
@@ -757,8 +775,9 @@ fn drain_once(session: &SessionMemory, all: bool, words: &mut Vec<u64>, out: &mu
         }
         total += count;
         let stats = session.stats(index);
-        out.chunk(stats.pid, stats.tid, words);
+        out.thread_chunk(stats.pid, stats.tid, words);
     }
+    out.end_turn(all);
     total
 }
 
@@ -774,6 +793,11 @@ struct Output {
     records: u64,
     /// Words per record: 1, plus one per counter.
     stride: u64,
+    /// A process's Go probes' records, on their way to per-goroutine streams (none in
+    /// guest traces).
+    goroutines: Option<goroutines::Goroutines>,
+    /// The process the goroutines belong to.
+    goroutines_pid: u32,
 }
 
 impl Output {
@@ -787,6 +811,8 @@ impl Output {
                 lost_words: 0,
                 records: 0,
                 stride,
+                goroutines: None,
+                goroutines_pid: 0,
             },
             Err(e) => Output {
                 writer: None,
@@ -795,6 +821,8 @@ impl Output {
                 lost_words: 0,
                 records: 0,
                 stride,
+                goroutines: None,
+                goroutines_pid: 0,
             },
         }
     }
@@ -806,6 +834,41 @@ impl Output {
                 self.writer = None;
             }
         }
+    }
+
+    /// The words one thread's ring held: Go probes' records wait for their goroutine's
+    /// stream (see [`goroutines`]), the rest are written as they are.
+    fn thread_chunk(&mut self, pid: u32, tid: u32, words: &[u64]) {
+        let Some(goroutines) = &mut self.goroutines else {
+            return self.chunk(pid, tid, words);
+        };
+        if words
+            .iter()
+            .all(|&word| word >> glass_probe_abi::KEYED_BIT == 0)
+        {
+            return self.chunk(pid, tid, words);
+        }
+        let plain = goroutines.split(tid, words);
+        self.goroutines_pid = pid;
+        if !plain.is_empty() {
+            self.chunk(pid, tid, &plain);
+        }
+    }
+
+    fn begin_turn(&mut self) {
+        if let Some(goroutines) = &mut self.goroutines {
+            goroutines.begin_turn(glass_probe_abi::rdtsc());
+        }
+    }
+
+    /// Writes the goroutines' streams that are complete up to this turn.
+    fn end_turn(&mut self, all: bool) {
+        let Some(mut goroutines) = self.goroutines.take() else {
+            return;
+        };
+        let pid = self.goroutines_pid;
+        goroutines.end_turn(all, |tid, words| self.chunk(pid, tid, words));
+        self.goroutines = Some(goroutines);
     }
 
     fn chunk(&mut self, pid: u32, tid: u32, words: &[u64]) {

@@ -23,9 +23,14 @@ pub struct ModuleChoice {
     /// (file offset, virtual address) of each loadable segment, to find the load bias.
     pub segments: Vec<(u64, u64, u64)>,
     pub matched: usize,
-    /// Built by Go's toolchain: its functions are never patched (see
-    /// [`SkipReason::GoRuntimeStacks`]).
+    /// Built by Go's toolchain: its functions take the Go probes (see `glass_patch::go`),
+    /// which leave return addresses alone; the exit probe's hijack is never used on it.
     pub go: bool,
+    /// With `go`: the functions to patch and their plans (addresses are the file's), and
+    /// the bytes of padding after each.
+    pub go_patchable: Vec<(Function, glass_patch::go::GoPlan, u64)>,
+    /// With `go`: where the running goroutine lies relative to the thread pointer.
+    pub go_g_offset: Option<i64>,
 }
 
 /// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
@@ -62,6 +67,47 @@ const NEVER_PATCHED: &[(&str, &str)] = &[
     ("uw_*", "part of the unwinder"),
 ];
 
+/// Go runtime functions never patched: those entered other than by a call, or at a pc
+/// the runtime plants as a return address (`goexit+1`, `systemstack_switch+8`), those
+/// that switch stacks or goroutines, and those that run where no goroutine is set.
+const GO_NEVER_PATCHED: &[(&str, &str)] = &[
+    (
+        "runtime.goexit*",
+        "its second byte is every goroutine's first return address",
+    ),
+    (
+        "runtime.systemstack_switch",
+        "its inside is a return address the runtime plants",
+    ),
+    (
+        "runtime.morestack*",
+        "entered with the stack nearly full, it switches stacks",
+    ),
+    ("runtime.rt0_go", "the program's start"),
+    ("_rt0_*", "the program's start"),
+    ("runtime.mstart*", "a thread's first frame"),
+    ("runtime.clone", "returns on a new stack in the child"),
+    ("runtime.asyncPreempt*", "a call the signal handler injects"),
+    ("runtime.sigpanic*", "a call the signal handler injects"),
+    ("runtime.sigtramp*", "the signal handler's entry"),
+    ("runtime.cgoSigtramp*", "the signal handler's entry"),
+    (
+        "runtime.sigreturn*",
+        "entered by the signal handler's return",
+    ),
+    ("runtime.debugCall*", "a call a debugger injects"),
+    ("runtime.gogo*", "switches goroutines"),
+    ("runtime.mcall*", "switches goroutines"),
+    ("runtime.systemstack*", "switches stacks"),
+    ("runtime.asmcgocall*", "switches stacks"),
+    ("runtime.cgocallback*", "switches stacks"),
+    ("runtime.gosave*", "saves its caller's context"),
+    ("runtime.setg*", "sets the goroutine"),
+    ("runtime.save_g*", "sets the goroutine"),
+    ("runtime.load_g*", "sets the goroutine"),
+    ("crosscall2", "C's way into Go"),
+];
+
 /// Why a function must not be patched whatever its code, if so.
 /// Why a function is not patched, typed from glass-patch's analysis to the recording:
 /// [`SkipReason::kind`] names the kind (the summary groups by it, and the recording
@@ -90,12 +136,6 @@ pub enum SkipReason {
     CodeDiffers,
     /// Its trampoline could not be built or reached.
     Trampoline(String),
-    /// A function of a Go program: the Go runtime moves goroutine stacks as they grow
-    /// and reads every frame's return address itself (garbage collection, preemption,
-    /// panics, `runtime.Callers`), so a return address the exit probe replaces is a pc
-    /// it does not know, and it kills the program. Exit probes that leave return
-    /// addresses alone are not built yet.
-    GoRuntimeStacks,
     /// In a VM guest: the call-style probe shifts the arguments a function reads from
     /// the stack (see `glass_patch::stack_args`); why this one may have some.
     StackArguments(String),
@@ -106,12 +146,7 @@ impl SkipReason {
     /// the summary groups by.
     pub fn kind(&self) -> &'static str {
         match self {
-            SkipReason::Patch(glass_patch::Reason::TooShort { .. }) => "too short",
-            SkipReason::Patch(glass_patch::Reason::JumpIntoPatch { .. }) => {
-                "a branch lands inside the patched bytes"
-            }
-            SkipReason::Patch(glass_patch::Reason::Unrelocatable { .. }) => "cannot relocate",
-            SkipReason::Patch(glass_patch::Reason::Undecodable { .. }) => "undecodable bytes",
+            SkipReason::Patch(reason) => reason.kind(),
             SkipReason::EntryPoint => "the program's entry point",
             SkipReason::NeverPatched(_) => "never patched",
             SkipReason::NotCalled => "not entered by a call",
@@ -123,7 +158,6 @@ impl SkipReason {
             SkipReason::TooShortNoCallSite(_) => "too short, and no direct call to redirect",
             SkipReason::CodeDiffers => "the code in memory differs from the file",
             SkipReason::Trampoline(_) => "no trampoline",
-            SkipReason::GoRuntimeStacks => "a Go function",
             SkipReason::StackArguments(_) => "may take arguments on the stack",
         }
     }
@@ -152,7 +186,6 @@ impl std::fmt::Display for SkipReason {
             ),
             SkipReason::CodeDiffers => f.write_str("the code in memory differs from the file"),
             SkipReason::Trampoline(why) => write!(f, "no trampoline: {why}"),
-            SkipReason::GoRuntimeStacks => f.write_str(GO_REFUSAL),
             SkipReason::StackArguments(why) => write!(
                 f,
                 "may take arguments on the stack, which the guest probe's call would shift: {why}"
@@ -161,8 +194,43 @@ impl std::fmt::Display for SkipReason {
     }
 }
 
-/// Why no function of a Go program is patched.
-pub const GO_REFUSAL: &str = "a Go function: the Go runtime moves goroutine stacks and reads every frame's return address, which glass trace's exit probe replaces (it would kill the program)";
+/// Where a Go program keeps its running goroutine, relative to the thread pointer: its
+/// TLS variable `runtime.tlsg` in the executable's TLS block, which ends at the thread
+/// pointer (x86-64's TLS variant II). Go's linker puts it at -8 when nothing else is in
+/// the block, as in every cgo build seen here.
+fn go_g_offset(elf: &object::File) -> i64 {
+    use object::ObjectSymbol;
+    let block = match &elf {
+        object::File::Elf64(file) => {
+            use object::read::elf::ProgramHeader;
+            let endian = file.endian();
+            file.elf_program_headers()
+                .iter()
+                .find(|header| header.p_type(endian) == object::elf::PT_TLS)
+                .map(|header| {
+                    let align = header.p_align(endian).max(1);
+                    (
+                        header.p_vaddr(endian),
+                        header.p_memsz(endian).next_multiple_of(align),
+                    )
+                })
+        }
+        _ => None,
+    };
+    let symbol = elf.symbols().find(|s| s.name() == Ok("runtime.tlsg"));
+    match (block, symbol) {
+        (Some((start, size)), Some(symbol)) => {
+            // In the symbol table, a TLS variable's value is its offset in the block (or,
+            // for some linkers, its address).
+            let offset = symbol
+                .address()
+                .checked_sub(start)
+                .unwrap_or(symbol.address());
+            offset as i64 - size as i64
+        }
+        _ => -8,
+    }
+}
 
 /// Whether the file was built by Go's toolchain: it has Go's build information, or the
 /// runtime's stack-growth routine every Go function's prologue calls.
@@ -173,7 +241,13 @@ fn is_go(elf: &object::File) -> bool {
         || elf.symbols().any(|s| s.name() == Ok("runtime.morestack"))
 }
 
-fn never_patched(module: &Path, name: &str) -> Option<String> {
+fn never_patched(module: &Path, name: &str, go: bool) -> Option<String> {
+    if go {
+        return GO_NEVER_PATCHED
+            .iter()
+            .find(|(pattern, _)| glob_match(pattern, name))
+            .map(|(_, why)| format!("part of the Go runtime: {why}"));
+    }
     let file = module
         .file_name()
         .map(|f| f.to_string_lossy())
@@ -194,6 +268,7 @@ pub fn read_module(
     path: &Path,
     patterns: &[String],
     libcalls: &[String],
+    counters: bool,
 ) -> Result<ModuleChoice, String> {
     let bytes = std::fs::read(path).map_err(|e| {
         format!(
@@ -216,6 +291,12 @@ pub fn read_module(
     }
     let all = functions(&elf);
     let go = is_go(&elf);
+    if go && counters {
+        return Err(format!(
+            "{} is a Go program: its probes record time only, so --pmc does not apply",
+            path.display()
+        ));
+    }
     if go && !libcalls.is_empty() {
         return Err(format!(
             "{} is a Go program: --libcalls hooks calls made from Go code, whose return addresses the Go runtime reads itself; glass trace does not hook them (sample it with glass record)",
@@ -234,6 +315,8 @@ pub fn read_module(
             .collect(),
         matched: 0,
         go,
+        go_patchable: Vec::new(),
+        go_g_offset: go.then(|| go_g_offset(&elf)),
     };
     let entry = elf.entry();
     let targets = glass_patch::branch_targets(&elf, &all);
@@ -264,12 +347,6 @@ pub fn read_module(
             ..function.clone()
         };
         choice.matched += 1;
-        if go {
-            choice
-                .skipped
-                .push((function.clone(), SkipReason::GoRuntimeStacks));
-            continue;
-        }
         if function.address == entry && entry != 0 {
             // Nothing calls it: its stack starts with argc, not a return address.
             choice
@@ -279,7 +356,7 @@ pub fn read_module(
         }
         if let Some(why) = std::iter::once(&function.name)
             .chain(names.into_iter().flatten())
-            .find_map(|name| never_patched(path, name))
+            .find_map(|name| never_patched(path, name, go))
         {
             choice
                 .skipped
@@ -313,6 +390,29 @@ pub fn read_module(
             size: next.saturating_sub(end),
         };
         let padding = function_bytes(&elf, &padding).unwrap_or(&[]);
+        if go {
+            let landed_on = |from: u64, to: u64| targets.range(from..to).next().copied();
+            match glass_patch::go::plan(code, function.address, padding, &landed_on) {
+                Ok(plan) => {
+                    let entry = &plan.entry;
+                    if let Some(target) =
+                        landed_on(entry.patch_at + 1, entry.patch_at + entry.overwritten)
+                    {
+                        choice
+                            .skipped
+                            .push((function.clone(), SkipReason::BranchIntoPatch { target }));
+                    } else {
+                        choice
+                            .go_patchable
+                            .push((function.clone(), plan, padding.len() as u64));
+                    }
+                }
+                Err(reason) => choice
+                    .skipped
+                    .push((function.clone(), SkipReason::Patch(reason))),
+            }
+            continue;
+        }
         match analyze_with_padding(code, function.address, padding) {
             Ok(plan) => {
                 if let Some(&target) = targets
@@ -429,18 +529,6 @@ pub(super) fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u6
     slots
 }
 
-/// A Go program with nothing else to trace (no `--lib`) is refused before it is started
-/// or touched: every function it matched is a Go function. The line says what works.
-pub fn refuse_go_only(main: &ModuleChoice, libs: &[String]) -> Result<(), String> {
-    if !main.go || !libs.is_empty() || main.matched == 0 {
-        return Ok(());
-    }
-    Err(format!(
-        "{} is a Go program, and glass trace does not patch Go functions yet: the Go runtime moves goroutine stacks and reads every frame's return address, which the exit probe replaces (it would kill the program); trace its C libraries with --lib, or sample it with glass record",
-        main.path
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,8 +546,13 @@ mod tests {
 
     #[test]
     fn a_function_matches_by_any_of_its_names_and_keeps_the_one_asked_for() {
-        let choice =
-            read_module(Path::new(&libc()), &["puts".into(), "malloc".into()], &[]).unwrap();
+        let choice = read_module(
+            Path::new(&libc()),
+            &["puts".into(), "malloc".into()],
+            &[],
+            false,
+        )
+        .unwrap();
         let mut names: Vec<&str> = choice
             .patchable
             .iter()
@@ -477,7 +570,7 @@ mod tests {
     fn a_name_that_must_never_be_patched_protects_its_aliases() {
         // _setjmp and setjmp are one function in some C libraries, separate in others:
         // whichever names match, each is refused.
-        let choice = read_module(Path::new(&libc()), &["*setjmp".into()], &[]).unwrap();
+        let choice = read_module(Path::new(&libc()), &["*setjmp".into()], &[], false).unwrap();
         assert!(choice.patchable.is_empty(), "{:?}", choice.patchable);
         assert!(choice
             .skipped

@@ -305,9 +305,8 @@ fn examine(
     } else {
         PathBuf::from(format!("/proc/{pid}/exe"))
     };
-    let main_module =
-        select::read_module(&program, patterns, libcalls).map_err(Failure::bad_input)?;
-    select::refuse_go_only(&main_module, &args.lib).map_err(Failure::bad_input)?;
+    let main_module = select::read_module(&program, patterns, libcalls, args.pmc.is_some())
+        .map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",
@@ -454,9 +453,12 @@ struct Patched {
 /// Refuses, in the one line a launched trace gives, an attach none of whose functions,
 /// short functions or library calls can be patched.
 fn refuse_if_nothing_patchable(modules: &[select::ModuleChoice]) -> Result<()> {
-    let nothing = modules
-        .iter()
-        .all(|m| m.patchable.is_empty() && m.redirected.is_empty() && m.libcalls.is_empty());
+    let nothing = modules.iter().all(|m| {
+        m.patchable.is_empty()
+            && m.go_patchable.is_empty()
+            && m.redirected.is_empty()
+            && m.libcalls.is_empty()
+    });
     if !nothing {
         return Ok(());
     }
@@ -489,11 +491,14 @@ fn patch(
     let process = &held.process;
     let pid = process.pid();
     let runtime_at = &joined.runtime_at;
-    let Some((_, enter)) = session.runtime() else {
+    let Some(probes) = super::probes(session) else {
         return Err(Failure::runtime(
             "the probe runtime did not join the session",
         ));
     };
+    if let Some(offset) = modules.iter().find_map(|module| module.go_g_offset) {
+        session.set_go_g_offset(offset);
+    }
     let mappings = glass_target::procfs::executable_mappings(pid)
         .map_err(|e| Failure::runtime(format!("cannot read the mappings of pid {pid}: {e}")))?;
     let runtime_text = runtime_text(&mappings);
@@ -507,7 +512,7 @@ fn patch(
         .collect();
     // Trampolines are built and written while the other threads run; only the
     // patches wait for every thread to stop.
-    let (installed, skipped, prepared) = super::prepare_all(process, enter, modules, &biases)?;
+    let (installed, skipped, prepared) = super::prepare_all(process, probes, modules, &biases)?;
     // The unwinder's GOT slots are committed with the rest, as one more module's
     // patches.
     let mut prepared = prepared;

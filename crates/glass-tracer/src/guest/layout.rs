@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use glass_patch::call_trampoline::{self, Record, Ring, RECORD_BYTES};
 use glass_patch::trampoline::entry_patch;
 
-use super::replay::Replay;
 use crate::install::Installed;
+use crate::replay::Replay;
 use crate::select::ModuleChoice;
 
 pub const REGION_BYTES: u64 = 2 << 20;

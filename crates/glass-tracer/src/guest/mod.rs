@@ -30,7 +30,6 @@
 pub(crate) mod attach;
 pub(crate) mod gdb;
 mod layout;
-pub(crate) mod replay;
 pub(crate) mod xen;
 
 use std::io::Write as _;
@@ -48,6 +47,7 @@ use glass_target::gdbstub::client::Client;
 use glass_target::guest_code::GuestCode;
 
 use crate::install::Installed;
+use crate::replay;
 use crate::select::{self, SkipReason};
 use crate::{Failure, Output, Result, Skip, TraceNotes, TraceOptions, Traced};
 use layout::Layout;
@@ -191,7 +191,8 @@ fn parse_ram_mib(value: &str) -> Option<u64> {
 
 /// The functions to patch, with their plans, and those left alone.
 fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
-    let mut choice = select::read_module(symbols, patterns, &[]).map_err(Failure::bad_input)?;
+    let mut choice =
+        select::read_module(symbols, patterns, &[], false).map_err(Failure::bad_input)?;
     if choice.matched == 0 {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",

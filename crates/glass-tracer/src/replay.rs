@@ -26,10 +26,38 @@ struct Stack {
     words: Vec<u64>,
 }
 
+impl Stack {
+    /// The exit of the open call at `slot`: calls entered after it, deeper, ended without
+    /// returning (longjmp, a panic).
+    fn exit(&mut self, tsc: u64, slot: u64, function: u32) {
+        let Some(depth) = self.open.iter().rposition(|&(open, _)| open == slot) else {
+            return;
+        };
+        while self.open.len() > depth + 1 {
+            let (_, id) = self.open.pop().unwrap_or_default();
+            self.words.push(encode(tsc, id, EventKind::Unwound));
+        }
+        self.open.pop();
+        self.words.push(encode(tsc, function, EventKind::Exit));
+    }
+
+    /// A call entered at `slot`: open calls at or above it were left without returning.
+    fn enter(&mut self, tsc: u64, slot: u64, function: u32) {
+        while self.open.last().is_some_and(|&(open, _)| open <= slot) {
+            let (_, id) = self.open.pop().unwrap_or_default();
+            self.words.push(encode(tsc, id, EventKind::Unwound));
+        }
+        self.open.push((slot, function));
+        self.words.push(encode(tsc, function, EventKind::Entry));
+    }
+}
+
 /// The streams being rebuilt.
 #[derive(Default)]
 pub struct Replay {
     stacks: Vec<Stack>,
+    /// The stack of each key, for keyed records.
+    keyed: std::collections::HashMap<u64, usize>,
     /// Exits of calls entered before the probes were in place.
     pub unmatched_exits: u64,
 }
@@ -38,42 +66,43 @@ impl Replay {
     pub fn add(&mut self, record: Record) {
         let function = u32::from(record.id);
         if record.exit {
-            let found = self.stacks.iter_mut().find_map(|stack| {
-                let depth = stack
-                    .open
-                    .iter()
-                    .rposition(|&(slot, _)| slot == record.slot)?;
-                Some((stack, depth))
-            });
-            let Some((stack, depth)) = found else {
-                self.unmatched_exits += 1;
-                return;
-            };
-            // Calls entered after it, deeper, ended without returning (longjmp).
-            while stack.open.len() > depth + 1 {
-                let (_, id) = stack.open.pop().unwrap_or_default();
-                stack.words.push(encode(record.tsc, id, EventKind::Unwound));
+            let found = self
+                .stacks
+                .iter()
+                .position(|stack| stack.open.iter().any(|&(slot, _)| slot == record.slot));
+            match found {
+                Some(index) => self.stacks[index].exit(record.tsc, record.slot, function),
+                None => self.unmatched_exits += 1,
             }
-            stack.open.pop();
-            stack
-                .words
-                .push(encode(record.tsc, function, EventKind::Exit));
             return;
         }
-        let stack = self.stack_of(record.slot);
-        // Open calls at or above this slot were left without returning.
-        while stack
-            .open
-            .last()
-            .is_some_and(|&(slot, _)| slot <= record.slot)
-        {
-            let (_, id) = stack.open.pop().unwrap_or_default();
-            stack.words.push(encode(record.tsc, id, EventKind::Unwound));
+        self.stack_of(record.slot)
+            .enter(record.tsc, record.slot, function);
+    }
+
+    /// A record whose stack is known by a key (Go's probes: the goroutine), not by where
+    /// its slot lies. A call entered again at the same slot before it returned is one
+    /// call: Go's stack-growth path runs the function's first byte again, on the moved
+    /// stack at the same depth. Keyed and unkeyed records never share a replay.
+    pub fn add_keyed(&mut self, key: u64, tsc: u64, slot: u64, function: u32, exit: bool) {
+        let index = match self.keyed.get(&key) {
+            Some(&index) => index,
+            None => {
+                self.stacks.push(Stack::default());
+                self.keyed.insert(key, self.stacks.len() - 1);
+                self.stacks.len() - 1
+            }
+        };
+        let stack = &mut self.stacks[index];
+        if exit {
+            if stack.open.iter().any(|&(open, _)| open == slot) {
+                stack.exit(tsc, slot, function);
+            } else {
+                self.unmatched_exits += 1;
+            }
+        } else if stack.open.last() != Some(&(slot, function)) {
+            stack.enter(tsc, slot, function);
         }
-        stack.open.push((record.slot, function));
-        stack
-            .words
-            .push(encode(record.tsc, function, EventKind::Entry));
     }
 
     /// The stack a slot lies in (or near), made if none is near.
