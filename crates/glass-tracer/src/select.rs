@@ -23,14 +23,16 @@ pub struct ModuleChoice {
     /// (file offset, virtual address) of each loadable segment, to find the load bias.
     pub segments: Vec<(u64, u64, u64)>,
     pub matched: usize,
-    /// Built by Go's toolchain: its functions take the Go probes (see `glass_patch::go`),
-    /// which leave return addresses alone; the exit probe's hijack is never used on it.
-    pub go: bool,
-    /// With `go`: the functions to patch and their plans (addresses are the file's), and
+    /// Built by Go's toolchain, the functions to patch and their plans (addresses are the file's), and
     /// the bytes of padding after each.
     pub go_patchable: Vec<(Function, glass_patch::go::GoPlan, u64)>,
-    /// With `go`: where the running goroutine lies relative to the thread pointer.
+    /// Built by Go's toolchain (whose functions take the Go probes, see `glass_patch::go`,
+    /// which leave return addresses alone; the exit probe's hijack is never used on it):
+    /// where the running goroutine lies relative to the thread pointer.
     pub go_g_offset: Option<i64>,
+    /// Built by Go's toolchain: the runtime's slice of every goroutine (`runtime.allgs`), its file
+    /// address.
+    pub go_allgs: Option<u64>,
 }
 
 /// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
@@ -136,6 +138,9 @@ pub enum SkipReason {
     CodeDiffers,
     /// Its trampoline could not be built or reached.
     Trampoline(String),
+    /// A Go function a goroutine was parked inside, at `pc`, when glass attached (see
+    /// attach/go_stacks.rs).
+    GoroutineInside { pc: u64 },
     /// In a VM guest: the call-style probe shifts the arguments a function reads from
     /// the stack (see `glass_patch::stack_args`); why this one may have some.
     StackArguments(String),
@@ -159,6 +164,7 @@ impl SkipReason {
             SkipReason::CodeDiffers => "the code in memory differs from the file",
             SkipReason::Trampoline(_) => "no trampoline",
             SkipReason::StackArguments(_) => "may take arguments on the stack",
+            SkipReason::GoroutineInside { .. } => "a goroutine was stopped inside it",
         }
     }
 }
@@ -186,6 +192,10 @@ impl std::fmt::Display for SkipReason {
             ),
             SkipReason::CodeDiffers => f.write_str("the code in memory differs from the file"),
             SkipReason::Trampoline(why) => write!(f, "no trampoline: {why}"),
+            SkipReason::GoroutineInside { pc } => write!(
+                f,
+                "a goroutine was stopped inside the bytes the patch replaces (at {pc:#x})"
+            ),
             SkipReason::StackArguments(why) => write!(
                 f,
                 "may take arguments on the stack, which the guest probe's call would shift: {why}"
@@ -230,6 +240,14 @@ fn go_g_offset(elf: &object::File) -> i64 {
         }
         _ => -8,
     }
+}
+
+/// Where a Go program's running goroutine lies relative to the thread pointer (see
+/// [`go_g_offset`]); None for a program Go did not build, or one glass cannot read.
+pub fn go_g_offset_of(path: &Path) -> Option<i64> {
+    let bytes = std::fs::read(path).ok()?;
+    let elf = object::File::parse(&*bytes).ok()?;
+    is_go(&elf).then(|| go_g_offset(&elf))
 }
 
 /// Whether the file was built by Go's toolchain: it has Go's build information, or the
@@ -314,9 +332,16 @@ pub fn read_module(
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
             .collect(),
         matched: 0,
-        go,
         go_patchable: Vec::new(),
         go_g_offset: go.then(|| go_g_offset(&elf)),
+        go_allgs: go
+            .then(|| {
+                use object::ObjectSymbol;
+                elf.symbols()
+                    .find(|s| s.name() == Ok("runtime.allgs"))
+                    .map(|s| s.address())
+            })
+            .flatten(),
     };
     let entry = elf.entry();
     let targets = glass_patch::branch_targets(&elf, &all);

@@ -146,7 +146,8 @@ pub(super) fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<D
     let stopped = Instant::now();
     glass_target::test_hook("detach-stopped");
     let tids = attachment.tids();
-    let mut process = StoppedProcess::for_thread(pid, tids[0])
+    let caller = super::go_stacks::thread_for_calls(pid, &tids, attached.go_g_offset);
+    let mut process = StoppedProcess::for_thread(pid, caller)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(attached.libc);
     process.reuse_landing(attached.landing);
@@ -156,7 +157,7 @@ pub(super) fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<D
     glass_target::test_hook("detach-restored");
     // Only the runtime's own state is left, which no thread can reach any more: the
     // others go now, and one stays to unmap the session and the ledger.
-    attachment.release_all_but(tids[0]);
+    attachment.release_all_but(caller);
     let all_stopped = stopped.elapsed().as_nanos() as u64;
     // The session ends before the ledger goes: a glass killed in between leaves a
     // ledger whose recovery only repeats what is done, never a session without one.

@@ -48,6 +48,7 @@
 //! (`recover`).
 
 mod detach;
+mod go_stacks;
 mod recover;
 mod runtime;
 mod safe_point;
@@ -109,6 +110,8 @@ struct Attached {
     /// The runtime's glass_probe_detach in the process.
     leave: u64,
     runtime_text: Vec<Span>,
+    /// A Go program's goroutine offset: injected calls avoid goroutines' stacks.
+    go_g_offset: Option<i64>,
 }
 
 /// `glass trace --pid`: the phases of the module's first comment, in order.
@@ -162,7 +165,8 @@ pub fn run(
     let file = output.start()?;
 
     // -- Attach ------------------------------------------------------------------------
-    let mut held = hold_loader_thread(pid, &mappings, &loader)?;
+    let go_g_offset = modules.iter().find_map(|module| module.go_g_offset);
+    let mut held = hold_loader_thread(pid, &mappings, &loader, go_g_offset)?;
     let joined = join(&mut held, &runtime_symbols, &loader, &session, &user, notes)?;
     let patched = match patch(
         &mut held,
@@ -209,6 +213,7 @@ pub fn run(
         runtime_text: patched.runtime_text,
         ledger_at: patched.ledger_at,
         ledger_slot: joined.runtime_at[LEDGER],
+        go_g_offset,
     };
     let mut out = super::start_output(
         file,
@@ -339,11 +344,16 @@ struct Held {
 /// Attach, step 1: seizes every thread (none stopped) and stops one at a safe point
 /// (never in the dynamic loader, nor elsewhere in libc unless it waits in a system
 /// call) to load the runtime in.
-fn hold_loader_thread(pid: i32, mappings: &[Mapping], loader: &LoaderFunctions) -> Result<Held> {
+fn hold_loader_thread(
+    pid: i32,
+    mappings: &[Mapping],
+    loader: &LoaderFunctions,
+    go_g_offset: Option<i64>,
+) -> Result<Held> {
     let mut attachment = Attachment::seize(pid).map_err(Failure::starting)?;
     let loader_code = spans_of(mappings, &["ld-linux", "ld-2.", "ld64"]);
     let libc_code = spans_of(mappings, &["libc.so", "libc-", "libdl"]);
-    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code, go_g_offset)?;
     glass_target::test_hook("attach-safe-point");
     let loader_stopped = Instant::now();
     let mut process = StoppedProcess::for_thread(pid, loader_tid)
@@ -554,6 +564,15 @@ fn patch(
     };
     let moved = stop_at_safe_points(&mut held.attachment, &leave, Some(process.tid()))?;
     glass_target::test_hook("attach-stopped");
+    let (installed, skipped) = leave_go_functions_goroutines_are_in(
+        process,
+        modules,
+        &biases,
+        &inside,
+        installed,
+        skipped,
+        &mut prepared,
+    );
     let undo = super::commit_all(process, &prepared)?;
     glass_target::test_hook("attach-patched");
     let mut undo = undo;
@@ -569,6 +588,44 @@ fn patch(
         all_stopped,
         moved,
     })
+}
+
+/// Takes out of `prepared` every patch of a Go function a goroutine is parked inside
+/// (see `go_stacks`): such a function is skipped. Every thread is stopped.
+fn leave_go_functions_goroutines_are_in(
+    process: &StoppedProcess,
+    modules: &[select::ModuleChoice],
+    biases: &[u64],
+    inside: &dyn Fn(u64) -> bool,
+    mut installed: Vec<install::Installed>,
+    mut skipped: super::Skipped,
+    prepared: &mut [install::Outcome],
+) -> (Vec<install::Installed>, super::Skipped) {
+    for (module, &bias) in modules.iter().zip(biases) {
+        let Some(allgs) = module.go_allgs else {
+            continue;
+        };
+        for pc in go_stacks::planted_pcs(process, allgs.wrapping_add(bias), inside) {
+            let Some(index) = installed.iter().position(|f| {
+                f.module == module.path && pc > f.address && pc < f.address + f.size + 16
+            }) else {
+                continue;
+            };
+            let function = installed.remove(index);
+            let span = function.address..function.address + function.size + 16;
+            for outcome in prepared.iter_mut() {
+                outcome.patches.retain(|(at, _, _)| !span.contains(at));
+                outcome.moves.retain(|(from, _)| !span.contains(from));
+            }
+            skipped.push(crate::Skip {
+                module: function.module.clone(),
+                address: function.address,
+                name: function.name.clone(),
+                reason: select::SkipReason::GoroutineInside { pc },
+            });
+        }
+    }
+    (installed, skipped)
 }
 
 /// What a later glass needs to take it all out should this one die attached.

@@ -3,6 +3,7 @@
 
 use glass_target::attach::Attachment;
 use glass_target::inject::StoppedProcess;
+use std::path::Path;
 
 use super::*;
 
@@ -112,7 +113,8 @@ pub fn take_over(pid: i32) -> Result<Option<u64>> {
     let mut attachment = Attachment::seize(pid)?;
     let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
     let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
-    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code)?;
+    let go_g_offset = crate::select::go_g_offset_of(Path::new(&format!("/proc/{pid}/exe")));
+    let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code, go_g_offset)?;
     let mut process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(loader.calls);

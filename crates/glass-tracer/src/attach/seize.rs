@@ -188,6 +188,7 @@ pub(super) fn pick_loader_thread(
     attachment: &mut Attachment,
     unsafe_code: &[Span],
     libc: &[Span],
+    go_g_offset: Option<i64>,
 ) -> Result<i32> {
     for round in 0..400 {
         for tid in attachment.tids() {
@@ -201,7 +202,12 @@ pub(super) fn pick_loader_thread(
                 continue;
             };
             let waiting = WAITING_SYSCALLS.contains(&(regs.orig_rax as i64));
-            let safe = !within(unsafe_code, regs.rip) && (!within(libc, regs.rip) || waiting);
+            // In a Go program, not on a goroutine's small stack (see go_stacks).
+            let own_stack = go_g_offset.is_none_or(|offset| {
+                !super::go_stacks::on_goroutine_stack(attachment.pid(), &regs, offset)
+            });
+            let safe =
+                !within(unsafe_code, regs.rip) && (!within(libc, regs.rip) || waiting) && own_stack;
             if safe || round == 399 {
                 return Ok(tid);
             }

@@ -8,6 +8,27 @@ use std::process::{Command, Output};
 
 pub const GLASS: &str = env!("CARGO_BIN_EXE_glass");
 
+/// tests/fixtures/trace/`source`, a Go program built with cgo by Go's toolchain (./x test
+/// installs golang-go), its build cache and GOPATH in `dir`.
+pub fn go_build(dir: &Path, source: &str) -> PathBuf {
+    let out = dir.join(source.trim_end_matches(".go"));
+    let output = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(fixtures_dir().join("trace").join(source))
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("CGO_ENABLED", "1")
+        .output()
+        .expect("go runs (./x test installs golang-go)");
+    assert!(
+        output.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
 /// The repository's root (the workspace), where guests/, tests/fixtures and target/ are.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
