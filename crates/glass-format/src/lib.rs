@@ -474,6 +474,10 @@ pub struct TraceFunction {
     pub address: u64,
     pub size: u64,
     pub name: String,
+    /// How its calls are timed (glass-tracer's `Probe::name`): "return address",
+    /// "return sites", "call sites", "library call", "call" (guests); empty in files
+    /// written before it was recorded.
+    pub probe: String,
 }
 
 /// `glass trace`: a function a pattern matched that was not patched, and why.

@@ -476,6 +476,12 @@ pub(crate) fn decode(tag: u8, bytes: &[u8], version: u32) -> Result<Record, &'st
             address: p.u64()?,
             size: p.u64()?,
             name: p.string()?,
+            // Written before the probe was recorded: none.
+            probe: if p.is_empty() {
+                String::new()
+            } else {
+                p.string()?
+            },
         }),
         tag::TRACE_SKIPPED => Record::TraceSkipped(trace_skipped(&mut p)?),
         tag::TRACE_CHUNK | tag::TRACE_PACKED => Record::TraceChunk(trace_chunk(tag, &mut p)?),

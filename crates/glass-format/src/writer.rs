@@ -324,6 +324,7 @@ impl<W: Write> Writer<W> {
         put_u64(b, f.address);
         put_u64(b, f.size);
         put_str(b, &f.name);
+        put_str(b, &f.probe);
         self.emit(tag::TRACE_FUNCTION)
     }
 

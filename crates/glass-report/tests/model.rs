@@ -448,6 +448,7 @@ fn trace_recording() -> Recording {
             address: 0x1000 + 0x100 * id as u64,
             size: 0x40,
             name: name.to_string(),
+            probe: "return address".to_string(),
         });
     }
     recording.trace_chunks.push(TraceChunk {

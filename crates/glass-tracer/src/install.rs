@@ -18,6 +18,37 @@ pub struct Installed {
     pub address: u64,
     pub size: u64,
     pub name: String,
+    /// How its calls are timed.
+    pub probe: Probe,
+}
+
+/// How a function's calls are timed: each way has its own guarantees (README's trace
+/// section, docs/architecture.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// glass_enter takes over the return address; the exit stub times the return.
+    ReturnAddress,
+    /// Go: a probe at the entry and at each `ret`, return addresses left alone.
+    ReturnSites,
+    /// Too short for the jump: a copy of the whole function, reached from its direct
+    /// call sites, with the return-address probe.
+    CallSites,
+    /// A library call, through its GOT slot, with the return-address probe.
+    LibraryCall,
+    /// A guest's function: the call-style trampoline calls it.
+    Call,
+}
+
+impl Probe {
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::ReturnAddress => "return address",
+            Probe::ReturnSites => "return sites",
+            Probe::CallSites => "call sites",
+            Probe::LibraryCall => "library call",
+            Probe::Call => "call",
+        }
+    }
 }
 
 pub struct Outcome {
@@ -351,7 +382,7 @@ impl Building<'_> {
     }
 
     /// Adds a trampoline's bytes (aligned to 16) and counts what it instruments.
-    fn install(&mut self, trampoline: &[u8], address: u64, size: u64, name: String) {
+    fn install(&mut self, trampoline: &[u8], address: u64, size: u64, name: String, probe: Probe) {
         self.code.extend_from_slice(trampoline);
         self.code.resize(self.code.len().next_multiple_of(16), 0xcc);
         self.outcome.installed.push(Installed {
@@ -360,6 +391,7 @@ impl Building<'_> {
             address,
             size,
             name,
+            probe,
         });
         self.id += 1;
     }
@@ -398,6 +430,7 @@ impl Building<'_> {
                     runtime_address,
                     function.size,
                     function.name.clone(),
+                    Probe::ReturnAddress,
                 );
             }
             Err(reason) => self.skip(function, runtime_address, SkipReason::Trampoline(reason)),
@@ -460,7 +493,13 @@ impl Building<'_> {
         }
         self.outcome.moves.extend(moves);
         self.patches.extend(patches);
-        self.install(&code, runtime_address, function.size, function.name.clone());
+        self.install(
+            &code,
+            runtime_address,
+            function.size,
+            function.name.clone(),
+            Probe::ReturnSites,
+        );
     }
 
     /// A function too short for the entry jump, copied whole into its trampoline and
@@ -512,6 +551,7 @@ impl Building<'_> {
             runtime_address,
             function.size,
             function.name.clone(),
+            Probe::CallSites,
         );
     }
 
@@ -534,7 +574,7 @@ impl Building<'_> {
         bytes.resize(24, 0xcc);
         bytes.extend_from_slice(&target.to_le_bytes());
         self.patches.push((slot, at.to_le_bytes().to_vec()));
-        self.install(&bytes, target, 0, format!("{name}@plt"));
+        self.install(&bytes, target, 0, format!("{name}@plt"), Probe::LibraryCall);
         Ok(())
     }
 }

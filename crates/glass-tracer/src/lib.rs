@@ -428,6 +428,7 @@ fn write_instrumented(out: &mut Output, installed: &[install::Installed], skippe
             address: function.address,
             size: function.size,
             name: function.name.clone(),
+            probe: function.probe.name().to_string(),
         }));
     }
     for skip in skipped {

@@ -588,7 +588,7 @@ mod tests {
         // puts is a weak alias of _IO_puts, malloc one name of __libc_malloc.
         assert_eq!(names, ["malloc", "puts"]);
         assert_eq!(choice.matched, 2);
-        assert!(!choice.go);
+        assert!(choice.go_g_offset.is_none());
     }
 
     #[test]

@@ -369,6 +369,28 @@ fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) 
         count(recording.trace_functions.len() as u64, "function"),
         recording.trace_skipped.len()
     );
+    // How each function's calls are timed, each way with its own guarantees.
+    let mut probes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for function in &recording.trace_functions {
+        let probe = match function.probe.as_str() {
+            "" => "not recorded",
+            probe => probe,
+        };
+        probes.entry(probe).or_default().push(&function.name);
+    }
+    for (probe, names) in &probes {
+        const SHOWN: usize = 5;
+        let more = match names.len() > SHOWN {
+            true => format!(", ... and {} more", names.len() - SHOWN),
+            false => String::new(),
+        };
+        let shown: Vec<&str> = names.iter().take(SHOWN).copied().collect();
+        println!(
+            "             {} timed by {probe}: {}{more}",
+            names.len(),
+            shown.join(", ")
+        );
+    }
     let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
     for skipped in &recording.trace_skipped {
         *reasons.entry(skipped.kind.as_str()).or_default() += 1;

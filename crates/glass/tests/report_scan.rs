@@ -544,6 +544,7 @@ fn synthetic(
                     address: 0x1000 + id as u64 * 16,
                     size: 16,
                     name: name.to_string(),
+                    probe: "return address".to_string(),
                 }))
                 .unwrap();
         }

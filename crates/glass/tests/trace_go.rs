@@ -306,4 +306,11 @@ fn a_go_program_s_c_library_is_traced_and_its_calls_from_go_are_not_hooked() {
     );
     // gosvc calls main.work once a round.
     assert_eq!(calls.get("main.work").copied(), Some(made), "{calls:?}");
+    // And glass info says which probe timed which.
+    let info = stdout(&glass(&["info", recording]));
+    assert!(
+        info.contains("2 timed by return address: malloc, free")
+            && info.contains("1 timed by return sites: main.work"),
+        "{info}"
+    );
 }

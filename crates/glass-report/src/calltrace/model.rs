@@ -241,6 +241,7 @@ mod tests {
                 address: 0x1000 + id as u64,
                 size: 1,
                 name: name.to_string(),
+                probe: "return address".to_string(),
             });
         }
         for (tid, words) in threads {

@@ -302,6 +302,7 @@ impl Layout {
                 address: function.address,
                 size: function.size,
                 name: function.name.clone(),
+                probe: crate::install::Probe::Call,
             });
             at = (at + code.len() as u64 + 15) & !15;
             Ok(Some((address, moves)))
