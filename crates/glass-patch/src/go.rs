@@ -32,11 +32,11 @@
 //!   stack-, rip- and goroutine-relative operands are displaced.
 
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
-    InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
+    MemoryOperand, Mnemonic, OpKind, Register,
 };
 
-use crate::{analyze_inner, is_filler, Plan, Reason, PATCH_LEN};
+use crate::{analyze_inner, decode_all, is_filler, Plan, Reason, PATCH_LEN};
 
 /// A return of a Go function patched with a jump to its own trampoline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub fn plan(
     padding: &[u8],
     landed_on: &dyn Fn(u64, u64) -> Option<u64>,
 ) -> Result<GoPlan, Reason> {
-    let instructions = decode(code, address)?;
+    let instructions = decode_all(code, address)?;
     let end = address + code.len() as u64;
     for instruction in &instructions {
         match instruction.flow_control() {
@@ -189,21 +189,6 @@ fn return_site(
     Err(refused("fewer than five bytes of straight code before it"))
 }
 
-fn decode(code: &[u8], address: u64) -> Result<Vec<Instruction>, Reason> {
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut instructions = Vec::new();
-    while decoder.can_decode() {
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return Err(Reason::Undecodable {
-                at: instruction.ip(),
-            });
-        }
-        instructions.push(instruction);
-    }
-    Ok(instructions)
-}
-
 /// Whether an instruction reads or writes memory a fault could stop it at: anything
 /// but the stack, the code's own data (rip-relative), the goroutine (r14) and the
 /// thread's own TLS (where Go keeps the goroutine).
@@ -267,6 +252,7 @@ pub fn return_trampoline(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use iced_x86::{Decoder, DecoderOptions};
 
     fn text(bytes: &[u8], ip: u64) -> Vec<String> {
         Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE)

@@ -339,17 +339,7 @@ pub(crate) fn analyze_inner(
     padding: &[u8],
     to_start_too: bool,
 ) -> Result<Plan, Reason> {
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut instructions: Vec<Instruction> = Vec::new();
-    while decoder.can_decode() {
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return Err(Reason::Undecodable {
-                at: instruction.ip(),
-            });
-        }
-        instructions.push(instruction);
-    }
+    let instructions = decode_all(code, address)?;
     let patch_at = match instructions.first() {
         Some(first) if first.code() == Code::Endbr64 => first.next_ip(),
         _ => address,
@@ -590,6 +580,22 @@ pub fn whole_function_plan(code: &[u8], address: u64) -> Result<Plan, Reason> {
             instruction: error.to_string(),
         }),
     }
+}
+
+/// Every instruction of `code` (at `address`), or where it stops decoding.
+pub(crate) fn decode_all(code: &[u8], address: u64) -> Result<Vec<Instruction>, Reason> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instructions = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return Err(Reason::Undecodable {
+                at: instruction.ip(),
+            });
+        }
+        instructions.push(instruction);
+    }
+    Ok(instructions)
 }
 
 /// Whether `bytes` (at `address`) are only alignment filler: int3 or nops.

@@ -396,6 +396,23 @@ impl Building<'_> {
         self.id += 1;
     }
 
+    /// `analyse` of the function's code as the target holds it, and of the `padding`
+    /// bytes after it.
+    fn in_memory<T>(
+        &self,
+        function: &Function,
+        padding: u64,
+        analyse: impl Fn(&[u8], &[u8]) -> Option<T>,
+    ) -> Option<T> {
+        let runtime_address = function.address.wrapping_add(self.bias);
+        let bytes = self
+            .process
+            .read(runtime_address, (function.size + padding) as usize)
+            .ok()?;
+        let (code, padding) = bytes.split_at(function.size as usize);
+        analyse(code, padding)
+    }
+
     /// A function reached through a jump written over its entry.
     fn entry(&mut self, function: &Function, file_plan: &Plan, padding: u64) {
         let runtime_address = function.address.wrapping_add(self.bias);
@@ -403,11 +420,7 @@ impl Building<'_> {
         // and the code in memory must be what the file says (it is not if something
         // else, or an earlier glass, already patched it).
         let plan = self
-            .process
-            .read(runtime_address, (function.size + padding) as usize)
-            .ok()
-            .and_then(|bytes| {
-                let (code, padding) = bytes.split_at(function.size as usize);
+            .in_memory(function, padding, |code, padding| {
                 glass_patch::analyze_with_padding(code, runtime_address, padding).ok()
             })
             .filter(|plan| {
@@ -442,20 +455,16 @@ impl Building<'_> {
     fn go_function(&mut self, function: &Function, file_plan: &GoPlan, padding: u64) {
         let runtime_address = function.address.wrapping_add(self.bias);
         // Analyse again where the code runs (see `entry`), and require the same patches.
-        let shifted = |plan: &GoPlan| -> Vec<(u64, u64)> { plan.overwritten() };
-        let expected: Vec<(u64, u64)> = shifted(file_plan)
+        let expected: Vec<(u64, u64)> = file_plan
+            .overwritten()
             .into_iter()
             .map(|(at, len)| (at.wrapping_add(self.bias), len))
             .collect();
         let plan = self
-            .process
-            .read(runtime_address, (function.size + padding) as usize)
-            .ok()
-            .and_then(|bytes| {
-                let (code, padding) = bytes.split_at(function.size as usize);
+            .in_memory(function, padding, |code, padding| {
                 glass_patch::go::plan(code, runtime_address, padding, &|_, _| None).ok()
             })
-            .filter(|plan| shifted(plan) == expected);
+            .filter(|plan| plan.overwritten() == expected);
         let Some(plan) = plan else {
             return self.skip(function, runtime_address, SkipReason::CodeDiffers);
         };
