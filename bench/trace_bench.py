@@ -437,35 +437,14 @@ def coverage(work):
 
 def count_named(recording):
     """Instrumented functions that have a symbol name (not `sub_<address>` from
-    .eh_frame), read from the recording's TraceFunction records (docs/format.md)."""
-    data = Path(recording).read_bytes()
-    pos, named = 16, 0
-
-    def varint(b, p):
-        value, shift = 0, 0
-        while True:
-            c = b[p]
-            p += 1
-            value |= (c & 0x7F) << shift
-            shift += 7
-            if c < 0x80:
-                return value, p
-
-    while pos + 5 <= len(data):
-        tag = data[pos]
-        length = int.from_bytes(data[pos + 1:pos + 5], "little")
-        payload = data[pos + 5:pos + 5 + length]
-        pos += 5 + length
-        if tag == 9:  # TraceFunction: id, module, address, size, name
-            p = varint(payload, 0)[1]
-            n, p = varint(payload, p)
-            p += n
-            p = varint(payload, p)[1]
-            p = varint(payload, p)[1]
-            n, p = varint(payload, p)
-            name = payload[p:p + n].decode(errors="replace")
-            named += not name.startswith("sub_")
-    return named
+    .eh_frame), as `glass info` counts them."""
+    info = subprocess.run([str(GLASS), "info", str(recording)], capture_output=True,
+                          text=True).stdout
+    named = re.search(r"(\d+) named by a symbol", info)
+    if named:
+        return int(named.group(1))
+    total = re.search(r"tracing:\s+(\d+) functions? instrumented", info)
+    return int(total.group(1)) if total else 0
 
 
 def throughput(work):

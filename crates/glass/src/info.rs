@@ -369,6 +369,17 @@ fn trace_info(recording: &glass_format::Recording, calls: Option<&CallRecords>) 
         count(recording.trace_functions.len() as u64, "function"),
         recording.trace_skipped.len()
     );
+    let unnamed = recording
+        .trace_functions
+        .iter()
+        .filter(|f| f.name.starts_with("sub_"))
+        .count();
+    if unnamed > 0 {
+        println!(
+            "             {} named by a symbol, {unnamed} only by an FDE (sub_<address>)",
+            recording.trace_functions.len() - unnamed
+        );
+    }
     // How each function's calls are timed, each way with its own guarantees.
     let mut probes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
     for function in &recording.trace_functions {
