@@ -21,8 +21,8 @@ use iced_x86::{
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 pub mod call_trampoline;
-pub mod go;
 pub mod plt;
+pub mod return_sites;
 pub mod stack_args;
 pub mod trampoline;
 
@@ -331,7 +331,7 @@ pub fn analyze_with_padding(code: &[u8], address: u64, padding: &[u8]) -> Result
 }
 
 /// [`analyze_with_padding`]; `to_start_too`: a branch may land on the patch's first
-/// byte, as Go's stack-growth path does (see [`go`]): the exit probe that hijacks
+/// byte, as Go's stack-growth path does (see [`return_sites`]): the exit probe that hijacks
 /// returns must not allow it, since the entry would then take its own slot again.
 pub(crate) fn analyze_inner(
     code: &[u8],

@@ -87,10 +87,10 @@ pub fn build_with_moves(
     build_entry(plan, id, address, enter_slot, None)
 }
 
-/// A Go function's entry trampoline (see [`crate::go`]): as [`build_with_moves`], with
+/// A Go function's entry trampoline (see [`crate::return_sites`]): as [`build_with_moves`], with
 /// the probe at `enter_slot` keeping return addresses alone, and, when the displaced
 /// instructions end in the function's `ret`, the exit probe at `exit_slot` before it.
-pub fn build_go_entry(
+pub fn build_site_entry(
     plan: &Plan,
     id: u32,
     address: u64,

@@ -69,15 +69,19 @@ pub mod header {
     pub const FATAL_ADDRESS: usize = 192;
     /// The process that died so (a forked child shares the session).
     pub const FATAL_PID: usize = 200;
-    /// Written by the runtime: its Go entry and exit probes (`glass_go_enter`,
-    /// `glass_go_exit`), which key each record by goroutine instead of replacing the
+    /// Written by the runtime: its Go entry and exit probes (`glass_site_enter`,
+    /// `glass_site_exit`), which key each record by goroutine instead of replacing the
     /// return address (see [`KEYED_BIT`]).
-    pub const GO_ENTER: usize = 208;
-    pub const GO_EXIT: usize = 216;
+    pub const SITE_ENTER: usize = 208;
+    pub const SITE_EXIT: usize = 216;
     /// Written by glass for a Go program: where the running goroutine (`g`) lies
     /// relative to the thread pointer (fs base), as the Go runtime keeps it in TLS; 0
     /// when unknown (records are then keyed by their slot alone).
     pub const GO_G_OFFSET: usize = 224;
+    /// Written by the runtime: the exit probe of native code's return sites
+    /// (`glass_site_return`), whose entries `glass_enter` records with
+    /// [`SITE_ID_BIT`](crate::SITE_ID_BIT) set.
+    pub const SITE_RETURN: usize = 232;
     pub const SIZE: usize = 4096;
 }
 
@@ -126,6 +130,10 @@ pub mod area {
 pub const SHADOW_DROPPED_BIT: u32 = 32;
 /// Shadow-entry flag: the real return address was put back for an exception in flight.
 pub const SHADOW_RESTORED_BIT: u32 = 33;
+/// In the function id a trampoline pushes for `glass_enter`, and so in the shadow entry:
+/// the call is timed at its return sites (`glass_site_return`), and its return address
+/// is left alone. Above every function id; shifted out of the record word.
+pub const SITE_ID_BIT: u32 = 30;
 
 /// Hardware counters a record can carry (each adds one word after the record).
 pub const MAX_COUNTERS: usize = 4;

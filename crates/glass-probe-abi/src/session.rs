@@ -165,9 +165,14 @@ impl SessionMemory {
         self.get(header::EXIT_STUB)
     }
 
-    /// The runtime's Go probes: (entry, exit).
-    pub fn go_probes(&self) -> (u64, u64) {
-        (self.get(header::GO_ENTER), self.get(header::GO_EXIT))
+    /// The runtime's return-site probes: Go's entry and exit, and native code's exit
+    /// (whose entry is `glass_enter`).
+    pub fn site_probes(&self) -> (u64, u64, u64) {
+        (
+            self.get(header::SITE_ENTER),
+            self.get(header::SITE_EXIT),
+            self.get(header::SITE_RETURN),
+        )
     }
 
     /// Tells the Go probes where the running goroutine lies relative to the thread

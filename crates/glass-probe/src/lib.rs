@@ -282,6 +282,9 @@ core::arch::global_asm!(
     "mov [r9 + {entry_id}], rax",
     "inc rcx",
     "mov [rsi + {depth}], rcx",
+    // A call timed at its return sites keeps its return address.
+    "test dword ptr [rsp + 80], {site_id}",
+    "jnz 25f",
     "lea rax, [rip + glass_exit_stub]",
     "mov [rdi], rax",
     "25:",
@@ -429,16 +432,16 @@ core::arch::global_asm!(
     "ret",
     ".size glass_record_keyed, . - glass_record_keyed",
     // ---------------------------------------------------------------------------------
-    // glass_go_enter, glass_go_exit: the probes of Go functions, called by a trampoline
+    // glass_site_enter, glass_site_exit: the probes of Go functions, called by a trampoline
     // at the function's entry and at each of its returns. Neither touches the return
     // address: the Go runtime reads and moves every frame itself. Stack: [rsp] return
     // into the trampoline, [rsp+8] the function id (pushed by the trampoline), [rsp+16]
     // the slot (the return address's word). They take 88 bytes of the goroutine's stack,
     // within the 128 Go keeps below any frame for functions that do not check.
     ".p2align 4",
-    ".globl glass_go_enter",
-    ".type glass_go_enter, @function",
-    "glass_go_enter:",
+    ".globl glass_site_enter",
+    ".type glass_site_enter, @function",
+    "glass_site_enter:",
     "push rax",
     "push rcx",
     "push rdx",
@@ -450,11 +453,11 @@ core::arch::global_asm!(
     "push r11",
     "xor edi, edi",
     "jmp 60f",
-    ".size glass_go_enter, . - glass_go_enter",
+    ".size glass_site_enter, . - glass_site_enter",
     ".p2align 4",
-    ".globl glass_go_exit",
-    ".type glass_go_exit, @function",
-    "glass_go_exit:",
+    ".globl glass_site_exit",
+    ".type glass_site_exit, @function",
+    "glass_site_exit:",
     "push rax",
     "push rcx",
     "push rdx",
@@ -523,7 +526,7 @@ core::arch::global_asm!(
     "65:",
     "inc qword ptr [rsi + {skipped}]",
     "jmp 66b",
-    ".size glass_go_exit, . - glass_go_exit",
+    ".size glass_site_exit, . - glass_site_exit",
     // ---------------------------------------------------------------------------------
     // glass_exit_stub: where hijacked returns land; rsp is just above the slot.
     ".p2align 4",
@@ -598,6 +601,82 @@ core::arch::global_asm!(
     "58:",
     "ud2",
     ".size glass_exit_stub, . - glass_exit_stub",
+    // ---------------------------------------------------------------------------------
+    // glass_site_return: native code's probe at a return site (glass_patch::
+    // return_sites), called by the return's trampoline just before its `ret`: the call's
+    // entry, which glass_enter pushed flagged with SITE_ID_BIT and without taking its
+    // return address, is popped and its exit recorded; deeper entries are gone
+    // (longjmp, an exception) and recorded as unwound. An entry at the same slot without
+    // the flag is a caller's that tail-called this function: its own exit stub pops it.
+    // Stack: [rsp] return into the trampoline, [rsp+8] the function id, [rsp+16] the slot.
+    ".p2align 4",
+    ".globl glass_site_return",
+    ".type glass_site_return, @function",
+    "glass_site_return:",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "lea rdi, [rsp + 88]",
+    "mov rsi, [rip + glass_thread_area@GOTTPOFF]",
+    "mov rsi, fs:[rsi]",
+    "cmp rsi, 1",
+    "jbe 78f",
+    "mov r11, [rsi + {busy}]",
+    "mov qword ptr [rsi + {busy}], 1",
+    "70:",
+    "mov rcx, [rsi + {depth}]",
+    "test rcx, rcx",
+    "jz 77f",
+    "lea rax, [rcx + rcx*2]",
+    "lea r9, [rsi + rax*8 + {shadow} - {entry}]",
+    "mov rdx, [r9]",
+    "cmp rdx, rdi",
+    "ja 77f",
+    "jb 72f",
+    "test dword ptr [r9 + {entry_id}], {site_id}",
+    "jz 77f",
+    "dec rcx",
+    "mov [rsi + {depth}], rcx",
+    "mov r8d, dword ptr [r9 + {entry_id}]",
+    "shl r8, {function_shift}",
+    "mov rax, {exit_word}",
+    "or r8, rax",
+    "test r11, r11",
+    "jnz 77f",
+    "call glass_record",
+    "jmp 77f",
+    "72:",
+    "dec rcx",
+    "mov [rsi + {depth}], rcx",
+    "mov r8d, dword ptr [r9 + {entry_id}]",
+    "shl r8, {function_shift}",
+    "mov rax, {unwound_word}",
+    "or r8, rax",
+    "inc qword ptr [rsi + {unwound}]",
+    "test r11, r11",
+    "jnz 70b",
+    "call glass_record",
+    "jmp 70b",
+    "77:",
+    "mov [rsi + {busy}], r11",
+    "78:",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "ret 8",
+    ".size glass_site_return, . - glass_site_return",
     cursor = const area::CURSOR,
     limit = const area::LIMIT,
     tail = const area::TAIL,
@@ -616,6 +695,7 @@ core::arch::global_asm!(
     unwound_word = const UNWOUND_WORD,
     exit_word = const EXIT_WORD,
     keyed_word = const KEYED_WORD,
+    site_id = const 1u32 << glass_probe_abi::SITE_ID_BIT,
     go_g_offset = const header::GO_G_OFFSET,
     stack_relative = const 1u64 << 62,
     unwound = const area::UNWOUND,
@@ -646,8 +726,9 @@ fn stub_address() -> u64 {
 extern "C" {
     fn glass_enter();
     fn glass_exit_stub();
-    fn glass_go_enter();
-    fn glass_go_exit();
+    fn glass_site_enter();
+    fn glass_site_exit();
+    fn glass_site_return();
     fn glass_record_c(area: *mut u8, word: u64) -> u32;
     fn glass_thread_area_ptr() -> *mut *mut u8;
     fn glass_thread_area_offset() -> i64;
@@ -737,8 +818,9 @@ unsafe fn start_session(path: *const c_char) -> i64 {
     }
     word(shm, header::EXIT_STUB).store(stub_address(), Ordering::Relaxed);
     word(shm, header::ENTER).store(glass_enter as *const () as u64, Ordering::Relaxed);
-    word(shm, header::GO_ENTER).store(glass_go_enter as *const () as u64, Ordering::Relaxed);
-    word(shm, header::GO_EXIT).store(glass_go_exit as *const () as u64, Ordering::Relaxed);
+    word(shm, header::SITE_ENTER).store(glass_site_enter as *const () as u64, Ordering::Relaxed);
+    word(shm, header::SITE_EXIT).store(glass_site_exit as *const () as u64, Ordering::Relaxed);
+    word(shm, header::SITE_RETURN).store(glass_site_return as *const () as u64, Ordering::Relaxed);
     word(shm, header::TLS_OFFSET).store(glass_thread_area_offset() as u64, Ordering::Relaxed);
     word(shm, header::MAPPED_AT).store(shm as u64, Ordering::Relaxed);
     SHM.store(shm, Ordering::Release);

@@ -3,7 +3,7 @@
 //! check that can refuse a function runs before anything of it is written, so a function
 //! is patched whole or not at all.
 
-use glass_patch::go::GoPlan;
+use glass_patch::return_sites::SitePlan;
 use glass_patch::{trampoline, DirectSite, Function, Plan};
 use glass_target::inject::StoppedProcess;
 use glass_target::procfs::Mapping;
@@ -177,7 +177,7 @@ pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
         .iter()
         .map(|(_, plan, _)| (plan.patch_at.wrapping_add(bias), plan.overwritten))
         .collect();
-    for (_, plan, _) in &choice.go_patchable {
+    for (_, plan, _) in &choice.site_patchable {
         ranges.extend(
             plan.overwritten()
                 .into_iter()
@@ -215,9 +215,13 @@ fn trampoline_room(relocated_len: usize) -> u64 {
 pub struct Probes {
     /// `glass_enter`: records the entry and takes over the return address.
     pub enter: u64,
-    /// `glass_go_enter` and `glass_go_exit`: Go's, which leave return addresses alone.
-    pub go_enter: u64,
-    pub go_exit: u64,
+    /// `glass_site_enter` and `glass_site_exit`: Go's return-site probes, which key each
+    /// record by goroutine.
+    pub site_enter: u64,
+    pub site_exit: u64,
+    /// `glass_site_return`: native code's return-site probe (its entry is `enter`, told
+    /// by the id's `SITE_ID_BIT` to leave the return address alone).
+    pub site_return: u64,
 }
 
 /// Bytes at the start of a module's trampoline region: the probes' addresses, which
@@ -249,7 +253,7 @@ pub fn prepare(
         });
     }
     let count = choice.patchable.len()
-        + choice.go_patchable.len()
+        + choice.site_patchable.len()
         + choice.redirected.len()
         + choice.libcalls.len();
     if count == 0 {
@@ -267,7 +271,12 @@ pub fn prepare(
     );
     let region = process.map_code_near(low, high, room)?;
     let mut code = Vec::with_capacity(room as usize);
-    for probe in [probes.enter, probes.go_enter, probes.go_exit] {
+    for probe in [
+        probes.enter,
+        probes.site_enter,
+        probes.site_exit,
+        probes.site_return,
+    ] {
         code.extend_from_slice(&probe.to_le_bytes());
     }
     code.resize(SLOTS, 0xcc);
@@ -280,12 +289,13 @@ pub fn prepare(
         patches: Vec::new(),
         id: first_id,
         outcome,
+        go: choice.go_g_offset.is_some(),
     };
     for (function, file_plan, padding) in &choice.patchable {
         building.entry(function, file_plan, *padding);
     }
-    for (function, file_plan, padding) in &choice.go_patchable {
-        building.go_function(function, file_plan, *padding);
+    for (function, file_plan, padding) in &choice.site_patchable {
+        building.sites_function(function, file_plan, *padding);
     }
     // Functions too short for the jump: a copy in the trampoline, reached from each
     // direct call site (whose displacement is rewritten).
@@ -316,7 +326,7 @@ pub fn prepare(
 fn region_room(choice: &ModuleChoice) -> u64 {
     SLOTS as u64
         + choice
-            .go_patchable
+            .site_patchable
             .iter()
             .map(|(_, plan, _)| {
                 trampoline_room(plan.entry.relocated_len + 16)
@@ -354,6 +364,8 @@ struct Building<'a> {
     /// The next function's id.
     id: u32,
     outcome: Outcome,
+    /// The module was built by Go (see `glass_patch::return_sites`).
+    go: bool,
 }
 
 impl Building<'_> {
@@ -367,9 +379,18 @@ impl Building<'_> {
         self.region
     }
 
-    /// The slots that hold the Go probes' entry and exit.
-    fn go_slots(&self) -> (u64, u64) {
-        (self.region + 8, self.region + 16)
+    /// The slots of the return-site probes' entry and exit, and the id the entry
+    /// pushes: Go's own pair, or, for native code, `glass_enter` told by the id to keep
+    /// the return address, and `glass_site_return`.
+    fn site_slots(&self) -> (u64, u64, u32) {
+        match self.go {
+            true => (self.region + 8, self.region + 16, self.id),
+            false => (
+                self.region,
+                self.region + 24,
+                self.id | 1 << glass_probe_abi::SITE_ID_BIT,
+            ),
+        }
     }
 
     fn skip(&mut self, function: &Function, address: u64, reason: SkipReason) {
@@ -452,8 +473,9 @@ impl Building<'_> {
 
     /// A Go function: a jump over its entry and over each of its returns, each to a
     /// trampoline of its own, all written or none.
-    fn go_function(&mut self, function: &Function, file_plan: &GoPlan, padding: u64) {
+    fn sites_function(&mut self, function: &Function, file_plan: &SitePlan, padding: u64) {
         let runtime_address = function.address.wrapping_add(self.bias);
+        let go = self.go;
         // Analyse again where the code runs (see `entry`), and require the same patches.
         let expected: Vec<(u64, u64)> = file_plan
             .overwritten()
@@ -462,13 +484,14 @@ impl Building<'_> {
             .collect();
         let plan = self
             .in_memory(function, padding, |code, padding| {
-                glass_patch::go::plan(code, runtime_address, padding, &|_, _| None).ok()
+                glass_patch::return_sites::plan(code, runtime_address, padding, &|_, _| None, go)
+                    .ok()
             })
             .filter(|plan| plan.overwritten() == expected);
         let Some(plan) = plan else {
             return self.skip(function, runtime_address, SkipReason::CodeDiffers);
         };
-        let (enter_slot, exit_slot) = self.go_slots();
+        let (enter_slot, exit_slot, pushed_id) = self.site_slots();
         let mut code = Vec::new();
         let mut moves = Vec::new();
         let mut patches = Vec::new();
@@ -488,11 +511,11 @@ impl Building<'_> {
                 Ok::<u64, String>(base + code.len() as u64)
             };
             let (bytes, more) =
-                trampoline::build_go_entry(&plan.entry, self.id, base, enter_slot, exit_slot)?;
+                trampoline::build_site_entry(&plan.entry, pushed_id, base, enter_slot, exit_slot)?;
             let mut next = place(bytes, more, plan.entry.patch_at, plan.entry.overwritten)?;
             for site in &plan.returns {
                 let (bytes, more) =
-                    glass_patch::go::return_trampoline(site, self.id, next, exit_slot)?;
+                    glass_patch::return_sites::return_trampoline(site, pushed_id, next, exit_slot)?;
                 next = place(bytes, more, site.at, site.overwritten)?;
             }
             Ok(())

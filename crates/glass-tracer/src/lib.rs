@@ -59,6 +59,9 @@ pub struct TraceOptions {
     pub command: Vec<String>,
     /// `command` is a QEMU to launch: its guest's functions are traced.
     pub vm: bool,
+    /// Native functions keep the return-address probe even where return-site probes fit
+    /// (`--exit-probe return-address`); Go functions take return-site probes always.
+    pub return_address_probe: bool,
     /// The guest's symbols (`--vm`: else `-kernel`'s file; `--qmp`, `--libvirt`:
     /// required).
     pub symbols: Option<PathBuf>,
@@ -187,8 +190,14 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
     }
     let program = glass_target::launch::resolve_command(&args.command[0])
         .map_err(|e| Failure::bad_input(e.to_string()))?;
-    let main_module = select::read_module(&program, &patterns, &libcalls, args.pmc.is_some())
-        .map_err(Failure::bad_input)?;
+    let main_module = select::read_module(
+        &program,
+        &patterns,
+        &libcalls,
+        args.pmc.is_some(),
+        !args.return_address_probe,
+    )
+    .map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}{}",
@@ -581,8 +590,14 @@ fn choose_modules(
                 continue;
             }
             found = true;
-            let module = select::read_module(Path::new(&mapping.path), patterns, libcalls, false)
-                .map_err(Failure::bad_input)?;
+            let module = select::read_module(
+                Path::new(&mapping.path),
+                patterns,
+                libcalls,
+                args.pmc.is_some(),
+                !args.return_address_probe,
+            )
+            .map_err(Failure::bad_input)?;
             modules.push(module);
         }
         if !found {
@@ -619,11 +634,12 @@ fn biases(pid: i32, modules: &[select::ModuleChoice]) -> Result<Vec<u64>> {
 /// The runtime's probes in the target, once it has mapped the session.
 pub(crate) fn probes(session: &SessionMemory) -> Option<install::Probes> {
     let (_, enter) = session.runtime()?;
-    let (go_enter, go_exit) = session.go_probes();
+    let (site_enter, site_exit, site_return) = session.site_probes();
     Some(install::Probes {
         enter,
-        go_enter,
-        go_exit,
+        site_enter,
+        site_exit,
+        site_return,
     })
 }
 

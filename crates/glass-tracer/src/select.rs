@@ -25,8 +25,8 @@ pub struct ModuleChoice {
     pub matched: usize,
     /// Built by Go's toolchain, the functions to patch and their plans (addresses are the file's), and
     /// the bytes of padding after each.
-    pub go_patchable: Vec<(Function, glass_patch::go::GoPlan, u64)>,
-    /// Built by Go's toolchain (whose functions take the Go probes, see `glass_patch::go`,
+    pub site_patchable: Vec<(Function, glass_patch::return_sites::SitePlan, u64)>,
+    /// Built by Go's toolchain (whose functions take the Go probes, see `glass_patch::return_sites`,
     /// which leave return addresses alone; the exit probe's hijack is never used on it):
     /// where the running goroutine lies relative to the thread pointer.
     pub go_g_offset: Option<i64>,
@@ -282,12 +282,18 @@ fn never_patched(module: &Path, name: &str, go: bool) -> Option<String> {
 /// Bytes after a function the patch may borrow: up to the next function, at most 16.
 const MAX_PADDING: u64 = 16;
 
+/// The functions of the ELF file at `path` that `patterns` match, each with its plan or
+/// the reason it has none. `counters`: hardware counters are recorded (only the
+/// return-address probe reads them); `return_sites`: native functions take return-site
+/// probes where their code allows (Go's always do).
 pub fn read_module(
     path: &Path,
     patterns: &[String],
     libcalls: &[String],
     counters: bool,
+    return_sites: bool,
 ) -> Result<ModuleChoice, String> {
+    let return_sites = return_sites && !counters;
     let bytes = std::fs::read(path).map_err(|e| {
         format!(
             "cannot read {}: {}",
@@ -332,7 +338,7 @@ pub fn read_module(
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
             .collect(),
         matched: 0,
-        go_patchable: Vec::new(),
+        site_patchable: Vec::new(),
         go_g_offset: go.then(|| go_g_offset(&elf)),
         go_allgs: go
             .then(|| {
@@ -415,28 +421,34 @@ pub fn read_module(
             size: next.saturating_sub(end),
         };
         let padding = function_bytes(&elf, &padding).unwrap_or(&[]);
-        if go {
+        // Return-site probes (see glass_patch::return_sites): a Go function's only
+        // probes; native code's where its code allows them, else the return-address
+        // probe below.
+        if go || return_sites {
             let landed_on = |from: u64, to: u64| targets.range(from..to).next().copied();
-            match glass_patch::go::plan(code, function.address, padding, &landed_on) {
+            let planned =
+                glass_patch::return_sites::plan(code, function.address, padding, &landed_on, go)
+                    .map_err(SkipReason::Patch)
+                    .and_then(|plan| {
+                        let entry = &plan.entry;
+                        match landed_on(entry.patch_at + 1, entry.patch_at + entry.overwritten) {
+                            Some(target) => Err(SkipReason::BranchIntoPatch { target }),
+                            None => Ok(plan),
+                        }
+                    });
+            match planned {
                 Ok(plan) => {
-                    let entry = &plan.entry;
-                    if let Some(target) =
-                        landed_on(entry.patch_at + 1, entry.patch_at + entry.overwritten)
-                    {
-                        choice
-                            .skipped
-                            .push((function.clone(), SkipReason::BranchIntoPatch { target }));
-                    } else {
-                        choice
-                            .go_patchable
-                            .push((function.clone(), plan, padding.len() as u64));
-                    }
+                    choice
+                        .site_patchable
+                        .push((function.clone(), plan, padding.len() as u64));
+                    continue;
                 }
-                Err(reason) => choice
-                    .skipped
-                    .push((function.clone(), SkipReason::Patch(reason))),
+                Err(reason) if go => {
+                    choice.skipped.push((function.clone(), reason));
+                    continue;
+                }
+                Err(_) => {}
             }
-            continue;
         }
         match analyze_with_padding(code, function.address, padding) {
             Ok(plan) => {
@@ -576,6 +588,7 @@ mod tests {
             &["puts".into(), "malloc".into()],
             &[],
             false,
+            false,
         )
         .unwrap();
         let mut names: Vec<&str> = choice
@@ -595,7 +608,8 @@ mod tests {
     fn a_name_that_must_never_be_patched_protects_its_aliases() {
         // _setjmp and setjmp are one function in some C libraries, separate in others:
         // whichever names match, each is refused.
-        let choice = read_module(Path::new(&libc()), &["*setjmp".into()], &[], false).unwrap();
+        let choice =
+            read_module(Path::new(&libc()), &["*setjmp".into()], &[], false, false).unwrap();
         assert!(choice.patchable.is_empty(), "{:?}", choice.patchable);
         assert!(choice
             .skipped

@@ -39,6 +39,13 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use glass_record::{BackendChoice, CaptureMode, UnwindMode};
 
+/// `glass trace --exit-probe`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExitProbe {
+    Auto,
+    ReturnAddress,
+}
+
 #[derive(Parser)]
 #[command(
     name = "glass",
@@ -99,6 +106,13 @@ pub struct TraceArgs {
     /// Records each thread's ring holds (a power of two)
     #[arg(long, default_value_t = 1 << 20)]
     pub ring_size: usize,
+    /// How native code's calls are timed at their exit: `auto` patches each return where
+    /// the function's code allows (calls and returns stay paired for the CPU; a call ended
+    /// by longjmp or an exception is seen by the next record), and replaces the return
+    /// address elsewhere; `return-address` replaces it everywhere. Go functions always get
+    /// return probes
+    #[arg(long, value_enum, default_value_t = ExitProbe::Auto)]
+    pub exit_probe: ExitProbe,
     /// Threads that get a ring; probes of further threads are counted as lost
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_threads: u32,

@@ -34,6 +34,7 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
         duration: args.duration,
         command: args.command.clone(),
         vm: args.vm,
+        return_address_probe: args.exit_probe == crate::ExitProbe::ReturnAddress,
         symbols: args.symbols.clone(),
         qmp: args.qmp.clone(),
         libvirt: args.libvirt.clone(),

@@ -64,6 +64,17 @@ fn trace_same(recording: &Path, options: &[&str], command: &[&str]) -> (Output, 
     (native, traced)
 }
 
+/// The functions whose calls the recording says were timed by `probe`.
+fn probes<'a>(counted: &'a Counts, probe: &str) -> Vec<&'a str> {
+    counted
+        .recording
+        .trace_functions
+        .iter()
+        .filter(|f| f.probe == probe)
+        .map(|f| f.name.as_str())
+        .collect()
+}
+
 /// Calls per function name, counted from the raw records (independently of the reports).
 struct Counts {
     entries: BTreeMap<String, u64>,
@@ -269,31 +280,62 @@ fn deep_recursion_and_threads() {
 fn exceptions_longjmp_and_signals_behave_as_without_glass() {
     let _alone = exclusive();
     let dir = scratch("trace_nonlocal");
-    let program = compile_trace_fixture(&dir, "throw.cpp", &[]);
-    let recording = dir.join("throw.glass");
-    let (native, _) = trace_same(
-        &recording,
-        &["-f", "catcher,level1,level2,level3"],
-        &[program.to_str().unwrap()],
-    );
-    assert_eq!(native.status.code(), Some(3));
-    let counted = counts(&recording);
-    for name in ["catcher", "level1", "level2", "level3"] {
-        assert_eq!(counted.calls(name), 1000, "{name}");
-        assert_eq!(counted.ended(name), 1000, "{name}");
-    }
-    assert_eq!(counted.unwound.get("level3").copied(), Some(1000));
+    // Each exit probe: return sites where the code allows (the default), and the
+    // return address replaced everywhere. gcc splits each C++ function's landing pads
+    // into a `.cold` part the hot part jumps to, which the return-site probes refuse;
+    // built without the split, the exception unwinds frames timed at their return sites.
+    for (exit_probe, split) in [("auto", true), ("auto", false), ("return-address", true)] {
+        let flags: &[&str] = match split {
+            true => &[],
+            false => &["-fno-reorder-blocks-and-partition"],
+        };
+        let program = compile_trace_fixture(&dir, "throw.cpp", flags);
+        let recording = dir.join(format!("throw-{exit_probe}-{split}.glass"));
+        let (native, _) = trace_same(
+            &recording,
+            &[
+                "-f",
+                "catcher,level1,level2,level3",
+                "--exit-probe",
+                exit_probe,
+            ],
+            &[program.to_str().unwrap()],
+        );
+        assert_eq!(native.status.code(), Some(3));
+        let counted = counts(&recording);
+        for name in ["catcher", "level1", "level2", "level3"] {
+            assert_eq!(counted.calls(name), 1000, "{name} ({exit_probe})");
+            assert_eq!(counted.ended(name), 1000, "{name} ({exit_probe})");
+        }
+        assert_eq!(
+            counted.unwound.get("level3").copied(),
+            Some(1000),
+            "{exit_probe}"
+        );
+        let sites = probes(&counted, "return sites");
+        match (exit_probe, split) {
+            ("auto", false) => assert_eq!(sites.len(), 4, "{sites:?}"),
+            ("return-address", _) => assert!(sites.is_empty(), "{sites:?}"),
+            _ => {}
+        }
 
-    let program = compile_trace_fixture(&dir, "longjmp.c", &[]);
-    let recording = dir.join("longjmp.glass");
-    trace_same(
-        &recording,
-        &["-f", "driver,jump_*"],
-        &[program.to_str().unwrap()],
-    );
-    let counted = counts(&recording);
-    assert_eq!(counted.calls("jump_a"), counted.ended("jump_a"));
-    assert!(counted.unwound.values().sum::<u64>() > 0);
+        let program = compile_trace_fixture(&dir, "longjmp.c", &[]);
+        let recording = dir.join(format!("longjmp-{exit_probe}.glass"));
+        trace_same(
+            &recording,
+            &["-f", "driver,jump_*", "--exit-probe", exit_probe],
+            &[program.to_str().unwrap()],
+        );
+        let counted = counts(&recording);
+        assert_eq!(counted.calls("jump_a"), counted.ended("jump_a"));
+        assert!(counted.unwound.values().sum::<u64>() > 0);
+        let sites = probes(&counted, "return sites");
+        match exit_probe {
+            "auto" => assert!(sites.contains(&"jump_a"), "{sites:?}"),
+            _ => assert!(sites.is_empty(), "{sites:?}"),
+        }
+    }
+    let program = dir.join("longjmp");
     // With every function of libc too: setjmp must not be patched (it would save the
     // exit stub as the place longjmp comes back to), nor the unwinder for exceptions.
     trace_same(

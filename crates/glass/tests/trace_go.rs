@@ -280,15 +280,19 @@ fn a_go_program_s_c_library_is_traced_and_its_calls_from_go_are_not_hooked() {
     assert_clean_failure(&output, 2, "is a Go program: --libcalls");
 
     // Its C library is C: libc's functions take the exit probe that replaces return
-    // addresses (on the C stacks cgo switches to), the Go functions the Go probes, their
-    // records side by side in each thread's ring; the program ends by itself with its
-    // C calls counted.
+    // addresses (on the C stacks cgo switches to; asked for, since they would take
+    // return-site probes where their code allows), the Go functions the Go probes, their
+    // records side by side in each thread's ring; the program ends by itself with its C
+    // calls counted.
     let output = glass(&[
         "trace",
         "-o",
         recording,
         "-f",
         "malloc,free,main.work",
+        // libc's functions keep the return-address probe, beside the Go probes.
+        "--exit-probe",
+        "return-address",
         "--lib",
         "libc.so*",
         "--",

@@ -310,8 +310,14 @@ fn examine(
     } else {
         PathBuf::from(format!("/proc/{pid}/exe"))
     };
-    let main_module = select::read_module(&program, patterns, libcalls, args.pmc.is_some())
-        .map_err(Failure::bad_input)?;
+    let main_module = select::read_module(
+        &program,
+        patterns,
+        libcalls,
+        args.pmc.is_some(),
+        !args.return_address_probe,
+    )
+    .map_err(Failure::bad_input)?;
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",
@@ -465,7 +471,7 @@ struct Patched {
 fn refuse_if_nothing_patchable(modules: &[select::ModuleChoice]) -> Result<()> {
     let nothing = modules.iter().all(|m| {
         m.patchable.is_empty()
-            && m.go_patchable.is_empty()
+            && m.site_patchable.is_empty()
             && m.redirected.is_empty()
             && m.libcalls.is_empty()
     });
@@ -564,7 +570,7 @@ fn patch(
     };
     let moved = stop_at_safe_points(&mut held.attachment, &leave, Some(process.tid()))?;
     glass_target::test_hook("attach-stopped");
-    let (installed, skipped) = leave_go_functions_goroutines_are_in(
+    let (installed, skipped) = leave_sites_functions_goroutines_are_in(
         process,
         modules,
         &biases,
@@ -592,7 +598,7 @@ fn patch(
 
 /// Takes out of `prepared` every patch of a Go function a goroutine is parked inside
 /// (see `go_stacks`): such a function is skipped. Every thread is stopped.
-fn leave_go_functions_goroutines_are_in(
+fn leave_sites_functions_goroutines_are_in(
     process: &StoppedProcess,
     modules: &[select::ModuleChoice],
     biases: &[u64],

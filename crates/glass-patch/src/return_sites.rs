@@ -1,35 +1,40 @@
-//! Go functions: an entry probe and a probe at each return, with every return address
-//! left as the Go runtime wrote it.
+//! Return-site probes: an entry probe and a probe at each return, with every return
+//! address left as the caller's call wrote it.
 //!
-//! The process tracer's exit probe replaces a call's return address (see glass-probe).
-//! The Go runtime reads and moves return addresses itself: it walks every frame for
-//! garbage collection, preemption, panics and `runtime.Callers`, and copies goroutine
-//! stacks as they grow. A pc it does not know kills the program. So a Go function gets
-//! two kinds of patch, each the same `jmp rel32` as an entry patch, to a trampoline:
+//! The process tracer's first exit probe replaces a call's return address (see
+//! glass-probe). That breaks the CPU's pairing of calls and returns (the probe's exit and
+//! the real return are both mispredicted), and it kills Go programs: the Go runtime reads
+//! and moves return addresses itself (garbage collection, preemption, panics,
+//! `runtime.Callers`, goroutine stacks copied as they grow), and a pc it does not know is
+//! fatal. So a function whose code allows it gets two kinds of patch, each the same
+//! `jmp rel32` as an entry patch, to a trampoline:
 //!
 //! ```text
-//! entry:    push <id>; call [rip + go_enter]; <displaced>; jmp back
-//! return:   <displaced but the ret>; push <id>; call [rip + go_exit]; ret
+//! entry:    push <id>; call [rip + site_enter]; <displaced>; jmp back
+//! return:   <displaced but the ret>; push <id>; call [rip + site_exit]; ret
 //! ```
 //!
 //! At a return the stack pointer is back at the call's slot, the same word the entry
-//! saw, so the probes key a call by its goroutine and its depth below the goroutine's
-//! stack top, which stays the same when the runtime moves the stack (glass-probe).
+//! saw, so the probes key a call by its stack and its slot there (for a goroutine,
+//! relative to the stack's top, which stays the same when the runtime moves the stack:
+//! glass-probe). A call left without returning (longjmp, an exception, a panic) is ended
+//! by the next record at or above its slot.
 //!
 //! What this asks of the code, beyond the entry patch's own checks:
-//! - Nearly every Go function starts with its stack check, whose slow path calls
-//!   `runtime.morestack` and jumps back to the function's first byte. That byte is the
-//!   patch's start, which a branch may reach: the entry probe runs again, on a grown
-//!   stack at the same depth, and glass counts one call.
 //! - Each `ret` must be reachable by a patch: the instructions just before it, straight
 //!   code no branch lands inside, at least five bytes with the `ret`; or the `ret` and
 //!   the filler after the function's last one. A function with a return that cannot be
-//!   patched is not traced (its exits would go unseen).
+//!   patched takes the return-address probe instead (Go: is not traced).
 //! - The function leaves only by `ret`: a jump out of it (a tail call) or through a
 //!   register (a jump table, whose targets glass does not know) refuses it.
-//! - A displaced instruction must not fault: Go turns a fault at a pc of its own code
-//!   into a panic (nil checks are loads), and a pc in a trampoline is not its code. Only
-//!   stack-, rip- and goroutine-relative operands are displaced.
+//! - Go only: nearly every Go function starts with its stack check, whose slow path
+//!   calls `runtime.morestack` and jumps back to the function's first byte. That byte is
+//!   the patch's start, which a branch may reach: the entry probe runs again, on a grown
+//!   stack at the same slot, and glass counts one call. (Elsewhere a branch to the first
+//!   byte is a loop or a tail call to itself: each pass is a call, so it is refused.)
+//! - Go only: a displaced instruction must not fault: Go turns a fault at a pc of its own
+//!   code into a panic (nil checks are loads), and a pc in a trampoline is not its code.
+//!   Only stack-, rip-, goroutine- and TLS-relative operands are displaced.
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
@@ -38,7 +43,7 @@ use iced_x86::{
 
 use crate::{analyze_inner, decode_all, is_filler, Plan, Reason, PATCH_LEN};
 
-/// A return of a Go function patched with a jump to its own trampoline.
+/// A return patched with a jump to its own trampoline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReturnSite {
     /// Where the jump is written.
@@ -50,15 +55,15 @@ pub struct ReturnSite {
     pub before: Vec<Instruction>,
 }
 
-/// How a Go function is patched: its entry (whose displaced instructions may end in
+/// How a function is patched for return-site probes: its entry (whose displaced instructions may end in
 /// its only `ret`) and each return elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GoPlan {
+pub struct SitePlan {
     pub entry: Plan,
     pub returns: Vec<ReturnSite>,
 }
 
-impl GoPlan {
+impl SitePlan {
     /// Every (start, length) the plan overwrites.
     pub fn overwritten(&self) -> Vec<(u64, u64)> {
         std::iter::once((self.entry.patch_at, self.entry.overwritten))
@@ -67,15 +72,17 @@ impl GoPlan {
     }
 }
 
-/// Plans a Go function's patches. `code` is the function at `address`, `padding` the
-/// bytes after it up to the next function, and `landed_on(from, to)` the first address
-/// in `from..to` that code elsewhere branches to.
+/// Plans a function's patches. `code` is the function at `address`, `padding` the bytes
+/// after it up to the next function, `landed_on(from, to)` the first address in
+/// `from..to` that code elsewhere branches to, and `go` whether Go built it (see the
+/// module's comment).
 pub fn plan(
     code: &[u8],
     address: u64,
     padding: &[u8],
     landed_on: &dyn Fn(u64, u64) -> Option<u64>,
-) -> Result<GoPlan, Reason> {
+    go: bool,
+) -> Result<SitePlan, Reason> {
     let instructions = decode_all(code, address)?;
     let end = address + code.len() as u64;
     for instruction in &instructions {
@@ -97,7 +104,8 @@ pub fn plan(
             _ => {}
         }
     }
-    let entry = analyze_inner(code, address, padding, true)?;
+    let may_fault = |instruction: &Instruction| go && may_fault(instruction);
+    let entry = analyze_inner(code, address, padding, go)?;
     if let Some(instruction) = entry.instructions.iter().find(|i| may_fault(i)) {
         return Err(Reason::MayFault {
             at: instruction.ip(),
@@ -134,9 +142,10 @@ pub fn plan(
             end,
             padding,
             &lands_inside,
+            &may_fault,
         )?);
     }
-    Ok(GoPlan { entry, returns })
+    Ok(SitePlan { entry, returns })
 }
 
 /// The patch of the `ret` that ends `upto`, or why it cannot have one.
@@ -146,6 +155,7 @@ fn return_site(
     end: u64,
     padding: &[u8],
     lands_inside: &dyn Fn(u64, u64) -> Option<u64>,
+    may_fault: &dyn Fn(&Instruction) -> bool,
 ) -> Result<ReturnSite, Reason> {
     let ret = upto[upto.len() - 1];
     let refused = |why: &'static str| Reason::ReturnSite { at: ret.ip(), why };
@@ -275,9 +285,9 @@ mod tests {
     ];
 
     #[test]
-    fn a_go_function_with_its_stack_check_gets_an_entry_and_a_return_patch() {
+    fn a_sites_function_with_its_stack_check_gets_an_entry_and_a_return_patch() {
         let none = |_: u64, _: u64| None;
-        let plan = plan(&WORK, 0x486320, &[0xcc; 20], &none).unwrap();
+        let plan = plan(&WORK, 0x486320, &[0xcc; 20], &none, true).unwrap();
         assert_eq!(plan.entry.patch_at, 0x486320);
         assert_eq!(plan.entry.displaced, 6);
         assert_eq!(plan.returns.len(), 1);
@@ -290,9 +300,10 @@ mod tests {
             ["add rsp,20h", "push 3", "call qword ptr [4FFFF8h]", "ret"]
         );
         assert_eq!(moves, [(0x486377, 0x500004)]);
-        // Without the first-byte allowance, the morestack path's jump is refused.
+        // Without the first-byte allowance (code Go did not build), the morestack path's
+        // jump is refused.
         assert!(matches!(
-            crate::analyze(&WORK, 0x486320),
+            super::plan(&WORK, 0x486320, &[0xcc; 20], &none, false),
             Err(Reason::JumpIntoPatch { to: 0x486320, .. })
         ));
     }
@@ -304,7 +315,7 @@ mod tests {
         let leaf = [
             0x48, 0x8d, 0x0c, 0x40, 0x48, 0x8d, 0x04, 0x48, 0x48, 0x8d, 0x40, 0x01, 0xc3,
         ];
-        let plan = plan(&leaf, 0x486240, &[0xcc; 19], &none).unwrap();
+        let plan = plan(&leaf, 0x486240, &[0xcc; 19], &none, true).unwrap();
         assert_eq!(plan.entry.displaced, 8);
         assert_eq!(
             (plan.returns[0].at, plan.returns[0].overwritten),
@@ -332,11 +343,11 @@ mod tests {
         ));
     }
 
-    fn plan_result(code: &[u8], padding: &[u8]) -> Result<GoPlan, Reason> {
-        plan(code, 0x1000, padding, &|_, _| None)
+    fn plan_result(code: &[u8], padding: &[u8]) -> Result<SitePlan, Reason> {
+        plan(code, 0x1000, padding, &|_, _| None, true)
     }
 
-    fn plan_of(code: &[u8], padding: &[u8]) -> GoPlan {
+    fn plan_of(code: &[u8], padding: &[u8]) -> SitePlan {
         plan_result(code, padding).unwrap()
     }
 }
