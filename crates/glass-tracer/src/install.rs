@@ -393,6 +393,19 @@ impl Building<'_> {
         }
     }
 
+    /// Whether the ids a record can carry are all taken: then `function` is skipped.
+    fn out_of_ids(&mut self, function: &Function) -> bool {
+        let out = self.id >= glass_probe_abi::MAX_FUNCTIONS;
+        if out {
+            let reason = SkipReason::Trampoline(format!(
+                "more functions than a record can name ({})",
+                glass_probe_abi::MAX_FUNCTIONS
+            ));
+            self.skip(function, function.address.wrapping_add(self.bias), reason);
+        }
+        out
+    }
+
     fn skip(&mut self, function: &Function, address: u64, reason: SkipReason) {
         self.outcome.skipped.push(crate::Skip {
             module: self.module.to_string(),
@@ -436,6 +449,9 @@ impl Building<'_> {
 
     /// A function reached through a jump written over its entry.
     fn entry(&mut self, function: &Function, file_plan: &Plan, padding: u64) {
+        if self.out_of_ids(function) {
+            return;
+        }
         let runtime_address = function.address.wrapping_add(self.bias);
         // Analyse again where the code runs: the relocation needs the real addresses,
         // and the code in memory must be what the file says (it is not if something
@@ -474,6 +490,9 @@ impl Building<'_> {
     /// A Go function: a jump over its entry and over each of its returns, each to a
     /// trampoline of its own, all written or none.
     fn sites_function(&mut self, function: &Function, file_plan: &SitePlan, padding: u64) {
+        if self.out_of_ids(function) {
+            return;
+        }
         let runtime_address = function.address.wrapping_add(self.bias);
         let go = self.go;
         // Analyse again where the code runs (see `entry`), and require the same patches.
@@ -537,6 +556,9 @@ impl Building<'_> {
     /// A function too short for the entry jump, copied whole into its trampoline and
     /// reached from its direct call sites.
     fn redirect(&mut self, function: &Function, file_plan: &Plan, sites: &[DirectSite]) {
+        if self.out_of_ids(function) {
+            return;
+        }
         let runtime_address = function.address.wrapping_add(self.bias);
         let plan = self
             .process
