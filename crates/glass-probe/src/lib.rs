@@ -806,6 +806,15 @@ unsafe fn start_session(path: *const c_char) -> i64 {
     if !SHM.load(Ordering::Acquire).is_null() {
         return -(libc::EBUSY as i64);
     }
+    // The last session's placeholder: any probe a signal had interrupted then is long
+    // over.
+    let placeholder = PLACEHOLDER.swap(0, Ordering::Relaxed);
+    if placeholder != 0 {
+        libc::munmap(
+            placeholder as *mut c_void,
+            PLACEHOLDER_LEN.load(Ordering::Relaxed) as usize,
+        );
+    }
     let shm = match map_session(path) {
         Ok(shm) => shm,
         Err(errno) => return -(errno as i64),
@@ -864,8 +873,32 @@ pub unsafe extern "C" fn glass_probe_detach() -> i64 {
     if shm.is_null() {
         return -(libc::ENOENT as i64);
     }
-    libc::munmap(shm as *mut c_void, SHM_LEN.load(Ordering::Relaxed) as usize) as i64
+    // The session's pages go, but its addresses stay writable, as fresh anonymous
+    // memory in its place (one mmap, no moment unmapped): a thread can be inside a
+    // probe, with its area's address in a register, while a signal handler runs, and
+    // glass sees only the handler (Go sends its threads preemption signals all the
+    // time). Such a probe finishes into the placeholder; the next session unmaps it.
+    let len = SHM_LEN.load(Ordering::Relaxed) as usize;
+    let placed = libc::mmap(
+        shm as *mut c_void,
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+        -1,
+        0,
+    );
+    if placed == libc::MAP_FAILED {
+        return libc::munmap(shm as *mut c_void, len) as i64;
+    }
+    PLACEHOLDER.store(shm as u64, Ordering::Relaxed);
+    PLACEHOLDER_LEN.store(len as u64, Ordering::Relaxed);
+    0
 }
+
+/// Where the last session was, kept writable by [`glass_probe_detach`] until the next
+/// one starts (0: none).
+static PLACEHOLDER: AtomicU64 = AtomicU64::new(0);
+static PLACEHOLDER_LEN: AtomicU64 = AtomicU64::new(0);
 
 /// The session at `path`, mapped; or the errno of the step that failed.
 unsafe fn map_session(path: *const c_char) -> Result<*mut u8, c_int> {

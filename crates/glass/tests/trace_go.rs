@@ -203,9 +203,12 @@ fn a_running_go_service_is_attached_twenty_times_without_harm() {
 
     for attach in 0..ATTACHES {
         let running_for = started.elapsed();
-        if let Some(status) = service.try_wait().unwrap() {
+        if service.try_wait().unwrap().is_some() {
+            let ended = service.wait_with_output().unwrap();
             panic!(
-                "goservice ended ({status}) before attach {attach} of {ATTACHES}, after {running_for:?} (it runs {SERVICE_SECONDS} s: either the attaches are too slow for it, or one killed it)"
+                "goservice ended ({}) before attach {attach} of {ATTACHES}, after {running_for:?} (it runs {SERVICE_SECONDS} s: either the attaches are too slow for it, or one killed it); its stderr:\n{}",
+                ended.status,
+                String::from_utf8_lossy(&ended.stderr)
             );
         }
         let recording = dir.join(format!("attach-{attach}.glass"));
