@@ -202,6 +202,13 @@ impl Attachment {
         self.threads.keys().copied().collect()
     }
 
+    /// Holds threads someone else saw created (seized with their parent): they run.
+    pub fn adopt(&mut self, tids: &[i32]) {
+        for &tid in tids {
+            self.threads.entry(tid).or_insert(State::Running);
+        }
+    }
+
     pub fn is_stopped(&self, tid: i32) -> bool {
         matches!(self.threads.get(&tid), Some(State::Stopped(_)))
     }

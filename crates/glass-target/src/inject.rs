@@ -45,6 +45,18 @@ pub struct StoppedProcess {
     /// An injected call was left under way (it did not return in time): the thread must
     /// not be given another one; it restores itself when the call returns.
     busy: std::cell::Cell<bool>,
+    /// The process's other threads, seized by glass and running (see
+    /// [`StoppedProcess::answer_peers_during_calls`]), and those they created meanwhile.
+    peers: std::cell::RefCell<Peers>,
+}
+
+/// Threads whose ptrace stops an injected call answers while it runs.
+#[derive(Default)]
+struct Peers {
+    running: Vec<i32>,
+    /// Created by a peer during a call (seized with it): the attachment must learn of
+    /// them.
+    new: Vec<i32>,
 }
 
 /// The addresses of a process's own `mmap` and `munmap`.
@@ -154,6 +166,7 @@ impl StoppedProcess {
             libc: None,
             landing: std::cell::Cell::new(0),
             busy: std::cell::Cell::new(false),
+            peers: Default::default(),
         };
         let entry = entry_point(pid).map_err(TargetError::Io)?;
         let original = process.read(entry, 1).map_err(TargetError::Io)?;
@@ -195,6 +208,7 @@ impl StoppedProcess {
             libc: None,
             landing: std::cell::Cell::new(0),
             busy: std::cell::Cell::new(false),
+            peers: Default::default(),
         })
     }
 
@@ -204,6 +218,81 @@ impl StoppedProcess {
     /// one returning from the same system call would execute the written bytes.
     pub fn use_libc(&mut self, calls: LibcCalls) {
         self.libc = Some(calls);
+    }
+
+    /// While an injected call runs, answers the ptrace stops of `tids`, threads glass
+    /// holds seized but lets run: a signal they are to receive is delivered, a clone
+    /// they report is let go on. Otherwise a thread stopped, say, in a signal's delivery
+    /// while it held an allocator lock the call needs would hold up the call until it
+    /// timed out (the injected dlopen did, now and then, in a process whose threads take
+    /// signals and make threads).
+    pub fn answer_peers_during_calls(&self, tids: &[i32]) {
+        let mut peers = self.peers.borrow_mut();
+        peers.running = tids.iter().copied().filter(|&t| t != self.tid).collect();
+    }
+
+    /// The threads the peers created during calls, which the attachment must hold too.
+    pub fn take_new_peers(&self) -> Vec<i32> {
+        std::mem::take(&mut self.peers.borrow_mut().new)
+    }
+
+    /// Answers each peer's pending ptrace stop (see
+    /// [`StoppedProcess::answer_peers_during_calls`]).
+    fn answer_peers(&self) {
+        let mut peers = self.peers.borrow_mut();
+        let mut index = 0;
+        while index < peers.running.len() {
+            let tid = peers.running[index];
+            index += 1;
+            // Looked at first, not taken: a thread's end is the attachment's to reap.
+            // SAFETY: waitid writes the siginfo.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let peeked = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    tid as libc::id_t,
+                    &mut info,
+                    libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+                )
+            };
+            // SAFETY: si_pid is set by a waitid that found a child (0 otherwise).
+            if peeked != 0 || unsafe { info.si_pid() } == 0 {
+                continue;
+            }
+            if info.si_code != libc::CLD_TRAPPED {
+                index -= 1;
+                peers.running.remove(index);
+                continue;
+            }
+            let mut status = 0;
+            // SAFETY: waitpid writes the status word.
+            let got = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+            if got != tid || !libc::WIFSTOPPED(status) {
+                continue;
+            }
+            let event = (status >> 16) & 0xff;
+            if event == libc::PTRACE_EVENT_CLONE {
+                let mut new_tid: libc::c_ulong = 0;
+                if ptrace(
+                    libc::PTRACE_GETEVENTMSG,
+                    tid,
+                    0,
+                    &mut new_tid as *mut _ as usize,
+                )
+                .is_ok()
+                {
+                    peers.running.push(new_tid as i32);
+                    peers.new.push(new_tid as i32);
+                }
+            }
+            // A signal-delivery stop delivers its signal; event stops (a clone, a new
+            // thread's first stop, a group stop) go on with none.
+            let signal = match libc::WSTOPSIG(status) {
+                stop if event == 0 && stop & 0x80 == 0 => stop as usize,
+                _ => 0,
+            };
+            let _ = ptrace(libc::PTRACE_CONT, tid, 0, signal);
+        }
     }
 
     /// Where injected calls return to (0: none yet).
@@ -462,7 +551,16 @@ impl StoppedProcess {
                 });
             }
             signal = 0;
-            let Some(status) = crate::attach::wait_thread(self.tid, deadline).map_err(io)? else {
+            // Waits in short slices, answering the peers' stops between them.
+            let status = loop {
+                let slice = (Instant::now() + PEER_ANSWER).min(deadline);
+                match crate::attach::wait_thread(self.tid, slice).map_err(io)? {
+                    Some(status) => break Some(status),
+                    None if Instant::now() >= deadline => break None,
+                    None => self.answer_peers(),
+                }
+            };
+            let Some(status) = status else {
                 let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
                 let _ =
                     crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
@@ -583,6 +681,9 @@ impl Drop for StoppedProcess {
         }
     }
 }
+
+/// How often an injected call's wait answers the peers' stops.
+const PEER_ANSWER: Duration = Duration::from_millis(2);
 
 /// Longest a system call made through the C library may take.
 const CALL_LIMIT: Duration = Duration::from_secs(10);

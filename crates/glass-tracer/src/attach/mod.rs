@@ -365,6 +365,7 @@ fn hold_loader_thread(
     let mut process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(loader.calls);
+    process.answer_peers_during_calls(&attachment.tids());
     Ok(Held {
         attachment,
         process,
@@ -568,6 +569,8 @@ fn patch(
         spans: &[],
         moves: &moves,
     };
+    // Threads made while the injected calls ran are held like the rest.
+    held.attachment.adopt(&process.take_new_peers());
     let moved = stop_at_safe_points(&mut held.attachment, &leave, Some(process.tid()))?;
     glass_target::test_hook("attach-stopped");
     let (installed, skipped) = leave_sites_functions_goroutines_are_in(

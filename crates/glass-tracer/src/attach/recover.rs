@@ -32,6 +32,8 @@ pub(super) fn recover(
         )));
     }
     glass_target::test_hook("recover");
+    // Threads made while the injected calls ran are held like the rest.
+    attachment.adopt(&process.take_new_peers());
     // A ledger without a session (its glass died before the runtime joined one, or
     // before it patched anything) has nothing to put back.
     if ledger.session != 0 {
@@ -118,6 +120,7 @@ pub fn take_over(pid: i32) -> Result<Option<u64>> {
     let mut process = StoppedProcess::for_thread(pid, loader_tid)
         .map_err(|e| Failure::runtime(format!("cannot open the memory of pid {pid}: {e}")))?;
     process.use_libc(loader.calls);
+    process.answer_peers_during_calls(&attachment.tids());
     if !process.reuse_landing(word(runtime_at[LANDING])) {
         let placed = landing_site(pid).is_some_and(|site| {
             process.reuse_landing(site.at) || process.place_landing(site.at).is_ok()
