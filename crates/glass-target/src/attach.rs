@@ -98,6 +98,33 @@ pub fn wait_thread(tid: i32, deadline: Instant) -> io::Result<Option<i32>> {
 }
 
 /// The tracer of thread `tid` of `pid` (0: none), from its status file.
+/// The thread a ptrace stop of `tid` (wait status `status`) reports created, if it is a
+/// clone event.
+pub(crate) fn cloned(tid: i32, status: i32) -> Option<i32> {
+    if (status >> 16) & 0xff != libc::PTRACE_EVENT_CLONE {
+        return None;
+    }
+    let mut new_tid: libc::c_ulong = 0;
+    ptrace(
+        libc::PTRACE_GETEVENTMSG,
+        tid,
+        0,
+        &mut new_tid as *mut _ as usize,
+    )
+    .ok()
+    .map(|_| new_tid as i32)
+}
+
+/// The signal a stopped thread is to get when resumed: a signal-delivery stop's own;
+/// none after an event stop (a clone, a new thread's first stop, a group stop) or a
+/// system-call stop.
+pub(crate) fn signal_of_stop(status: i32) -> i32 {
+    match libc::WSTOPSIG(status) {
+        stop if (status >> 16) & 0xff == 0 && stop & 0x80 == 0 => stop,
+        _ => 0,
+    }
+}
+
 pub(crate) fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
     status
@@ -281,26 +308,12 @@ impl Attachment {
         if !libc::WIFSTOPPED(status) {
             return;
         }
-        let event = (status >> 16) & 0xff;
-        if event == libc::PTRACE_EVENT_CLONE {
-            let mut new_tid: libc::c_ulong = 0;
-            if ptrace(
-                libc::PTRACE_GETEVENTMSG,
-                tid,
-                0,
-                &mut new_tid as *mut _ as usize,
-            )
-            .is_ok()
-            {
-                // Seized already: it reports a stop of its own when it starts.
-                self.threads.entry(new_tid as i32).or_insert(State::Running);
-            }
+        if let Some(new_tid) = cloned(tid, status) {
+            // Seized already: it reports a stop of its own when it starts.
+            self.threads.entry(new_tid).or_insert(State::Running);
         }
-        let signal = match libc::WSTOPSIG(status) {
-            stop if event == 0 && stop & 0x80 == 0 => stop,
-            _ => 0,
-        };
-        self.threads.insert(tid, State::Stopped(signal));
+        self.threads
+            .insert(tid, State::Stopped(signal_of_stop(status)));
     }
 
     /// Lets one stopped thread run (it stays seized).

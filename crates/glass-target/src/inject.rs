@@ -270,27 +270,11 @@ impl StoppedProcess {
             if got != tid || !libc::WIFSTOPPED(status) {
                 continue;
             }
-            let event = (status >> 16) & 0xff;
-            if event == libc::PTRACE_EVENT_CLONE {
-                let mut new_tid: libc::c_ulong = 0;
-                if ptrace(
-                    libc::PTRACE_GETEVENTMSG,
-                    tid,
-                    0,
-                    &mut new_tid as *mut _ as usize,
-                )
-                .is_ok()
-                {
-                    peers.running.push(new_tid as i32);
-                    peers.new.push(new_tid as i32);
-                }
+            if let Some(new_tid) = crate::attach::cloned(tid, status) {
+                peers.running.push(new_tid);
+                peers.new.push(new_tid);
             }
-            // A signal-delivery stop delivers its signal; event stops (a clone, a new
-            // thread's first stop, a group stop) go on with none.
-            let signal = match libc::WSTOPSIG(status) {
-                stop if event == 0 && stop & 0x80 == 0 => stop as usize,
-                _ => 0,
-            };
+            let signal = crate::attach::signal_of_stop(status) as usize;
             let _ = ptrace(libc::PTRACE_CONT, tid, 0, signal);
         }
     }
