@@ -23,8 +23,9 @@ pub struct ModuleChoice {
     /// (file offset, virtual address) of each loadable segment, to find the load bias.
     pub segments: Vec<(u64, u64, u64)>,
     pub matched: usize,
-    /// Built by Go's toolchain, the functions to patch and their plans (addresses are the file's), and
-    /// the bytes of padding after each.
+    /// Functions timed at their return sites (`glass_patch::return_sites`: every Go
+    /// function, native ones where their code allows), with their plans (addresses are
+    /// the file's) and the bytes of padding after each.
     pub site_patchable: Vec<(Function, glass_patch::return_sites::SitePlan, u64)>,
     /// Built by Go's toolchain (whose functions take the Go probes, see `glass_patch::return_sites`,
     /// which leave return addresses alone; the exit probe's hijack is never used on it):
