@@ -97,9 +97,10 @@ def glass_figures(lines):
     f.update(exchange_p50=float(m[1]), exchange_p99=float(m[2]))
     for vcpu in (0, 1):
         m = re.search(rf"vcpu{vcpu}: (\d+) samples.*?stack read in p50 ([\d.]+) us, p99 ([\d.]+) us; "
-                      rf"stack copy (\d+) KiB", text)
+                      rf"(?:stack copy (\d+) KiB|(walked in place))", text)
         f[f"read{vcpu}_p50"], f[f"read{vcpu}_p99"] = float(m[2]), float(m[3])
-        f[f"copy{vcpu}_kib"] = int(m[4])
+        # A stack walked in place while the domain is stopped copies nothing.
+        f[f"copy{vcpu}_kib"] = int(m[4]) if m[4] else 0
         f["stops"] = int(m[1])  # every stop samples every vCPU
     m = re.search(r"(\d+) samples?, .*? in \d+ process(?:es)?, ([\d.]+) s at", text)
     f.update(samples=int(m[1]), seconds=float(m[2]))
@@ -446,8 +447,11 @@ def markdown(r, meta):
         f"Where the time goes, at 101 Hz: glass's one multicall takes {x['exchange_p50']:.0f} us, about what the "
         f"floor's pause alone takes ({fl[('ctx', '101')]['pause_p50_us']:.0f} us), while libxenctrl's two "
         f"`xc_vcpu_getcontext` calls take {fl[('ctx', '101')]['ctx_p50_us']:.0f} us (each its own hypercall, its "
-        "5 KiB context bounced through a hypercall buffer per call); glass's stack copies add "
-        f"{x['read0_p50']:.0f} us for vCPU 0 (up to {x['copy0_kib']:.0f} KiB when it is deep in beta) and "
+        "5 KiB context bounced through a hypercall buffer per call); glass's stack reads add "
+        f"{x['read0_p50']:.0f} us for vCPU 0 ("
+        + (f"up to {x['copy0_kib']:.0f} KiB copied when it is deep in beta" if x['copy0_kib'] else
+           "walked in place, two words a frame, nothing copied")
+        + ") and "
         f"{x['read1_p50']:.0f} us for vCPU 1, and its unpause {x['p50'] - own_work(x):.0f} us.",
         "",
         *rate_section(r, fl),

@@ -163,6 +163,66 @@ impl TranslationCache {
     }
 }
 
+/// Reads guest-virtual memory a word at a time, for a walk made while the guest is
+/// stopped: each 4 KiB page is translated (and its cached translation verified) once per
+/// reader, which lives for one stop, and each word is read from physical memory alone.
+/// A stack walk reads two words a frame, a few frames a page, upwards: one page
+/// remembered is enough.
+pub struct WordReader<'a, P: PageWalk + ?Sized> {
+    memory: &'a dyn PhysicalMemory,
+    cache: &'a mut TranslationCache,
+    paging: &'a P,
+    /// The page last translated: (virtual page, physical page).
+    page: Option<(u64, u64)>,
+    /// Words read, for the summary.
+    pub words: u64,
+}
+
+impl<'a, P: PageWalk + ?Sized> WordReader<'a, P> {
+    const PAGE: u64 = 4096;
+
+    pub fn new(
+        memory: &'a dyn PhysicalMemory,
+        cache: &'a mut TranslationCache,
+        paging: &'a P,
+    ) -> Self {
+        WordReader {
+            memory,
+            cache,
+            paging,
+            page: None,
+            words: 0,
+        }
+    }
+
+    /// The little-endian 8-byte word at `vaddr`, None where any byte is unmapped.
+    pub fn word(&mut self, vaddr: u64) -> Option<u64> {
+        self.words += 1;
+        let offset = vaddr & (Self::PAGE - 1);
+        if offset > Self::PAGE - 8 {
+            // Across two pages (an unaligned word): the copying read handles both.
+            let mut buf = [0u8; 8];
+            let read = self
+                .cache
+                .read_with(self.memory, self.paging, vaddr, &mut buf);
+            return (read == 8).then(|| u64::from_le_bytes(buf));
+        }
+        let virtual_page = vaddr - offset;
+        let physical_page = match self.page {
+            Some((page, physical)) if page == virtual_page => physical,
+            _ => {
+                let physical = self
+                    .cache
+                    .translate_with(self.memory, self.paging, virtual_page)
+                    .ok()?;
+                self.page = Some((virtual_page, physical));
+                physical
+            }
+        };
+        self.memory.read_u64(physical_page + offset)
+    }
+}
+
 /// Reads one run of physically contiguous pages into `buf[at..at + len]`; where the
 /// whole run cannot be read, page by page (of the virtual address's granule) up to the
 /// first that cannot. Returns the bytes read.

@@ -18,7 +18,7 @@ pub mod walk;
 pub mod x86_64;
 
 pub use aarch64::Aarch64Paging;
-pub use cache::TranslationCache;
+pub use cache::{TranslationCache, WordReader};
 pub use process::{HostRange, ProcessRam};
 pub use ram::{GuestRam, PhysicalMemory};
 pub use walk::{GuestPaging, LeafEntry, PageWalk, Translation, WalkError};

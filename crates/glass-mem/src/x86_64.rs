@@ -331,6 +331,40 @@ mod tests {
     }
 
     #[test]
+    fn a_word_reader_reads_words_across_pages_and_stops_at_an_unmapped_one() {
+        let mut t = Tables::new();
+        let root = t.table();
+        let stack = 0xffff_8000_0070_0000u64;
+        // Two virtual pages, physically apart and in reverse order.
+        map(&mut t, root, 4, stack, 1, 0x30_1000 | 3);
+        map(&mut t, root, 4, stack + 4096, 1, 0x30_0000 | 3);
+        let put = |t: &mut Tables, physical: usize, value: u64| {
+            t.ram[physical..physical + 8].copy_from_slice(&value.to_le_bytes())
+        };
+        put(&mut t, 0x30_1000 + 0x10, 0x1111);
+        put(&mut t, 0x30_0000 + 0x8, 0x2222);
+        // A word across the boundary: 4 bytes at the end of each page.
+        t.ram[0x30_1ffc..0x30_2000].copy_from_slice(&[1, 2, 3, 4]);
+        t.ram[0x30_0000..0x30_0004].copy_from_slice(&[5, 6, 7, 8]);
+        let memory = t.memory();
+        let paging = X86Paging {
+            cr3: root,
+            mode: PagingMode::FourLevel,
+        };
+        let mut cache = TranslationCache::new();
+        let mut reader = crate::WordReader::new(&memory, &mut cache, &paging);
+        assert_eq!(reader.word(stack + 0x10), Some(0x1111));
+        assert_eq!(reader.word(stack + 4096 + 8), Some(0x2222));
+        assert_eq!(
+            reader.word(stack + 4096 - 4),
+            Some(u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8]))
+        );
+        assert_eq!(reader.word(stack + 2 * 4096), None, "an unmapped page");
+        assert_eq!(reader.word(stack + 0x10), Some(0x1111));
+        assert_eq!(reader.words, 5);
+    }
+
+    #[test]
     fn five_level_paging() {
         let mut t = Tables::new();
         let root = t.table();

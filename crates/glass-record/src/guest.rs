@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use glass_format::{Arch, Backend, ProcessKind};
 use glass_mem::ram::{qemu_arm_virt_layout, qemu_x86_layout, GuestRam};
-use glass_mem::{PhysicalMemory, TranslationCache};
+use glass_mem::{PhysicalMemory, TranslationCache, WordReader};
 use glass_target::gdbstub::backend::GdbBackend;
 use glass_target::gdbstub::client::{Client, StubError};
 use glass_target::guest::{paging_of, GuestBackend, GuestError, Lost, VcpuRegs};
@@ -378,6 +378,14 @@ struct Vcpu {
     third_copied: usize,
     /// Samples that took a second range.
     switched: u64,
+    /// This sample's stack was walked in place while the VM was stopped
+    /// ([`GuestBackend::walks_in_place`]): its frames and their truncation flags, and the
+    /// walks in place so far that met memory they could not read.
+    walked_in_place: bool,
+    frames: Vec<u64>,
+    walk_flags: u8,
+    in_place_walks: u64,
+    in_place_unreadable: u64,
 }
 
 impl Vcpu {
@@ -410,6 +418,11 @@ impl Vcpu {
             third_at: 0,
             third_copied: 0,
             switched: 0,
+            walked_in_place: false,
+            frames: Vec::new(),
+            walk_flags: 0,
+            in_place_walks: 0,
+            in_place_unreadable: 0,
         }
     }
 
@@ -550,6 +563,11 @@ fn run_with(
         last_registers_ns: 0,
     };
     let takes_late_ticks = backend.takes_late_ticks_at_once();
+    // Where a guest OS is known its stacks continue on others (IRQ, exception) and its
+    // processes' in their own spaces: those keep their copies. `--capture raw` keeps
+    // the copy itself.
+    let in_place =
+        backend.walks_in_place() && has_ram && os.is_none() && args.capture == CaptureMode::Frames;
     let mut sampler = GuestSampler {
         vcpus: &mut vcpus,
         outside: OutsideText::default(),
@@ -569,6 +587,8 @@ fn run_with(
         stopped: Duration::ZERO,
         wake_ups: WakeUps::default(),
         period: Duration::from_secs(1) / args.frequency.max(1),
+        in_place,
+        resume_ns: Vec::new(),
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -601,6 +621,7 @@ fn run_with(
         wake_ups: sampler.wake_ups,
         takes_late_ticks,
         backend_figures: sampler.backend.figures(),
+        resume_ns: std::mem::take(&mut sampler.resume_ns),
         limit,
         has_ram,
     };
@@ -697,6 +718,8 @@ struct Ran {
     wake_ups: WakeUps,
     takes_late_ticks: bool,
     backend_figures: Vec<String>,
+    /// Per sample, the resume's time until it returned to glass.
+    resume_ns: Vec<u64>,
     limit: usize,
     has_ram: bool,
 }
@@ -713,6 +736,13 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
         glass_format::count(vcpus.len() as u64, "vCPU"),
         percentile(times, 0.5),
         percentile(times, 0.99)
+    ));
+    let mut resume_ns = ran.resume_ns.clone();
+    resume_ns.sort_unstable();
+    sink.notes.figure(&format!(
+        "resume, until it returned to glass: p50 {:.1} us, p99 {:.1} us (each vCPU's stack read is below: the rest of the stop)",
+        percentile(&resume_ns, 0.5),
+        percentile(&resume_ns, 0.99)
     ));
     // glass's own CPU, stops and everything between them (unwinding, writing): in a
     // Xen dom0 the system part includes the hypercalls' time in Xen (a pause waits
@@ -731,10 +761,18 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
         ran.system_us as f64 / stops,
         100.0 * ran.waited.as_secs_f64() / seconds.max(1e-9)
     ));
+    sink.notes.figure(&format!(
+        "the schedule: {} Hz in the guest's running time (as perf's cpu-clock counts a task's own), so the time glass holds it stopped is not counted; per wall-clock second that is {:.1} Hz at this stopped share",
+        args.frequency,
+        args.frequency as f64 * running / seconds.max(1e-9)
+    ));
     if let Some(figure) = ran.wake_ups.figure(ran.takes_late_ticks) {
         sink.notes.figure(&figure);
     }
     print_vcpus(vcpus, ran.limit, args.no_idle, sink.notes);
+    if let Some(figure) = sink.in_place_walks_figure() {
+        sink.notes.figure(&figure);
+    }
     for figure in &ran.backend_figures {
         sink.notes.figure(figure);
     }
@@ -768,6 +806,17 @@ fn print_vcpus(vcpus: &mut [Vcpu], limit: usize, no_idle: bool, notes: &mut dyn 
         } else {
             format!(" ({})", states.join(", "))
         };
+        if vcpu.in_place_walks > 0 {
+            notes.figure(&format!(
+                "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; walked in place while stopped, reading only the words the walk needs: {} of {} walks met memory they could not read",
+                vcpu.samples,
+                at(0.5),
+                at(0.99),
+                vcpu.in_place_unreadable,
+                vcpu.in_place_walks
+            ));
+            continue;
+        }
         notes.figure(&format!(
             "vcpu{index}: {} samples{states}, stack read in p50 {:.1} us, p99 {:.1} us; stack copy {} KiB (limit {} KiB), {} stacks continued on a second stack, {} stacks longer than the copy",
             vcpu.samples,
@@ -831,6 +880,11 @@ struct GuestSampler<'s, 'b, 'v> {
     stopped: Duration,
     wake_ups: WakeUps,
     period: Duration,
+    /// Stacks are walked in place while the VM is stopped
+    /// ([`GuestBackend::walks_in_place`]), not copied.
+    in_place: bool,
+    /// Per sample, the time the resume took until it returned to glass.
+    resume_ns: Vec<u64>,
 }
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
@@ -870,21 +924,16 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             mark.begin();
         }
         let stopped_at = Instant::now();
-        let taken = take_sample(
-            self.backend,
-            self.source,
-            self.image,
-            self.vcpus,
-            self.no_idle,
-            stopped_at,
-            self.os.as_deref_mut(),
-        );
+        let taken = self.take_sample(stopped_at, self.in_place.then_some(&mut *sink));
         if taken.is_ok() && self.stop_in_sample == Some(self.ticks) {
             // SAFETY: raising a signal at ourselves (the test hook above).
             unsafe { libc::raise(libc::SIGSTOP) };
         }
+        let resuming = Instant::now();
         let resumed = self.backend.resume();
-        let stopped_ns = stopped_at.elapsed().as_nanos() as u64;
+        let resumed_at = Instant::now();
+        let stopped_ns = resumed_at.duration_since(stopped_at).as_nanos() as u64;
+        let resume_ns = resumed_at.duration_since(resuming).as_nanos() as u64;
         // Also after a failure: the VM went away, or the connection broke and
         // `sample_guest` reconnects to let it run (unmarked: the guardian would do the
         // same).
@@ -897,6 +946,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         let time_ns = sink.ns_since_origin(stopped_at);
         sink.tick_at(stopped_ns, time_ns + stopped_ns);
         self.source.registers_ns.push(self.source.last_registers_ns);
+        self.resume_ns.push(resume_ns);
         let at = SampleTime {
             time_ns,
             stopped_ns,
@@ -951,6 +1001,41 @@ impl WakeUps {
 }
 
 impl GuestSampler<'_, '_, '_> {
+    /// Stops the VM (at `started`) and reads every vCPU; with a `walker`, walks their
+    /// stacks in place. The clock is read once per step (each step's end is the next
+    /// one's start): in a Xen dom0 under TCG every read costs microseconds of the stopped
+    /// window.
+    fn take_sample(
+        &mut self,
+        started: Instant,
+        mut walker: Option<&mut Sink>,
+    ) -> std::result::Result<(), GuestError> {
+        let source = &mut *self.source;
+        self.backend.stop_with_registers(&mut source.regs)?;
+        let mut step = Instant::now();
+        source.last_registers_ns = step.duration_since(started).as_nanos() as u64;
+        for (index, vcpu) in self.vcpus.iter_mut().enumerate() {
+            let stopped = StoppedVcpu {
+                index,
+                no_idle: self.no_idle,
+                regs: source.regs[index],
+            };
+            read_vcpu(
+                &mut *self.backend,
+                source,
+                self.image,
+                vcpu,
+                stopped,
+                self.os.as_deref_mut(),
+                walker.as_deref_mut(),
+            )?;
+            let read = Instant::now();
+            vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
+            step = read;
+        }
+        Ok(())
+    }
+
     /// The backend lost the VM: it powered off, or the connection broke. Told apart by
     /// what QEMU did, not by a wait (issue 23: a fixed 100 ms called 2 power-offs in 10
     /// under load a lost connection).
@@ -1043,6 +1128,17 @@ impl GuestSampler<'_, '_, '_> {
         } else {
             0
         };
+        if vcpu.walked_in_place {
+            sink.handle(Event::Frames {
+                pid: GUEST_PID,
+                tid,
+                time_ns,
+                stopped_ns: stopped_ns as u32,
+                flags: flags | vcpu.walk_flags,
+                frames: &vcpu.frames,
+            })?;
+            return Ok(());
+        }
         if r.protected_32() {
             // 32-bit frames: walked here, once the VM runs again (the sink's
             // unwinders read 64-bit words).
@@ -1200,35 +1296,6 @@ fn moved(
     Ok(())
 }
 
-/// Stops the VM (at `started`) and reads every vCPU. The clock is read once per step
-/// (each step's end is the next one's start): in a Xen dom0 under TCG every read costs
-/// microseconds of the stopped window.
-fn take_sample(
-    backend: &mut dyn GuestBackend,
-    source: &mut StackSource,
-    image: &mut GuestImage,
-    vcpus: &mut [Vcpu],
-    no_idle: bool,
-    started: Instant,
-    mut os: Option<&mut (dyn GuestOs + 'static)>,
-) -> std::result::Result<(), GuestError> {
-    backend.stop_with_registers(&mut source.regs)?;
-    let mut step = Instant::now();
-    source.last_registers_ns = step.duration_since(started).as_nanos() as u64;
-    for (index, vcpu) in vcpus.iter_mut().enumerate() {
-        let stopped = StoppedVcpu {
-            index,
-            no_idle,
-            regs: source.regs[index],
-        };
-        read_vcpu(backend, source, image, vcpu, stopped, os.as_deref_mut())?;
-        let read = Instant::now();
-        vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
-        step = read;
-    }
-    Ok(())
-}
-
 /// A vCPU of a stopped VM, as the stop read it.
 struct StoppedVcpu {
     index: usize,
@@ -1238,7 +1305,8 @@ struct StoppedVcpu {
 
 /// While the VM is stopped: vCPU `index`'s state (interrupted context, firmware, its
 /// task, halted) and its stack copies: the stack it runs on, and the other stacks its
-/// frames continue on.
+/// frames continue on; or, with a `walker` (the backend [walks in
+/// place](GuestBackend::walks_in_place)), the walk of its stack, made here.
 fn read_vcpu(
     backend: &mut dyn GuestBackend,
     source: &mut StackSource,
@@ -1246,6 +1314,7 @@ fn read_vcpu(
     vcpu: &mut Vcpu,
     stopped: StoppedVcpu,
     mut os: Option<&mut (dyn GuestOs + 'static)>,
+    walker: Option<&mut Sink>,
 ) -> std::result::Result<(), GuestError> {
     let StoppedVcpu {
         index,
@@ -1300,6 +1369,14 @@ fn read_vcpu(
         }
         _ => None,
     };
+    vcpu.walked_in_place = false;
+    let kernel_stack = !(vcpu.in_firmware || left_out || user_mode);
+    if let (Some(sink), Some(ram), true) = (walker, backend.physical_memory(), kernel_stack) {
+        if !r.protected_32() {
+            walk_in_place(sink, ram, &mut source.cache, vcpu);
+            return Ok(());
+        }
+    }
     let has_ram = backend.physical_memory().is_some();
     // Only from mapped RAM: the process's mappings are read from it once the VM runs
     // (through m packets there is no reading then), and 16 KiB of packets would hold
@@ -1347,6 +1424,34 @@ fn read_vcpu(
             copy_from(backend, &mut source.cache, index, &r, at, &mut vcpu.third).unwrap_or(0);
     }
     Ok(())
+}
+
+/// The walk of a stopped vCPU's stack (its registers in `vcpu.regs`) in the guest's
+/// memory itself, reading the words the walk needs and copying nothing: a frame-pointer
+/// walk reads the two words of each frame record, as uniprof's does; a CFI walk the
+/// return address and saved registers each frame's rules name.
+fn walk_in_place(
+    sink: &mut Sink,
+    ram: &dyn PhysicalMemory,
+    cache: &mut TranslationCache,
+    vcpu: &mut Vcpu,
+) {
+    let r = vcpu.regs;
+    let paging = paging_of(&r);
+    let mut reader = WordReader::new(ram, cache, &paging);
+    let unreadable = sink.live_walks_unreadable();
+    vcpu.walk_flags = sink.walk_live(
+        GUEST_PID,
+        r.unwind(),
+        &mut |address| reader.word(address),
+        &mut vcpu.frames,
+    );
+    vcpu.in_place_unreadable += sink.live_walks_unreadable() - unreadable;
+    vcpu.in_place_walks += 1;
+    vcpu.walked_in_place = true;
+    vcpu.copied = 0;
+    vcpu.other_copied = 0;
+    vcpu.third_copied = 0;
 }
 
 /// The stack vCPU `index` runs on in the kernel or the image, sized from its recent

@@ -519,6 +519,34 @@ impl<'a> Recorder<'a> {
         self.walker.walk(space, arch, copy, frames)
     }
 
+    /// Unwinds a stack of `pid` in place while its target is stopped, reading it a word
+    /// at a time (`read_word`), into `frames` (cleared first); returns the sample's
+    /// truncation flags. The frames are then recorded as a [`Event::Frames`] sample once
+    /// the target runs again.
+    pub fn walk_live(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+        frames: &mut Vec<u64>,
+    ) -> u8 {
+        frames.clear();
+        let arch = self.modules.arch();
+        let space = self.modules.space(pid);
+        self.walker.walk_live(space, arch, regs, read_word, frames)
+    }
+
+    /// Whether in-place walks followed frame records or CFI, and why (None if none
+    /// were made with `--unwind auto`).
+    pub fn in_place_walks_figure(&self) -> Option<String> {
+        self.walker.frame_records_figure()
+    }
+
+    /// Walks made in place ([`Recorder::walk_live`]) that met memory they could not read.
+    pub fn live_walks_unreadable(&self) -> u64 {
+        self.walker.live_walks_unreadable()
+    }
+
     /// Records where a VM guest's RAM is read from.
     pub fn guest_ram(&mut self, ram: &GuestRam) -> io::Result<()> {
         self.writer.guest_ram(ram)

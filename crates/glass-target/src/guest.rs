@@ -70,6 +70,15 @@ pub trait GuestBackend {
         false
     }
 
+    /// Whether the loop walks a stack in place while the guest is stopped, reading only
+    /// the words the walk needs from [`GuestBackend::physical_memory`], instead of
+    /// copying the stack and walking the copy once the guest runs. Where copying costs
+    /// more than walking: in a Xen dom0 under TCG every byte copied is emulated (a
+    /// 61 KiB stack took 150-190 us of the stop), where a walk reads two words a frame.
+    fn walks_in_place(&self) -> bool {
+        false
+    }
+
     /// The guest no longer exists (after an error: it ended, it was destroyed).
     fn gone(&self) -> bool {
         false

@@ -42,11 +42,29 @@ pub fn walk_frame_pointers(
     max_depth: usize,
     frames: &mut Vec<u64>,
 ) -> WalkEnd {
+    walk_frame_pointers_by_word(
+        regs,
+        &mut |address| window.word(memory, address),
+        max_depth,
+        frames,
+    )
+}
+
+/// [`walk_frame_pointers`] over memory read a word at a time (`read_word`): for memory
+/// that costs nothing to reach but much to copy (a Xen guest's frames, mapped once, in a
+/// dom0 whose every copy is emulated), the walk reads the two words of each frame record
+/// and nothing else.
+pub fn walk_frame_pointers_by_word(
+    regs: UnwindRegs,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+) -> WalkEnd {
     frames.push(regs.ip);
     follow_chain(
         regs.fp,
         regs.sp,
-        &mut |address| window.word(memory, address),
+        read_word,
         max_depth,
         frames,
         &|address| address,

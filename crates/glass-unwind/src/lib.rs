@@ -18,7 +18,10 @@ pub mod x86_64;
 
 pub use cfi::{cfi_sources, CfiSources};
 pub use dwarf::DwarfUnwinder;
-pub use fp::{unchained_return_address, walk_frame_pointers, walk_frame_pointers_32, WalkEnd};
+pub use fp::{
+    unchained_return_address, walk_frame_pointers, walk_frame_pointers_32,
+    walk_frame_pointers_by_word, WalkEnd,
+};
 pub use glass_format::Arch;
 pub use window::{RemoteMemory, StackWindow};
 

@@ -292,16 +292,22 @@ fn check_halted_in_idle_wait(stacks: &[(Vec<String>, u64)]) {
     );
 }
 
-/// How many of vCPU `vcpu`'s stacks were longer than glass's copy, from its summary.
+/// How many of vCPU `vcpu`'s stacks were cut, from its summary: longer than glass's
+/// copy, or, walked in place, meeting memory it could not read.
 fn cut_stacks(err: &str, vcpu: usize) -> u64 {
+    const CUT: [&str; 2] = [
+        " stacks longer than the copy",
+        " walks met memory they could not read",
+    ];
     err.lines()
-        .find(|l| l.contains(&format!("vcpu{vcpu}: ")) && l.contains("stacks longer than the copy"))
-        .and_then(|l| {
-            l.split(", ")
-                .find_map(|part| part.strip_suffix(" stacks longer than the copy"))
+        .filter(|l| l.contains(&format!("vcpu{vcpu}: ")))
+        .find_map(|l| {
+            l.split([',', ':'])
+                .find_map(|part| CUT.iter().find_map(|cut| part.strip_suffix(cut)))
+                .map(|n| n.trim().split(' ').next().unwrap_or("").to_owned())
         })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no stack-copy figure for vcpu{vcpu}: {err}"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cut-stack figure for vcpu{vcpu}: {err}"))
 }
 
 /// The PVH or HVM build of the unikernel (`kind`): its split against its own, its

@@ -814,6 +814,10 @@ impl GuestBackend for XenBackend {
         self.halted.get(vcpu).copied()
     }
 
+    fn walks_in_place(&self) -> bool {
+        true
+    }
+
     fn gone(&self) -> bool {
         self.gone
     }
