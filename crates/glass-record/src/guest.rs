@@ -491,6 +491,9 @@ struct StackSource {
     registers_ns: Vec<u64>,
     /// This sample's, kept in `registers_ns` once the VM runs.
     last_registers_ns: u64,
+    /// When the last vCPU's read ended: the resume's start, without one more clock read
+    /// in the stop (on Xen's clocksource every read is a system call).
+    read_done: Option<Instant>,
 }
 
 /// Samples the guest `target` names until the end (`xen`'s loop: the VM's end is the
@@ -561,6 +564,7 @@ fn run_with(
         regs: vec![VcpuRegs::zeroed(arch); vcpus.len()],
         registers_ns: Vec::new(),
         last_registers_ns: 0,
+        read_done: None,
     };
     let takes_late_ticks = backend.takes_late_ticks_at_once();
     // Where a guest OS is known its stacks continue on others (IRQ, exception) and its
@@ -929,10 +933,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             // SAFETY: raising a signal at ourselves (the test hook above).
             unsafe { libc::raise(libc::SIGSTOP) };
         }
-        let resuming = Instant::now();
         let resumed = self.backend.resume();
         let resumed_at = Instant::now();
         let stopped_ns = resumed_at.duration_since(stopped_at).as_nanos() as u64;
+        let resuming = self.source.read_done.take().unwrap_or(stopped_at);
         let resume_ns = resumed_at.duration_since(resuming).as_nanos() as u64;
         // Also after a failure: the VM went away, or the connection broke and
         // `sample_guest` reconnects to let it run (unmarked: the guardian would do the
@@ -1033,6 +1037,7 @@ impl GuestSampler<'_, '_, '_> {
             vcpu.last_read_ns = read.duration_since(step).as_nanos() as u64;
             step = read;
         }
+        source.read_done = Some(step);
         Ok(())
     }
 
