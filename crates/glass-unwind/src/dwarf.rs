@@ -336,6 +336,43 @@ impl DwarfUnwinder {
     }
 }
 
+impl DwarfUnwinder {
+    /// x86-64: one step of the CFI walk, from the sampled instruction: the caller's
+    /// registers (the leaf's return address as ip, its CFA as sp, rbp as the leaf's rules
+    /// restore it). A walk that goes on by frame records from there has the leaf right
+    /// whatever it did with rbp (an assembly leaf without a frame, a prologue not yet
+    /// run). None on AArch64, where no FDE covers the leaf, or where the step fails.
+    pub fn caller_of_leaf(
+        &mut self,
+        regs: UnwindRegs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<UnwindRegs> {
+        if is_undescribed(&self.described, regs.ip + 1) {
+            return None;
+        }
+        let ArchUnwinder::X86_64(unwinder, cache) = &mut self.unwinder else {
+            return None;
+        };
+        // As in `walk`: unwind tables from files glass does not control must not take the
+        // recorder down.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut caller = crate::x86_64::framehop_regs(regs);
+            let mut read_stack = |address: u64| read_word(address).ok_or(());
+            let address = FrameAddress::from_instruction_pointer(regs.ip);
+            match unwinder.unwind_frame(address, &mut caller, cache, &mut read_stack) {
+                Ok(Some(return_address)) => {
+                    Some(UnwindRegs::new(return_address, caller.sp(), caller.bp()))
+                }
+                _ => None,
+            }
+        }))
+        .unwrap_or_else(|_| {
+            self.unwinder.reset_cache();
+            None
+        })
+    }
+}
+
 /// Runs framehop's iterator into `frames` (at most `max_depth` past `start`).
 /// `ends_stack(frames)`: a failed unwind there ends the stack rather than truncating
 /// it — the frame that could not be unwound is in code without CFI of an image that

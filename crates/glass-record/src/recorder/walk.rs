@@ -154,12 +154,13 @@ impl StackWalker {
     /// is stopped: no copy to be cut by, so a walk that could not read on ends truncated
     /// and is counted apart ([`StackWalker::live_walks_unreadable`]).
     ///
-    /// With `--unwind auto`, the walks are by CFI until frame records are known to give
-    /// the same frames: the first [`FrameRecords::TRIAL`] walks are made both ways and
-    /// compared, and if every one agreed the later walks follow frame records alone (two
-    /// words a frame, no table lookups: the least a walk can cost the stopped guest),
-    /// with every [`FrameRecords::CHECK_EVERY`]th walk made both ways again. One walk that
-    /// disagrees puts the recording back on CFI for good.
+    /// With `--unwind auto` on x86-64, a walk follows frame records (two words a frame,
+    /// no table lookup: the least a walk can cost the stopped guest) after one CFI step
+    /// for the leaf, and keeps that walk only where every pair of adjacent frames in it
+    /// was seen in an earlier walk that CFI made too and that gave the same frames
+    /// ([`FrameRecords`]); otherwise the walk is made by CFI, and compared. A function
+    /// without a frame record above the leaf makes its caller's record skip a frame: the
+    /// pair it leaves is one no correct walk has, so that walk is made by CFI.
     pub(super) fn walk_live(
         &mut self,
         space: &mut AddressSpace,
@@ -168,30 +169,42 @@ impl StackWalker {
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
         frames: &mut Vec<u64>,
     ) -> u8 {
-        let mode = match self.unwind {
-            UnwindMode::Auto if self.frame_records.trusted_for_next() => UnwindMode::Fp,
-            mode => mode,
-        };
-        let end = self.walk_words(space, arch, regs, read_word, frames, mode);
-        if mode == UnwindMode::Auto && self.frame_records.comparing() {
-            let mut by_records = std::mem::take(&mut self.scratch);
-            by_records.clear();
-            self.walk_words(
-                space,
-                arch,
-                regs,
-                read_word,
-                &mut by_records,
-                UnwindMode::Fp,
-            );
-            self.frame_records.compared(frames, &by_records);
-            self.scratch = by_records;
+        let by_records = self.unwind == UnwindMode::Auto
+            && arch == Arch::X86_64
+            && self.frame_records.worth_trying()
+            && self
+                .guest_kernel_orc
+                .as_ref()
+                .is_none_or(|orc| orc.find(regs.ip).is_none());
+        if !by_records {
+            let unwind = self.unwind;
+            let end = self.walk_words(space, arch, regs, read_word, frames, unwind);
+            return self.ended_live(end);
         }
+        let mut hybrid = std::mem::take(&mut self.scratch);
+        hybrid.clear();
+        let hybrid_end =
+            walk_leaf_then_records(space, regs, read_word, self.max_depth, &mut hybrid);
+        let end = if hybrid_end == Some(WalkEnd::Complete) && self.frame_records.known(&hybrid) {
+            self.frame_records.by_records += 1;
+            frames.extend_from_slice(&hybrid);
+            WalkEnd::Complete
+        } else {
+            let end = self.walk_words(space, arch, regs, read_word, frames, UnwindMode::Auto);
+            self.frame_records
+                .compared(frames, &hybrid, end == WalkEnd::Complete);
+            end
+        };
+        self.scratch = hybrid;
+        self.ended_live(end)
+    }
+
+    fn ended_live(&mut self, end: WalkEnd) -> u8 {
         self.live_walks_unreadable += u64::from(end == WalkEnd::Unreadable);
         truncation_flags(end, 0, 0)
     }
 
-    /// How the in-place walks went, for the summary (None if there were none by CFI).
+    /// How the in-place walks went, for the summary (None if none tried frame records).
     pub(super) fn frame_records_figure(&self) -> Option<String> {
         self.frame_records.figure()
     }
@@ -310,84 +323,119 @@ impl StackWalker {
     }
 }
 
-/// Whether frame records give the frames CFI gives, judged over the in-place walks
-/// ([`StackWalker::walk_live`]).
+/// Which walks made in place may follow frame records: those whose every pair of
+/// adjacent frames (from the leaf's caller on, the last one paired with the stack's end)
+/// an agreeing CFI walk had ([`StackWalker::walk_live`]).
 #[derive(Default)]
 struct FrameRecords {
-    /// In-place walks made with `--unwind auto`, either way.
-    walks: u64,
-    /// Walks made both ways, and how many of them disagreed.
+    /// Adjacent frames of walks where frame records and CFI agreed (0: the stack's end).
+    pairs: std::collections::HashSet<(u64, u64), foldhash::fast::RandomState>,
+    /// Walks kept as frame records gave them.
+    by_records: u64,
+    /// Walks made by CFI and compared, and how many of them disagreed.
     compared: u64,
     disagreed: u64,
-    /// The walk (counted from 1) that first disagreed, and where: the frame's depth
-    /// and what each walk had there (None: the walk had ended).
+    /// The first disagreement: the walk (counted from 1 over every walk that tried frame
+    /// records), the frame's depth and what each walk had there (None: it had ended).
     first_disagreement: Option<(u64, usize, Option<u64>, Option<u64>)>,
 }
 
 impl FrameRecords {
-    /// Walks made both ways before frame records are trusted.
-    const TRIAL: u64 = 32;
-    /// Once trusted, every this many walks one is made both ways again.
-    const CHECK_EVERY: u64 = 64;
+    /// Pairs kept (a bound on memory; past it they are learned afresh).
+    const MAX_PAIRS: usize = 1 << 16;
+    /// Disagreements after which, if they are most of the comparisons, an image without
+    /// frame records is walked by CFI alone.
+    const GIVE_UP_AFTER: u64 = 16;
 
-    fn trusted(&self) -> bool {
-        self.disagreed == 0 && self.compared >= Self::TRIAL
+    fn worth_trying(&self) -> bool {
+        self.disagreed < Self::GIVE_UP_AFTER || self.disagreed * 2 <= self.compared
     }
 
-    /// Counts the next walk; true if it is to follow frame records alone.
-    fn trusted_for_next(&mut self) -> bool {
-        self.walks += 1;
-        self.trusted() && !self.walks.is_multiple_of(Self::CHECK_EVERY)
+    fn walks(&self) -> u64 {
+        self.by_records + self.compared
     }
 
-    /// Whether the walk just made by CFI is to be compared with frame records.
-    fn comparing(&self) -> bool {
-        self.disagreed == 0
+    fn pairs_of(frames: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let from_caller = frames.get(1..).unwrap_or(&[]);
+        from_caller
+            .iter()
+            .zip(from_caller.iter().skip(1).chain([&0]))
+            .map(|(&a, &b)| (a, b))
     }
 
-    fn compared(&mut self, by_cfi: &[u64], by_records: &[u64]) {
+    /// Whether a walk by frame records may be kept: every pair of it already seen.
+    fn known(&self, by_records: &[u64]) -> bool {
+        by_records.len() > 1 && Self::pairs_of(by_records).all(|pair| self.pairs.contains(&pair))
+    }
+
+    /// A walk was made by CFI (`complete`: to the stack's end) after the one by frame
+    /// records: where they agree, its pairs are known from now on.
+    fn compared(&mut self, by_cfi: &[u64], by_records: &[u64], complete: bool) {
         self.compared += 1;
-        if by_cfi != by_records {
-            self.disagreed += 1;
-            let depth = (0..)
-                .find(|&i| by_cfi.get(i) != by_records.get(i))
-                .unwrap_or(0);
-            let walk = self.walks;
-            self.first_disagreement.get_or_insert((
-                walk,
-                depth,
-                by_cfi.get(depth).copied(),
-                by_records.get(depth).copied(),
-            ));
+        if by_cfi == by_records {
+            if complete {
+                if self.pairs.len() >= Self::MAX_PAIRS {
+                    self.pairs.clear();
+                }
+                self.pairs.extend(Self::pairs_of(by_cfi));
+            }
+            return;
         }
+        self.disagreed += 1;
+        let depth = (0..)
+            .find(|&i| by_cfi.get(i) != by_records.get(i))
+            .unwrap_or(0);
+        let walk = self.walks();
+        self.first_disagreement.get_or_insert((
+            walk,
+            depth,
+            by_cfi.get(depth).copied(),
+            by_records.get(depth).copied(),
+        ));
     }
 
     fn figure(&self) -> Option<String> {
-        if self.walks == 0 {
+        let walks = self.walks();
+        if walks == 0 {
             return None;
         }
         let frame =
             |address: Option<u64>| address.map_or("its end".to_string(), |a| format!("{a:#x}"));
-        Some(match self.first_disagreement {
-            Some((walk, depth, by_cfi, by_records)) => format!(
-                "stacks walked in place by CFI: frame records gave other frames at walk {walk} (of {} compared), frame {depth}: CFI {}, frame records {}",
-                self.compared,
+        let mut figure = format!(
+            "stacks walked in place: {} of {walks} by frame records after a CFI step for the leaf, each of their adjacent frames first seen in a CFI walk that agreed; {} by CFI, {} of them unlike frame records' walk",
+            self.by_records, self.compared, self.disagreed
+        );
+        if let Some((walk, depth, by_cfi, by_records)) = self.first_disagreement {
+            figure.push_str(&format!(
+                " (first at walk {walk}, frame {depth}: CFI {}, frame records {})",
                 frame(by_cfi),
                 frame(by_records)
-            ),
-            None if self.trusted() => format!(
-                "stacks walked in place by frame records (two words a frame): they gave the frames CFI gives in all {} walks made both ways (the first {}, then one in {})",
-                self.compared,
-                Self::TRIAL,
-                Self::CHECK_EVERY
-            ),
-            None => format!(
-                "stacks walked in place by CFI: {} of the {} walks that decide on frame records made so far",
-                self.compared,
-                Self::TRIAL
-            ),
-        })
+            ));
+        }
+        if !self.worth_trying() {
+            figure.push_str("; frame records given up: most walks disagreed");
+        }
+        Some(figure)
     }
+}
+
+/// x86-64: the leaf's caller by one CFI step, then frame records. None where CFI does
+/// not describe the leaf.
+fn walk_leaf_then_records(
+    space: &mut AddressSpace,
+    regs: UnwindRegs,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    max_depth: usize,
+    frames: &mut Vec<u64>,
+) -> Option<WalkEnd> {
+    let caller = space.unwinder.caller_of_leaf(regs, read_word)?;
+    frames.push(regs.ip);
+    Some(walk_frame_pointers_by_word(
+        caller,
+        read_word,
+        max_depth.saturating_sub(1),
+        frames,
+    ))
 }
 
 /// x86-64's frame-pointer walk, with the caller a chain skips.
@@ -438,30 +486,42 @@ mod tests {
     use super::FrameRecords;
 
     #[test]
-    fn frame_records_are_trusted_after_the_trial_checked_again_and_dropped_at_one_disagreement() {
+    fn a_walk_by_frame_records_is_kept_only_where_cfi_agreed_on_each_of_its_adjacent_frames() {
         let mut records = FrameRecords::default();
-        for _ in 0..FrameRecords::TRIAL {
-            assert!(!records.trusted_for_next(), "trusted during the trial");
-            assert!(records.comparing());
-            records.compared(&[1, 2, 3], &[1, 2, 3]);
-        }
-        // Trusted: only every CHECK_EVERY-th walk is made by CFI and compared.
-        let by_cfi = (0..FrameRecords::CHECK_EVERY * 3)
-            .filter(|_| !records.trusted_for_next())
-            .count();
-        assert_eq!(by_cfi, 3);
-        assert!(records.figure().unwrap().contains("by frame records"));
-        // One disagreement: CFI from then on, and no more comparing.
-        while records.trusted_for_next() {}
-        records.compared(&[1, 2, 3], &[1, 2]);
-        assert!(!records.comparing());
-        assert!((0..1000).all(|_| !records.trusted_for_next()));
+        // leaf 0x10 in gamma (no frame), gamma 0x20, dispatch 0x30, run 0x40.
+        let whole = [0x10, 0x20, 0x30, 0x40];
+        assert!(
+            !records.known(&whole),
+            "nothing is known before a CFI walk agreed"
+        );
+        records.compared(&whole, &whole, true);
+        assert!(records.known(&whole));
+        // Another leaf under the same callers: its caller's pairs are known.
+        assert!(records.known(&[0x11, 0x20, 0x30, 0x40]));
+        // A frame record that skips a frameless function's caller (0x30): the pair
+        // (0x20, 0x40) was never in an agreeing walk.
+        assert!(!records.known(&[0x10, 0x20, 0x40]));
+        // Cut short: its last frame was never the stack's end.
+        assert!(!records.known(&[0x10, 0x20, 0x30]));
+        // A frameless caller (0x50's function) under the leaf's: its caller's frame
+        // (0x30) skipped. The disagreement learns nothing and is reported.
+        records.compared(&[0x12, 0x50, 0x30, 0x40], &[0x12, 0x50, 0x40], true);
+        assert!(!records.known(&[0x12, 0x50, 0x40]));
         let figure = records.figure().unwrap();
         assert!(
-            figure.starts_with(
-                "stacks walked in place by CFI: frame records gave other frames at walk 256 (of 33 compared), frame 2: CFI 0x3, frame records its end"
-            ),
+            figure.contains("(first at walk 2, frame 2: CFI 0x30, frame records 0x40)"),
             "{figure}"
         );
+        // An image without frame records: given up once most walks disagree.
+        let mut tried = 0;
+        while records.worth_trying() && tried < 100 {
+            records.compared(&[1, 2, 3], &[1, 3], true);
+            tried += 1;
+        }
+        assert_eq!(tried, FrameRecords::GIVE_UP_AFTER - 1);
+        assert!(records
+            .figure()
+            .unwrap()
+            .ends_with("frame records given up: most walks disagreed"));
     }
 }
