@@ -423,7 +423,7 @@ def markdown(r, meta):
         "## Xen guests: glass against a uniprof-like reference (issue 34)",
         "",
         f"Measured {meta['date']} in one boot of the nested Xen of guests/xen ({meta['qemu']}, TCG; Xen 4.17), "
-        f"{r['rounds']} rounds in alternating order, {SECONDS} s per run, medians over the rounds. {load}. Rerun: "
+        f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''} in alternating order, {SECONDS} s per run, medians over the rounds. {load}. Rerun: "
         f"`{COMMAND}` (this part: bench/xen_versus.py with bench/xen_versus_dom0.sh in dom0; the run's files stay "
         "in target/tmp/xen-versus).",
         "",
@@ -457,7 +457,9 @@ def markdown(r, meta):
         "the caller of a function that keeps no frame record: from mix_block the first record is gamma's, whose "
         "return address is in dispatch, so the reference's traces in gamma's time name mix_block and dispatch "
         f"but no gamma ({num(mix_leaf['997'], '.1f')}% of its traces at 997 Hz, {num(mix_leaf['101'], '.1f')}% at "
-        "101 Hz) and count for none of the three; glass unwinds mix_block by its CFI.",
+        "101 Hz) and count for none of the three; glass unwinds mix_block by its CFI. A dash: the run gave no "
+        "such figure (a slowdown needs two of the guest's rate lines, 25 rounds apart, inside the run, which a "
+        "guest held stopped most of the time may not print).",
         "",
         "glass's own figures of the stop at 997 Hz (round 0), as its summary gives them:",
         "",
