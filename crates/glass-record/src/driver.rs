@@ -75,6 +75,9 @@ pub trait Sampler<C: ?Sized> {
     /// The loop slept for the clock's timer and took the tick this long after its
     /// deadline ([`Ticker::lateness`]).
     fn woke_late(&mut self, _late: Duration) {}
+
+    /// The recording ends: what its clock did with the deadlines.
+    fn schedule_ended(&mut self, _schedule: crate::Schedule) {}
 }
 
 /// What the clock does about a deadline found already passed when it wakes.
@@ -132,6 +135,31 @@ pub fn drive<C: ?Sized>(
         ),
         Clock::None(wake) => (None, false, wake),
     };
+    let ended = turns(
+        sampler,
+        context,
+        stop_signals,
+        &mut ticker,
+        postpone,
+        idle_wake,
+        duration,
+    );
+    if let Some(ticker) = &ticker {
+        sampler.schedule_ended(ticker.schedule());
+    }
+    ended
+}
+
+/// The loop's turns, until the recording ends.
+fn turns<C: ?Sized>(
+    sampler: &mut dyn Sampler<C>,
+    context: &mut C,
+    stop_signals: Option<&SignalFd>,
+    ticker: &mut Option<Ticker>,
+    postpone: bool,
+    idle_wake: Duration,
+    duration: Option<f64>,
+) -> std::io::Result<Outcome> {
     // (The command line refuses durations a `Duration` cannot hold; a library caller's
     // is taken as no deadline rather than a panic.)
     let deadline = duration

@@ -593,6 +593,8 @@ fn run_with(
         period: Duration::from_secs(1) / args.frequency.max(1),
         in_place,
         resume_ns: Vec::new(),
+        schedule: crate::Schedule::default(),
+        missed: 0,
     };
     let (cpu_began, began) = (own_cpu_us(), Instant::now());
     sink.sampling_began();
@@ -626,6 +628,8 @@ fn run_with(
         takes_late_ticks,
         backend_figures: sampler.backend.figures(),
         resume_ns: std::mem::take(&mut sampler.resume_ns),
+        schedule: sampler.schedule,
+        missed: sampler.missed,
         limit,
         has_ram,
     };
@@ -724,6 +728,8 @@ struct Ran {
     backend_figures: Vec<String>,
     /// Per sample, the resume's time until it returned to glass.
     resume_ns: Vec<u64>,
+    schedule: crate::Schedule,
+    missed: u64,
     limit: usize,
     has_ram: bool,
 }
@@ -765,10 +771,19 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
         ran.system_us as f64 / stops,
         100.0 * ran.waited.as_secs_f64() / seconds.max(1e-9)
     ));
+    // Where the deadlines went: taken, passed while glass was not there to take them,
+    // or held back by the budget; the rest is the recording's ends.
+    let schedule = &ran.schedule;
+    let deadlines = args.frequency as f64 * running;
+    let held = schedule.deadlines_held();
     sink.notes.figure(&format!(
-        "the schedule: {} Hz in the guest's running time (as perf's cpu-clock counts a task's own), so the time glass holds it stopped is not counted; per wall-clock second that is {:.1} Hz at this stopped share",
+        "the schedule: {} Hz in the guest's running time (as perf's cpu-clock counts a task's own; {:.1} Hz per wall-clock second at this stopped share): of its {deadlines:.0} deadlines, {} taken, {} passed before glass could take them, {held:.0} held back by the stopped-time budget (--max-stopped; {} holds), {:.0} otherwise",
         args.frequency,
-        args.frequency as f64 * running / seconds.max(1e-9)
+        args.frequency as f64 * running / seconds.max(1e-9),
+        times.len(),
+        ran.missed,
+        schedule.budget_holds,
+        deadlines - times.len() as f64 - ran.missed as f64 - held
     ));
     if let Some(figure) = ran.wake_ups.figure(ran.takes_late_ticks) {
         sink.notes.figure(&figure);
@@ -889,6 +904,9 @@ struct GuestSampler<'s, 'b, 'v> {
     in_place: bool,
     /// Per sample, the time the resume took until it returned to glass.
     resume_ns: Vec<u64>,
+    /// What the clock did with its deadlines, and the deadlines it found passed.
+    schedule: crate::Schedule,
+    missed: u64,
 }
 
 impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
@@ -908,6 +926,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         self.waited += waited;
     }
 
+    fn schedule_ended(&mut self, schedule: crate::Schedule) {
+        self.schedule = schedule;
+    }
+
     fn woke_late(&mut self, late: Duration) {
         self.wake_ups.count += 1;
         self.wake_ups.late += late;
@@ -922,6 +944,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         missed: u64,
     ) -> std::io::Result<std::result::Result<u64, Outcome>> {
         sink.deadlines_missed(missed);
+        self.missed += missed;
         // The stopped window: registers and stack copies only.
         self.ticks += 1;
         if let Some(mark) = self.stop_mark {
