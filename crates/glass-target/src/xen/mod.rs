@@ -1,10 +1,12 @@
 //! Xen guests sampled through the hypervisor, from dom0: the second [`GuestBackend`].
 //!
-//! Per sample: pause the domain and read every vCPU's context, in one multicall
+//! Per sample: pause the domain and read every vCPU's context and state, in one multicall
 //! (`XEN_DOMCTL_pausedomain` and one `XEN_DOMCTL_getvcpucontext` per vCPU: a single trap
 //! into Xen, where libxenctrl's `xc_domain_pause` + `xc_vcpu_getcontext` take one each
 //! and bounce a fresh buffer every time); let the loop walk the guest's page tables
-//! through frames mapped with libxenforeignmemory ([`frames`], a bounded cache); unpause.
+//! through frames mapped with libxenforeignmemory ([`frames`], a bounded cache); unpause;
+//! then ask whether the domain is ending (getdomaininfo: outside the pause, which every
+//! domctl in the multicall lengthens).
 //! The hypercall buffers are allocated once (libxencall's locked pages), so nothing is
 //! allocated while the domain is paused.
 //!
@@ -405,7 +407,7 @@ impl XenBackend {
     ) -> Result<XenBackend, TargetError> {
         let vcpus = info.max_vcpu_id as usize + 1;
         let io = TargetError::Io;
-        let calls = 2 + 2 * vcpus;
+        let calls = 1 + 2 * vcpus;
         let entries =
             HypercallBuffer::new(&hv.libs, hv.call, calls * MULTICALL_ENTRY_SIZE).map_err(io)?;
         let domctls = HypercallBuffer::new(&hv.libs, hv.call, calls * DOMCTL_SIZE).map_err(io)?;
@@ -472,20 +474,20 @@ impl XenBackend {
     /// (blocked or not) into `domctls`; sets per vCPU whether it has a context (a vCPU
     /// never brought up has none). The domctls: 0 the pause, then per vCPU `v`
     /// getvcpucontext (HVM/PVH: gethvmcontext_partial of its CPU record) at 1 + 2v and
-    /// getvcpuinfo at 2 + 2v, and last getdomaininfo: a
-    /// domain being destroyed can still be paused and read, but glass must let go of
-    /// it (its mapped frames keep it from dying). Nothing is allocated here.
+    /// getvcpuinfo at 2 + 2v. (A domain being destroyed can still be paused and read,
+    /// but glass must let go of it, its mapped frames keeping it from dying: `resume`
+    /// asks its state once it runs.) Nothing is allocated here.
     fn pause_and_read(&mut self, online: &mut [bool]) -> Result<(), GuestError> {
         let domid = self.domid;
-        let calls = 2 + 2 * self.vcpus;
+        // The domain's own state (ending, or gone) is asked once it runs again
+        // (`resume`): every domctl in the multicall lengthens the pause.
+        let calls = 1 + 2 * self.vcpus;
         for index in 0..calls {
             let vcpu = index.saturating_sub(1) / 2;
             let context = self.contexts.address(vcpu * CONTEXT_SIZE);
             let buffer = &mut self.domctls.bytes()[index * DOMCTL_SIZE..];
             if index == 0 {
                 domctl(buffer, DOMCTL_PAUSEDOMAIN, domid);
-            } else if index == calls - 1 {
-                domctl(buffer, DOMCTL_GETDOMAININFO, domid);
             } else if index % 2 == 1 && self.hvm {
                 domctl(buffer, DOMCTL_GETHVMCONTEXT_PARTIAL, domid);
                 write_u32(buffer, HVMCONTEXT_TYPE, HVM_SAVE_CPU);
@@ -562,15 +564,6 @@ impl XenBackend {
             }
             return Err(self.failed("pause", -paused as i32));
         }
-        let info = &self.domctls.bytes()[(calls - 1) * DOMCTL_SIZE..];
-        let ending = read_u32(info, INFO_FLAGS) & (DOMINF_DYING | DOMINF_SHUTDOWN) != 0;
-        let other = read_u16(info, INFO_DOMAIN) as u32 != domid;
-        if result(self, calls - 1) != 0 || other || ending {
-            self.gone = true;
-            return Err(GuestError(format!(
-                "domain {domid} is gone (shut down or destroyed)"
-            )));
-        }
         for (vcpu, online) in online.iter_mut().enumerate() {
             let (context, state) = (result(self, 1 + 2 * vcpu), result(self, 2 + 2 * vcpu));
             *online = context == 0;
@@ -582,6 +575,19 @@ impl XenBackend {
             self.halted[vcpu] = blocked;
         }
         Ok(())
+    }
+
+    fn unpause(&mut self) -> Result<(), GuestError> {
+        match self.hv.unpause(self.domid) {
+            Ok(()) => {
+                self.paused = false;
+                if let Some(mark) = &self.mark {
+                    mark.end();
+                }
+                Ok(())
+            }
+            Err(errno) => Err(self.failed("unpause", errno)),
+        }
     }
 
     fn failed(&mut self, what: &str, errno: i32) -> GuestError {
@@ -776,20 +782,31 @@ impl GuestBackend for XenBackend {
         if !self.paused {
             return Ok(());
         }
-        match self.hv.unpause(self.domid) {
-            Ok(()) => {
-                self.paused = false;
-                if let Some(mark) = &self.mark {
-                    mark.end();
-                }
+        self.unpause()?;
+        // Asked now rather than in the pause's multicall: a domain shut down or
+        // destroyed (getdomaininfo then answers for the next domain, or ESRCH) ends the
+        // recording at this sample.
+        let domid = self.domid;
+        match self.hv.domain_info(domid) {
+            Ok(info)
+                if info.domid == domid && info.flags & (DOMINF_DYING | DOMINF_SHUTDOWN) == 0 =>
+            {
                 Ok(())
             }
-            Err(errno) => Err(self.failed("unpause", errno)),
+            Ok(_) | Err(_) => {
+                self.gone = true;
+                Err(GuestError(format!(
+                    "domain {domid} is gone (shut down or destroyed)"
+                )))
+            }
         }
     }
 
     fn detach(&mut self) -> Result<(), GuestError> {
-        self.resume()
+        if !self.paused {
+            return Ok(());
+        }
+        self.unpause()
     }
 
     fn physical_memory(&self) -> Option<&dyn PhysicalMemory> {
