@@ -189,12 +189,15 @@ fn turns<C: ?Sized>(
         }
         // A late tick to take at once (LateTicks::TakeOne) waits for nothing.
         let due = ticker.as_ref().is_some_and(Ticker::due);
+        // Where the clock spins for its deadlines, the wait ends where the spin begins.
+        let before_spin = ticker.as_ref().and_then(Ticker::sleep_before_spin);
         let wait = if gathered.more || due {
             Duration::ZERO
         } else {
-            deadline.map_or(idle_wake, |d| {
+            let wait = deadline.map_or(idle_wake, |d| {
                 (d.saturating_duration_since(now) + Duration::from_millis(1)).min(idle_wake)
-            })
+            });
+            before_spin.map_or(wait, |sleep| wait.min(sleep))
         };
         let polled = Instant::now();
         poll_readable(&fds, wait, &mut polls, &mut ready);

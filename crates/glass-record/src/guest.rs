@@ -785,6 +785,12 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
         schedule.budget_holds,
         deadlines - times.len() as f64 - ran.missed as f64 - held
     ));
+    if !schedule.spin.is_zero() {
+        sink.notes.figure(&format!(
+            "the loop spun for the last {:.0} us before each deadline rather than sleep through them (the shortest sleep measured at the start)",
+            schedule.spin.as_secs_f64() * 1e6
+        ));
+    }
     if let Some(figure) = ran.wake_ups.figure(ran.takes_late_ticks) {
         sink.notes.figure(&figure);
     }
@@ -967,7 +973,7 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         if let Some(mark) = self.stop_mark {
             mark.end();
         }
-        if let Err(error) = taken.and(resumed) {
+        if let Err(error) = taken.and(resumed).and_then(|()| self.backend.ran_again()) {
             return Ok(Err(self.lost(sink, &error)));
         }
         let time_ns = sink.ns_since_origin(stopped_at);

@@ -761,7 +761,21 @@ pub struct Ticker {
     /// The budget held later deadlines back this many times, by this much in all.
     budget_holds: u64,
     budget_held_ns: u64,
+    /// [`LateTicks::TakeOne`]: how close to a deadline the loop stops sleeping and spins
+    /// for it instead (the shortest sleep measured at the start: a sleep wakes at least
+    /// that late), as uniprof's loop does; 0 once spinning is given up.
+    spin_ns: u64,
+    /// Ticks taken while spinning, and their lateness in all: spinning is given up
+    /// where it does not keep ticks prompt (a dom0 that shares its pCPU with a guest vCPU
+    /// is preempted while it spins, and credit2 charges it for spinning).
+    spun_ticks: u64,
+    spun_late_ns: u64,
 }
+
+/// Spins that may be judged before spinning is given up, and the mean lateness (as a
+/// share of the period) past which it is.
+const SPIN_TRIAL_TICKS: u64 = 64;
+const SPIN_GIVE_UP_SHARE: u64 = 4;
 
 /// What a clock did with its deadlines, for the summary: how often and how long the
 /// stopped-time budget held them back (the deadlines that passed unserved are counted as
@@ -771,6 +785,9 @@ pub struct Schedule {
     pub period: Duration,
     pub budget_holds: u64,
     pub budget_held: Duration,
+    /// How close to each deadline the loop spun at the end (zero: it slept, or gave
+    /// spinning up).
+    pub spin: Duration,
 }
 
 impl Schedule {
@@ -789,6 +806,18 @@ impl Schedule {
 /// four times its excess, though the average stayed within the budget; the summary counts
 /// the deadlines held back.
 const STOPPED_CREDIT_CAP_NS: f64 = 200_000_000.0;
+
+/// The shortest of a few 1 us sleeps, measured: how late a sleep wakes at best.
+fn shortest_sleep_ns() -> u64 {
+    (0..16)
+        .map(|_| {
+            let before = monotonic_now_ns();
+            std::thread::sleep(Duration::from_micros(1));
+            monotonic_now_ns() - before
+        })
+        .min()
+        .unwrap_or(0)
+}
 
 pub fn monotonic_now_ns() -> u64 {
     let mut now = libc::timespec {
@@ -838,9 +867,27 @@ impl Ticker {
             fired_late_ns: 0,
             budget_holds: 0,
             budget_held_ns: 0,
+            spin_ns: match late {
+                LateTicks::TakeOne { .. } => shortest_sleep_ns(),
+                LateTicks::Skip => 0,
+            },
+            spun_ticks: 0,
+            spun_late_ns: 0,
         };
         ticker.arm()?;
         Ok(ticker)
+    }
+
+    /// How long the loop may sleep before it spins for the next deadline (zero: spin
+    /// now); None where it does not spin (it sleeps until the timer fires).
+    pub fn sleep_before_spin(&self) -> Option<Duration> {
+        if self.spin_ns == 0 {
+            return None;
+        }
+        let spin_from = self.deadline(self.next).saturating_sub(self.spin_ns);
+        Some(Duration::from_nanos(
+            spin_from.saturating_sub(monotonic_now_ns()),
+        ))
     }
 
     pub fn fd(&self) -> i32 {
@@ -852,6 +899,7 @@ impl Ticker {
             period: Duration::from_nanos(self.period_ns),
             budget_holds: self.budget_holds,
             budget_held: Duration::from_nanos(self.budget_held_ns),
+            spin: Duration::from_nanos(self.spin_ns),
         }
     }
 
@@ -962,6 +1010,15 @@ impl Ticker {
             return None;
         }
         self.fired_late_ns = now - self.deadline(self.next);
+        if self.spin_ns > 0 {
+            self.spun_ticks += 1;
+            self.spun_late_ns += self.fired_late_ns;
+            if self.spun_ticks == SPIN_TRIAL_TICKS
+                && self.spun_late_ns / SPIN_TRIAL_TICKS > self.period_ns / SPIN_GIVE_UP_SHARE
+            {
+                self.spin_ns = 0;
+            }
+        }
         let mut missed = 0;
         self.next += 1;
         while self.deadline(self.next) <= now {

@@ -782,10 +782,13 @@ impl GuestBackend for XenBackend {
         if !self.paused {
             return Ok(());
         }
-        self.unpause()?;
-        // Asked now rather than in the pause's multicall: a domain shut down or
-        // destroyed (getdomaininfo then answers for the next domain, or ESRCH) ends the
-        // recording at this sample.
+        self.unpause()
+    }
+
+    /// Asked now rather than in the pause's multicall, and after the loop's timing of
+    /// the stop: a domain shut down or destroyed (getdomaininfo then answers for the next
+    /// domain, or ESRCH) ends the recording at this sample.
+    fn ran_again(&mut self) -> Result<(), GuestError> {
         let domid = self.domid;
         match self.hv.domain_info(domid) {
             Ok(info)
