@@ -238,6 +238,15 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
     let err = read(out, "pv.err");
     assert!(err.contains("in one multicall per sample"), "{err}");
     assert!(err.contains("target stopped per sample"), "{err}");
+    // Walked in place (nothing copied), mostly by frame records: the image keeps them,
+    // and every walk kept so was checked pair by pair against CFI walks first.
+    let (by_records, walks) = walked_in_place(&err);
+    assert!(
+        by_records * 2 >= walks && walks > 100,
+        "{by_records} of {walks} walks by frame records: {err}"
+    );
+    // Every deadline of the schedule is accounted for.
+    assert!(err.contains("the schedule: 499 Hz in the guest's running time"), "{err}");
     let recording = out.join("pv.glass");
     let stacks = folded(&recording, &["--threads"]);
     let own = own_split(&read(out, "pv.console.before"), &read(out, "pv.console"));
@@ -290,6 +299,21 @@ fn check_halted_in_idle_wait(stacks: &[(Vec<String>, u64)]) {
         in_idle, halted,
         "halted samples outside idle_wait: {stacks:?}"
     );
+}
+
+/// From glass's summary: how many of the stacks walked in place followed frame records,
+/// of how many.
+fn walked_in_place(err: &str) -> (u64, u64) {
+    let line = err
+        .lines()
+        .find_map(|l| l.split("stacks walked in place: ").nth(1))
+        .unwrap_or_else(|| panic!("no in-place walk figure: {err}"));
+    let mut words = line.split_whitespace();
+    let by_records = words.next().and_then(|n| n.parse().ok());
+    let walks = words.nth(1).and_then(|n| n.parse().ok());
+    by_records
+        .zip(walks)
+        .unwrap_or_else(|| panic!("no counts in: {line}"))
 }
 
 /// How many of vCPU `vcpu`'s stacks were cut, from its summary: longer than glass's
