@@ -1,12 +1,14 @@
 //! `glass record --xen` on a real Xen: Xen 4.17 and a Debian dom0 boot under QEMU TCG
 //! (guests/xen: kit.sh builds the boot kit, run.sh boots it and runs a script in dom0),
 //! and `xen_dom0.sh` drives glass there against the demo unikernel (guests/xenpv, 2
-//! vCPUs) as a PV, a PVH and an HVM guest, and Debian's kernel as a PV domU running a
-//! known split (guests/xen/linux) and as a PVH domU running a known kernel/user split,
-//! named from its own kallsyms. Xen is booted on `-cpu max,-smap,-avx,-avx2`, which gives it
-//! SVM with nested paging under TCG (`virt_caps: pv hvm hap`). The boot takes minutes, so it happens once for this file: the
-//! first test to need it boots, and every test checks its part of what the dom0 script
-//! left in the output directory.
+//! vCPUs) as a PV, a PVH and an HVM guest, its Unikraft-style builds (no frame pointers,
+//! the C's CFI only in .debug_frame) as a PV and a PVH guest, and Debian's kernel as a
+//! PV domU running a known split (guests/xen/linux) and as a PVH domU running a known
+//! kernel/user split, named from its own kallsyms. Xen is booted on
+//! `-cpu max,-smap,-avx,-avx2`, which gives it SVM with nested paging under TCG
+//! (`virt_caps: pv hvm hap`). The boot takes minutes, so it happens once for this file:
+//! the first test to need it boots, and every test checks its part of what the dom0
+//! script left in the output directory.
 
 mod common;
 
@@ -74,6 +76,21 @@ fn boot_and_run() -> Result<PathBuf, String> {
     if !built.success() {
         return Err("guests/xenpv/build.sh hvm failed".into());
     }
+    // The Unikraft-style builds (no frame pointers, the C's CFI only in .debug_frame),
+    // beside the others in `pv`: uk-pv-nofp.elf and uk-hvm-nofp.elf.
+    for mode in ["pv", "hvm"] {
+        let built = Command::new(repo().join("guests/xenpv/build.sh"))
+            .arg(&pv)
+            .arg("0")
+            .arg(mode)
+            .arg("nofp")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("guests/xenpv/build.sh {mode} nofp: {e}"))?;
+        if !built.success() {
+            return Err(format!("guests/xenpv/build.sh {mode} nofp failed"));
+        }
+    }
     // The exact-count build of the PVH demo, which glass trace --xen traces whole.
     let exact = out.join("exact");
     let built = Command::new(repo().join("guests/xenpv/build.sh"))
@@ -93,10 +110,12 @@ fn boot_and_run() -> Result<PathBuf, String> {
     std::fs::write(
         out.join("env"),
         format!(
-            "GLASS={}\nPV_ELF={}\nHVM_ELF={}\nEXACT_ELF={}\n",
+            "GLASS={}\nPV_ELF={}\nHVM_ELF={}\nPV_NOFP_ELF={}\nPVH_NOFP_ELF={}\nEXACT_ELF={}\n",
             glass.display(),
             pv.join("uk-pv.elf").display(),
             pv.join("uk-hvm.elf").display(),
+            pv.join("uk-pv-nofp.elf").display(),
+            pv.join("uk-hvm-nofp.elf").display(),
             exact.join("uk-hvm.elf").display()
         ),
     )
@@ -397,6 +416,64 @@ fn the_pvh_unikernel_is_profiled_as_the_pv_one_is() {
 #[test]
 fn the_hvm_unikernel_is_profiled_as_the_pv_one_is() {
     check_hvm_unikernel("hvm");
+}
+
+/// The Unikraft-style build of the unikernel as `kind` (pv or pvh): C without frame
+/// pointers whose CFI is only in .debug_frame, assembly with .eh_frame, as Unikraft
+/// builds its images. Its split against its own and its stacks whole, from the guest's
+/// entry down, beta's 80 frames included: a C frame unwound by anything but its
+/// .debug_frame would cut or misplace them.
+fn check_nofp_unikernel(kind: &str, entry: [&str; 2]) {
+    let out = xen_run();
+    let name = format!("{kind}-nofp");
+    let err = read(out, &format!("{name}.err"));
+    assert_eq!(read(out, &format!("{name}.rc")).trim(), "0", "{err}");
+    let tables = err
+        .lines()
+        .find(|l| l.contains("unwind tables of"))
+        .unwrap_or_else(|| panic!("no unwind tables line: {err}"));
+    assert!(
+        tables.contains(".eh_frame (") && tables.contains(".debug_frame ("),
+        "{tables}"
+    );
+    let stacks = folded(&out.join(format!("{name}.glass")), &["--threads"]);
+    let own = own_split(
+        &read(out, &format!("{name}.console.before")),
+        &read(out, &format!("{name}.console")),
+    );
+    eprintln!("{name}: the guest's own split over the recording: {own:?}");
+    assert_split(&stacks, own);
+    let deep = check_unikernel_stacks(&stacks);
+    let beta = under(&stacks, "vcpu0/", "beta");
+    assert!(
+        beta > 0 && deep * 10 >= beta * 9,
+        "{deep} of {beta} beta samples 80 deep"
+    );
+    // The deep ones whole: from the entry (head.S, .eh_frame) through kmain and the rest
+    // of the C (.debug_frame) to beta, then the recursion.
+    let root = [entry[0], entry[1], "run", "dispatch", "beta"];
+    let whole: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().filter(|f| *f == "descend").count() >= 80)
+        .filter(|(frames, _)| frames.get(2..7).is_some_and(|top| top == &root[..]))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        whole, deep,
+        "deep stacks not rooted at {root:?}: {stacks:?}"
+    );
+    assert_eq!(cut_stacks(&err, 0), 0, "{err}");
+    check_halted_in_idle_wait(&stacks);
+}
+
+#[test]
+fn the_unikraft_style_pv_unikernel_is_unwound_by_its_debug_frame() {
+    check_nofp_unikernel("pv", ["_start", "kmain"]);
+}
+
+#[test]
+fn the_unikraft_style_pvh_unikernel_is_unwound_by_its_debug_frame() {
+    check_nofp_unikernel("pvh", ["pvh_high", "kmain_hvm"]);
 }
 
 #[test]

@@ -16,13 +16,18 @@
 #                                       as device model), 2 vCPUs, and its endings
 #   hvm.fw.glass, hvm.fw.err            the HVM domain created paused: both vCPUs before
 #                                       the guest's first instruction (paging off)
+#   KIND-nofp.glass, .err, .rc, .console(.before)
+#                                       the Unikraft-style builds (guests/xenpv/build.sh
+#                                       ... nofp: no frame pointers, the C's CFI only in
+#                                       .debug_frame) as KIND = pv and pvh, 5 s each
 #   trace.*                             glass trace --xen of the PVH build (xen_trace_dom0.sh)
 #   pvhl.glass, pvhl.err, pvhl.console(.before), pvhl.kallsyms
 #                                       Debian's kernel as a PVH domU (1 vCPU) running a
 #                                       known kernel/user split (guests/xen/linux/
 #                                       kernel-split.sh), recorded with its own kallsyms
 # The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel, HVM_ELF:
-# its PVH/HVM build). Xen must offer hvm (run.sh with GLASS_XEN_CPU=max,-smap,-avx,-avx2).
+# its PVH/HVM build, PV_NOFP_ELF and PVH_NOFP_ELF: their Unikraft-style builds). Xen must
+# offer hvm (run.sh with GLASS_XEN_CPU=max,-smap,-avx,-avx2).
 # Placement (Xen has 2 pCPUs here): dom0's one vCPU alone on pCPU 0 (the monitor on a
 # core of its own, as SplitX asks: a guest vCPU woken by the unpause would otherwise take
 # dom0's pCPU and glass would count its own wait as the guest's stopped time), both guest
@@ -217,6 +222,45 @@ EOF
     echo "after-kills state=$(state "$kind") progressed=$progressed" >>"$OUT/endings.$kind.txt"
     cat "$OUT/endings.$kind.txt"
     xl destroy "$kind"
+done
+
+# The Unikraft-style builds: what they add is the unwind by .debug_frame (the C) and
+# .eh_frame (head.S) with no frame pointer to fall back on, so only a recording each, and
+# a short one (CI's time): at 499 Hz 5 s give over 1500 busy samples on a quiet host, and
+# every round (~14 ms) goes down beta's 80 frames. The endings, the fallback and bad
+# input are the fp builds' above. A domain that does not start fails only its own test.
+for kind in pv pvh; do
+    name=$kind-nofp
+    started=$(date +%s)
+    echo "== $kind demo unikernel, Unikraft-style (no frame pointers, CFI in .debug_frame)"
+    if [ "$kind" = pv ]; then elf=$PV_NOFP_ELF memory=32; else elf=$PVH_NOFP_ELF memory=64; fi
+    cat >"/run/$name.cfg" <<EOF
+name = "$name"
+type = "$kind"
+kernel = "$elf"
+memory = $memory
+vcpus = 2
+cpus = ["1", "1"]
+tsc_mode = "native"
+on_poweroff = "destroy"
+on_crash = "preserve"
+EOF
+    if ! xl create -q "/run/$name.cfg" >"$OUT/$name.err" 2>&1 || ! wait_lines "$name" 120 1; then
+        { echo "$name printed no split line:"; cat "$(console "$name")"; xl dmesg | tail -40; } >>"$OUT/$name.err" 2>&1
+        echo 1 >"$OUT/$name.rc"
+        cat "$OUT/$name.err"
+        xl destroy "$name" >/dev/null 2>&1
+        continue
+    fi
+    tr -d '\r' <"$(console "$name")" >"$OUT/$name.console.before"
+    "$GLASS" record --xen "$name" -F 499 -d 5 --symbols "$elf" -o "$OUT/$name.glass" 2>"$OUT/$name.err"
+    echo "$?" >"$OUT/$name.rc"
+    # One more split line, so that the guest's own window covers the whole recording.
+    wait_lines "$name" 30 1
+    tr -d '\r' <"$(console "$name")" >"$OUT/$name.console"
+    cat "$OUT/$name.err"
+    xl destroy "$name"
+    echo "the $name part took $(($(date +%s) - started)) s"
 done
 
 # glass trace --xen: the PVH build traced from dom0 (its own domain and files).
