@@ -265,7 +265,10 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
         "{by_records} of {walks} walks by frame records: {err}"
     );
     // Every deadline of the schedule is accounted for.
-    assert!(err.contains("the schedule: 499 Hz in the guest's running time"), "{err}");
+    assert!(
+        err.contains("the schedule: 499 Hz in the guest's running time"),
+        "{err}"
+    );
     let recording = out.join("pv.glass");
     let stacks = folded(&recording, &["--threads"]);
     let own = own_split(&read(out, "pv.console.before"), &read(out, "pv.console"));
@@ -463,6 +466,9 @@ fn check_nofp_unikernel(kind: &str, entry: [&str; 2]) {
         "deep stacks not rooted at {root:?}: {stacks:?}"
     );
     assert_eq!(cut_stacks(&err, 0), 0, "{err}");
+    // Walked in place: with no frame records to follow, walks were made by CFI.
+    let (_, walks) = walked_in_place(&err);
+    assert!(walks > 0, "{err}");
     check_halted_in_idle_wait(&stacks);
 }
 
