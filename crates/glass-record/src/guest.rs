@@ -787,7 +787,7 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
     ));
     if !schedule.spin.is_zero() {
         sink.notes.figure(&format!(
-            "the loop spun for the last {:.0} us before each deadline rather than sleep through them (the shortest sleep measured at the start)",
+            "the loop spun for the last {:.0} us before each deadline rather than sleep through them (twice the median of short sleeps measured at the start)",
             schedule.spin.as_secs_f64() * 1e6
         ));
     }
