@@ -165,15 +165,19 @@ impl TranslationCache {
 
 /// Reads guest-virtual memory a word at a time, for a walk made while the guest is
 /// stopped: each 4 KiB page is translated (and its cached translation verified) once per
-/// reader, which lives for one stop, and each word is read from physical memory alone.
-/// A stack walk reads two words a frame, a few frames a page, upwards: one page
-/// remembered is enough.
+/// reader, which lives for one stop, and each word is read from physical memory alone,
+/// straight from the page's mapping where the memory keeps one
+/// ([`PhysicalMemory::page_pointer`]: a Xen guest's frames; looking the frame up for each
+/// word cost a walk of 20 frames 10-50 us in a dom0 under TCG). A stack walk reads two
+/// words a frame, a few frames a page, upwards: one page remembered is enough.
 pub struct WordReader<'a, P: PageWalk + ?Sized> {
     memory: &'a dyn PhysicalMemory,
     cache: &'a mut TranslationCache,
     paging: &'a P,
-    /// The page last translated: (virtual page, physical page).
-    page: Option<(u64, u64)>,
+    /// The page last translated: (virtual page, physical page, its mapping if any). The
+    /// mapping is asked for again with every translation, so it is held only while no
+    /// other page is read (the span [`PhysicalMemory::page_pointer`] allows).
+    page: Option<(u64, u64, Option<std::ptr::NonNull<u8>>)>,
     /// Words read, for the summary.
     pub words: u64,
 }
@@ -208,18 +212,30 @@ impl<'a, P: PageWalk + ?Sized> WordReader<'a, P> {
             return (read == 8).then(|| u64::from_le_bytes(buf));
         }
         let virtual_page = vaddr - offset;
-        let physical_page = match self.page {
-            Some((page, physical)) if page == virtual_page => physical,
+        let (physical_page, mapping) = match self.page {
+            Some((page, physical, mapping)) if page == virtual_page => (physical, mapping),
             _ => {
+                self.page = None;
                 let physical = self
                     .cache
                     .translate_with(self.memory, self.paging, virtual_page)
                     .ok()?;
-                self.page = Some((virtual_page, physical));
-                physical
+                let mapping = self.memory.page_pointer(physical);
+                self.page = Some((virtual_page, physical, mapping));
+                (physical, mapping)
             }
         };
-        self.memory.read_u64(physical_page + offset)
+        match mapping {
+            // SAFETY: the page's mapping, readable for 4096 bytes, asked for after the
+            // last read elsewhere; offset + 8 <= 4096 (checked above).
+            Some(page) => Some(u64::from_le(unsafe {
+                page.as_ptr()
+                    .add(offset as usize)
+                    .cast::<u64>()
+                    .read_unaligned()
+            })),
+            None => self.memory.read_u64(physical_page + offset),
+        }
     }
 }
 

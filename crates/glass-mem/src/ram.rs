@@ -15,7 +15,20 @@ pub trait PhysicalMemory {
         self.read_physical(address, &mut word)
             .then(|| u64::from_le_bytes(word))
     }
+
+    /// Where the memory keeps pages mapped: the 4 KiB page holding `physical`, readable
+    /// for 4096 bytes from the pointer, which stays valid until [`PAGE_POINTER_SPAN`]
+    /// other pages have been read through this memory (a reader that keeps one pointer
+    /// and asks again whenever it reads elsewhere stays within that). None: read through
+    /// [`PhysicalMemory::read_physical`].
+    fn page_pointer(&self, _physical: u64) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
 }
+
+/// See [`PhysicalMemory::page_pointer`]: the pages that may be read elsewhere while a
+/// page pointer is held.
+pub const PAGE_POINTER_SPAN: usize = 7;
 
 /// One stretch of guest-physical address space and where it lies in the RAM file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +128,13 @@ impl GuestRam {
 }
 
 impl PhysicalMemory for GuestRam {
+    /// Within the RAM file's mapping, which lives as long as the `GuestRam`.
+    fn page_pointer(&self, physical: u64) -> Option<std::ptr::NonNull<u8>> {
+        let offset = self.file_offset(physical & !4095, 4096)?;
+        let page = self.bytes.as_slice().get(offset..offset + 4096)?;
+        std::ptr::NonNull::new(page.as_ptr().cast_mut())
+    }
+
     fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {
         let Some(offset) = self.file_offset(address, buf.len() as u64) else {
             return false;

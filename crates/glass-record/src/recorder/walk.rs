@@ -191,8 +191,13 @@ impl StackWalker {
             WalkEnd::Complete
         } else {
             let end = self.walk_words(space, arch, regs, read_word, frames, UnwindMode::Auto);
-            self.frame_records
-                .compared(frames, &hybrid, end == WalkEnd::Complete);
+            if hybrid_end.is_some() {
+                self.frame_records
+                    .compared(frames, &hybrid, end == WalkEnd::Complete);
+            } else {
+                // No CFI for the leaf (a hypercall page): nothing to compare.
+                self.frame_records.by_cfi_alone += 1;
+            }
             end
         };
         self.scratch = hybrid;
@@ -330,8 +335,10 @@ impl StackWalker {
 struct FrameRecords {
     /// Adjacent frames of walks where frame records and CFI agreed (0: the stack's end).
     pairs: std::collections::HashSet<(u64, u64), foldhash::fast::RandomState>,
-    /// Walks kept as frame records gave them.
+    /// Walks kept as frame records gave them, and walks whose leaf no CFI describes
+    /// (made by CFI's fallbacks, not compared).
     by_records: u64,
+    by_cfi_alone: u64,
     /// Walks made by CFI and compared, and how many of them disagreed.
     compared: u64,
     disagreed: u64,
@@ -352,7 +359,7 @@ impl FrameRecords {
     }
 
     fn walks(&self) -> u64 {
-        self.by_records + self.compared
+        self.by_records + self.compared + self.by_cfi_alone
     }
 
     fn pairs_of(frames: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -403,7 +410,9 @@ impl FrameRecords {
             |address: Option<u64>| address.map_or("its end".to_string(), |a| format!("{a:#x}"));
         let mut figure = format!(
             "stacks walked in place: {} of {walks} by frame records after a CFI step for the leaf, each of their adjacent frames first seen in a CFI walk that agreed; {} by CFI, {} of them unlike frame records' walk",
-            self.by_records, self.compared, self.disagreed
+            self.by_records,
+            self.compared + self.by_cfi_alone,
+            self.disagreed
         );
         if let Some((walk, depth, by_cfi, by_records)) = self.first_disagreement {
             figure.push_str(&format!(

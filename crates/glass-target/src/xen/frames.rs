@@ -133,6 +133,13 @@ impl ForeignFrames {
 }
 
 impl PhysicalMemory for ForeignFrames {
+    /// The frame's mapping: the cache unmaps the least recently used frame of at least 8
+    /// (`open`), so a frame just used stays mapped while 7 others are.
+    fn page_pointer(&self, physical: u64) -> Option<std::ptr::NonNull<u8>> {
+        const _: () = assert!(glass_mem::ram::PAGE_POINTER_SPAN < 8);
+        std::ptr::NonNull::new(self.frame(physical / PAGE)?.cast_mut())
+    }
+
     fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {
         let mut done = 0usize;
         while done < buf.len() {
