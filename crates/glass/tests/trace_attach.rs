@@ -171,8 +171,9 @@ fn spawn_attached(pid: i32, options: &[&str]) -> (Child, BufReader<ChildStderr>,
 }
 
 /// The soak: attach, trace, detach, fifty times in a row (ten in the suite, fifty
-/// under `./x bench soak`; GLASS_ATTACH_CYCLES sets any other count), while nfd checks
-/// every packet against its reference implementation and keeps replacing its threads.
+/// under `./x bench soak`; GLASS_ATTACH_CYCLES sets any other count), each cycle tracing
+/// 3 s in the suite and 5 s in the soak (GLASS_ATTACH_SECONDS), while nfd checks every
+/// packet against its reference implementation and keeps replacing its threads.
 #[test]
 fn attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() {
     let _alone = exclusive();
@@ -183,7 +184,8 @@ fn attach_detach_cycles_leave_the_pipeline_exact_and_the_code_as_it_was() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| campaign(10, 50));
-    let seconds = std::env::var("GLASS_ATTACH_SECONDS").unwrap_or_else(|_| "5".into());
+    let seconds =
+        std::env::var("GLASS_ATTACH_SECONDS").unwrap_or_else(|_| campaign(3, 5).to_string());
     // Workers that pause 2 ms between rounds: some threads are found asleep in a
     // system call at each attach, and the recordings stay tens of MB.
     let mut daemon = Daemon::start(&nfd, &["2", "0", "2000"]);
