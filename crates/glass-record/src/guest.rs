@@ -973,7 +973,10 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         if let Some(mark) = self.stop_mark {
             mark.end();
         }
-        if let Err(error) = taken.and(resumed).and_then(|()| self.backend.ran_again()) {
+        if let Err(error) = taken
+            .and(resumed)
+            .and_then(|()| self.backend.ran_again(resumed_at))
+        {
             return Ok(Err(self.lost(sink, &error)));
         }
         let time_ns = sink.ns_since_origin(stopped_at);

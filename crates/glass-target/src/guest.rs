@@ -37,10 +37,10 @@ pub trait GuestBackend {
     /// Lets the guest run again.
     fn resume(&mut self) -> Result<(), GuestError>;
 
-    /// After a [`GuestBackend::resume`], once the loop has timed the stop: what the
-    /// backend asks of a running guest (Xen: whether the domain is ending). An error ends
-    /// the recording as a lost guest.
-    fn ran_again(&mut self) -> Result<(), GuestError> {
+    /// After a [`GuestBackend::resume`] at `now`, once the loop has timed the stop: what
+    /// the backend asks of a running guest (Xen: whether the domain is ending). An error
+    /// ends the recording as a lost guest.
+    fn ran_again(&mut self, _now: std::time::Instant) -> Result<(), GuestError> {
         Ok(())
     }
 

@@ -24,6 +24,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::cfi::{self, CfiSources, ImageCfi, Source};
 use crate::fp::WalkEnd;
+use crate::leaf_step::{self, LeafMemo, LeafSteps};
 use crate::{Arch, UnwindRegs};
 
 type SectionBytes = Arc<[u8]>;
@@ -89,6 +90,8 @@ pub struct DwarfUnwinder {
     /// AArch64: the modules' function symbols (process addresses, sorted), which tell
     /// whether the link register still holds the leaf's return address.
     function_starts: Vec<u64>,
+    /// x86-64: the leaf's step, per sampled pc ([`DwarfUnwinder::caller_of_leaf`]).
+    leaf_steps: LeafSteps,
 }
 
 impl Default for DwarfUnwinder {
@@ -104,6 +107,7 @@ impl Clone for DwarfUnwinder {
             modules: self.modules.clone(),
             described: self.described.clone(),
             function_starts: self.function_starts.clone(),
+            leaf_steps: self.leaf_steps.clone(),
         }
     }
 }
@@ -140,6 +144,7 @@ impl DwarfUnwinder {
             modules: Vec::new(),
             described: Vec::new(),
             function_starts: Vec::new(),
+            leaf_steps: LeafSteps::default(),
         }
     }
 
@@ -234,6 +239,7 @@ impl DwarfUnwinder {
         self.described.extend(described);
         self.described.sort_by_key(|r| r.start);
         self.modules.push((start..end, sources));
+        self.leaf_steps.clear();
         Ok(sources)
     }
 
@@ -347,9 +353,45 @@ impl DwarfUnwinder {
         regs: UnwindRegs,
         read_word: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<UnwindRegs> {
+        let memo = match self.leaf_steps.get(regs.ip) {
+            Some(memo) => memo,
+            None => {
+                let memo = if is_undescribed(&self.described, regs.ip + 1) {
+                    LeafMemo::Undescribed
+                } else {
+                    leaf_step::probe(regs.ip, |regs, read| self.framehop_step(regs, read))
+                        .map_or(LeafMemo::AskFramehop, LeafMemo::Step)
+                };
+                self.leaf_steps.insert(regs.ip, memo);
+                memo
+            }
+        };
+        match memo {
+            LeafMemo::Undescribed => None,
+            LeafMemo::Step(step) => step.take(regs, read_word),
+            LeafMemo::AskFramehop => self.framehop_step(regs, read_word),
+        }
+    }
+
+    /// [`DwarfUnwinder::caller_of_leaf`]'s step, never remembered: framehop's, where an
+    /// FDE covers the leaf (what the remembered steps are checked against).
+    pub fn framehop_leaf_step(
+        &mut self,
+        regs: UnwindRegs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<UnwindRegs> {
         if is_undescribed(&self.described, regs.ip + 1) {
             return None;
         }
+        self.framehop_step(regs, read_word)
+    }
+
+    /// framehop's step from the leaf (None on AArch64).
+    fn framehop_step(
+        &mut self,
+        regs: UnwindRegs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<UnwindRegs> {
         let ArchUnwinder::X86_64(unwinder, cache) = &mut self.unwinder else {
             return None;
         };

@@ -11,6 +11,7 @@ pub mod aarch64;
 pub mod cfi;
 pub mod dwarf;
 pub mod fp;
+mod leaf_step;
 pub mod orc;
 pub mod snapshot;
 pub mod window;
