@@ -209,7 +209,6 @@ def boot_and_measure(work):
     out = ROOT / "target" / "tmp" / "xen-bench"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    subprocess.run([str(ROOT / "guests" / "xen" / "kit.sh"), str(KIT)], check=True, stdout=subprocess.DEVNULL)
     pv = out / "pv"
     subprocess.run([str(ROOT / "guests" / "xenpv" / "build.sh"), str(pv), "0"], check=True,
                    stdout=subprocess.DEVNULL)
@@ -224,16 +223,51 @@ def boot_and_measure(work):
     (out / "env").write_text(
         f"GLASS={GLASS}\nPV_ELF={elf}\nHVM_ELF={pv / 'uk-hvm.elf'}\nFLOOR={floor}\nSYMS={syms}\nROUNDS={reps()}\nIDLE=5\n"
         f"GLASS_SECONDS={GLASS_SECONDS}\nXENCTX={xenctx_runs()}\nFLOOR_SECONDS=4\nFLOOR_N=4000\n")
-    env = dict(os.environ, GLASS_XEN_DOM0_VCPUS="1", GLASS_XEN_ARGS="dom0_vcpus_pin", GLASS_XEN_CPU="max,-smap")
     print(f"bench: xen: booting the nested Xen ({reps()} rounds; logs in {out})", file=sys.stderr)
+    run_in_nested_xen(ROOT / "bench" / "xen_dom0.sh", out, 900, "max,-smap")
+    return out
+
+
+def run_in_nested_xen(script, out, timeout, cpu):
+    """Boots the nested Xen from the kit with dom0 on one pinned vCPU of CPU model `cpu`
+    (a QEMU -cpu string), runs `script` in dom0 with its files in `out`, and raises with
+    the script's log if it failed. What else ran on the host meanwhile is kept (Others)."""
+    env = dict(os.environ, GLASS_XEN_DOM0_VCPUS="1", GLASS_XEN_ARGS="dom0_vcpus_pin", GLASS_XEN_CPU=cpu)
     others = Others(out)
-    run = subprocess.run([str(ROOT / "guests" / "xen" / "run.sh"), str(KIT), str(ROOT / "bench" / "xen_dom0.sh"),
-                          str(out), "900"], env=env)
+    run = subprocess.run([str(ROOT / "guests" / "xen" / "run.sh"), str(kit()), str(script), str(out),
+                          str(timeout)], env=env)
     others.stop()
     if run.returncode != 0:
         log = (out / "script.log").read_text(errors="replace") if (out / "script.log").exists() else ""
         raise RuntimeError(f"the nested Xen run failed ({run.returncode}); logs in {out}\n{log[-3000:]}")
-    return out
+
+
+def kit():
+    """The nested Xen's kit (GLASS_BENCH_XEN_KIT, else built or found in target/tmp/xen-kit)."""
+    given = os.environ.get("GLASS_BENCH_XEN_KIT")
+    if given:
+        return Path(given)
+    subprocess.run([str(ROOT / "guests" / "xen" / "kit.sh"), str(KIT)], check=True, stdout=subprocess.DEVNULL)
+    return KIT
+
+
+def measured_or_kept(kept_env, boot):
+    """A finished run's files and meta (date, QEMU, load) named by the environment variable
+    `kept_env`, to re-render from; else a new run's, from `boot()` (which returns its
+    files' folder)."""
+    if not GLASS.exists():
+        sys.exit(f"bench: {GLASS} is missing: run `cargo build --release -p glass`")
+    if os.environ.get(kept_env):
+        out = Path(os.environ[kept_env])
+        return out, json.loads((out / "meta.json").read_text())
+    version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
+                             text=True).stdout.split("\n")[0]
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "qemu": version,
+            "load": [os.getloadavg()[0]]}
+    out = boot()
+    meta["load"].append(os.getloadavg()[0])
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out, meta
 
 
 def parse(out):
@@ -569,18 +603,6 @@ def write(lines):
 
 
 def run(work):
-    if not GLASS.exists():
-        sys.exit(f"bench: {GLASS} is missing: run `cargo build --release -p glass`")
-    if os.environ.get("GLASS_BENCH_XEN_OUT"):
-        # Re-render from a finished run's files (and the date and load it kept).
-        out = Path(os.environ["GLASS_BENCH_XEN_OUT"])
-        meta = json.loads((out / "meta.json").read_text())
-    else:
-        version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
-                                 text=True).stdout.split("\n")[0]
-        meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "qemu": version,
-                "load": [os.getloadavg()[0]]}
-        out = boot_and_measure(work)
-        meta["load"].append(os.getloadavg()[0])
-        (out / "meta.json").write_text(json.dumps(meta))
+    # GLASS_BENCH_XEN_OUT=target/tmp/xen-bench re-renders from a finished run's files.
+    out, meta = measured_or_kept("GLASS_BENCH_XEN_OUT", lambda: boot_and_measure(work))
     write(markdown(parse(out), meta))

@@ -44,6 +44,8 @@
 #include <xen/domctl.h>
 #include <xencall.h>
 #include <xenctrl.h>
+
+#include "bench_clock.h"
 #include <xenforeignmemory.h>
 
 /* The hypervisor rejects a domctl of another interface version outright; the kit runs Xen
@@ -53,27 +55,10 @@ _Static_assert(XEN_DOMCTL_INTERFACE_VERSION == 0x15, "libxen-dev is not Xen 4.17
 #define MAX_DEPTH 128
 #define PAGE 4096UL
 
-static double mono_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
 static double real_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static double cpu_us(void) {
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 + u.ru_utime.tv_usec + u.ru_stime.tv_usec;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static double pct(double *v, long n, double p) {
@@ -200,9 +185,9 @@ static double shortest_sleep_ns(void) {
     double best = 1e18;
     for (int i = 0; i < 20; i++) {
         struct timespec us = {0, 1000};
-        double t0 = mono_ns();
+        double t0 = now_ns();
         clock_nanosleep(CLOCK_MONOTONIC, 0, &us, NULL);
-        double t = mono_ns() - t0;
+        double t = now_ns() - t0;
         if (t < best)
             best = t;
     }
@@ -266,10 +251,10 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    double start = mono_ns(), end = start + seconds * 1e9, period = 1e9 / hz;
+    double start = now_ns(), end = start + seconds * 1e9, period = 1e9 / hz;
     double start_real = real_s(), cpu_began = cpu_us();
     for (long n = 0;; n++) {
-        double deadline = start + n * period, now = mono_ns();
+        double deadline = start + n * period, now = now_ns();
         /* Both ends: a sampler that fell behind stops at SECONDS of wall time, not after
          * HZ * SECONDS stops. */
         if (deadline >= end || now >= end)
@@ -278,7 +263,7 @@ int main(int argc, char **argv) {
             if (n > 0)
                 late++;
         } else if (deadline - now < min_sleep) {
-            while (mono_ns() < deadline)
+            while (now_ns() < deadline)
                 ;
         } else {
             struct timespec at = {(time_t)(deadline / 1e9), (long)((uint64_t)deadline % 1000000000ULL)};
@@ -286,12 +271,12 @@ int main(int argc, char **argv) {
         }
 
         double stamp = real_s();
-        double t0 = mono_ns();
+        double t0 = now_ns();
         if (do_domctl(XEN_DOMCTL_pausedomain)) {
             perror("xen_reference: pausedomain");
             return 1;
         }
-        double t1 = mono_ns();
+        double t1 = now_ns();
         for (unsigned v = 0; v < vcpus; v++) {
             online[v] = get_context(v) == 0;
             if (!online[v] && errno != ENODATA) {
@@ -304,7 +289,7 @@ int main(int argc, char **argv) {
                 rbp[v] = context->user_regs.rbp;
             }
         }
-        double t2 = mono_ns();
+        double t2 = now_ns();
         /* The walks, while paused (the stack would change under a running guest); they are
          * written out only after the unpause, to keep the file's cost out of the stop. */
         int depth[64];
@@ -316,12 +301,12 @@ int main(int argc, char **argv) {
             depth[v] = walk(v, rip[v], rbp[v], walks[v], &cut);
             cut_walks += cut;
         }
-        double t3 = mono_ns();
+        double t3 = now_ns();
         if (do_domctl(XEN_DOMCTL_unpausedomain)) {
             perror("xen_reference: unpausedomain");
             return 1;
         }
-        double t4 = mono_ns();
+        double t4 = now_ns();
         push(&window, (t4 - t0) / 1e3);
         push(&paused, (t1 - t0) / 1e3);
         push(&contexts, (t2 - t1) / 1e3);
@@ -338,7 +323,7 @@ int main(int argc, char **argv) {
             traces_n++;
         }
     }
-    double elapsed_s = (mono_ns() - start) / 1e9, end_real = real_s();
+    double elapsed_s = (now_ns() - start) / 1e9, end_real = real_s();
     long stops = window.n;
     double cpu = (cpu_us() - cpu_began) / (stops ? stops : 1);
     if (fclose(traces)) {

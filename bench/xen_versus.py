@@ -26,17 +26,15 @@ guests/xen/kit.sh as it is (default: target/tmp/xen-kit, built or refreshed firs
 """
 
 import bisect
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import section
-from xen_bench import Console, Others, med, stamped
+from xen_bench import Console, med, measured_or_kept, run_in_nested_xen, stamped
 
 ROOT = Path(__file__).resolve().parent.parent
 GLASS = ROOT / "target" / "release" / "glass"
@@ -230,15 +228,6 @@ def worst(shares, own):
     return max(abs(shares[fn] - own[fn]) for fn in FUNCTIONS)
 
 
-def kit():
-    given = os.environ.get("GLASS_BENCH_XEN_KIT")
-    if given:
-        return Path(given)
-    path = ROOT / "target" / "tmp" / "xen-kit"
-    subprocess.run([str(ROOT / "guests" / "xen" / "kit.sh"), str(path)], check=True, stdout=subprocess.DEVNULL)
-    return path
-
-
 def boot_and_measure():
     """Builds the guest and the reference, boots the nested Xen once and runs
     bench/xen_versus_dom0.sh there; the run's files stay in target/tmp/xen-versus."""
@@ -253,19 +242,10 @@ def boot_and_measure():
                     "-lxenctrl", "-lxencall", "-lxenforeignmemory"], check=True)
     (out / "env").write_text(f"GLASS={GLASS}\nPV_ELF={pv / 'uk-pv.elf'}\nREF={reference}\nROUNDS={reps()}\n"
                              f"IDLE={IDLE}\nRUN_SECONDS={SECONDS}\n")
-    # As the Xen tests boot it (crates/glass/tests/xen.rs): dom0 on one pinned vCPU, SVM
-    # without SMAP and without AVX.
-    env = dict(os.environ, GLASS_XEN_DOM0_VCPUS="1", GLASS_XEN_ARGS="dom0_vcpus_pin",
-               GLASS_XEN_CPU="max,-smap,-avx,-avx2")
     print(f"bench: xen versus: booting the nested Xen ({reps()} rounds; logs in {out})", file=sys.stderr)
-    others = Others(out)
+    # As the Xen tests boot it (crates/glass/tests/xen.rs): SVM without SMAP and without AVX.
     timeout = 600 + reps() * (3 * IDLE + 5 * (SECONDS + 40))
-    run = subprocess.run([str(ROOT / "guests" / "xen" / "run.sh"), str(kit()),
-                          str(ROOT / "bench" / "xen_versus_dom0.sh"), str(out), str(timeout)], env=env)
-    others.stop()
-    if run.returncode != 0:
-        log = (out / "script.log").read_text(errors="replace") if (out / "script.log").exists() else ""
-        raise RuntimeError(f"the nested Xen run failed ({run.returncode}); logs in {out}\n{log[-3000:]}")
+    run_in_nested_xen(ROOT / "bench" / "xen_versus_dom0.sh", out, timeout, "max,-smap,-avx,-avx2")
     return out
 
 
@@ -487,19 +467,8 @@ def write(lines):
 
 
 def run(work=None):
-    if not GLASS.exists():
-        sys.exit(f"bench: {GLASS} is missing: run `cargo build --release -p glass`")
-    if os.environ.get("GLASS_BENCH_XEN_VERSUS_OUT"):
-        out = Path(os.environ["GLASS_BENCH_XEN_VERSUS_OUT"])
-        meta = json.loads((out / "meta.json").read_text())
-    else:
-        version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
-                                 text=True).stdout.split("\n")[0]
-        meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "qemu": version,
-                "load": [os.getloadavg()[0]]}
-        out = boot_and_measure()
-        meta["load"].append(os.getloadavg()[0])
-        (out / "meta.json").write_text(json.dumps(meta))
+    # GLASS_BENCH_XEN_VERSUS_OUT=target/tmp/xen-versus re-renders from a finished run's files.
+    out, meta = measured_or_kept("GLASS_BENCH_XEN_VERSUS_OUT", boot_and_measure)
     write(markdown(parse(out), meta))
 
 

@@ -356,6 +356,27 @@ fn cut_stacks(err: &str, vcpu: usize) -> u64 {
         .unwrap_or_else(|| panic!("no cut-stack figure for vcpu{vcpu}: {err}"))
 }
 
+/// The recording `{name}.glass`'s split against the guest's own over it, and beta at the
+/// bottom of 80 frames (48 KiB), unwound whole (a few samples fall in descend's way down
+/// or up), no stack longer than the walk could read: its folded stacks, and how many of
+/// them are 80 deep.
+fn check_split_and_depth(out: &Path, name: &str) -> (Vec<(Vec<String>, u64)>, u64) {
+    let stacks = folded(&out.join(format!("{name}.glass")), &["--threads"]);
+    let own = own_split(
+        &read(out, &format!("{name}.console.before")),
+        &read(out, &format!("{name}.console")),
+    );
+    eprintln!("{name}: the guest's own split over the recording: {own:?}");
+    assert_split(&stacks, own);
+    let deep = check_unikernel_stacks(&stacks);
+    let beta = under(&stacks, "vcpu0/", "beta");
+    assert!(
+        beta > 0 && deep * 10 >= beta * 9,
+        "{deep} of {beta} beta samples 80 deep"
+    );
+    (stacks, deep)
+}
+
 /// The PVH or HVM build of the unikernel (`kind`): its split against its own, its
 /// vCPUs apart, deep stacks whole from the first sample on, idle shown halted in its
 /// idle function.
@@ -365,23 +386,7 @@ fn check_hvm_unikernel(kind: &str) {
     assert_eq!(read(out, &format!("{kind}.rc")).trim(), "0", "{err}");
     assert!(err.contains("HVM/PVH"), "{err}");
     assert!(err.contains("HVM CPU records"), "{err}");
-    let recording = out.join(format!("{kind}.glass"));
-    let stacks = folded(&recording, &["--threads"]);
-    let own = own_split(
-        &read(out, &format!("{kind}.console.before")),
-        &read(out, &format!("{kind}.console")),
-    );
-    eprintln!("{kind}: the guest's own split over the recording: {own:?}");
-    assert_split(&stacks, own);
-    // beta at the bottom of 80 frames (48 KiB), unwound whole (a few samples fall in
-    // descend's way down or up), and no stack longer than glass's copy, the first sample
-    // included (the first copy runs to the end of the stack's mapping).
-    let deep = check_unikernel_stacks(&stacks);
-    let beta = under(&stacks, "vcpu0/", "beta");
-    assert!(
-        beta > 0 && deep * 10 >= beta * 9,
-        "{deep} of {beta} beta samples 80 deep"
-    );
+    let (stacks, _) = check_split_and_depth(out, kind);
     assert_eq!(cut_stacks(&err, 0), 0, "{err}");
     // Idle: SCHEDOP_poll through the hypercall page's vmmcall stub, shown at idle_wait.
     check_halted_in_idle_wait(&stacks);
@@ -439,19 +444,7 @@ fn check_nofp_unikernel(kind: &str, entry: [&str; 2]) {
         tables.contains(".eh_frame (") && tables.contains(".debug_frame ("),
         "{tables}"
     );
-    let stacks = folded(&out.join(format!("{name}.glass")), &["--threads"]);
-    let own = own_split(
-        &read(out, &format!("{name}.console.before")),
-        &read(out, &format!("{name}.console")),
-    );
-    eprintln!("{name}: the guest's own split over the recording: {own:?}");
-    assert_split(&stacks, own);
-    let deep = check_unikernel_stacks(&stacks);
-    let beta = under(&stacks, "vcpu0/", "beta");
-    assert!(
-        beta > 0 && deep * 10 >= beta * 9,
-        "{deep} of {beta} beta samples 80 deep"
-    );
+    let (stacks, deep) = check_split_and_depth(out, &name);
     // The deep ones whole: from the entry (head.S, .eh_frame) through kmain and the rest
     // of the C (.debug_frame) to beta, then the recursion.
     let root = [entry[0], entry[1], "run", "dispatch", "beta"];

@@ -46,7 +46,8 @@ impl AddressSpace {
 
 /// The address spaces of the recording's processes, by pid.
 pub(super) struct ModuleMaps {
-    spaces: HashMap<i32, AddressSpace>,
+    /// (Looked up for every sample: foldhash, not SipHash.)
+    spaces: foldhash::HashMap<i32, AddressSpace>,
     /// Build ids by path, read once per file (not for a deleted file: another may take
     /// its path).
     build_ids: HashMap<String, Vec<u8>>,
@@ -58,7 +59,7 @@ pub(super) struct ModuleMaps {
 impl ModuleMaps {
     pub(super) fn new(unwind: UnwindMode) -> Self {
         ModuleMaps {
-            spaces: HashMap::new(),
+            spaces: foldhash::HashMap::default(),
             build_ids: HashMap::new(),
             unwind,
             arch: Arch::host(),

@@ -335,6 +335,8 @@ impl StackWalker {
 struct FrameRecords {
     /// Adjacent frames of walks where frame records and CFI agreed (0: the stack's end).
     pairs: std::collections::HashSet<(u64, u64), foldhash::fast::RandomState>,
+    /// The last walk kept, whose pairs are all in `pairs` (from its leaf's caller on).
+    last_kept: Vec<u64>,
     /// Walks kept as frame records gave them, and walks whose leaf no CFI describes
     /// (made by CFI's fallbacks, not compared).
     by_records: u64,
@@ -370,9 +372,37 @@ impl FrameRecords {
             .map(|(&a, &b)| (a, b))
     }
 
-    /// Whether a walk by frame records may be kept: every pair of it already seen.
-    fn known(&self, by_records: &[u64]) -> bool {
-        by_records.len() > 1 && Self::pairs_of(by_records).all(|pair| self.pairs.contains(&pair))
+    /// Whether a walk by frame records may be kept: every pair of it already seen. The
+    /// frames it ends with in common with the last walk kept (from that walk's leaf's
+    /// caller on) have their pairs known without a lookup: consecutive samples mostly
+    /// share their callers, and a deep recursion's 80 lookups were most of its walk.
+    fn known(&mut self, by_records: &[u64]) -> bool {
+        let len = by_records.len();
+        if len < 2 {
+            return false;
+        }
+        let shared = by_records
+            .iter()
+            .rev()
+            .zip(self.last_kept.iter().rev())
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(self.last_kept.len().saturating_sub(1));
+        // The pairs (frames[i], frames[i + 1], or the stack's end 0) from i = 1 that do
+        // not begin in the shared frames.
+        let known = (1..len - shared).all(|i| {
+            let next = by_records.get(i + 1).copied().unwrap_or(0);
+            self.pairs.contains(&(by_records[i], next))
+        });
+        if known {
+            self.kept(by_records);
+        }
+        known
+    }
+
+    fn kept(&mut self, walk: &[u64]) {
+        self.last_kept.clear();
+        self.last_kept.extend_from_slice(walk);
     }
 
     /// A walk was made by CFI (`complete`: to the stack's end) after the one by frame
@@ -385,6 +415,7 @@ impl FrameRecords {
                     self.pairs.clear();
                 }
                 self.pairs.extend(Self::pairs_of(by_cfi));
+                self.kept(by_cfi);
             }
             return;
         }
@@ -520,6 +551,36 @@ mod tests {
         assert!(
             figure.contains("(first at walk 2, frame 2: CFI 0x30, frame records 0x40)"),
             "{figure}"
+        );
+        // A deep stack kept (its pairs learned), then walks sharing its callers: the
+        // shared frames need no lookup, the pairs where they differ still do.
+        let deep: Vec<u64> = [0x13].into_iter().chain(0x100..0x150).collect();
+        records.compared(&deep, &deep, true);
+        assert!(records.known(&deep));
+        let mut other_leaf = deep.clone();
+        other_leaf[0] = 0x14;
+        assert!(records.known(&other_leaf));
+        // The leaf's caller skipped (0x100): the pair (0x101, ...) is shared, but the
+        // walk's first pair is not the kept walk's.
+        let mut skipped = deep.clone();
+        skipped.remove(1);
+        skipped[0] = 0x15;
+        assert!(
+            records.known(&skipped),
+            "(0x101, 0x102) was a pair of the deep walk"
+        );
+        let mut unknown_caller = deep.clone();
+        unknown_caller[1] = 0x999;
+        assert!(
+            !records.known(&unknown_caller),
+            "(0x999, 0x101) was never seen"
+        );
+        // The last walk kept is a suffix of this one: its leaf (0x15) is no caller in it.
+        let mut longer = vec![0x16, 0x15];
+        longer.extend_from_slice(&skipped[1..]);
+        assert!(
+            !records.known(&longer),
+            "(0x15, 0x101) was never seen: a kept walk's leaf has no pair"
         );
         // An image without frame records: given up once most walks disagree.
         let mut tried = 0;

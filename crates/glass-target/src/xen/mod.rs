@@ -398,7 +398,12 @@ pub struct XenBackend {
     gone: bool,
     /// When [`GuestBackend::ran_again`] last asked Xen about the domain.
     liveness_asked: Option<std::time::Instant>,
+    /// What [`XenBackend::hypercall_at`] read, by (CR3, rip).
+    stubs: std::collections::HashMap<(u64, u64), Option<(u64, u64)>, foldhash::fast::FixedState>,
 }
+
+/// Addresses whose code [`XenBackend::hypercall_at`] remembers (past it, it reads afresh).
+const MAX_STUBS_REMEMBERED: usize = 4096;
 
 /// How often the domain's liveness is asked (one more hypercall, tens of microseconds of
 /// dom0's CPU under TCG, where the reference loop in bench/ takes none): a domain that shut
@@ -447,6 +452,7 @@ impl XenBackend {
             stop_while_paused: std::env::var_os("GLASS_XEN_STOP_WHILE_PAUSED").is_some(),
             gone: false,
             liveness_asked: None,
+            stubs: Default::default(),
         };
         // GLASS_XEN_NO_MULTICALL=1 takes the fallback on purpose, to measure what the
         // multicall saves (bench/xen_bench.py) and to test the fallback itself.
@@ -706,17 +712,38 @@ impl XenBackend {
 
     /// When `regs.ip` sits right after the call instruction of one of Xen's hypercall
     /// stubs: the hypercall number, and how many bytes the stub pushed above its return
-    /// address (PV's stub pushes rcx and r11; HVM's nothing).
+    /// address (PV's stub pushes rcx and r11; HVM's nothing). What the code at an address
+    /// of an address space is, once read, is remembered: a vCPU blocked in the guest's
+    /// idle loop is stopped in the same stub at most samples, and reading its code again
+    /// cost a translation and a copy in every one of those stops. (Xen fills the hypercall
+    /// page once, when the guest is built or asks for it at boot.)
     fn hypercall_at(&mut self, regs: &X86Regs) -> Option<(u64, u64)> {
-        let (back, pushed) = if self.hvm {
-            (HVM_HYPERCALL_STUB_RETURN, 0)
+        let back = if self.hvm {
+            HVM_HYPERCALL_STUB_RETURN
         } else {
-            (HYPERCALL_STUB_RETURN, 16)
+            HYPERCALL_STUB_RETURN
         };
         let start = regs.ip.checked_sub(back as u64)?;
         if start % 32 != 0 {
             return None;
         }
+        let key = (regs.cr3, regs.ip);
+        if let Some(&stub) = self.stubs.get(&key) {
+            return stub;
+        }
+        // Unreadable: not remembered (the page may be mapped later).
+        let stub = self.read_hypercall_stub(regs, start)?;
+        if self.stubs.len() >= MAX_STUBS_REMEMBERED {
+            self.stubs.clear();
+        }
+        self.stubs.insert(key, stub);
+        stub
+    }
+
+    /// [`XenBackend::hypercall_at`]'s reading of the code at `start`: None where it could
+    /// not be read, Some(None) where it is no stub.
+    fn read_hypercall_stub(&mut self, regs: &X86Regs, start: u64) -> Option<Option<(u64, u64)>> {
+        let pushed = if self.hvm { 0 } else { 16 };
         if self.hvm {
             let mut bytes = [0u8; HVM_HYPERCALL_STUB.len()];
             if !self.read_virtual_exact(regs, start, &mut bytes) {
@@ -728,7 +755,7 @@ impl XenBackend {
             if bytes[7] == HVM_VMMCALL {
                 expected[7] = HVM_VMMCALL;
             }
-            return (bytes == expected).then_some((number as u64, pushed));
+            return Some((bytes == expected).then_some((number as u64, pushed)));
         }
         let mut bytes = [0u8; HYPERCALL_STUB.len()];
         if !self.read_virtual_exact(regs, start, &mut bytes) {
@@ -737,8 +764,9 @@ impl XenBackend {
         let number = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
         let mut expected = HYPERCALL_STUB;
         expected[4..8].copy_from_slice(&number.to_le_bytes());
-        (bytes == expected).then_some((number as u64, pushed))
+        Some((bytes == expected).then_some((number as u64, pushed)))
     }
+
     /// Whether the domain still runs: not shut down, not destroyed (getdomaininfo then
     /// answers for the next domain, or ESRCH). Marks the backend gone if not.
     fn alive(&mut self) -> Result<(), GuestError> {
