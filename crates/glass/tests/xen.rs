@@ -257,6 +257,20 @@ fn the_pv_unikernel_is_profiled_per_vcpu_with_its_own_split_and_symbols() {
     let err = read(out, "pv.err");
     assert!(err.contains("in one multicall per sample"), "{err}");
     assert!(err.contains("target stopped per sample"), "{err}");
+    // Its vCPUs block only inside SCHEDOP_block/poll's stub: after the first stops, the
+    // pause leaves their states out (asked again now and then), and the idle vCPU is
+    // still shown halted (below).
+    let asked = err
+        .split("; the states in ")
+        .nth(1)
+        .and_then(|rest| {
+            let mut words = rest.split_whitespace();
+            let asked: u64 = words.next()?.parse().ok()?;
+            let stops: u64 = words.nth(1)?.parse().ok()?;
+            Some((asked, stops))
+        })
+        .unwrap_or_else(|| panic!("no states figure: {err}"));
+    assert!(asked.0 < asked.1 / 2, "states asked in {asked:?}: {err}");
     // Walked in place (nothing copied), mostly by frame records: the image keeps them,
     // and every walk kept so was checked pair by pair against CFI walks first.
     let (by_records, walks) = walked_in_place(&err);

@@ -398,12 +398,47 @@ pub struct XenBackend {
     gone: bool,
     /// When [`GuestBackend::ran_again`] last asked Xen about the domain.
     liveness_asked: Option<std::time::Instant>,
+    /// Whether vCPU states are asked in the pause (see [`StateAsking`]).
+    states: StateAsking,
+    /// Per vCPU at the last stop: Xen said it was blocked (None: not asked).
+    blocked: Vec<Option<bool>>,
+    /// Per vCPU at the last stop: stopped inside SCHEDOP_block/poll's stub.
+    in_block_stub: Vec<bool>,
     /// What [`XenBackend::hypercall_at`] read, by (CR3, rip).
     stubs: std::collections::HashMap<(u64, u64), Option<(u64, u64)>, foldhash::fast::FixedState>,
 }
 
 /// Addresses whose code [`XenBackend::hypercall_at`] remembers (past it, it reads afresh).
 const MAX_STUBS_REMEMBERED: usize = 4096;
+
+/// Whether the pause's multicall asks each vCPU's state (getvcpuinfo: blocked or not).
+/// A 64-bit PV guest blocks through SCHEDOP_block or SCHEDOP_poll, made through the
+/// hypercall page, whose stub the backend recognises at every stop anyway: there Xen's
+/// word says nothing the stub does not, and leaving it out takes one domctl per vCPU out
+/// of the pause. It is left out only after the first [`StateAsking::LEARN`] stops showed
+/// every blocked vCPU inside such a stub, asked again every [`StateAsking::RECHECK`]th
+/// stop, and for good once a blocked vCPU was elsewhere (a guest that blocks by its own
+/// hypercall instruction). HVM/PVH guests halt with `hlt`, and arm64 ones with `wfi`:
+/// their states are always asked.
+#[derive(Default)]
+struct StateAsking {
+    stops: u64,
+    asked: u64,
+    /// A blocked vCPU was seen outside the block stubs: asked at every stop.
+    always: bool,
+}
+
+impl StateAsking {
+    const LEARN: u64 = 64;
+    const RECHECK: u64 = 256;
+
+    fn at_this_stop(&self, pv_x86: bool) -> bool {
+        !pv_x86
+            || self.always
+            || self.stops < Self::LEARN
+            || self.stops.is_multiple_of(Self::RECHECK)
+    }
+}
 
 /// How often the domain's liveness is asked (one more hypercall, tens of microseconds of
 /// dom0's CPU under TCG, where the reference loop in bench/ takes none): a domain that shut
@@ -453,6 +488,9 @@ impl XenBackend {
             gone: false,
             liveness_asked: None,
             stubs: Default::default(),
+            states: StateAsking::default(),
+            blocked: vec![None; vcpus],
+            in_block_stub: vec![false; vcpus],
         };
         // GLASS_XEN_NO_MULTICALL=1 takes the fallback on purpose, to measure what the
         // multicall saves (bench/xen_bench.py) and to test the fallback itself.
@@ -496,20 +534,24 @@ impl XenBackend {
         let domid = self.domid;
         // The domain's own state (ending, or gone) is asked once it runs again
         // (`resume`): every domctl in the multicall lengthens the pause.
-        let calls = 1 + 2 * self.vcpus;
+        let states = self.states.at_this_stop(self.pv_x86());
+        // Per vCPU: its context, then (if asked) its state.
+        let stride = 1 + usize::from(states);
+        let calls = 1 + stride * self.vcpus;
         for index in 0..calls {
-            let vcpu = index.saturating_sub(1) / 2;
+            let vcpu = index.saturating_sub(1) / stride;
+            let is_context = index >= 1 && (index - 1) % stride == 0;
             let context = self.contexts.address(vcpu * CONTEXT_SIZE);
             let buffer = &mut self.domctls.bytes()[index * DOMCTL_SIZE..];
             if index == 0 {
                 domctl(buffer, DOMCTL_PAUSEDOMAIN, domid);
-            } else if index % 2 == 1 && self.hvm {
+            } else if is_context && self.hvm {
                 domctl(buffer, DOMCTL_GETHVMCONTEXT_PARTIAL, domid);
                 write_u32(buffer, HVMCONTEXT_TYPE, HVM_SAVE_CPU);
                 write_u32(buffer, HVMCONTEXT_INSTANCE, vcpu as u32);
                 write_u64(buffer, HVMCONTEXT_BUFSZ, CONTEXT_SIZE as u64);
                 write_u64(buffer, HVMCONTEXT_BUFFER, context);
-            } else if index % 2 == 1 {
+            } else if is_context {
                 domctl(buffer, DOMCTL_GETVCPUCONTEXT, domid);
                 write_u32(buffer, VCPUCONTEXT_VCPU, vcpu as u32);
                 write_u64(buffer, VCPUCONTEXT_CTXT, context);
@@ -579,15 +621,21 @@ impl XenBackend {
             }
             return Err(self.failed("pause", -paused as i32));
         }
+        self.states.stops += 1;
+        self.states.asked += u64::from(states);
         for (vcpu, online) in online.iter_mut().enumerate() {
-            let (context, state) = (result(self, 1 + 2 * vcpu), result(self, 2 + 2 * vcpu));
+            let context = result(self, 1 + stride * vcpu);
             *online = context == 0;
             if context != 0 && context != -ENODATA {
                 return Err(self.failed("read the vCPU context of", -context as i32));
             }
-            let blocked = state == 0
-                && self.domctls.bytes()[(2 + 2 * vcpu) * DOMCTL_SIZE + VCPUINFO_BLOCKED] != 0;
-            self.halted[vcpu] = blocked;
+            let state = 2 + stride * vcpu;
+            let blocked = states.then(|| {
+                result(self, state) == 0
+                    && self.domctls.bytes()[state * DOMCTL_SIZE + VCPUINFO_BLOCKED] != 0
+            });
+            self.blocked[vcpu] = blocked;
+            self.halted[vcpu] = blocked == Some(true);
         }
         Ok(())
     }
@@ -688,8 +736,10 @@ impl XenBackend {
                 self.in_hypercall[vcpu] += 1;
                 // Xen's own word (getvcpuinfo) says whether it is blocked; a vCPU still
                 // inside SCHEDOP_block/poll is on its way there or back.
-                self.halted[vcpu] |=
+                let blocks =
                     number == HYPERVISOR_SCHED_OP && matches!(rdi, SCHEDOP_BLOCK | SCHEDOP_POLL);
+                self.in_block_stub[vcpu] = blocks;
+                self.halted[vcpu] |= blocks;
                 regs.ip = u64::from_le_bytes(word);
                 regs.sp += pushed + 8;
             }
@@ -767,6 +817,12 @@ impl XenBackend {
         Some((bytes == expected).then_some((number as u64, pushed)))
     }
 
+    /// A 64-bit PV guest on x86-64 Xen (whose vCPUs block only through the stubs
+    /// [`XenBackend::hypercall_at`] recognises).
+    fn pv_x86(&self) -> bool {
+        !self.hvm && GUEST_ARCH == Arch::X86_64
+    }
+
     /// Whether the domain still runs: not shut down, not destroyed (getdomaininfo then
     /// answers for the next domain, or ESRCH). Marks the backend gone if not.
     fn alive(&mut self) -> Result<(), GuestError> {
@@ -818,6 +874,7 @@ impl GuestBackend for XenBackend {
             // SAFETY: raising a signal at ourselves.
             unsafe { libc::raise(libc::SIGSTOP) };
         }
+        self.in_block_stub.fill(false);
         for vcpu in 0..self.vcpus.min(out.len()) {
             out[vcpu] = if self.online[vcpu] && GUEST_ARCH == Arch::Aarch64 {
                 let context = &self.contexts.bytes()[vcpu * CONTEXT_SIZE..];
@@ -831,6 +888,12 @@ impl GuestBackend for XenBackend {
                 self.halted[vcpu] = false;
                 VcpuRegs::zeroed(GUEST_ARCH)
             };
+        }
+        if self.pv_x86() {
+            // A vCPU Xen had blocked outside the block stubs: states asked from now on.
+            let outside =
+                (0..self.vcpus).any(|v| self.blocked[v] == Some(true) && !self.in_block_stub[v]);
+            self.states.always |= outside;
         }
         Ok(())
     }
@@ -899,7 +962,7 @@ impl GuestBackend for XenBackend {
         let stepped: u64 = self.in_hypercall.iter().sum();
         vec![
             format!(
-                "Xen: pause, {} vCPU {} and states {}",
+                "Xen: pause, {} vCPU {} and states {}{}",
                 self.vcpus,
                 if self.hvm {
                     "HVM CPU records"
@@ -910,6 +973,14 @@ impl GuestBackend for XenBackend {
                     "in one multicall per sample"
                 } else {
                     "in one hypercall each (GLASS_XEN_NO_MULTICALL, or this Xen refused domctls in a multicall)"
+                },
+                if self.states.asked < self.states.stops {
+                    format!(
+                        "; the states in {} of {} (every blocked vCPU was inside SCHEDOP_block or SCHEDOP_poll's stub, which tells the same)",
+                        self.states.asked, self.states.stops
+                    )
+                } else {
+                    String::new()
                 }
             ),
             format!(
