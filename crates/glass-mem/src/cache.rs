@@ -23,6 +23,34 @@ pub struct TranslationCache {
     pub misses: u64,
     /// Hits whose leaf entry had changed: walked again.
     pub stale: u64,
+    /// The last pages [`WordReader`]s read, with pointers to them and to their leaf
+    /// entries, kept across stops where the memory says its pointers stay valid
+    /// ([`PhysicalMemory::pointer_generation`]).
+    remembered: Vec<RememberedPage>,
+}
+
+/// A page a [`WordReader`] read, remembered across stops: a stack walk starts on the page
+/// the last one did, and looking it up in the cache and the memory's own map of mappings
+/// (three hash lookups, in a Xen dom0 under TCG a good part of a walk that reads ten
+/// words) comes down to one read of its leaf entry through a pointer.
+#[derive(Clone, Copy)]
+struct RememberedPage {
+    /// The memory read through (its address: one cache serves one memory).
+    memory: usize,
+    /// (cache root, 4 KiB virtual page).
+    key: (u64, u64),
+    generation: u64,
+    physical_page: u64,
+    page: std::ptr::NonNull<u8>,
+    /// The leaf entry and a pointer to it (None: no table was walked).
+    leaf: Option<(LeafEntry, std::ptr::NonNull<u8>)>,
+}
+
+/// Pages remembered: one stack per vCPU, for a few vCPUs.
+const PAGES_REMEMBERED: usize = 8;
+
+fn memory_id(memory: &dyn PhysicalMemory) -> usize {
+    (memory as *const dyn PhysicalMemory).cast::<u8>() as usize
 }
 
 /// Entries kept before the cache is cleared (guests touch few stack pages; this only
@@ -93,6 +121,73 @@ impl TranslationCache {
         }
         self.entries.insert(key, translation);
         Ok(translation.physical)
+    }
+
+    /// [`WordReader`]'s page `virtual_page` (4 KiB) as remembered from an earlier read,
+    /// its leaf entry read again and unchanged: its physical page and a pointer to it.
+    fn remembered_page(
+        &mut self,
+        memory: &dyn PhysicalMemory,
+        paging: &(impl PageWalk + ?Sized),
+        virtual_page: u64,
+    ) -> Option<(u64, std::ptr::NonNull<u8>)> {
+        let generation = memory.pointer_generation()?;
+        let key = (paging.cache_root(virtual_page), virtual_page);
+        let id = memory_id(memory);
+        let index = self
+            .remembered
+            .iter()
+            .position(|r| r.key == key && r.memory == id && r.generation == generation)?;
+        let remembered = self.remembered[index];
+        if let Some((leaf, pointer)) = remembered.leaf {
+            // SAFETY: a pointer into a page the memory keeps mapped while its generation
+            // is unchanged (checked above); leaf entries are 8-byte aligned.
+            let value = u64::from_le(unsafe { pointer.as_ptr().cast::<u64>().read_volatile() });
+            if value != leaf.value {
+                self.remembered.swap_remove(index);
+                return None;
+            }
+        }
+        self.hits += 1;
+        Some((remembered.physical_page, remembered.page))
+    }
+
+    /// Remembers `virtual_page` (4 KiB), just translated to `physical_page`, where the
+    /// memory keeps its pointers; returns the page's pointer (None: not remembered).
+    fn remember_page(
+        &mut self,
+        memory: &dyn PhysicalMemory,
+        paging: &(impl PageWalk + ?Sized),
+        virtual_page: u64,
+        physical_page: u64,
+    ) -> Option<std::ptr::NonNull<u8>> {
+        memory.pointer_generation()?;
+        let page_shift = paging.page_granule().trailing_zeros();
+        let cache_key = (paging.cache_root(virtual_page), virtual_page >> page_shift);
+        let leaf = match self.entries.get(&cache_key)?.leaf {
+            Some(leaf) => {
+                // The leaf entry's page first: the data page's, asked for last, is then
+                // the most recently used, and neither is unmapped by the other's mapping.
+                let table = memory.page_pointer(leaf.address & !4095)?;
+                // SAFETY: within the 4096 bytes of that page (leaf entries are aligned).
+                let entry = unsafe { table.add((leaf.address & 4095 & !7) as usize) };
+                Some((leaf, entry))
+            }
+            None => None,
+        };
+        let page = memory.page_pointer(physical_page)?;
+        if self.remembered.len() >= PAGES_REMEMBERED {
+            self.remembered.remove(0);
+        }
+        self.remembered.push(RememberedPage {
+            memory: memory_id(memory),
+            key: (paging.cache_root(virtual_page), virtual_page),
+            generation: memory.pointer_generation()?,
+            physical_page,
+            page,
+            leaf,
+        });
+        Some(page)
     }
 
     /// Copies guest-virtual memory; returns how many bytes from `vaddr` could be read (a
@@ -216,11 +311,24 @@ impl<'a, P: PageWalk + ?Sized> WordReader<'a, P> {
             Some((page, physical, mapping)) if page == virtual_page => (physical, mapping),
             _ => {
                 self.page = None;
-                let physical = self
-                    .cache
-                    .translate_with(self.memory, self.paging, virtual_page)
-                    .ok()?;
-                let mapping = self.memory.page_pointer(physical);
+                let (physical, mapping) =
+                    match self
+                        .cache
+                        .remembered_page(self.memory, self.paging, virtual_page)
+                    {
+                        Some((physical, page)) => (physical, Some(page)),
+                        None => {
+                            let physical = self
+                                .cache
+                                .translate_with(self.memory, self.paging, virtual_page)
+                                .ok()?;
+                            let mapping = self
+                                .cache
+                                .remember_page(self.memory, self.paging, virtual_page, physical)
+                                .or_else(|| self.memory.page_pointer(physical));
+                            (physical, mapping)
+                        }
+                    };
                 self.page = Some((virtual_page, physical, mapping));
                 (physical, mapping)
             }

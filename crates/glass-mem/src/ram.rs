@@ -24,6 +24,14 @@ pub trait PhysicalMemory {
     fn page_pointer(&self, _physical: u64) -> Option<std::ptr::NonNull<u8>> {
         None
     }
+
+    /// A count that changes whenever a pointer [`PhysicalMemory::page_pointer`] gave may
+    /// have stopped being valid, however few pages were read since (a cache of mappings
+    /// that unmapped one): while it stays the same, every pointer given stays valid.
+    /// None: pointers are held only as [`PAGE_POINTER_SPAN`] allows.
+    fn pointer_generation(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// See [`PhysicalMemory::page_pointer`]: the pages that may be read elsewhere while a
@@ -133,6 +141,11 @@ impl PhysicalMemory for GuestRam {
         let offset = self.file_offset(physical & !4095, 4096)?;
         let page = self.bytes.as_slice().get(offset..offset + 4096)?;
         std::ptr::NonNull::new(page.as_ptr().cast_mut())
+    }
+
+    /// The RAM file stays mapped as long as the `GuestRam`.
+    fn pointer_generation(&self) -> Option<u64> {
+        Some(0)
     }
 
     fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {

@@ -364,6 +364,67 @@ mod tests {
         assert_eq!(reader.words, 5);
     }
 
+    /// RAM the test changes while a reader's cache remembers pointers into it.
+    struct SharedRam(std::cell::RefCell<Vec<u8>>);
+
+    impl crate::PhysicalMemory for SharedRam {
+        fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {
+            let ram = self.0.borrow();
+            match ram.get(address as usize..address as usize + buf.len()) {
+                Some(bytes) => {
+                    buf.copy_from_slice(bytes);
+                    true
+                }
+                None => false,
+            }
+        }
+
+        fn page_pointer(&self, physical: u64) -> Option<std::ptr::NonNull<u8>> {
+            let ram = self.0.borrow();
+            let page = ram.get((physical & !4095) as usize..)?.get(..4096)?;
+            std::ptr::NonNull::new(page.as_ptr().cast_mut())
+        }
+
+        fn pointer_generation(&self) -> Option<u64> {
+            Some(0)
+        }
+    }
+
+    #[test]
+    fn a_page_read_at_one_stop_is_remembered_for_the_next_and_forgotten_once_remapped() {
+        let mut t = Tables::new();
+        let root = t.table();
+        let stack = 0xffff_8000_0070_0000u64;
+        map(&mut t, root, 4, stack, 1, 0x30_1000 | 3);
+        t.ram[0x30_1010..0x30_1018].copy_from_slice(&0x1111u64.to_le_bytes());
+        t.ram[0x30_2010..0x30_2018].copy_from_slice(&0x2222u64.to_le_bytes());
+        let memory = SharedRam(std::cell::RefCell::new(t.ram.clone()));
+        let paging = X86Paging {
+            cr3: root,
+            mode: PagingMode::FourLevel,
+        };
+        let mut cache = TranslationCache::new();
+        let stop = |cache: &mut TranslationCache| {
+            crate::WordReader::new(&memory, cache, &paging).word(stack + 0x10)
+        };
+        assert_eq!(stop(&mut cache), Some(0x1111));
+        assert_eq!((cache.hits, cache.misses), (0, 1));
+        // The next stop: the page remembered, its leaf entry read again (unchanged).
+        assert_eq!(stop(&mut cache), Some(0x1111));
+        assert_eq!((cache.hits, cache.misses), (1, 1));
+        // The guest maps the page elsewhere: the leaf entry differs, the page is walked
+        // afresh and the new frame read.
+        let leaf = crate::x86_64::translate(&memory, root, PagingMode::FourLevel, stack)
+            .unwrap()
+            .leaf
+            .unwrap();
+        memory.0.borrow_mut()[leaf.address as usize..leaf.address as usize + 8]
+            .copy_from_slice(&(0x30_2000u64 | 3).to_le_bytes());
+        assert_eq!(stop(&mut cache), Some(0x2222));
+        assert_eq!(cache.stale, 1);
+        assert_eq!(stop(&mut cache), Some(0x2222));
+    }
+
     #[test]
     fn five_level_paging() {
         let mut t = Tables::new();

@@ -140,6 +140,11 @@ impl PhysicalMemory for ForeignFrames {
         std::ptr::NonNull::new(self.frame(physical / PAGE)?.cast_mut())
     }
 
+    /// A frame is unmapped only to make room (or when the cache goes): the unmaps so far.
+    fn pointer_generation(&self) -> Option<u64> {
+        Some(self.cache.borrow().unmaps)
+    }
+
     fn read_physical(&self, address: u64, buf: &mut [u8]) -> bool {
         let mut done = 0usize;
         while done < buf.len() {
