@@ -19,26 +19,7 @@
 # other way round, so that neither tool always follows the other):
 #   [idle] ref 101, glass 101 [idle] ref 997, glass 997, glass 997 --max-stopped 100 [idle]
 set -uo pipefail
-source "$GLASS_OUT/env"
-OUT="$GLASS_OUT"
-export PATH="/usr/lib/xen-4.17/bin:$PATH"
-LOG=/var/log/xen/console/guest-uk.log
-# As bench/xen_dom0.sh: one pause can take hundreds of ms under nested TCG on a loaded
-# host, which glass's default stop bound (50 ms) would end as a stall.
-export GLASS_STOP_BOUND_MS=1000
-
-xl sched-credit2 -d 0 -w 4096 >/dev/null 2>&1 || xl sched-credit -d 0 -w 4096 >/dev/null 2>&1 || true
-xl vcpu-pin Domain-0 all 0 >/dev/null 2>&1 || true
-
-event() { echo "$EPOCHREALTIME $*" >>"$OUT/events.log"; }
-stamp() {
-    local line
-    while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "${line%$'\r'}"; done
-}
-rates() { tr -d '\r' <"$LOG" 2>/dev/null | grep -c '^rate ' || true; }
-
-: >"$OUT/events.log"
-xl dmesg | grep -m1 'Detected .* MHz processor' >"$OUT/tsc.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/xen_dom0_common.sh"
 
 cat >/run/uk.cfg <<EOF
 name = "uk"
@@ -50,15 +31,7 @@ cpus = "1"
 on_poweroff = "destroy"
 on_crash = "preserve"
 EOF
-event create
-xl create -q /run/uk.cfg || { echo "xl create failed"; exit 1; }
-DOMID="$(xl domid uk)"
-event created "$DOMID"
-limit=$(($(date +%s) + 120))
-while [ "$(rates)" -lt 2 ]; do
-    [ "$(date +%s)" -lt "$limit" ] || { echo "the unikernel printed no rate lines"; cat "$LOG"; exit 1; }
-    sleep 0.2
-done
+create_uk
 echo "uk is domain $DOMID; $(rates) rate lines; its vCPUs:"
 xl vcpu-list uk
 tr -d '\r' <"$LOG" | grep -m1 '^vcpu1'
