@@ -377,8 +377,8 @@ def parse(out):
 
 
 def own_work(glass):
-    """glass's stopped time up to its unpause: the multicall and both stack copies (sum of
-    their medians)."""
+    """glass's stopped time up to its unpause: the multicall and both vCPUs' stack reads
+    (walked in place, or copied with --capture raw; sum of their medians)."""
     return glass["exchange_p50"] + glass["read0_p50"] + glass["read1_p50"]
 
 
@@ -459,8 +459,9 @@ def markdown(r, meta):
         "glass times its own stopped window (`bare`: pause and unpause only). Everything runs under nested TCG "
         "(QEMU emulating the CPUs that Xen, dom0 and the guest run on), so absolute microseconds are 10-100x "
         "native ones and swing with the host's load; the ratios, measured side by side in one boot, are what "
-        "carry over. glass's time up to the unpause is its one multicall (pause, both vCPU contexts and states) "
-        "plus one stack copy per vCPU through guest frames it mapped once and keeps; the rest is the unpause "
+        "carry over. glass's time up to the unpause is its one multicall (pause, both vCPU contexts, and their "
+        "states while it learns whether the stub of a blocking hypercall tells them) plus one stack walk per vCPU, "
+        "made in place through guest frames it mapped once and keeps; the rest is the unpause "
         "call until it returns to the sampler, which is the same hypercall for the floor. xenctx pauses the domain "
         "itself for each run (after its start-up and symbol-table read, until it has printed the trace), so a "
         "xenctx-based profiler pays a whole process per stack trace.",
@@ -472,7 +473,7 @@ def markdown(r, meta):
         "",
         f"**glass / floor, whole window (p50): {vs_floor['101']:.2f}x at 101 Hz, {vs_floor['997']:.2f}x at 997 Hz** "
         f"(goal <= 1.3x; median of the rounds' ratios: {each_round['101']} at 101 Hz, {each_round['997']} at "
-        f"997 Hz). Up to the unpause (glass's multicall and both stack copies against the floor's pause and two "
+        f"997 Hz). Up to the unpause (glass's multicall and both stack walks against the floor's pause and two "
         f"getvcpucontext calls): {vs_floor_own['101']:.2f}x at 101 Hz, {vs_floor_own['997']:.2f}x at 997 Hz. "
         f"**xenctx per stack trace / glass per sample (p50): {vs_xenctx['101']:.0f}x at 101 Hz, "
         f"{vs_xenctx['997']:.0f}x at 997 Hz** (goal >= 10x; a glass sample holds both vCPUs' stacks, a xenctx run "
