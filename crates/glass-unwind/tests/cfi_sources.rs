@@ -6,11 +6,13 @@
 //! one the fixture's frames describe: `outer` -> `middle` -> `inner`, stopped in
 //! `inner`, with a junk word where a frameless guess would look for the return address.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use glass_unwind::{cfi_sources, CfiSources, DwarfUnwinder, UnwindRegs, WalkEnd};
-use object::{Object, ObjectSegment, ObjectSymbol, SegmentFlags};
+use object::{Object, ObjectSymbol};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -46,18 +48,7 @@ struct Image {
 impl Image {
     fn new(text: u64) -> Image {
         let bytes = link(text);
-        let elf = object::File::parse(&*bytes).unwrap();
-        let segment = elf
-            .segments()
-            .find(|s| {
-                matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0)
-            })
-            .unwrap();
-        let text = (
-            segment.address(),
-            segment.address() + segment.size(),
-            segment.file_range().0,
-        );
+        let text = common::executable_segment(&bytes);
         Image { bytes, text }
     }
 

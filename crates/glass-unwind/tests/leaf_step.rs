@@ -4,11 +4,13 @@
 //! time), and the C library it links (hand-written assembly, a signal trampoline whose CFA
 //! is an expression).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
 use glass_unwind::{DwarfUnwinder, UnwindRegs};
-use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+use object::{Object, ObjectSection};
 
 const FIXTURE: &str = r#"
 #include <alloca.h>
@@ -68,22 +70,16 @@ fn word(address: u64) -> u64 {
 fn compare(file: &Path, base: u64, stride: u64) -> usize {
     let bytes = std::fs::read(file).unwrap();
     let elf = object::File::parse(&*bytes).unwrap();
-    let segment = elf
-        .segments()
-        .find(|s| {
-            matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0)
-        })
-        .unwrap();
+    let (address, end, offset) = common::executable_segment(&bytes);
     let text = elf.section_by_name(".text").unwrap();
-    let (offset, _) = segment.file_range();
-    let bias = base - segment.address();
+    let bias = base - address;
     let mut unwinder = DwarfUnwinder::new();
     unwinder
         .add_module_bytes(
             &file.to_string_lossy(),
             &bytes,
             base,
-            base + segment.size(),
+            base + (end - address),
             offset,
         )
         .unwrap();
