@@ -944,6 +944,24 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
         }
     }
 
+    /// Walks each stack walked in place at the last stop again, from the registers it
+    /// had then, while the guest runs: the walk inside the coming stop then finds glass's
+    /// code, its tables and the guest's stack page warm ([`Recorder::warm_live`]).
+    fn before_deadline(&mut self, sink: &mut Sink<'a>) {
+        if !self.in_place {
+            return;
+        }
+        let Some(ram) = self.backend.physical_memory() else {
+            return;
+        };
+        for vcpu in self.vcpus.iter().filter(|v| v.walked_in_place) {
+            let r = vcpu.regs;
+            let paging = paging_of(&r);
+            let mut reader = WordReader::new(ram, &mut self.source.cache, &paging);
+            sink.warm_live(GUEST_PID, r.unwind(), &mut |address| reader.word(address));
+        }
+    }
+
     fn tick(
         &mut self,
         sink: &mut Sink<'a>,

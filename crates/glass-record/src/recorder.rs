@@ -536,6 +536,19 @@ impl<'a> Recorder<'a> {
         self.walker.walk_live(space, arch, regs, read_word, frames)
     }
 
+    /// A walk in place made only to warm the caches for the next stop's
+    /// ([`walk::StackWalker::warm`]): the target runs, nothing is recorded.
+    pub fn warm_live(
+        &mut self,
+        pid: i32,
+        regs: UnwindRegs,
+        read_word: &mut dyn FnMut(u64) -> Option<u64>,
+    ) {
+        let arch = self.modules.arch();
+        let space = self.modules.space(pid);
+        self.walker.warm(space, arch, regs, read_word);
+    }
+
     /// Whether in-place walks followed frame records or CFI, and why (None if none
     /// were made with `--unwind auto`).
     pub fn in_place_walks_figure(&self) -> Option<String> {
