@@ -162,8 +162,9 @@ impl TranslationCache {
         physical_page: u64,
     ) -> Option<std::ptr::NonNull<u8>> {
         memory.pointer_generation()?;
+        let root = paging.cache_root(virtual_page);
         let page_shift = paging.page_granule().trailing_zeros();
-        let cache_key = (paging.cache_root(virtual_page), virtual_page >> page_shift);
+        let cache_key = (root, virtual_page >> page_shift);
         let leaf = match self.entries.get(&cache_key)?.leaf {
             Some(leaf) => {
                 // The leaf entry's page first: the data page's, asked for last, is then
@@ -181,7 +182,7 @@ impl TranslationCache {
         }
         self.remembered.push(RememberedPage {
             memory: memory_id(memory),
-            key: (paging.cache_root(virtual_page), virtual_page),
+            key: (root, virtual_page),
             generation: memory.pointer_generation()?,
             physical_page,
             page,

@@ -533,7 +533,7 @@ impl XenBackend {
     fn pause_and_read(&mut self, online: &mut [bool]) -> Result<(), GuestError> {
         let domid = self.domid;
         // The domain's own state (ending, or gone) is asked once it runs again
-        // (`resume`): every domctl in the multicall lengthens the pause.
+        // (`ran_again`): every domctl in the multicall lengthens the pause.
         let states = self.states.at_this_stop(self.pv_x86());
         // Per vCPU: its context, then (if asked) its state.
         let stride = 1 + usize::from(states);
@@ -653,15 +653,15 @@ impl XenBackend {
         }
     }
 
+    /// A hypercall on the domain failed: "gone" where the domain no longer runs (ESRCH, or
+    /// as [`XenBackend::alive`] finds it), else what failed.
     fn failed(&mut self, what: &str, errno: i32) -> GuestError {
-        if errno == libc::ESRCH
-            || self
-                .hv
-                .domain_info(self.domid)
-                .is_ok_and(|i| i.domid != self.domid)
-        {
+        if errno == libc::ESRCH {
             self.gone = true;
             return GuestError(format!("domain {} is gone", self.domid));
+        }
+        if let Err(gone) = self.alive() {
+            return gone;
         }
         GuestError(format!(
             "cannot {what} domain {}: {}",
@@ -867,9 +867,7 @@ impl GuestBackend for XenBackend {
         let mut online = std::mem::take(&mut self.online);
         let read = self.pause_and_read(&mut online);
         self.online = online;
-        // A pause that failed on a domain that has gone since liveness was last asked
-        // says so (ESRCH alone would not).
-        read.map_err(|error| self.alive().err().unwrap_or(error))?;
+        read?;
         if std::mem::take(&mut self.stop_while_paused) {
             // SAFETY: raising a signal at ourselves.
             unsafe { libc::raise(libc::SIGSTOP) };
@@ -906,9 +904,8 @@ impl GuestBackend for XenBackend {
     }
 
     /// Asked now rather than in the pause's multicall, and after the loop's timing of
-    /// the stop, at most every [`LIVENESS_PERIOD`]: a domain shut down or destroyed
-    /// (getdomaininfo then answers for the next domain, or ESRCH) ends the recording
-    /// there.
+    /// the stop, at most every [`LIVENESS_PERIOD`] (and by `failed` whenever a hypercall
+    /// on the domain fails): a domain shut down or destroyed ends the recording there.
     fn ran_again(&mut self, now: std::time::Instant) -> Result<(), GuestError> {
         if self
             .liveness_asked
