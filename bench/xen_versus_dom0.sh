@@ -7,7 +7,8 @@
 #   console.stamped     the guest's console, each line with its arrival time in dom0
 #   tsc.txt             Xen's "Detected N MHz processor" line (the guest's TSC rate)
 #   glass.RUN.R.err     glass record's stderr, each line stamped; RUN is 101, 997 or 997max
-#                       (997 Hz with --max-stopped 100)
+#                       (997 Hz with --max-stopped 100), or 101wall or 997maxwall (the same
+#                       on --clock wall, the reference's clock)
 #   glass.RUN.R.glass   its recording (the host reports it for the split)
 #   ref.HZ.R.out        xen_reference's summary line; ref.HZ.R.traces its traces;
 #                       ref.HZ.R.err its stderr
@@ -17,7 +18,8 @@
 # fails and it goes on alone), that vCPU alone on pCPU 1; dom0's one vCPU pinned to pCPU 0
 # with credit2 weight 4096. A round (odd rounds take each pair and the 997 Hz runs the
 # other way round, so that neither tool always follows the other):
-#   [idle] ref 101, glass 101 [idle] ref 997, glass 997, glass 997 --max-stopped 100 [idle]
+#   [idle] ref 101, glass 101, glass 101wall [idle] ref 997, glass 997, glass 997max,
+#   glass 997maxwall [idle]
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/xen_dom0_common.sh"
 
@@ -45,9 +47,10 @@ idle() {
     event idle-end "$1"
 }
 
-glass() { # RUN ROUND  (RUN: 101, 997, 997max)
-    local hz="${1%max}" extra=()
-    [ "$1" = 997max ] && extra=(--max-stopped 100)
+glass() { # RUN ROUND  (RUN: 101, 997, 997max; with "wall" after it, on --clock wall)
+    local hz="${1%%[a-z]*}" extra=()
+    case "$1" in *max*) extra+=(--max-stopped 100) ;; esac
+    case "$1" in *wall) extra+=(--clock wall) ;; esac
     event glass-start "$1" "$2"
     "$GLASS" record --xen uk -F "$hz" "${extra[@]}" -d "$RUN_SECONDS" --symbols "$PV_ELF" \
         -o "$OUT/glass.$1.$2.glass" 2>&1 >/dev/null | stamp >"$OUT/glass.$1.$2.err"
@@ -68,14 +71,18 @@ for round in $(seq 0 $((ROUNDS - 1))); do
     if [ $((round % 2)) = 0 ]; then
         ref 101 "$round"
         glass 101 "$round"
+        glass 101wall "$round"
         idle "$round.b"
         ref 997 "$round"
         glass 997 "$round"
         glass 997max "$round"
+        glass 997maxwall "$round"
     else
+        glass 101wall "$round"
         glass 101 "$round"
         ref 101 "$round"
         idle "$round.b"
+        glass 997maxwall "$round"
         glass 997max "$round"
         glass 997 "$round"
         ref 997 "$round"

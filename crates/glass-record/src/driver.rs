@@ -107,8 +107,9 @@ pub const DEFAULT_STOPPED_BUDGET: f64 = 0.25;
 
 /// When samples are taken.
 pub enum Clock {
-    /// glass takes them at this rate, spaced in wall-clock time.
-    Wall(u32),
+    /// glass takes them at this rate, spaced in wall-clock time (a budget of
+    /// [`LateTicks::TakeOne`] still holds deadlines back while it is spent).
+    Wall(u32, LateTicks),
     /// glass takes them at this rate, spaced in the target's running time: a VM guest's
     /// clocks stand still while it is stopped (see [`Ticker::postpone`]).
     Running(u32, LateTicks),
@@ -126,25 +127,28 @@ pub fn drive<C: ?Sized>(
     clock: Clock,
     duration: Option<f64>,
 ) -> std::io::Result<Outcome> {
-    let (mut ticker, postpone, idle_wake) = match clock {
-        Clock::Wall(hz) => (
-            Some(Ticker::new(hz, LateTicks::Skip)?),
-            false,
+    let (mut ticker, after_stop, idle_wake) = match clock {
+        Clock::Wall(hz, late) => (
+            Some(Ticker::new(hz, late)?),
+            match late {
+                LateTicks::Skip => AfterStop::Nothing,
+                LateTicks::TakeOne { .. } => AfterStop::Spend,
+            },
             Duration::from_millis(500),
         ),
         Clock::Running(hz, late) => (
             Some(Ticker::new(hz, late)?),
-            true,
+            AfterStop::Postpone,
             Duration::from_millis(500),
         ),
-        Clock::None(wake) => (None, false, wake),
+        Clock::None(wake) => (None, AfterStop::Nothing, wake),
     };
     let ended = turns(
         sampler,
         context,
         stop_signals,
         &mut ticker,
-        postpone,
+        after_stop,
         idle_wake,
         duration,
     );
@@ -154,13 +158,24 @@ pub fn drive<C: ?Sized>(
     ended
 }
 
+/// What the clock is told of each stop once it is taken.
+#[derive(Clone, Copy, PartialEq)]
+enum AfterStop {
+    /// Nothing: the tick armed the next deadline.
+    Nothing,
+    /// Its length is spent from the budget ([`Ticker::spend`]), which arms the next.
+    Spend,
+    /// The schedule is moved by its length ([`Ticker::postpone`]), which arms the next.
+    Postpone,
+}
+
 /// The loop's turns, until the recording ends.
 fn turns<C: ?Sized>(
     sampler: &mut dyn Sampler<C>,
     context: &mut C,
     stop_signals: Option<&SignalFd>,
     ticker: &mut Option<Ticker>,
-    postpone: bool,
+    after_stop: AfterStop,
     idle_wake: Duration,
     duration: Option<f64>,
 ) -> std::io::Result<Outcome> {
@@ -229,17 +244,18 @@ fn turns<C: ?Sized>(
         if !ready[0] && !due {
             continue;
         }
-        let Some(missed) = ticker.fired(!postpone) else {
+        let Some(missed) = ticker.fired(after_stop == AfterStop::Nothing) else {
             continue;
         };
         if ready[0] && !wait.is_zero() {
             sampler.woke_late(ticker.lateness());
         }
         prepared = false;
-        match sampler.tick(context, missed)? {
-            Ok(stopped_ns) if postpone => ticker.postpone(stopped_ns),
-            Ok(_) => {}
-            Err(outcome) => return Ok(outcome),
+        match (sampler.tick(context, missed)?, after_stop) {
+            (Ok(stopped_ns), AfterStop::Postpone) => ticker.postpone(stopped_ns),
+            (Ok(stopped_ns), AfterStop::Spend) => ticker.spend(stopped_ns),
+            (Ok(_), AfterStop::Nothing) => {}
+            (Err(outcome), _) => return Ok(outcome),
         }
     }
 }
@@ -285,6 +301,7 @@ mod tests {
     #[derive(Default)]
     struct Counting {
         ticks: u64,
+        missed: u64,
         prepared: u64,
         prepared_since_tick: bool,
         ticks_prepared_for: u64,
@@ -298,9 +315,10 @@ mod tests {
         fn tick(
             &mut self,
             _context: &mut (),
-            _missed: u64,
+            missed: u64,
         ) -> std::io::Result<std::result::Result<u64, Outcome>> {
             self.ticks += 1;
+            self.missed += missed;
             self.ticks_prepared_for += u64::from(std::mem::take(&mut self.prepared_since_tick));
             Ok(Ok(1_000_000))
         }
@@ -336,6 +354,32 @@ mod tests {
             "{} of {} ticks prepared for",
             sampler.ticks_prepared_for,
             sampler.ticks
+        );
+    }
+
+    #[test]
+    fn a_wall_clock_keeps_its_deadlines_where_a_running_clock_moves_them_by_each_stop() {
+        // Each stop says it held the target 1 ms: at 200 Hz a running clock moves every
+        // later deadline by it (a deadline each 6 ms of wall time), a wall clock does not
+        // (each 5 ms). Deadlines taken or passed count alike, so a loaded machine that
+        // misses some does not change the sum.
+        let deadlines = |clock| {
+            let mut sampler = Counting::default();
+            drive(&mut sampler, &mut (), None, clock, Some(0.6)).unwrap();
+            sampler.ticks + sampler.missed
+        };
+        let budget = LateTicks::TakeOne {
+            stopped_budget: 1.0,
+        };
+        let wall = deadlines(Clock::Wall(200, budget));
+        let running = deadlines(Clock::Running(200, budget));
+        assert!(
+            (114..=122).contains(&wall),
+            "wall clock: {wall} deadlines in 0.6 s"
+        );
+        assert!(
+            (94..=104).contains(&running),
+            "running clock: {running} deadlines"
         );
     }
 }

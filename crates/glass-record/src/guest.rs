@@ -45,7 +45,7 @@ use super::guest_image::GuestImage;
 use super::guest_os::guest_os_for;
 use super::recorder::Recorder as Sink;
 use super::{finish, unwind_name, Outcome};
-use crate::{CaptureMode, Notes, Recorded, Result};
+use crate::{CaptureMode, Notes, Recorded, Result, SampleClock};
 
 /// The pid the guest is recorded under (a guest has no host process of its own).
 const GUEST_PID: i32 = 1;
@@ -602,9 +602,8 @@ fn run_with(
         &mut sampler,
         sink,
         Some(stop_signals),
-        Clock::Running(
-            args.frequency,
-            if takes_late_ticks {
+        {
+            let late = if takes_late_ticks {
                 LateTicks::TakeOne {
                     stopped_budget: args
                         .max_stopped
@@ -612,8 +611,12 @@ fn run_with(
                 }
             } else {
                 LateTicks::Skip
-            },
-        ),
+            };
+            match args.clock.unwrap_or(SampleClock::Running) {
+                SampleClock::Running => Clock::Running(args.frequency, late),
+                SampleClock::Wall => Clock::Wall(args.frequency, late),
+            }
+        },
         args.duration,
     );
     sink.sampling_ended();
@@ -759,7 +762,8 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
     // there until every vCPU of the domain is descheduled).
     let stops = times.len().max(1) as f64;
     // The rate asked is per second of the guest's running time (as perf's cpu-clock is
-    // per second of the task's): the time glass held it stopped is not counted.
+    // per second of the task's) unless --clock wall: the time glass held it stopped is
+    // then counted too.
     let running = (seconds - ran.stopped.as_secs_f64()).max(1e-9);
     sink.notes.figure(&format!(
         "stops taken: {} in {seconds:.1} s ({:.1}/s; {:.0} per second the guest ran, {} Hz asked); glass's own CPU per stop: {:.0} us user, {:.0} us system; waiting between stops: {:.0}% of the time",
@@ -774,12 +778,27 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
     // Where the deadlines went: taken, passed while glass was not there to take them,
     // or held back by the budget; the rest is the recording's ends.
     let schedule = &ran.schedule;
-    let deadlines = args.frequency as f64 * running;
+    let (clock_seconds, clock) = match args.clock.unwrap_or(SampleClock::Running) {
+        SampleClock::Running => (
+            running,
+            format!(
+                "in the guest's running time (as perf's cpu-clock counts a task's own; {:.1} Hz per wall-clock second at this stopped share; --clock wall counts wall time)",
+                args.frequency as f64 * running / seconds.max(1e-9)
+            ),
+        ),
+        SampleClock::Wall => (
+            seconds,
+            format!(
+                "in wall-clock time (--clock wall; {:.1} Hz per second the guest ran at this stopped share)",
+                args.frequency as f64 * seconds / running
+            ),
+        ),
+    };
+    let deadlines = args.frequency as f64 * clock_seconds;
     let held = schedule.deadlines_held();
     sink.notes.figure(&format!(
-        "the schedule: {} Hz in the guest's running time (as perf's cpu-clock counts a task's own; {:.1} Hz per wall-clock second at this stopped share): of its {deadlines:.0} deadlines, {} taken, {} passed before glass could take them, {held:.0} held back by the stopped-time budget (--max-stopped; {} holds), {:.0} otherwise",
+        "the schedule: {} Hz {clock}: of its {deadlines:.0} deadlines, {} taken, {} passed before glass could take them, {held:.0} held back by the stopped-time budget (--max-stopped; {} holds), {:.0} otherwise",
         args.frequency,
-        args.frequency as f64 * running / seconds.max(1e-9),
         times.len(),
         ran.missed,
         schedule.budget_holds,
@@ -1009,7 +1028,8 @@ impl<'a> Sampler<Sink<'a>> for GuestSampler<'_, '_, '_> {
             self.record_vcpu(sink, index, at)?;
         }
         self.after_sample(sink, time_ns)?;
-        // Ticks are spaced in the guest's own (running) time: the loop postpones them.
+        // The loop spends the stop from the budget, and under the running clock also
+        // postpones the next ticks by it.
         self.stopped += Duration::from_nanos(stopped_ns);
         Ok(Ok(stopped_ns))
     }

@@ -13,7 +13,7 @@ use glass_target::stop_mark::StopMark;
 use glass_target::TargetError;
 use nix::sys::signalfd::SignalFd;
 
-use super::driver::{drive, Clock, Gathered, Sampler};
+use super::driver::{drive, Clock, Gathered, LateTicks, Sampler};
 use super::event::Event;
 use super::python::Python;
 use super::recorder::Recorder as Sink;
@@ -99,7 +99,7 @@ fn run(
         &mut sampler,
         sink,
         Some(stop_signals),
-        Clock::Wall(args.frequency),
+        Clock::Wall(args.frequency, LateTicks::Skip),
         args.duration,
     );
     sink.sampling_ended();

@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use glass_record::{BackendChoice, CaptureMode, UnwindMode};
+use glass_record::{BackendChoice, CaptureMode, SampleClock, UnwindMode};
 
 /// `glass trace --exit-probe`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -235,6 +235,12 @@ pub struct RecordArgs {
     /// cost of the guest's time)
     #[arg(long, value_name = "PERCENT", requires = "xen", value_parser = parse_percent)]
     pub max_stopped: Option<f64>,
+    /// VM guests: whose seconds the rate counts. running (the default): the guest's own
+    /// running time, as perf's cpu-clock counts a task's, so every second of the guest is
+    /// sampled alike; wall: wall-clock seconds, as uniprof counts, so F stops a wall
+    /// second whatever they cost the guest
+    #[arg(long, value_enum)]
+    pub clock: Option<SampleClock>,
     /// Pin the sampling thread to this CPU (keep it off the target's core)
     #[arg(long)]
     pub sampler_cpu: Option<usize>,

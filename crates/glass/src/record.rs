@@ -69,6 +69,7 @@ pub fn options(args: &RecordArgs) -> RecordOptions {
         keep_vm: args.keep_vm,
         no_translation_cache: args.no_translation_cache,
         max_stopped: args.max_stopped,
+        clock: args.clock,
         sampler_cpu: args.sampler_cpu,
         backend: args.backend,
         unwind: args.unwind,

@@ -217,6 +217,17 @@ fn a_stopped_budget_that_is_no_percentage_is_refused() {
 }
 
 #[test]
+fn a_guest_clock_for_a_process_is_refused() {
+    for clock in ["wall", "running"] {
+        let output = glass(&["record", "--clock", clock, "--", "true"]);
+        assert_clean_failure(&output, 2, clock);
+        assert!(stderr(&output).contains("VM guests"), "{}", stderr(&output));
+    }
+    let output = glass(&["record", "--clock", "sundial", "--xen", "uk"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+}
+
+#[test]
 fn a_gdb_stub_that_is_not_there_or_never_answers() {
     let dir = scratch("bad_stub");
     let elf = compile(&dir, "split.c", "split", &[]);

@@ -504,11 +504,15 @@ fn an_hvm_vcpu_before_paging_is_shown_in_firmware() {
 }
 
 #[test]
-fn without_the_multicall_each_domctl_is_its_own_hypercall_and_samples_alike() {
+fn without_the_multicall_each_domctl_is_its_own_hypercall_and_samples_alike_on_the_wall_clock() {
     let out = xen_run();
     let err = read(out, "single.err");
     assert_eq!(read(out, "single.rc").trim(), "0", "{err}");
     assert!(err.contains("in one hypercall each"), "{err}");
+    assert!(
+        err.contains("the schedule: 499 Hz in wall-clock time (--clock wall"),
+        "{err}"
+    );
     let stacks = folded(&out.join("single.glass"), &["--threads"]);
     assert!(under(&stacks, "vcpu0/", "dispatch") > 0, "{stacks:?}");
     assert!(under(&stacks, "vcpu1/", "delta") > 0, "{stacks:?}");

@@ -80,8 +80,8 @@ echo "$?" >"$OUT/pv.rc"
 tr -d '\r' <"$(console uk)" >"$OUT/pv.console"
 cat "$OUT/pv.err"
 
-echo "== without the multicall (one hypercall per domctl, the fallback)"
-GLASS_XEN_NO_MULTICALL=1 "$GLASS" record --xen uk -F 499 -d 5 --symbols "$PV_ELF" -o "$OUT/single.glass" 2>"$OUT/single.err"
+echo "== without the multicall (one hypercall per domctl, the fallback), on the wall clock"
+GLASS_XEN_NO_MULTICALL=1 "$GLASS" record --xen uk -F 499 -d 5 --clock wall --symbols "$PV_ELF" -o "$OUT/single.glass" 2>"$OUT/single.err"
 echo "$?" >"$OUT/single.rc"
 cat "$OUT/single.err"
 

@@ -157,6 +157,7 @@ fn options(unwind: UnwindMode, capture: CaptureMode) -> RecordOptions {
         keep_vm: false,
         no_translation_cache: false,
         max_stopped: None,
+        clock: None,
         sampler_cpu: None,
         backend: BackendChoice::Auto,
         unwind,
