@@ -13,6 +13,9 @@
 //!   what it cannot move).
 //!
 //! Functions that fail a check are listed with the reason, never half-patched.
+//!
+//! AArch64 has its own module, [`aarch64`]: one `B` (or a register-indirect sequence)
+//! after any landing pad, with the PC-relative instructions re-encoded.
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
@@ -20,6 +23,7 @@ use iced_x86::{
 };
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
+pub mod aarch64;
 pub mod call_trampoline;
 pub mod plt;
 pub mod return_sites;
@@ -44,6 +48,9 @@ pub struct Function {
 pub enum Reason {
     /// Shorter than the jump that would replace its first bytes.
     TooShort { size: u64 },
+    /// AArch64: shorter than the patch of the reach needed (from the entry, a landing
+    /// pad included).
+    TooShortFor { size: u64, needed: u64 },
     /// A branch at `from` lands inside the bytes the patch replaces.
     JumpIntoPatch { from: u64, to: u64 },
     /// An instruction among the replaced ones cannot be moved.
@@ -65,7 +72,7 @@ impl Reason {
     /// The kind, without the detail: stable names summaries group by.
     pub fn kind(&self) -> &'static str {
         match self {
-            Reason::TooShort { .. } => "too short",
+            Reason::TooShort { .. } | Reason::TooShortFor { .. } => "too short",
             Reason::JumpIntoPatch { .. } => "a branch lands inside the patched bytes",
             Reason::Unrelocatable { .. } => "cannot relocate",
             Reason::Undecodable { .. } => "undecodable bytes",
@@ -82,6 +89,9 @@ impl std::fmt::Display for Reason {
         match self {
             Reason::TooShort { size } => {
                 write!(f, "too short ({size} bytes, the patch needs {PATCH_LEN})")
+            }
+            Reason::TooShortFor { size, needed } => {
+                write!(f, "too short ({size} bytes, the patch needs {needed})")
             }
             Reason::JumpIntoPatch { from, to } => {
                 write!(
