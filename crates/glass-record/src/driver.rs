@@ -97,6 +97,12 @@ pub enum LateTicks {
     /// stop spends its length from a credit that grows by that share of the time, and
     /// while it is spent the next tick waits ([`Ticker::postpone`]).
     TakeOne { stopped_budget: f64 },
+    /// Every deadline that passed is taken, one right after another, as uniprof's loop
+    /// does, and nothing bounds the stopped time: `--clock wall --max-stopped 100`, where
+    /// the user asked for F stops per wall second whatever they cost the guest. Of a
+    /// backlog deeper than [`crate::CATCH_UP_MOST`] deadlines (a stall of glass's own) the
+    /// older ones count as missed, rather than holding the guest stopped for all of them.
+    TakeEvery,
 }
 
 /// The default budget of [`LateTicks::TakeOne`] (`--max-stopped`): perf's
@@ -131,7 +137,7 @@ pub fn drive<C: ?Sized>(
         Clock::Wall(hz, late) => (
             Some(Ticker::new(hz, late)?),
             match late {
-                LateTicks::Skip => AfterStop::Nothing,
+                LateTicks::Skip | LateTicks::TakeEvery => AfterStop::Nothing,
                 LateTicks::TakeOne { .. } => AfterStop::Spend,
             },
             Duration::from_millis(500),

@@ -603,16 +603,19 @@ fn run_with(
         sink,
         Some(stop_signals),
         {
-            let late = if takes_late_ticks {
+            let clock = args.clock.unwrap_or(SampleClock::Running);
+            let late = if !takes_late_ticks {
+                LateTicks::Skip
+            } else if clock == SampleClock::Wall && args.max_stopped == Some(100.0) {
+                LateTicks::TakeEvery
+            } else {
                 LateTicks::TakeOne {
                     stopped_budget: args
                         .max_stopped
                         .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
                 }
-            } else {
-                LateTicks::Skip
             };
-            match args.clock.unwrap_or(SampleClock::Running) {
+            match clock {
                 SampleClock::Running => Clock::Running(args.frequency, late),
                 SampleClock::Wall => Clock::Wall(args.frequency, late),
             }
@@ -804,6 +807,13 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
         schedule.budget_holds,
         deadlines - times.len() as f64 - ran.missed as f64 - held
     ));
+    if schedule.back_to_back > 0 {
+        sink.notes.figure(&format!(
+            "{} of the deadlines taken were late and taken right after the stop before (--clock wall --max-stopped 100 takes every deadline, as uniprof does; at most {} back to back)",
+            schedule.back_to_back,
+            crate::CATCH_UP_MOST
+        ));
+    }
     if !schedule.spin.is_zero() {
         sink.notes.figure(&format!(
             "the loop spun for the last {:.0} us before each deadline rather than sleep through them (twice the median of short sleeps measured at the start)",

@@ -799,7 +799,11 @@ pub struct Ticker {
     /// the loop does, and counting those gave spinning up in 5 runs of 6, leaving sleeps
     /// that woke 220-320 us late on average.
     arrived_in_time: std::cell::Cell<Option<bool>>,
+    back_to_back: u64,
 }
+
+/// [`LateTicks::TakeEvery`]: the most deadlines it takes back to back after a stall.
+pub const CATCH_UP_MOST: u64 = 8;
 
 /// The ticks spinning is judged by (after the first few, which the recording's start
 /// makes late), and the mean lateness (as a share of the period) past which it is given
@@ -818,6 +822,8 @@ pub struct Schedule {
     /// How close to each deadline the loop spun at the end (zero: it slept, or gave
     /// spinning up).
     pub spin: Duration,
+    /// [`LateTicks::TakeEvery`]: deadlines taken late, right after the one before.
+    pub back_to_back: u64,
 }
 
 impl Schedule {
@@ -900,19 +906,20 @@ impl Ticker {
                 LateTicks::TakeOne { stopped_budget } => {
                     STOPPED_CREDIT_CAP_NS * stopped_budget.max(0.01)
                 }
-                LateTicks::Skip => 0.0,
+                LateTicks::Skip | LateTicks::TakeEvery => 0.0,
             },
             credit_at_ns: monotonic_now_ns(),
             fired_late_ns: 0,
             budget_holds: 0,
             budget_held_ns: 0,
             spin_ns: match late {
-                LateTicks::TakeOne { .. } => 2 * median_sleep_ns(),
+                LateTicks::TakeOne { .. } | LateTicks::TakeEvery => 2 * median_sleep_ns(),
                 LateTicks::Skip => 0,
             },
             spun_ticks: 0,
             spun_late_ns: 0,
             arrived_in_time: std::cell::Cell::new(None),
+            back_to_back: 0,
         };
         ticker.arm()?;
         Ok(ticker)
@@ -940,6 +947,7 @@ impl Ticker {
             budget_holds: self.budget_holds,
             budget_held: Duration::from_nanos(self.budget_held_ns),
             spin: Duration::from_nanos(self.spin_ns),
+            back_to_back: self.back_to_back,
         }
     }
 
@@ -984,7 +992,7 @@ impl Ticker {
         if self.arrived_in_time.get().is_none() {
             self.arrived_in_time.set(Some(!passed));
         }
-        matches!(self.late, LateTicks::TakeOne { .. }) && passed
+        matches!(self.late, LateTicks::TakeOne { .. } | LateTicks::TakeEvery) && passed
     }
 
     /// The loop slept for the timer and it woke it: how long after the deadline. Under
@@ -1075,6 +1083,19 @@ impl Ticker {
         }
         let mut missed = 0;
         self.next += 1;
+        if self.late == LateTicks::TakeEvery {
+            while self.deadline(self.next + CATCH_UP_MOST) <= now {
+                self.next += 1;
+                missed += 1;
+            }
+            if self.deadline(self.next) <= now {
+                self.back_to_back += 1;
+            }
+            if arm {
+                let _ = self.arm();
+            }
+            return Some(missed);
+        }
         while self.deadline(self.next) <= now {
             self.next += 1;
             missed += 1;
@@ -1147,6 +1168,38 @@ mod ticker_tests {
             ticker.fired(true);
         }
         assert!(ticker.schedule().spin.is_zero(), "never given up");
+    }
+
+    #[test]
+    fn taking_every_deadline_runs_a_backlog_back_to_back_up_to_its_bound() {
+        use super::CATCH_UP_MOST;
+        let mut ticker = Ticker::new(1000, LateTicks::TakeEvery).unwrap();
+        assert!(readable_within(&ticker, 5000), "the first tick never came");
+        assert_eq!(ticker.fired(true), Some(0));
+        // Stops of 4 ms, then of 30 ms: the deadlines that passed meanwhile (measured,
+        // since a loaded machine sleeps longer) are taken back to back up to the bound,
+        // and only the older ones count as missed.
+        for stop_ms in [4, 30] {
+            let slept = std::time::Instant::now();
+            std::thread::sleep(std::time::Duration::from_millis(stop_ms));
+            let passed = slept.elapsed().as_secs_f64() * 1000.0;
+            let (mut taken, mut missed) = (0u64, 0u64);
+            while ticker.due() {
+                missed += ticker.fired(true).expect("a due tick fires");
+                taken += 1;
+            }
+            let most = CATCH_UP_MOST as f64 + 1.0;
+            assert!(
+                (taken as f64 - passed.min(most)).abs() <= 2.0,
+                "{taken} taken back to back after {passed:.1} ms"
+            );
+            let older = (passed - most).max(0.0);
+            assert!(
+                (missed as f64 - older).abs() <= 3.0,
+                "{missed} missed after {passed:.1} ms"
+            );
+        }
+        assert!(ticker.schedule().back_to_back >= CATCH_UP_MOST);
     }
 
     #[test]
