@@ -254,7 +254,7 @@ def boot_and_measure():
                              f"IDLE={IDLE}\nRUN_SECONDS={SECONDS}\n")
     print(f"bench: xen versus: booting the nested Xen ({reps()} rounds; logs in {out})", file=sys.stderr)
     # As the Xen tests boot it (crates/glass/tests/xen.rs): SVM without SMAP and without AVX.
-    timeout = 600 + reps() * (3 * IDLE + 5 * (SECONDS + 40))
+    timeout = 600 + reps() * (3 * IDLE + 7 * (SECONDS + 40))
     run_in_nested_xen(ROOT / "bench" / "xen_versus_dom0.sh", out, timeout, "max,-smap,-avx,-avx2")
     return out
 
