@@ -142,12 +142,30 @@ pub fn analyze(code: &[u8], address: u64, reach: Reach) -> Result<Plan, Reason> 
         if instruction.opcode == Opcode::BL && index + 1 != displaced.len() {
             return Err(unmovable());
         }
+        // A call through a register cannot be emulated so (its `br` would need a
+        // landing pad that accepts it), and moved as it is it would return into the
+        // trampoline, a frame no unwinder knows.
+        if matches!(
+            instruction.opcode,
+            Opcode::BLR | Opcode::BLRAA | Opcode::BLRAAZ | Opcode::BLRAB | Opcode::BLRABZ
+        ) {
+            return Err(unmovable());
+        }
         // Control that leaves before the last displaced instruction would skip the
         // rest, and what follows it is reached some other way (a literal pool, another
         // function's code): not ours to move.
         let leaves = matches!(
             instruction.opcode,
-            Opcode::B | Opcode::BR | Opcode::RET | Opcode::RETAA | Opcode::RETAB
+            Opcode::B
+                | Opcode::BR
+                | Opcode::BRAA
+                | Opcode::BRAAZ
+                | Opcode::BRAB
+                | Opcode::BRABZ
+                | Opcode::RET
+                | Opcode::RETAA
+                | Opcode::RETAB
+                | Opcode::ERET
         );
         if leaves && index + 1 != displaced.len() {
             return Err(unmovable());
@@ -542,6 +560,12 @@ mod tests {
         assert!(matches!(
             analyze(&to_bytes(&[add, ret]), 0x1000, Reach::Anywhere),
             Err(Reason::TooShortFor { needed: 16, .. })
+        ));
+        // A call through a register would return into the trampoline: refused.
+        let blr_x8 = 0xd63f_0100u32;
+        assert!(matches!(
+            analyze(&to_bytes(&[blr_x8, ret]), 0x1000, Reach::Near),
+            Err(Reason::Unrelocatable { .. })
         ));
     }
 

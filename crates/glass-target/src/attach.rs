@@ -281,10 +281,21 @@ impl Attachment {
     fn await_stops(&mut self, tids: &[i32], deadline: Instant) -> Result<(), TargetError> {
         for &tid in tids {
             while self.threads.get(&tid) == Some(&State::Running) {
-                let status = wait_thread(tid, deadline).map_err(|e| match e.raw_os_error() {
-                    Some(libc::ECHILD) => TargetError::NotTracee(e),
-                    _ => TargetError::Io(e),
-                })?;
+                let status = match wait_thread(tid, deadline) {
+                    Ok(status) => status,
+                    // A thread whose end was already taken by another wait (a peer's,
+                    // during an injected call) is not glass's to wait for any more, and
+                    // it is gone: not an error. Only a live thread that is not glass's
+                    // tracee is one.
+                    Err(e) if e.raw_os_error() == Some(libc::ECHILD) && exiting(self.pid, tid) => {
+                        self.threads.remove(&tid);
+                        break;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+                        return Err(TargetError::NotTracee(e))
+                    }
+                    Err(e) => return Err(TargetError::Io(e)),
+                };
                 let Some(status) = status else {
                     // A thread that does not stop (exiting, or stuck in the kernel) is
                     // left alone: the kernel lets it go when glass detaches or exits.
