@@ -602,24 +602,7 @@ fn run_with(
         &mut sampler,
         sink,
         Some(stop_signals),
-        {
-            let clock = args.clock.unwrap_or(SampleClock::Running);
-            let late = if !takes_late_ticks {
-                LateTicks::Skip
-            } else if clock == SampleClock::Wall && args.max_stopped == Some(100.0) {
-                LateTicks::TakeEvery
-            } else {
-                LateTicks::TakeOne {
-                    stopped_budget: args
-                        .max_stopped
-                        .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
-                }
-            };
-            match clock {
-                SampleClock::Running => Clock::Running(args.frequency, late),
-                SampleClock::Wall => Clock::Wall(args.frequency, late),
-            }
-        },
+        schedule_clock(args, takes_late_ticks),
         args.duration,
     );
     sink.sampling_ended();
@@ -722,6 +705,34 @@ fn say(sink: &mut Sink, said: Vec<Said>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The clock the loop keeps for `args` (`--clock`, `--max-stopped`), and what it does
+/// about a deadline found passed: a backend that does not take late ticks at once skips
+/// them; otherwise one is taken within the budget, or every one where the user asked for
+/// wall-clock stops with no budget.
+fn schedule_clock(args: &crate::RecordOptions, takes_late_ticks: bool) -> Clock {
+    let clock = sample_clock(args);
+    let late = if !takes_late_ticks {
+        LateTicks::Skip
+    } else if clock == SampleClock::Wall && args.max_stopped == Some(100.0) {
+        LateTicks::TakeEvery
+    } else {
+        LateTicks::TakeOne {
+            stopped_budget: args
+                .max_stopped
+                .map_or(DEFAULT_STOPPED_BUDGET, |percent| percent / 100.0),
+        }
+    };
+    match clock {
+        SampleClock::Running => Clock::Running(args.frequency, late),
+        SampleClock::Wall => Clock::Wall(args.frequency, late),
+    }
+}
+
+/// `--clock`, the guest's running time unless given.
+fn sample_clock(args: &crate::RecordOptions) -> SampleClock {
+    args.clock.unwrap_or(SampleClock::Running)
+}
+
 /// What the loop measured of a recording, for its summary.
 struct Ran {
     seconds: f64,
@@ -781,7 +792,7 @@ fn summarize(sink: &mut Sink, ran: &Ran, vcpus: &mut [Vcpu], source: &mut StackS
     // Where the deadlines went: taken, passed while glass was not there to take them,
     // or held back by the budget; the rest is the recording's ends.
     let schedule = &ran.schedule;
-    let (clock_seconds, clock) = match args.clock.unwrap_or(SampleClock::Running) {
+    let (clock_seconds, clock) = match sample_clock(args) {
         SampleClock::Running => (
             running,
             format!(

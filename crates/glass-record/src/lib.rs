@@ -799,6 +799,7 @@ pub struct Ticker {
     /// the loop does, and counting those gave spinning up in 5 runs of 6, leaving sleeps
     /// that woke 220-320 us late on average.
     arrived_in_time: std::cell::Cell<Option<bool>>,
+    /// [`LateTicks::TakeEvery`]: ticks taken late, right after the one before.
     back_to_back: u64,
 }
 
