@@ -134,6 +134,14 @@ pub const SHADOW_RESTORED_BIT: u32 = 33;
 /// the call is timed at its return sites (`glass_site_return`), and its return address
 /// is left alone. Above every function id; shifted out of the record word.
 pub const SITE_ID_BIT: u32 = 30;
+/// AArch64: in the word a trampoline hands `glass_enter` (x16, above the function id),
+/// and so in the shadow entry: where the function keeps its return address (x30) once
+/// its prologue has run, in words below its entry stack pointer, as its CFI says (0: not
+/// known). The C++ exception hooks put the real address back there; the slot of x86-64
+/// (the word the call pushed) does not exist on AArch64, where the return address
+/// arrives in a register.
+pub const LR_SAVE_SHIFT: u32 = 40;
+pub const LR_SAVE_BITS: u32 = 16;
 
 /// Hardware counters a record can carry (each adds one word after the record).
 pub const MAX_COUNTERS: usize = 4;
