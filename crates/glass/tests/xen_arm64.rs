@@ -14,28 +14,6 @@ use std::sync::OnceLock;
 
 use common::*;
 
-const TRIPLE: &str = "aarch64-unknown-linux-gnu";
-
-/// The aarch64 release build of glass, which `./x test` builds first (cross-linked with
-/// Debian's gcc-aarch64-linux-gnu): dom0 runs under TCG, where an unoptimized unwinder
-/// would take most of the guest's time itself.
-fn aarch64_glass() -> Result<PathBuf, String> {
-    let arm = repo().join("target").join(TRIPLE).join("release/glass");
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    match (modified(&arm), modified(Path::new(GLASS))) {
-        (Some(arm_time), Some(debug_time))
-            if arm_time + std::time::Duration::from_secs(600) >= debug_time =>
-        {
-            Ok(arm)
-        }
-        _ => Err(format!(
-            "{} is missing or older than the debug build: run ./x test (it builds it), or \
-             CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --release -p glass --target {TRIPLE}",
-            arm.display()
-        )),
-    }
-}
-
 /// The dom0 script's output directory; a broken environment fails every test with why.
 fn xen_run() -> &'static Path {
     static RUN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -46,7 +24,7 @@ fn xen_run() -> &'static Path {
 }
 
 fn boot_and_run() -> Result<PathBuf, String> {
-    let glass = aarch64_glass()?;
+    let glass = aarch64_glass_built()?;
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     // The kit (Xen, Debian's arm64 kernel and packages) is kept across runs.
     let kit = tmp.join("xen-arm64-kit");

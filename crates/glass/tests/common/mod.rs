@@ -318,6 +318,10 @@ mod linux_work;
 #[allow(unused_imports)]
 pub use linux_work::*;
 
+mod arm_vm;
+#[allow(unused_imports)]
+pub use arm_vm::*;
+
 /// Lets `nobody` reach `dir` (every directory above it searchable) and write in it, for
 /// tests that run glass as an unprivileged user.
 pub fn open_to_nobody(dir: &Path) {
