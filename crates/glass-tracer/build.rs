@@ -29,11 +29,12 @@ fn main() {
         );
     }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
-    // The tracer patches x86-64 code and is compiled out elsewhere (the aarch64 glass
-    // that runs in Xen on ARM64's dom0): the probe runtime, x86-64 assembly, is not
-    // built for it.
-    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
-        return;
+    // The probe runtime is written for x86-64 and AArch64 (crates/glass-probe).
+    if !matches!(
+        std::env::var("CARGO_CFG_TARGET_ARCH").as_deref(),
+        Ok("x86_64" | "aarch64")
+    ) {
+        panic!("glass trace's probe runtime is written for x86-64 and AArch64 only");
     }
     let target_dir = out_dir.join("probe-target");
     let target = std::env::var("TARGET").unwrap();

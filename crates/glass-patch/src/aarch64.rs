@@ -92,6 +92,14 @@ const BTI_JC: u32 = 0xd503_24df;
 const PACIASP: u32 = 0xd503_233f;
 const PACIBSP: u32 = 0xd503_237f;
 const NOP: u32 = 0xd503_201f;
+const AUTIASP: u32 = 0xd503_23bf;
+const AUTIBSP: u32 = 0xd503_23ff;
+/// `stp x29, x30, [sp, #-16]!`, `ldp x29, x30, [sp], #16`.
+const STP_FP_LR_PUSH: u32 = 0xa9bf_7bfd;
+const LDP_FP_LR_POP: u32 = 0xa8c1_7bfd;
+const BLR_X17: u32 = 0xd63f_0220;
+/// `ldr x17, <literal>` without its offset.
+const LDR_LITERAL_X17: u32 = 0x5800_0011;
 
 /// What a decoded instruction needs to move.
 fn decode(word: u32) -> Option<Instruction> {
@@ -222,6 +230,15 @@ pub fn branch_target(instruction: &Instruction, from: u64) -> Option<u64> {
             | Opcode::TBNZ
     );
     branches.then(|| pc_offset(instruction).map(|offset| from.wrapping_add(offset as u64)))?
+}
+
+/// The targets of the direct branches in `code` (at `address`): where code elsewhere
+/// may land, which a patch must not overlap past its first word.
+pub fn branch_targets(code: &[u8], address: u64) -> impl Iterator<Item = u64> + '_ {
+    words(code).enumerate().filter_map(move |(index, word)| {
+        let from = address + 4 * index as u64;
+        branch_target(&decode(word)?, from)
+    })
 }
 
 fn pc_offset(instruction: &Instruction) -> Option<i64> {
@@ -407,6 +424,63 @@ pub fn relocated_body(plan: &Plan, at: u64, guarded: bool) -> Result<(Vec<u32>, 
     Ok((body, moves))
 }
 
+/// A function's trampoline at `at`, for glass's probe runtime (glass-probe's AArch64
+/// path): x29/x30 saved below the entry stack pointer, `word` (the function's id and
+/// where it saves x30) in x16, `blr` to the probe at `enter` (a literal at the
+/// trampoline's end), x29/x30 reloaded (the probe may have swapped the saved x30), then
+/// the displaced instructions and the jump back ([`relocated_body`]). An entry that
+/// signed x30 before the patch gets it authenticated before the probe and signed again
+/// after, with the same key and the same stack pointer: the probe sees (and swaps) a
+/// plain address, and the function's own `autiasp` accepts what it returns through.
+/// Returns the bytes and the moves of [`Moves`].
+pub fn entry_trampoline(
+    plan: &Plan,
+    word: u64,
+    at: u64,
+    enter: u64,
+    guarded: bool,
+) -> Result<(Vec<u8>, Moves), String> {
+    let mut code = Vec::new();
+    match plan.signed_at_patch {
+        Some(PacKey::A) => code.push(AUTIASP),
+        Some(PacKey::B) => code.push(AUTIBSP),
+        None => {}
+    }
+    code.push(STP_FP_LR_PUSH);
+    code.push(movz(SCRATCH, word as u16, 0));
+    for shift in 1..4 {
+        code.push(movk(SCRATCH, (word >> (16 * shift)) as u16, shift));
+    }
+    let literal_from = code.len();
+    code.push(0); // ldr x17, literal (below)
+    code.push(BLR_X17);
+    code.push(LDP_FP_LR_POP);
+    match plan.signed_at_patch {
+        Some(PacKey::A) => code.push(PACIASP),
+        Some(PacKey::B) => code.push(PACIBSP),
+        None => {}
+    }
+    let body_at = at + 4 * code.len() as u64;
+    let (body, moves) = relocated_body(plan, body_at, guarded)?;
+    code.extend(body);
+    if code.len() % 2 == 1 {
+        code.push(NOP);
+    }
+    let literal = 4 * code.len() as i64;
+    code[literal_from] =
+        LDR_LITERAL_X17 | (((literal - 4 * literal_from as i64) >> 2) as u32 & 0x7ffff) << 5;
+    let mut bytes = to_bytes(&code);
+    bytes.extend_from_slice(&enter.to_le_bytes());
+    Ok((bytes, moves))
+}
+
+/// Longest trampoline [`entry_trampoline`] builds for `plan`: its fixed words, each
+/// displaced instruction's longest relocation (a conditional branch or literal load to
+/// an absolute address), the jump back and the literal, with room to spare.
+pub fn entry_trampoline_room(plan: &Plan) -> u64 {
+    4 * (12 + 10 * plan.displaced.len() as u64 + 6) + 8
+}
+
 /// Bytes of `words`, little-endian, as they are written.
 pub fn to_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -488,6 +562,49 @@ mod tests {
 
     fn text(word: u32) -> String {
         decode(word).map_or("?".into(), |i| i.to_string())
+    }
+
+    #[test]
+    fn an_entry_trampoline_saves_the_return_address_calls_the_probe_and_signs_again() {
+        // paciasp; sub sp, sp, #0x20; ...: the patch goes after paciasp.
+        let code = to_bytes(&[PACIASP, 0xd100_83ff, 0xa900_7bfd, 0xd65f_03c0]);
+        let plan = analyze(&code, 0x40_0000, Reach::Near).unwrap();
+        assert_eq!(plan.signed_at_patch, Some(PacKey::A));
+        let at = 0x41_0000;
+        let (bytes, _) =
+            entry_trampoline(&plan, 0x0000_0003_0000_0007, at, 0x7f00_1234_5678, true).unwrap();
+        let words: Vec<u32> = words(&bytes[..bytes.len() - 8]).collect();
+        let texts: Vec<String> = words.iter().map(|&w| text(w)).collect();
+        assert_eq!(texts[0], "autiasp");
+        assert!(
+            texts[1].starts_with("stp x29, x30, [sp, #-0x10]!"),
+            "{}",
+            texts[1]
+        );
+        assert_eq!(texts[2], "mov x16, #0x7");
+        assert_eq!(texts[4], "movk x16, #0x3, lsl #32");
+        assert!(texts[6].starts_with("ldr x17, "), "{}", texts[6]);
+        assert_eq!(texts[7], "blr x17");
+        assert!(
+            texts[8].starts_with("ldp x29, x30, [sp], #0x10"),
+            "{}",
+            texts[8]
+        );
+        assert_eq!(texts[9], "paciasp");
+        assert_eq!(texts[10], "sub sp, sp, #0x20");
+        // Back to the instruction after the patch.
+        let back = decode(words[11]).unwrap();
+        assert_eq!(branch_target(&back, at + 44), Some(0x40_0008));
+        // The literal the ldr loads is the probe's address.
+        let ldr = decode(words[6]).unwrap();
+        let literal = (at + 24).wrapping_add(pc_offset(&ldr).unwrap() as u64);
+        let offset = (literal - at) as usize;
+        assert_eq!(
+            u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap()),
+            0x7f00_1234_5678
+        );
+        assert_eq!(offset % 8, 0);
+        assert!(bytes.len() as u64 <= entry_trampoline_room(&plan));
     }
 
     #[test]

@@ -198,7 +198,8 @@ pub fn fde_ranges(elf: &object::File) -> Vec<(u64, u64)> {
 }
 
 /// Start addresses of code that has its own FDE but is not entered by a call: at its
-/// first instruction the frame is not a fresh call frame (CFA ≠ rsp+8), as in the cold
+/// first instruction the frame is not a fresh call frame (CFA ≠ rsp+8; on AArch64,
+/// whose calls push nothing, CFA ≠ sp), as in the cold
 /// parts compilers split off a function (`foo.cold`), which the hot part enters by a jump
 /// with its own frame still on the stack. The entry probe would take a word of that
 /// frame for a return address.
@@ -229,9 +230,13 @@ pub fn not_call_entries(elf: &object::File) -> std::collections::HashSet<u64> {
         let Ok(row) = fde.unwind_info_for_address(&eh_frame, &bases, &mut context, start) else {
             continue;
         };
+        let (stack_pointer, pushed) = match elf.architecture() {
+            object::Architecture::Aarch64 => (gimli::AArch64::SP, 0),
+            _ => (gimli::X86_64::RSP, 8),
+        };
         let fresh = matches!(
             row.cfa(),
-            gimli::CfaRule::RegisterAndOffset { register, offset: 8 } if *register == gimli::X86_64::RSP
+            gimli::CfaRule::RegisterAndOffset { register, offset } if *register == stack_pointer && *offset == pushed
         );
         if !fresh {
             found.insert(start);

@@ -504,7 +504,12 @@ unsafe fn saved_x30(entry: &[u64; 3], low: u64, looked_for: u64) -> Option<*mut 
 /// its saved x30 at (the deeper run's key, or `low` for the deepest). Runs below `low`
 /// are not visited. Nothing is allocated: this runs in whatever thread calls the
 /// unwinder, on whatever stack it has.
-fn each_run(depth: u64, key_of: impl Fn(u64) -> u64, mut low: u64, mut visit: impl FnMut(u64, u64)) {
+fn each_run(
+    depth: u64,
+    key_of: impl Fn(u64) -> u64,
+    mut low: u64,
+    mut visit: impl FnMut(u64, u64),
+) {
     let mut index = depth;
     while index > 0 {
         let key = key_of(index - 1);
@@ -524,15 +529,20 @@ fn each_run(depth: u64, key_of: impl Fn(u64) -> u64, mut low: u64, mut visit: im
 /// saved x30 is the stub, marking them restored.
 unsafe fn restore_from(area: *mut u8, depth: u64, low: u64) {
     let stub = stub_address();
-    each_run(depth, |i| (*shadow_entry(area, i))[0], low, |first, low| {
-        let entry = shadow_entry(area, first);
-        if let Some(at) = saved_x30(&*entry, low, stub) {
-            if let Some(value) = as_held(*at, stub, (*entry)[1], (*entry)[0]) {
-                *at = value;
-                (*entry)[2] |= RESTORED;
+    each_run(
+        depth,
+        |i| (*shadow_entry(area, i))[0],
+        low,
+        |first, low| {
+            let entry = shadow_entry(area, first);
+            if let Some(at) = saved_x30(&*entry, low, stub) {
+                if let Some(value) = as_held(*at, stub, (*entry)[1], (*entry)[0]) {
+                    *at = value;
+                    (*entry)[2] |= RESTORED;
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// Called by the unwinder hooks with the caller's stack pointer; returns the real
@@ -574,25 +584,30 @@ extern "C" fn after_catch(catcher_sp: u64) {
             }
         }
         let stub = stub_address();
-        each_run(depth, |i| (*shadow_entry(area, i))[0], catcher_sp, |first, low| {
-            let entry = shadow_entry(area, first);
-            if (*entry)[2] & RESTORED == 0 {
-                return;
-            }
-            (*entry)[2] &= !RESTORED;
-            let real = (*entry)[1];
-            if let Some(at) = saved_x30(&*entry, low, stripped(real)) {
-                let held = *at;
-                let signed_real = [false, true]
-                    .into_iter()
-                    .find(|&key_b| held != real && signed(real, (*entry)[0], key_b) == held);
-                *at = match signed_real {
-                    Some(key_b) => signed(stub, (*entry)[0], key_b),
-                    None if held == real => stub,
-                    None => held,
-                };
-            }
-        });
+        each_run(
+            depth,
+            |i| (*shadow_entry(area, i))[0],
+            catcher_sp,
+            |first, low| {
+                let entry = shadow_entry(area, first);
+                if (*entry)[2] & RESTORED == 0 {
+                    return;
+                }
+                (*entry)[2] &= !RESTORED;
+                let real = (*entry)[1];
+                if let Some(at) = saved_x30(&*entry, low, stripped(real)) {
+                    let held = *at;
+                    let signed_real = [false, true]
+                        .into_iter()
+                        .find(|&key_b| held != real && signed(real, (*entry)[0], key_b) == held);
+                    *at = match signed_real {
+                        Some(key_b) => signed(stub, (*entry)[0], key_b),
+                        None if held == real => stub,
+                        None => held,
+                    };
+                }
+            },
+        );
         *field(area, area::BUSY) = busy;
     }
 }
@@ -606,14 +621,19 @@ pub(crate) unsafe fn give_back_returns(entries: &[[u64; 3]]) {
     let stub = stub_address();
     let here = 0u64;
     let low = &here as *const u64 as u64;
-    each_run(entries.len() as u64, |i| entries[i as usize][0], low, |first, low| {
-        let entry = &entries[first as usize];
-        if let Some(at) = saved_x30(entry, low, stub) {
-            if let Some(value) = as_held(*at, stub, entry[1], entry[0]) {
-                *at = value;
+    each_run(
+        entries.len() as u64,
+        |i| entries[i as usize][0],
+        low,
+        |first, low| {
+            let entry = &entries[first as usize];
+            if let Some(at) = saved_x30(entry, low, stub) {
+                if let Some(value) = as_held(*at, stub, entry[1], entry[0]) {
+                    *at = value;
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 // The interposed entry points: tail-jump (through x16, which a BTI landing pad accepts

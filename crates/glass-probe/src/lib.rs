@@ -347,7 +347,6 @@ unsafe fn real_function(which: usize) -> *mut c_void {
     found
 }
 
-
 // ---------------------------------------------------------------------------------------
 // fork: the child's copy of the stack still holds hijacked slots, so it needs the shadow
 // entries; but the shared area belongs to the parent's thread. The prepare handler copies

@@ -701,7 +701,6 @@ pub(crate) extern "C" fn open_counters(area: *mut u8) {
     }
 }
 
-
 /// Called by the unwinder hooks with the caller's canonical frame address; returns the
 /// real function to continue in.
 extern "C" fn before_unwind(caller_cfa: u64, which: usize) -> *mut c_void {

@@ -59,6 +59,41 @@ pub fn set_registers(tid: i32, regs: &libc::user_regs_struct) -> io::Result<()> 
     Ok(())
 }
 
+/// A thread's general registers (AArch64: PTRACE_GETREGSET of NT_PRSTATUS).
+#[cfg(target_arch = "aarch64")]
+pub fn registers(tid: i32) -> io::Result<libc::user_regs_struct> {
+    // SAFETY: PTRACE_GETREGSET fills at most iov_len bytes of the struct.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: &mut regs as *mut _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    ptrace(
+        libc::PTRACE_GETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )
+    .map_err(io::Error::from_raw_os_error)?;
+    Ok(regs)
+}
+
+#[cfg(target_arch = "aarch64")]
+pub fn set_registers(tid: i32, regs: &libc::user_regs_struct) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: regs as *const _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    ptrace(
+        libc::PTRACE_SETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )
+    .map_err(io::Error::from_raw_os_error)?;
+    Ok(())
+}
+
 /// The next wait status of one thread, or None by the deadline. Sleeps until the
 /// kernel's SIGCHLD for a tracee's stop (blocked in the calling thread and taken with
 /// sigtimedwait), rather than polling: on a machine with few cores a polling glass

@@ -11,8 +11,6 @@ pub mod gdbstub;
 pub mod guest;
 pub mod guest_code;
 pub mod guest_os;
-// Code injection builds x86-64 calls (glass trace's probe loading).
-#[cfg(target_arch = "x86_64")]
 pub mod inject;
 pub mod launch;
 pub mod libvirt;

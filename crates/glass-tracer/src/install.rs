@@ -149,6 +149,7 @@ fn write_patches(
 }
 
 /// How to take one module's instrumentation out again.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub struct Undo {
     pub restore: Vec<(u64, Vec<u8>)>,
     pub region: (u64, u64),
@@ -171,12 +172,16 @@ pub fn uninstall(process: &StoppedProcess, undo: &[Undo]) -> std::io::Result<()>
 /// The bytes of the process that patching `choice` (loaded at `bias`) may overwrite:
 /// (start, length) of each entry patch and redirected call site. A thread stopped at an
 /// instruction boundary strictly inside one of them must be moved out first.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
     let mut ranges: Vec<(u64, u64)> = choice
         .patchable
         .iter()
         .map(|(_, plan, _)| (plan.patch_at.wrapping_add(bias), plan.overwritten))
         .collect();
+    for (_, plan) in &choice.arm_patchable {
+        ranges.push((plan.patch_at.wrapping_add(bias), plan.reach.bytes()));
+    }
     for (_, plan, _) in &choice.site_patchable {
         ranges.extend(
             plan.overwritten()
@@ -253,6 +258,7 @@ pub fn prepare(
         });
     }
     let count = choice.patchable.len()
+        + choice.arm_patchable.len()
         + choice.site_patchable.len()
         + choice.redirected.len()
         + choice.libcalls.len();
@@ -269,7 +275,14 @@ pub fn prepare(
             )
         },
     );
-    let region = process.map_code_near(low, high, room)?;
+    // Where a trampoline must lie for the patch's jump to reach it: rel32 on x86-64, B's
+    // ±128 MiB on AArch64.
+    let reach = if choice.arm_patchable.is_empty() {
+        1 << 31
+    } else {
+        1 << 27
+    };
+    let region = process.map_code_near(low, high, room, reach)?;
     let mut code = Vec::with_capacity(room as usize);
     for probe in [
         probes.enter,
@@ -290,9 +303,13 @@ pub fn prepare(
         id: first_id,
         outcome,
         go: choice.go_g_offset.is_some(),
+        enter: probes.enter,
     };
     for (function, file_plan, padding) in &choice.patchable {
         building.entry(function, file_plan, *padding);
+    }
+    for (function, file_plan) in &choice.arm_patchable {
+        building.arm_entry(function, file_plan);
     }
     for (function, file_plan, padding) in &choice.site_patchable {
         building.sites_function(function, file_plan, *padding);
@@ -343,6 +360,11 @@ fn region_room(choice: &ModuleChoice) -> u64 {
             .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
             .sum::<u64>()
         + choice
+            .arm_patchable
+            .iter()
+            .map(|(_, plan)| glass_patch::aarch64::entry_trampoline_room(plan).next_multiple_of(16))
+            .sum::<u64>()
+        + choice
             .redirected
             .iter()
             .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
@@ -366,6 +388,8 @@ struct Building<'a> {
     outcome: Outcome,
     /// The module was built by Go (see `glass_patch::return_sites`).
     go: bool,
+    /// `glass_enter`, which AArch64 trampolines load from a literal of their own.
+    enter: u64,
 }
 
 impl Building<'_> {
@@ -475,6 +499,51 @@ impl Building<'_> {
             Ok((bytes, moves, patch)) => {
                 self.outcome.moves.extend(moves);
                 self.patches.push((plan.patch_at, patch));
+                self.install(
+                    &bytes,
+                    runtime_address,
+                    function.size,
+                    function.name.clone(),
+                    Probe::ReturnAddress,
+                );
+            }
+            Err(reason) => self.skip(function, runtime_address, SkipReason::Trampoline(reason)),
+        }
+    }
+
+    /// An AArch64 function reached through a B written over its entry (after its landing
+    /// pad), to a trampoline that calls `glass_enter` (glass_patch::aarch64).
+    fn arm_entry(&mut self, function: &Function, file_plan: &glass_patch::aarch64::Plan) {
+        if self.out_of_ids(function) {
+            return;
+        }
+        let runtime_address = function.address.wrapping_add(self.bias);
+        // Analysed again where the code runs (see `entry`).
+        let plan = self
+            .in_memory(function, 0, |code, _| {
+                glass_patch::aarch64::analyze(code, runtime_address, file_plan.reach).ok()
+            })
+            .filter(|plan| {
+                plan.displaced == file_plan.displaced
+                    && plan.patch_at == file_plan.patch_at.wrapping_add(self.bias)
+            });
+        let Some(plan) = plan else {
+            return self.skip(function, runtime_address, SkipReason::CodeDiffers);
+        };
+        let at = self.next_at();
+        // Pages of a BTI-guarded module accept an indirect jump only onto a landing pad:
+        // the way back must be a direct B (assumed of every module; glass maps its
+        // trampolines within B's reach anyway).
+        let built =
+            glass_patch::aarch64::entry_trampoline(&plan, self.id as u64, at, self.enter, true)
+                .and_then(|(bytes, moves)| {
+                    glass_patch::aarch64::patch_words(&plan, at).map(|patch| (bytes, moves, patch))
+                });
+        match built {
+            Ok((bytes, moves, patch)) => {
+                self.outcome.moves.extend(moves);
+                self.patches
+                    .push((plan.patch_at, glass_patch::aarch64::to_bytes(&patch)));
                 self.install(
                     &bytes,
                     runtime_address,

@@ -33,7 +33,11 @@ pub struct ModuleChoice {
     pub go_g_offset: Option<i64>,
     /// Built by Go's toolchain: the runtime's slice of every goroutine (`runtime.allgs`), its file
     /// address.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    // used by --pid (x86-64 only so far)
     pub go_allgs: Option<u64>,
+    /// AArch64 functions with their entry patch plans (addresses are the file's).
+    pub arm_patchable: Vec<(Function, glass_patch::aarch64::Plan)>,
 }
 
 /// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
@@ -245,6 +249,7 @@ fn go_g_offset(elf: &object::File) -> i64 {
 
 /// Where a Go program's running goroutine lies relative to the thread pointer (see
 /// [`go_g_offset`]); None for a program Go did not build, or one glass cannot read.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub fn go_g_offset_of(path: &Path) -> Option<i64> {
     let bytes = std::fs::read(path).ok()?;
     let elf = object::File::parse(&*bytes).ok()?;
@@ -307,15 +312,40 @@ pub fn read_module(
     if elf.format() != object::BinaryFormat::Elf {
         return Err(format!("{} is not an ELF file", path.display()));
     }
-    if elf.architecture() != object::Architecture::X86_64 {
+    let native = if cfg!(target_arch = "aarch64") {
+        object::Architecture::Aarch64
+    } else {
+        object::Architecture::X86_64
+    };
+    if elf.architecture() != native {
+        let name = |arch| match arch {
+            object::Architecture::X86_64 => "x86-64".to_string(),
+            object::Architecture::Aarch64 => "AArch64".to_string(),
+            other => format!("{other:?}"),
+        };
         return Err(format!(
-            "{} is a {:?} binary; glass trace instruments x86-64 code",
+            "{} is a {} binary; this glass trace instruments {} code",
             path.display(),
-            elf.architecture()
+            name(elf.architecture()),
+            name(native)
         ));
     }
+    let arm = native == object::Architecture::Aarch64;
     let all = functions(&elf);
     let go = is_go(&elf);
+    if arm && go {
+        return Err(format!(
+            "{} is a Go program: glass trace times Go functions on x86-64 only so far (sample it with glass record)",
+            path.display()
+        ));
+    }
+    if arm && !libcalls.is_empty() {
+        return Err(format!(
+            "--libcalls hooks GOT slots on x86-64 only so far: trace {}'s library functions with --lib and -f instead",
+            path.display()
+        ));
+    }
+    let return_sites = return_sites && !arm;
     if go && counters {
         return Err(format!(
             "{} is a Go program: its probes record time only, so --pmc does not apply",
@@ -349,9 +379,17 @@ pub fn read_module(
                     .map(|s| s.address())
             })
             .flatten(),
+        arm_patchable: Vec::new(),
     };
     let entry = elf.entry();
-    let targets = glass_patch::branch_targets(&elf, &all);
+    let targets = if arm {
+        all.iter()
+            .filter_map(|f| Some((f.address, function_bytes(&elf, f)?)))
+            .flat_map(|(address, code)| glass_patch::aarch64::branch_targets(code, address))
+            .collect()
+    } else {
+        glass_patch::branch_targets(&elf, &all)
+    };
     // Functions shorter than the jump with no filler after them, and why not the jump.
     let mut short: Vec<(Function, Plan, glass_patch::Reason)> = Vec::new();
     let not_called = glass_patch::not_call_entries(&elf);
@@ -422,6 +460,26 @@ pub fn read_module(
             size: next.saturating_sub(end),
         };
         let padding = function_bytes(&elf, &padding).unwrap_or(&[]);
+        if arm {
+            // One B over the entry (after a landing pad), to a trampoline within its
+            // reach: the region is mapped within ±128 MiB of the module.
+            let reach = glass_patch::aarch64::Reach::Near;
+            match glass_patch::aarch64::analyze(code, function.address, reach) {
+                Ok(plan) => match targets
+                    .range(function.address + 1..plan.patch_at + plan.reach.bytes())
+                    .next()
+                {
+                    Some(&target) => choice
+                        .skipped
+                        .push((function.clone(), SkipReason::BranchIntoPatch { target })),
+                    None => choice.arm_patchable.push((function.clone(), plan)),
+                },
+                Err(reason) => choice
+                    .skipped
+                    .push((function.clone(), SkipReason::Patch(reason))),
+            }
+            continue;
+        }
         // Return-site probes (see glass_patch::return_sites): a Go function's only
         // probes; native code's where its code allows them, else the return-address
         // probe below.

@@ -14,7 +14,6 @@ pub enum Failure {
     Runtime(String),
     #[error(transparent)]
     Record(#[from] glass_record::Failure),
-    #[cfg(target_arch = "x86_64")]
     #[error(transparent)]
     Trace(#[from] glass_tracer::Failure),
     #[error(transparent)]
@@ -48,7 +47,6 @@ impl Failure {
                     Runtime(_) => RUNTIME,
                 }
             }
-            #[cfg(target_arch = "x86_64")]
             Failure::Trace(failure) => {
                 use glass_tracer::Failure::*;
                 match failure {

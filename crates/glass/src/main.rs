@@ -27,10 +27,6 @@ mod inputs;
 mod record;
 mod report;
 mod top;
-#[cfg(target_arch = "x86_64")]
-mod trace;
-#[cfg(not(target_arch = "x86_64"))]
-#[path = "trace_other_arch.rs"]
 mod trace;
 
 use std::path::PathBuf;
