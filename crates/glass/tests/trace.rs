@@ -6,12 +6,8 @@
 mod common;
 use common::*;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-use glass_format::Recording;
-use glass_probe_abi::{EventKind, TscUnwrapper};
 
 fn compile_trace_fixture(dir: &Path, source: &str, extra: &[&str]) -> PathBuf {
     let stem = source.split('.').next().unwrap();
@@ -72,81 +68,6 @@ fn probes<'a>(counted: &'a Counts, probe: &str) -> Vec<&'a str> {
         .iter()
         .filter(|f| f.probe == probe)
         .map(|f| f.name.as_str())
-        .collect()
-}
-
-/// Calls per function name, counted from the raw records (independently of the reports).
-struct Counts {
-    entries: BTreeMap<String, u64>,
-    exits: BTreeMap<String, u64>,
-    unwound: BTreeMap<String, u64>,
-    recording: Recording,
-}
-
-fn counts(recording: &Path) -> Counts {
-    let recording = glass_format::read_file(recording).expect("a readable recording");
-    assert!(recording.damage.is_none(), "{:?}", recording.damage);
-    let summary = recording.trace_summary.clone().expect("a trace summary");
-    let names: BTreeMap<u32, String> = recording
-        .trace_functions
-        .iter()
-        .map(|f| (f.id, f.name.clone()))
-        .collect();
-    let mut out = Counts {
-        entries: BTreeMap::new(),
-        exits: BTreeMap::new(),
-        unwound: BTreeMap::new(),
-        recording: recording.clone(),
-    };
-    let mut unwrappers: BTreeMap<(u32, u32), TscUnwrapper> = BTreeMap::new();
-    // Each record is followed by one word per hardware counter.
-    let stride = 1 + summary.counters.len();
-    for chunk in &recording.trace_chunks {
-        assert_eq!(chunk.words.len() % stride, 0, "chunks hold whole records");
-        let unwrap = unwrappers
-            .entry((chunk.pid, chunk.tid))
-            .or_insert_with(|| TscUnwrapper::new(summary.tsc_start));
-        for record in chunk.words.chunks_exact(stride) {
-            let event = unwrap.decode(record[0]);
-            let name = names
-                .get(&event.function)
-                .expect("a known function id")
-                .clone();
-            let map = match event.kind {
-                EventKind::Entry => &mut out.entries,
-                EventKind::Exit => &mut out.exits,
-                EventKind::Unwound => &mut out.unwound,
-            };
-            *map.entry(name).or_default() += 1;
-        }
-    }
-    out
-}
-
-impl Counts {
-    fn calls(&self, name: &str) -> u64 {
-        self.entries.get(name).copied().unwrap_or(0)
-    }
-    fn ended(&self, name: &str) -> u64 {
-        self.exits.get(name).copied().unwrap_or(0) + self.unwound.get(name).copied().unwrap_or(0)
-    }
-    fn lost(&self) -> u64 {
-        let s = self.recording.trace_summary.as_ref().unwrap();
-        s.lost + s.no_area_lost
-    }
-}
-
-/// `calls: name=N name=N` from a fixture's output.
-fn printed_counts(output: &str) -> BTreeMap<String, u64> {
-    output
-        .lines()
-        .find_map(|l| l.strip_prefix("calls: "))
-        .expect("a calls line")
-        .split_whitespace()
-        .map(|pair| {
-            let (name, n) = pair.split_once('=').unwrap();
-            (name.to_string(), n.parse().unwrap())
-        })
         .collect()
 }
 

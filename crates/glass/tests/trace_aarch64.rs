@@ -22,7 +22,34 @@ struct HarnessRun {
     run: VmRun,
     /// The PAC-protected build of split.c, on the host.
     pac_binary: std::path::PathBuf,
+    /// The PAC-protected build of nf.c, on the host.
+    nf_pac_binary: std::path::PathBuf,
 }
+
+/// `glass trace` in the guest: each fixture run natively (stdout to NAME.native, status
+/// to NAME.native.status), then traced with -f PATTERN (NAME.traced, NAME.traced.status,
+/// glass's own lines in NAME.err, the recording NAME.glass). Rings for 8 threads: the
+/// guest's RAM holds them.
+const TRACE_PAIRS: &str = r#"pair() {
+    name=$1 pattern=$2
+    shift 2
+    "$@" >$OUT/$name.native 2>/dev/null
+    echo $? >$OUT/$name.native.status
+    ./glass trace --max-threads 8 --ring-size 1048576 -o $OUT/$name.glass -f "$pattern" -- "$@" >$OUT/$name.traced 2>$OUT/$name.err
+    echo $? >$OUT/$name.traced.status
+    echo "trace $name: $(cat $OUT/$name.traced.status)"
+}
+pair nf 'process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
+pair nf-pac 'process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac 200
+pair recursion descend ./recursion
+pair threads 'work_*' ./threads
+pair throw 'catcher,level1,level2,level3' ./throw
+pair longjmp 'driver,jump_*' ./longjmp
+./glass trace --pid 1 -f main -o $OUT/pid.glass >$OUT/pid.out 2>$OUT/pid.err
+echo $? >$OUT/pid.status
+./glass trace --pmc cycles -f descend -o $OUT/pmc.glass -- ./recursion >$OUT/pmc.out 2>$OUT/pmc.err
+echo $? >$OUT/pmc.status
+"#;
 
 fn harness_run() -> &'static HarnessRun {
     static RUN: OnceLock<HarnessRun> = OnceLock::new();
@@ -37,6 +64,16 @@ fn harness_run() -> &'static HarnessRun {
             &["-mbranch-protection=standard"],
         );
         let throw = compile_aarch64(&dir, "trace/throw.cpp", "throw", &[]);
+        let nf = compile_aarch64(&dir, "trace/nf.c", "nf", &[]);
+        let nf_pac = compile_aarch64(
+            &dir,
+            "trace/nf.c",
+            "nf-pac",
+            &["-mbranch-protection=standard"],
+        );
+        let recursion = compile_aarch64(&dir, "trace/recursion.c", "recursion", &[]);
+        let threads = compile_aarch64(&dir, "trace/threads.c", "threads", &["-lpthread"]);
+        let longjmp = compile_aarch64(&dir, "trace/longjmp.c", "longjmp", &[]);
         let script = format!(
             "./glass --version >$OUT/version.txt 2>&1
 echo \"version: $?\"
@@ -48,12 +85,14 @@ echo \"throw: $?\" | tee $OUT/throw.status
 ./glass record -o $OUT/x.glass -- ./split {SPLIT_ROUNDS} >$OUT/record.log 2>&1
 echo \"record: $?\" | tee $OUT/record.status
 ./glass report $OUT/x.glass --format folded >$OUT/x.folded 2>$OUT/report.log
-"
+{TRACE_PAIRS}"
         );
         let run = run_in_aarch64_vm(
             "trace-aarch64-harness",
             &script,
-            &[&glass, &split, &pac, &throw],
+            &[
+                &glass, &split, &pac, &throw, &nf, &nf_pac, &recursion, &threads, &longjmp,
+            ],
             "max",
         );
         eprintln!("console:\n{}", run.serial);
@@ -61,6 +100,7 @@ echo \"record: $?\" | tee $OUT/record.status
         HarnessRun {
             run,
             pac_binary: pac,
+            nf_pac_binary: nf_pac,
         }
     })
 }
@@ -99,7 +139,9 @@ fn the_aarch64_glass_records_a_cross_compiled_fixture_in_the_vm() {
 
 #[test]
 fn a_pac_protected_fixture_runs_under_cpu_max() {
-    let HarnessRun { run, pac_binary } = harness_run();
+    let HarnessRun {
+        run, pac_binary, ..
+    } = harness_run();
     // The build really signs return addresses.
     let disassembly = std::process::Command::new("aarch64-linux-gnu-objdump")
         .arg("-d")
@@ -129,3 +171,105 @@ fn a_cross_compiled_cpp_fixture_throws_and_catches_in_the_vm() {
     );
 }
 // ---------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------
+// glass trace on AArch64 (launch mode), in the same boot: each traced run prints what the
+// untraced one printed and exits the same, and the records count every call.
+
+/// The traced run of NAME behaved as the native one; its recording's counts.
+fn traced_same(run: &VmRun, name: &str) -> Counts {
+    let err = run.read(&format!("{name}.err"));
+    assert_eq!(
+        run.read(&format!("{name}.traced.status")),
+        run.read(&format!("{name}.native.status")),
+        "{name}: exit status differs; glass said: {err}"
+    );
+    assert_eq!(
+        run.read(&format!("{name}.traced")),
+        run.read(&format!("{name}.native")),
+        "{name}: traced output differs; glass said: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    eprintln!("{name}: {}", err.trim_end());
+    counts(&run.path(&format!("{name}.glass")))
+}
+
+#[test]
+fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentication() {
+    let HarnessRun {
+        run, nf_pac_binary, ..
+    } = harness_run();
+    for name in ["nf", "nf-pac"] {
+        let counted = traced_same(run, name);
+        assert_eq!(counted.lost(), 0, "{name}");
+        let expected = printed_counts(&run.read(&format!("{name}.native")));
+        assert_eq!(expected.len(), 6, "{expected:?}");
+        for (function, n) in &expected {
+            assert_eq!(counted.calls(function), *n, "{name}: entries of {function}");
+            assert_eq!(counted.ended(function), *n, "{name}: exits of {function}");
+        }
+        assert!(counted.unwound.is_empty(), "{name}: {:?}", counted.unwound);
+    }
+    // The PAC build's traced functions sign their return address before the patch: the
+    // trampoline authenticated and signed it again around the probe (or the function's
+    // own autiasp would have faulted under -cpu max).
+    let disassembly = std::process::Command::new("aarch64-linux-gnu-objdump")
+        .args(["-d", "--disassemble=classify"])
+        .arg(nf_pac_binary)
+        .output()
+        .expect("aarch64-linux-gnu-objdump runs");
+    assert!(
+        stdout(&disassembly).contains("paciasp"),
+        "{}",
+        stdout(&disassembly)
+    );
+
+    let counted = traced_same(run, "recursion");
+    assert_eq!(counted.calls("descend"), 100 * 1000);
+    assert_eq!(counted.ended("descend"), 100 * 1000);
+
+    let counted = traced_same(run, "threads");
+    assert_eq!(counted.calls("work_a"), 100_000);
+    assert_eq!(counted.calls("work_b"), 50_000);
+    assert_eq!(counted.ended("work_a"), 100_000);
+    let threads: std::collections::BTreeSet<u32> = counted
+        .recording
+        .trace_chunks
+        .iter()
+        .map(|c| c.tid)
+        .collect();
+    assert_eq!(threads.len(), 2, "one ring per thread");
+}
+
+#[test]
+fn exceptions_and_longjmp_behave_as_without_glass_on_aarch64() {
+    let HarnessRun { run, .. } = harness_run();
+    let counted = traced_same(run, "throw");
+    assert_eq!(run.read("throw.traced.status").trim(), "3");
+    for name in ["catcher", "level1", "level2", "level3"] {
+        assert_eq!(counted.calls(name), 1000, "{name}");
+        assert_eq!(counted.ended(name), 1000, "{name}");
+    }
+    // level3 throws: each of its calls ends by the exception, not a return.
+    assert_eq!(counted.unwound.get("level3").copied(), Some(1000));
+
+    let counted = traced_same(run, "longjmp");
+    assert!(counted.calls("jump_a") > 0);
+    assert_eq!(counted.calls("jump_a"), counted.ended("jump_a"));
+    assert!(counted.unwound.values().sum::<u64>() > 0);
+}
+
+#[test]
+fn what_aarch64_does_not_trace_yet_is_refused_in_one_line() {
+    let HarnessRun { run, .. } = harness_run();
+    for (name, says) in [("pid", "--pid is built for x86-64 only"), ("pmc", "--pmc")] {
+        let err = run.read(&format!("{name}.err"));
+        assert_eq!(
+            run.read(&format!("{name}.status")).trim(),
+            "2",
+            "{name}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(says), "{name}: {err}");
+    }
+}

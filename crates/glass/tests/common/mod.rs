@@ -322,6 +322,10 @@ mod arm_vm;
 #[allow(unused_imports)]
 pub use arm_vm::*;
 
+mod trace_counts;
+#[allow(unused_imports)]
+pub use trace_counts::*;
+
 /// Lets `nobody` reach `dir` (every directory above it searchable) and write in it, for
 /// tests that run glass as an unprivileged user.
 pub fn open_to_nobody(dir: &Path) {
