@@ -411,6 +411,19 @@ pub fn landing_code(kind: XstateKind) -> Vec<u8> {
     code
 }
 
+/// `int3`, written at the entry point by the launch mode; its trap leaves the
+/// instruction pointer just past it.
+pub(super) const BREAKPOINT: &[u8] = &[0xcc];
+pub(super) const PC_AFTER_BREAKPOINT: u64 = 1;
+
+pub(super) fn pc(regs: &libc::user_regs_struct) -> u64 {
+    regs.rip
+}
+
+pub(super) fn set_pc(regs: &mut libc::user_regs_struct, pc: u64) {
+    regs.rip = pc;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,17 +526,4 @@ mod tests {
         let eintr = resumable(regs);
         assert_eq!((eintr.rip, eintr.rax as i64), (0x1002, -4));
     }
-}
-
-/// `int3`, written at the entry point by the launch mode; its trap leaves the
-/// instruction pointer just past it.
-pub(super) const BREAKPOINT: &[u8] = &[0xcc];
-pub(super) const PC_AFTER_BREAKPOINT: u64 = 1;
-
-pub(super) fn pc(regs: &libc::user_regs_struct) -> u64 {
-    regs.rip
-}
-
-pub(super) fn set_pc(regs: &mut libc::user_regs_struct, pc: u64) {
-    regs.rip = pc;
 }
