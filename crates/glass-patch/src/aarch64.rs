@@ -98,8 +98,9 @@ const AUTIBSP: u32 = 0xd503_23ff;
 const STP_FP_LR_PUSH: u32 = 0xa9bf_7bfd;
 const LDP_FP_LR_POP: u32 = 0xa8c1_7bfd;
 const BLR_X17: u32 = 0xd63f_0220;
-/// `ldr x17, <literal>` without its offset.
+/// `ldr x17, <literal>` and `ldr x16, <literal>` without their offsets.
 const LDR_LITERAL_X17: u32 = 0x5800_0011;
+const LDR_LITERAL_X16: u32 = 0x5800_0010;
 
 /// What a decoded instruction needs to move.
 fn decode(word: u32) -> Option<Instruction> {
@@ -474,6 +475,29 @@ pub fn entry_trampoline(
     Ok((bytes, moves))
 }
 
+/// A library call's trampoline, which its GOT slot is pointed at: the PLT stub jumps to
+/// it (`br x17`) with the caller's return address in x30; it calls the probe at `enter`
+/// as [`entry_trampoline`] does, with `word` in x16, then jumps on to `target`, what the
+/// slot held (`br x16`, which a BTI landing pad accepts). Both addresses are literals at
+/// its end: the bytes do not depend on where they are written.
+pub fn got_trampoline(word: u64, enter: u64, target: u64) -> Vec<u8> {
+    let mut code = vec![STP_FP_LR_PUSH, movz(SCRATCH, word as u16, 0)];
+    for shift in 1..4 {
+        code.push(movk(SCRATCH, (word >> (16 * shift)) as u16, shift));
+    }
+    // Words 5 to 9, two for alignment, then the literals at words 12 and 14.
+    code.push(LDR_LITERAL_X17 | ((12 - 5) << 5));
+    code.push(BLR_X17);
+    code.push(LDP_FP_LR_POP);
+    code.push(LDR_LITERAL_X16 | ((14 - 8) << 5));
+    code.push(br(SCRATCH));
+    code.extend([NOP, NOP]);
+    let mut bytes = to_bytes(&code);
+    bytes.extend_from_slice(&enter.to_le_bytes());
+    bytes.extend_from_slice(&target.to_le_bytes());
+    bytes
+}
+
 /// Longest trampoline [`entry_trampoline`] builds for `plan`: its fixed words, each
 /// displaced instruction's longest relocation (a conditional branch or literal load to
 /// an absolute address), the jump back and the literal, with room to spare.
@@ -605,6 +629,32 @@ mod tests {
         );
         assert_eq!(offset % 8, 0);
         assert!(bytes.len() as u64 <= entry_trampoline_room(&plan));
+    }
+
+    #[test]
+    fn a_got_trampoline_calls_the_probe_then_jumps_to_what_the_slot_held() {
+        let bytes = got_trampoline(9, 0x7f00_0000_1000, 0xffff_0000_2000);
+        assert_eq!(bytes.len(), 12 * 4 + 16);
+        let words: Vec<u32> = words(&bytes[..48]).collect();
+        let texts: Vec<String> = words.iter().map(|&w| text(w)).collect();
+        assert!(
+            texts[0].starts_with("stp x29, x30, [sp, #-0x10]!"),
+            "{}",
+            texts[0]
+        );
+        assert_eq!(texts[1], "mov x16, #0x9");
+        assert_eq!(texts[6], "blr x17");
+        assert_eq!(texts[9], "br x16");
+        let literal = |index: usize| {
+            let at = 0x1000 + 4 * index as u64;
+            let to = at.wrapping_add(pc_offset(&decode(words[index]).unwrap()).unwrap() as u64);
+            let offset = (to - 0x1000) as usize;
+            u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
+        };
+        assert!(texts[5].starts_with("ldr x17, "), "{}", texts[5]);
+        assert_eq!(literal(5), 0x7f00_0000_1000);
+        assert!(texts[8].starts_with("ldr x16, "), "{}", texts[8]);
+        assert_eq!(literal(8), 0xffff_0000_2000);
     }
 
     #[test]

@@ -245,6 +245,49 @@ pub fn not_call_entries(elf: &object::File) -> std::collections::HashSet<u64> {
     found
 }
 
+/// AArch64: where each function with CFI keeps its return address once its prologue has
+/// run, by the start of its FDE: the words below its CFA (its entry stack pointer) of
+/// x30's first save. Functions that never save x30 (leaves) are absent. The probe
+/// runtime's C++ exception hooks put the real return address back there
+/// (glass_probe_abi::LR_SAVE_SHIFT).
+pub fn lr_save_words(elf: &object::File) -> std::collections::HashMap<u64, u64> {
+    use gimli::UnwindSection;
+    let mut found = std::collections::HashMap::new();
+    let Some(section) = elf.section_by_name(".eh_frame") else {
+        return found;
+    };
+    let Ok(data) = section.data() else {
+        return found;
+    };
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = elf.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut context = Box::new(gimli::UnwindContext::new());
+    let mut entries = eh_frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let Ok(mut rows) = fde.rows(&eh_frame, &bases, &mut context) else {
+            continue;
+        };
+        while let Ok(Some(row)) = rows.next_row() {
+            if let Some(gimli::RegisterRule::Offset(offset)) = row.register(gimli::AArch64::X30) {
+                if offset < 0 && offset % 8 == 0 {
+                    found.insert(fde.initial_address(), (-offset / 8) as u64);
+                }
+                break;
+            }
+        }
+    }
+    found
+}
+
 /// Function symbols with a size, from `.symtab` (or `.dynsym` for a stripped binary).
 fn symbol_functions(elf: &object::File) -> Vec<Function> {
     let collect =

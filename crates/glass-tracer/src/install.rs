@@ -179,7 +179,7 @@ pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
         .iter()
         .map(|(_, plan, _)| (plan.patch_at.wrapping_add(bias), plan.overwritten))
         .collect();
-    for (_, plan) in &choice.arm_patchable {
+    for (_, plan, _) in &choice.arm_patchable {
         ranges.push((plan.patch_at.wrapping_add(bias), plan.reach.bytes()));
     }
     for (_, plan, _) in &choice.site_patchable {
@@ -308,8 +308,8 @@ pub fn prepare(
     for (function, file_plan, padding) in &choice.patchable {
         building.entry(function, file_plan, *padding);
     }
-    for (function, file_plan) in &choice.arm_patchable {
-        building.arm_entry(function, file_plan);
+    for (function, file_plan, lr_save) in &choice.arm_patchable {
+        building.arm_entry(function, file_plan, *lr_save);
     }
     for (function, file_plan, padding) in &choice.site_patchable {
         building.sites_function(function, file_plan, *padding);
@@ -362,14 +362,16 @@ fn region_room(choice: &ModuleChoice) -> u64 {
         + choice
             .arm_patchable
             .iter()
-            .map(|(_, plan)| glass_patch::aarch64::entry_trampoline_room(plan).next_multiple_of(16))
+            .map(|(_, plan, _)| {
+                glass_patch::aarch64::entry_trampoline_room(plan).next_multiple_of(16)
+            })
             .sum::<u64>()
         + choice
             .redirected
             .iter()
             .map(|(_, plan, _)| trampoline_room(plan.relocated_len))
             .sum::<u64>()
-        + choice.libcalls.len() as u64 * 32
+        + choice.libcalls.len() as u64 * 64
 }
 
 /// One module's trampolines as they are built: their code (written at `region` in one
@@ -513,7 +515,12 @@ impl Building<'_> {
 
     /// An AArch64 function reached through a B written over its entry (after its landing
     /// pad), to a trampoline that calls `glass_enter` (glass_patch::aarch64).
-    fn arm_entry(&mut self, function: &Function, file_plan: &glass_patch::aarch64::Plan) {
+    fn arm_entry(
+        &mut self,
+        function: &Function,
+        file_plan: &glass_patch::aarch64::Plan,
+        lr_save: u64,
+    ) {
         if self.out_of_ids(function) {
             return;
         }
@@ -534,11 +541,18 @@ impl Building<'_> {
         // Pages of a BTI-guarded module accept an indirect jump only onto a landing pad:
         // the way back must be a direct B (assumed of every module; glass maps its
         // trampolines within B's reach anyway).
-        let built =
-            glass_patch::aarch64::entry_trampoline(&plan, self.id as u64, at, self.enter, true)
-                .and_then(|(bytes, moves)| {
-                    glass_patch::aarch64::patch_words(&plan, at).map(|patch| (bytes, moves, patch))
-                });
+        // The probe keeps where the function saves x30 beside its id (0: not known, or
+        // too far for the field: the exception hooks then search the frame).
+        let lr_save = if lr_save < 1 << glass_probe_abi::LR_SAVE_BITS {
+            lr_save
+        } else {
+            0
+        };
+        let word = self.id as u64 | lr_save << glass_probe_abi::LR_SAVE_SHIFT;
+        let built = glass_patch::aarch64::entry_trampoline(&plan, word, at, self.enter, true)
+            .and_then(|(bytes, moves)| {
+                glass_patch::aarch64::patch_words(&plan, at).map(|patch| (bytes, moves, patch))
+            });
         match built {
             Ok((bytes, moves, patch)) => {
                 self.outcome.moves.extend(moves);
@@ -683,6 +697,12 @@ impl Building<'_> {
         let slot = slot.wrapping_add(self.bias);
         let target = self.process.read_u64(slot)?;
         let at = self.next_at();
+        if cfg!(target_arch = "aarch64") {
+            let bytes = glass_patch::aarch64::got_trampoline(self.id as u64, self.enter, target);
+            self.patches.push((slot, at.to_le_bytes().to_vec()));
+            self.install(&bytes, target, 0, format!("{name}@plt"), Probe::LibraryCall);
+            return Ok(());
+        }
         let original = at + 24;
         let mut bytes = vec![0x68];
         bytes.extend_from_slice(&self.id.to_le_bytes());

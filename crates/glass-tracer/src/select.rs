@@ -36,8 +36,10 @@ pub struct ModuleChoice {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     // used by --pid (x86-64 only so far)
     pub go_allgs: Option<u64>,
-    /// AArch64 functions with their entry patch plans (addresses are the file's).
-    pub arm_patchable: Vec<(Function, glass_patch::aarch64::Plan)>,
+    /// AArch64 functions with their entry patch plans (addresses are the file's) and where
+    /// each keeps its return address, in words below its entry stack pointer (0: not
+    /// known; see glass_patch::lr_save_words).
+    pub arm_patchable: Vec<(Function, glass_patch::aarch64::Plan, u64)>,
 }
 
 /// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
@@ -339,12 +341,6 @@ pub fn read_module(
             path.display()
         ));
     }
-    if arm && !libcalls.is_empty() {
-        return Err(format!(
-            "--libcalls hooks GOT slots on x86-64 only so far: trace {}'s library functions with --lib and -f instead",
-            path.display()
-        ));
-    }
     let return_sites = return_sites && !arm;
     if go && counters {
         return Err(format!(
@@ -382,6 +378,11 @@ pub fn read_module(
         arm_patchable: Vec::new(),
     };
     let entry = elf.entry();
+    let lr_saves = if arm {
+        glass_patch::lr_save_words(&elf)
+    } else {
+        Default::default()
+    };
     let targets = if arm {
         all.iter()
             .filter_map(|f| Some((f.address, function_bytes(&elf, f)?)))
@@ -472,7 +473,10 @@ pub fn read_module(
                     Some(&target) => choice
                         .skipped
                         .push((function.clone(), SkipReason::BranchIntoPatch { target })),
-                    None => choice.arm_patchable.push((function.clone(), plan)),
+                    None => {
+                        let lr_save = lr_saves.get(&function.address).copied().unwrap_or(0);
+                        choice.arm_patchable.push((function.clone(), plan, lr_save));
+                    }
                 },
                 Err(reason) => choice
                     .skipped
@@ -601,7 +605,17 @@ pub(super) fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u6
         let RelocationFlags::Elf { r_type } = relocation.flags() else {
             continue;
         };
-        if r_type != object::elf::R_X86_64_JUMP_SLOT && r_type != object::elf::R_X86_64_GLOB_DAT {
+        let (jump_slot, glob_dat) = match elf.architecture() {
+            object::Architecture::Aarch64 => (
+                object::elf::R_AARCH64_JUMP_SLOT,
+                object::elf::R_AARCH64_GLOB_DAT,
+            ),
+            _ => (
+                object::elf::R_X86_64_JUMP_SLOT,
+                object::elf::R_X86_64_GLOB_DAT,
+            ),
+        };
+        if r_type != jump_slot && r_type != glob_dat {
             continue;
         }
         let RelocationTarget::Symbol(index) = relocation.target() else {
@@ -612,7 +626,7 @@ pub(super) fn got_slots(elf: &object::File, names: &[String]) -> Vec<(String, u6
         };
         if symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
             // GLOB_DAT of data, or of a function this module defines itself.
-            if r_type != object::elf::R_X86_64_JUMP_SLOT {
+            if r_type != jump_slot {
                 continue;
             }
         }

@@ -30,21 +30,31 @@ struct HarnessRun {
 /// to NAME.native.status), then traced with -f PATTERN (NAME.traced, NAME.traced.status,
 /// glass's own lines in NAME.err, the recording NAME.glass). Rings for 8 threads: the
 /// guest's RAM holds them.
-const TRACE_PAIRS: &str = r#"pair() {
-    name=$1 pattern=$2
+const TRACE_PAIRS: &str = r#"set -f
+pair() {
+    name=$1 options=$2
     shift 2
     "$@" >$OUT/$name.native 2>/dev/null
     echo $? >$OUT/$name.native.status
-    ./glass trace --max-threads 8 --ring-size 1048576 -o $OUT/$name.glass -f "$pattern" -- "$@" >$OUT/$name.traced 2>$OUT/$name.err
+    ./glass trace --max-threads 8 --ring-size 1048576 -o $OUT/$name.glass $options -- "$@" >$OUT/$name.traced 2>$OUT/$name.err
     echo $? >$OUT/$name.traced.status
     echo "trace $name: $(cat $OUT/$name.traced.status)"
 }
-pair nf 'process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
-pair nf-pac 'process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac 200
-pair recursion descend ./recursion
-pair threads 'work_*' ./threads
-pair throw 'catcher,level1,level2,level3' ./throw
-pair longjmp 'driver,jump_*' ./longjmp
+pair nf '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
+pair nf-pac '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac 200
+pair recursion '-f descend' ./recursion
+pair threads '-f work_*' ./threads
+pair throw '-f catcher,level1,level2,level3' ./throw
+pair longjmp '-f driver,jump_*' ./longjmp
+pair nf-all '-f * --lib libc.so*' ./nf-pac 20
+pair throw-all '-f * --lib libstdc++*,libgcc_s*,libc.so*' ./throw
+pair longjmp-all '-f * --lib libc.so*' ./longjmp
+pair tailcall '-f leaf,middle,outer,in_child' ./tailcall
+pair signal '-f busy_step,on_signal_work' ./signal
+pair crash '-f work' ./crash
+for variant in lazy now_relro no_plt; do
+    pair libcalls-$variant '--libcalls malloc,free,mem*' ./libcalls-$variant
+done
 ./glass trace --pid 1 -f main -o $OUT/pid.glass >$OUT/pid.out 2>$OUT/pid.err
 echo $? >$OUT/pid.status
 ./glass trace --pmc cycles -f descend -o $OUT/pmc.glass -- ./recursion >$OUT/pmc.out 2>$OUT/pmc.err
@@ -74,6 +84,15 @@ fn harness_run() -> &'static HarnessRun {
         let recursion = compile_aarch64(&dir, "trace/recursion.c", "recursion", &[]);
         let threads = compile_aarch64(&dir, "trace/threads.c", "threads", &["-lpthread"]);
         let longjmp = compile_aarch64(&dir, "trace/longjmp.c", "longjmp", &[]);
+        let tailcall = compile_aarch64(&dir, "trace/tailcall.c", "tailcall", &[]);
+        let signal = compile_aarch64(&dir, "trace/signal.c", "signal", &[]);
+        let crash = compile_aarch64(&dir, "trace/crash.c", "crash", &[]);
+        let libcalls = [
+            ("libcalls-lazy", "-Wl,-z,lazy"),
+            ("libcalls-now_relro", "-Wl,-z,now,-z,relro"),
+            ("libcalls-no_plt", "-fno-plt"),
+        ]
+        .map(|(name, flag)| compile_aarch64(&dir, "trace/libcalls.c", name, &[flag]));
         let script = format!(
             "./glass --version >$OUT/version.txt 2>&1
 echo \"version: $?\"
@@ -91,7 +110,21 @@ echo \"record: $?\" | tee $OUT/record.status
             "trace-aarch64-harness",
             &script,
             &[
-                &glass, &split, &pac, &throw, &nf, &nf_pac, &recursion, &threads, &longjmp,
+                &glass,
+                &split,
+                &pac,
+                &throw,
+                &nf,
+                &nf_pac,
+                &recursion,
+                &threads,
+                &longjmp,
+                &tailcall,
+                &signal,
+                &crash,
+                &libcalls[0],
+                &libcalls[1],
+                &libcalls[2],
             ],
             "max",
         );
@@ -257,6 +290,78 @@ fn exceptions_and_longjmp_behave_as_without_glass_on_aarch64() {
     assert!(counted.calls("jump_a") > 0);
     assert_eq!(counted.calls("jump_a"), counted.ended("jump_a"));
     assert!(counted.unwound.values().sum::<u64>() > 0);
+}
+
+#[test]
+fn tail_calls_a_forked_child_signals_and_a_fault_on_aarch64() {
+    let HarnessRun { run, .. } = harness_run();
+    let counted = traced_same(run, "tailcall");
+    assert_eq!(counted.lost(), 0);
+    for (name, calls) in [
+        ("outer", 2500),
+        ("middle", 2500),
+        ("leaf", 2500),
+        ("in_child", 500),
+    ] {
+        assert_eq!(counted.calls(name), calls, "{name}");
+        // A tail call shares its caller's return: both end there, as returns.
+        assert_eq!(
+            counted.exits.get(name).copied(),
+            Some(calls),
+            "{name} returns"
+        );
+    }
+    let pids: std::collections::BTreeSet<u32> = counted
+        .recording
+        .trace_chunks
+        .iter()
+        .map(|c| c.pid)
+        .collect();
+    assert_eq!(pids.len(), 2, "the child records into its own ring");
+
+    let counted = traced_same(run, "signal");
+    assert_eq!(counted.calls("busy_step"), 2_000_000);
+    assert_eq!(counted.ended("busy_step"), 2_000_000);
+    assert!(counted.calls("on_signal_work") >= 1, "handlers are traced");
+
+    // crash.c dies of SIGSEGV in work(), traced or not (the shell's status: 139).
+    let counted = traced_same(run, "crash");
+    assert_eq!(run.read("crash.traced.status").trim(), "139");
+    let err = run.read("crash.err");
+    assert!(
+        err.contains("died of SIGSEGV at pc ") && err.contains("in its own code, in work+0x"),
+        "{err}"
+    );
+    assert_eq!(counted.calls("work"), 1001);
+}
+
+#[test]
+fn every_function_of_a_program_and_its_libraries_patched_on_aarch64() {
+    let HarnessRun { run, .. } = harness_run();
+    // The PAC build of nf with every function of it and of libc; throw.cpp with the C++
+    // runtime and the unwinder's library too (whose own functions glass leaves alone);
+    // longjmp.c with libc's setjmp family left alone.
+    for name in ["nf-all", "throw-all", "longjmp-all"] {
+        let counted = traced_same(run, name);
+        assert!(
+            counted.recording.trace_functions.len() > 100,
+            "{name}: {} functions instrumented",
+            counted.recording.trace_functions.len()
+        );
+        assert!(counted.entries.values().sum::<u64>() > 0, "{name}");
+    }
+}
+
+#[test]
+fn library_calls_through_the_got_on_aarch64_lazy_bind_now_and_no_plt() {
+    let HarnessRun { run, .. } = harness_run();
+    for variant in ["lazy", "now_relro", "no_plt"] {
+        let counted = traced_same(run, &format!("libcalls-{variant}"));
+        for call in ["malloc@plt", "memset@plt", "free@plt"] {
+            assert_eq!(counted.calls(call), 10_000, "{variant}: {call}");
+            assert_eq!(counted.ended(call), 10_000, "{variant}: {call}");
+        }
+    }
 }
 
 #[test]
