@@ -290,11 +290,40 @@ fn never_patched(module: &Path, name: &str, go: bool) -> Option<String> {
 /// Bytes after a function the patch may borrow: up to the next function, at most 16.
 const MAX_PADDING: u64 = 16;
 
-/// The functions of the ELF file at `path` that `patterns` match, each with its plan or
-/// the reason it has none. `counters`: hardware counters are recorded (only the
+/// The architecture whose code this glass's process tracer patches: its own.
+pub fn host_architecture() -> object::Architecture {
+    if cfg!(target_arch = "aarch64") {
+        object::Architecture::Aarch64
+    } else {
+        object::Architecture::X86_64
+    }
+}
+
+/// [`read_module_of`] for a module of a process on this machine.
+pub fn read_module(
+    path: &Path,
+    patterns: &[String],
+    libcalls: &[String],
+    counters: bool,
+    return_sites: bool,
+) -> Result<ModuleChoice, String> {
+    read_module_of(
+        host_architecture(),
+        path,
+        patterns,
+        libcalls,
+        counters,
+        return_sites,
+    )
+}
+
+/// The functions of the ELF file at `path`, built for `native` (a process's modules are
+/// the machine's own; a guest's may be another's), that `patterns` match, each with its
+/// plan or the reason it has none. `counters`: hardware counters are recorded (only the
 /// return-address probe reads them); `return_sites`: native functions take return-site
 /// probes where their code allows (Go's always do).
-pub fn read_module(
+pub fn read_module_of(
+    native: object::Architecture,
     path: &Path,
     patterns: &[String],
     libcalls: &[String],
@@ -314,11 +343,6 @@ pub fn read_module(
     if elf.format() != object::BinaryFormat::Elf {
         return Err(format!("{} is not an ELF file", path.display()));
     }
-    let native = if cfg!(target_arch = "aarch64") {
-        object::Architecture::Aarch64
-    } else {
-        object::Architecture::X86_64
-    };
     if elf.architecture() != native {
         let name = |arch| match arch {
             object::Architecture::X86_64 => "x86-64".to_string(),

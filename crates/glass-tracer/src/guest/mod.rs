@@ -191,8 +191,15 @@ fn parse_ram_mib(value: &str) -> Option<u64> {
 
 /// The functions to patch, with their plans, and those left alone.
 fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
-    let mut choice =
-        select::read_module(symbols, patterns, &[], false, false).map_err(Failure::bad_input)?;
+    let mut choice = select::read_module_of(
+        object::Architecture::X86_64,
+        symbols,
+        patterns,
+        &[],
+        false,
+        false,
+    )
+    .map_err(Failure::bad_input)?;
     if choice.matched == 0 {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}",
