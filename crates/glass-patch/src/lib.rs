@@ -24,6 +24,7 @@ use iced_x86::{
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 pub mod aarch64;
+pub mod aarch64_call;
 pub mod call_trampoline;
 pub mod plt;
 pub mod return_sites;
