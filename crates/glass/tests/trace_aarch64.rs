@@ -22,8 +22,10 @@ struct HarnessRun {
     run: VmRun,
     /// The PAC-protected build of split.c, on the host.
     pac_binary: std::path::PathBuf,
-    /// The PAC-protected build of nf.c, on the host.
+    /// The PAC-protected builds of nf.c, on the host: with `paciasp` where gcc schedules
+    /// it (after the instructions the patch displaces), and first.
     nf_pac_binary: std::path::PathBuf,
+    nf_pac_entry_binary: std::path::PathBuf,
 }
 
 /// `glass trace` in the guest: each fixture run natively (stdout to NAME.native, status
@@ -42,6 +44,7 @@ pair() {
 }
 pair nf '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
 pair nf-pac '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac 200
+pair nf-pac-entry '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac-entry 200
 pair recursion '-f descend' ./recursion
 pair threads '-f work_*' ./threads
 pair throw '-f catcher,level1,level2,level3' ./throw
@@ -81,6 +84,18 @@ fn harness_run() -> &'static HarnessRun {
             "nf-pac",
             &["-mbranch-protection=standard"],
         );
+        // The same with each signing function's `paciasp` first, before the patch (gcc
+        // otherwise schedules it after the first instructions, which the patch displaces).
+        let nf_pac_entry = compile_aarch64(
+            &dir,
+            "trace/nf.c",
+            "nf-pac-entry",
+            &[
+                "-mbranch-protection=standard",
+                "-fno-schedule-insns2",
+                "-fno-shrink-wrap",
+            ],
+        );
         let recursion = compile_aarch64(&dir, "trace/recursion.c", "recursion", &[]);
         let threads = compile_aarch64(&dir, "trace/threads.c", "threads", &["-lpthread"]);
         let longjmp = compile_aarch64(&dir, "trace/longjmp.c", "longjmp", &[]);
@@ -116,6 +131,7 @@ echo \"record: $?\" | tee $OUT/record.status
                 &throw,
                 &nf,
                 &nf_pac,
+                &nf_pac_entry,
                 &recursion,
                 &threads,
                 &longjmp,
@@ -134,6 +150,7 @@ echo \"record: $?\" | tee $OUT/record.status
             run,
             pac_binary: pac,
             nf_pac_binary: nf_pac,
+            nf_pac_entry_binary: nf_pac_entry,
         }
     })
 }
@@ -230,9 +247,12 @@ fn traced_same(run: &VmRun, name: &str) -> Counts {
 #[test]
 fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentication() {
     let HarnessRun {
-        run, nf_pac_binary, ..
+        run,
+        nf_pac_binary,
+        nf_pac_entry_binary,
+        ..
     } = harness_run();
-    for name in ["nf", "nf-pac"] {
+    for name in ["nf", "nf-pac", "nf-pac-entry"] {
         let counted = traced_same(run, name);
         assert_eq!(counted.lost(), 0, "{name}");
         let expected = printed_counts(&run.read(&format!("{name}.native")));
@@ -243,19 +263,30 @@ fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentic
         }
         assert!(counted.unwound.is_empty(), "{name}: {:?}", counted.unwound);
     }
-    // The PAC build's traced functions sign their return address before the patch: the
-    // trampoline authenticated and signed it again around the probe (or the function's
-    // own autiasp would have faulted under -cpu max).
-    let disassembly = std::process::Command::new("aarch64-linux-gnu-objdump")
-        .args(["-d", "--disassemble=classify"])
-        .arg(nf_pac_binary)
-        .output()
-        .expect("aarch64-linux-gnu-objdump runs");
-    assert!(
-        stdout(&disassembly).contains("paciasp"),
-        "{}",
-        stdout(&disassembly)
-    );
+    // Both PAC builds sign in the traced functions that call others. In nf-pac the
+    // probe takes x30 before the function signs it; in nf-pac-entry the entry signed it
+    // before the patch, and the trampoline authenticated it and signed it again around
+    // the probe (or the function's own autiasp would have faulted under -cpu max).
+    let first_instructions = |binary: &std::path::Path, function: &str| {
+        let disassembly = std::process::Command::new("aarch64-linux-gnu-objdump")
+            .args(["-d", &format!("--disassemble={function}")])
+            .arg(binary)
+            .output()
+            .expect("aarch64-linux-gnu-objdump runs");
+        let text = stdout(&disassembly);
+        let words: Vec<String> = text
+            .lines()
+            .filter_map(|l| Some(l.split('\t').nth(2)?.split_whitespace().next()?.to_string()))
+            .collect();
+        (text, words)
+    };
+    for function in ["classify", "process_batch"] {
+        let (text, words) = first_instructions(nf_pac_binary, function);
+        assert!(words.iter().any(|w| w == "paciasp"), "{text}");
+        assert_ne!(words.first().map(String::as_str), Some("paciasp"), "{text}");
+        let (text, words) = first_instructions(nf_pac_entry_binary, function);
+        assert_eq!(words.first().map(String::as_str), Some("paciasp"), "{text}");
+    }
 
     let counted = traced_same(run, "recursion");
     assert_eq!(counted.calls("descend"), 100 * 1000);
