@@ -252,6 +252,12 @@ fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentic
         nf_pac_entry_binary,
         ..
     } = harness_run();
+    // Times are the generic timer's, and the summary says so.
+    let summary = run.read("nf.err");
+    assert!(
+        summary.contains("; timer rate ") && summary.contains(" MHz;"),
+        "{summary}"
+    );
     for name in ["nf", "nf-pac", "nf-pac-entry"] {
         let counted = traced_same(run, name);
         assert_eq!(counted.lost(), 0, "{name}");
