@@ -109,6 +109,21 @@ impl Client {
     /// by letting the VM run. A stub that never answers is not a stop glass holds: it
     /// ends in [`REPLY_TIMEOUT`] with an error.
     pub fn connect_marked(address: &str, mark: Option<&StopMark>) -> Result<Self, StubError> {
+        Self::connect_holding(address, mark, false)
+    }
+
+    /// [`Client::connect_marked`] that leaves the VM stopped (the caller resumes it): for a
+    /// VM started stopped (`-S`), which must not run before the caller has set
+    /// breakpoints.
+    pub fn connect_held(address: &str, mark: Option<&StopMark>) -> Result<Self, StubError> {
+        Self::connect_holding(address, mark, true)
+    }
+
+    fn connect_holding(
+        address: &str,
+        mark: Option<&StopMark>,
+        hold: bool,
+    ) -> Result<Self, StubError> {
         let stream: Box<dyn Stream> = match address
             .strip_prefix("unix:")
             .or(address.starts_with('/').then_some(address))
@@ -143,6 +158,9 @@ impl Client {
             closed: false,
         };
         client.handshake(mark)?;
+        if !hold {
+            client.resume()?;
+        }
         Ok(client)
     }
 
@@ -185,7 +203,7 @@ impl Client {
                 framed
             })
             .collect();
-        self.resume()
+        Ok(())
     }
 
     /// Leaves out the registers that find a Linux guest's current task (read only with

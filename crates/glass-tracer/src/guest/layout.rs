@@ -109,6 +109,10 @@ pub struct Layout {
     entry: u64,
     /// That entry, in words ("top-level entry 511").
     hang: String,
+    /// An AArch64 guest: the entry is a 2 MiB block descriptor in one of the guest's
+    /// own level-2 tables (no table of the region's), the trampolines
+    /// `glass_patch::aarch64_call`'s.
+    aarch64: bool,
 }
 
 /// What a walk's accessed bit changes: glass's own entry of an earlier trace, which the
@@ -177,6 +181,7 @@ impl Layout {
                     entry_at,
                     entry: own_pdpt,
                     hang: format!("the guest's top-level page-table entry {index}"),
+                    aarch64: false,
                 });
             }
         }
@@ -197,12 +202,26 @@ impl Layout {
                         "entry {index} of the guest's page-directory-pointer table at guest-physical {:#x}",
                         top & ADDRESS_MASK
                     ),
+                    aarch64: false,
                 });
             }
         }
         Err(format!(
             "the guest maps every 1 GiB within a jump of the code to trace ({low:#x}..{high:#x}): no room for glass's region"
         ))
+    }
+
+    /// An AArch64 guest's region at `base`, mapped by the block descriptor `entry` glass
+    /// writes at guest-physical `entry_at` (see `super::aarch64`).
+    pub fn aarch64(base: u64, gpa: u64, entry_at: u64, entry: u64, hang: String) -> Layout {
+        Layout {
+            base,
+            gpa,
+            entry_at,
+            entry,
+            hang,
+            aarch64: true,
+        }
     }
 
     /// The guest-physical address of the page-table entry glass sets, and its value.
@@ -213,6 +232,10 @@ impl Layout {
     /// Whether `value`, read at [`Layout::entry`]'s address, leaves the place free for
     /// the region: empty, or glass's own of an earlier trace.
     pub fn entry_is_free(&self, value: u64) -> bool {
+        if self.aarch64 {
+            // Its access flag is set by glass: the entry reads back as written.
+            return value == 0 || value == self.entry;
+        }
         value & !ACCESSED == 0 || value & !ACCESSED == self.entry
     }
 
@@ -251,18 +274,20 @@ impl Layout {
         } else {
             TRAMPOLINES
         };
-        let pdpt_index = (self.base >> 30) & 511;
-        let pd_index = (self.base >> 21) & 511;
-        put(
-            shared,
-            PDPT + 8 * pdpt_index,
-            &((self.gpa + PAGE_DIRECTORY) | PRESENT_WRITABLE).to_le_bytes(),
-        );
-        put(
-            shared,
-            PAGE_DIRECTORY + 8 * pd_index,
-            &(self.gpa | PRESENT_WRITABLE | LARGE_PAGE).to_le_bytes(),
-        );
+        if !self.aarch64 {
+            let pdpt_index = (self.base >> 30) & 511;
+            let pd_index = (self.base >> 21) & 511;
+            put(
+                shared,
+                PDPT + 8 * pdpt_index,
+                &((self.gpa + PAGE_DIRECTORY) | PRESENT_WRITABLE).to_le_bytes(),
+            );
+            put(
+                shared,
+                PAGE_DIRECTORY + 8 * pd_index,
+                &(self.gpa | PRESENT_WRITABLE | LARGE_PAGE).to_le_bytes(),
+            );
+        }
         let ring = Ring {
             head: self.address(HEAD),
             tail: self.address(TAIL),
@@ -276,14 +301,26 @@ impl Layout {
         let mut at = first;
         // Builds `function`'s trampoline at the next free place and records it as
         // installed; None (and the function listed as skipped) when the region is full.
+        // The trampoline of a function, x86-64's or AArch64's.
+        enum Planned<'a> {
+            X86(&'a glass_patch::Plan),
+            Aarch64(&'a glass_patch::aarch64::Plan),
+        }
         let mut place = |shared: &mut [u8],
                          function: &glass_patch::Function,
-                         plan: &glass_patch::Plan,
+                         plan: Planned,
                          id: u16|
          -> Result<Option<(u64, glass_patch::trampoline::Moves)>, String> {
             let address = self.address(at);
-            let (code, moves) = call_trampoline::build(plan, id, address, &ring)
-                .map_err(|e| format!("{}: {e}", function.name))?;
+            let (code, moves) = match plan {
+                Planned::X86(plan) => call_trampoline::build(plan, id, address, &ring),
+                // Guarded: a relocated branch out of reach is refused rather than taken
+                // through x16 (the patch is near: none is).
+                Planned::Aarch64(plan) => {
+                    glass_patch::aarch64_call::build(plan, id, address, &ring, true)
+                }
+            }
+            .map_err(|e| format!("{}: {e}", function.name))?;
             if at + code.len() as u64 > RECORDS {
                 skipped.push(crate::Skip {
                     module: module.display().to_string(),
@@ -308,8 +345,20 @@ impl Layout {
             Ok(Some((address, moves)))
         };
         for (id, (function, plan, _)) in choice.patchable.iter().enumerate() {
-            if let Some((address, function_moves)) = place(shared, function, plan, id as u16)? {
+            if let Some((address, function_moves)) =
+                place(shared, function, Planned::X86(plan), id as u16)?
+            {
                 patches.push((plan.patch_at, entry_patch(plan, address)?));
+                moves.extend(function_moves);
+            }
+        }
+        for (id, (function, plan, _)) in choice.arm_patchable.iter().enumerate() {
+            if let Some((address, function_moves)) =
+                place(shared, function, Planned::Aarch64(plan), id as u16)?
+            {
+                let words = glass_patch::aarch64::patch_words(plan, address)
+                    .map_err(|e| format!("{}: {e}", function.name))?;
+                patches.push((plan.patch_at, glass_patch::aarch64::to_bytes(&words)));
                 moves.extend(function_moves);
             }
         }
@@ -318,7 +367,12 @@ impl Layout {
         // bytes, the displacement). No vCPU can be inside those four bytes.
         let first_short = choice.patchable.len();
         for (index, (function, plan, sites)) in choice.redirected.iter().enumerate() {
-            let Some((address, _)) = place(shared, function, plan, (first_short + index) as u16)?
+            let Some((address, _)) = place(
+                shared,
+                function,
+                Planned::X86(plan),
+                (first_short + index) as u16,
+            )?
             else {
                 continue;
             };

@@ -27,6 +27,7 @@
 //! the one stop glass holds (the patch): a glass stopped or stalled in it past the stop
 //! bound is killed, and the VM with it.
 
+mod aarch64;
 pub(crate) mod attach;
 pub(crate) mod gdb;
 mod layout;
@@ -76,13 +77,21 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
     let program = command
         .first()
         .ok_or_else(|| Failure::bad_input("--vm needs the QEMU command after --"))?;
-    if !Path::new(program)
+    let name = Path::new(program)
         .file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("qemu-system-x86_64"))
-    {
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let arch = if name.starts_with("qemu-system-x86_64") {
+        glass_format::Arch::X86_64
+    } else if name.starts_with("qemu-system-aarch64") {
+        glass_format::Arch::Aarch64
+    } else {
         return Err(Failure::bad_input(format!(
-            "--vm traces the guests of qemu-system-x86_64, not {program} (the guest tracer patches x86-64 code)"
+            "--vm traces the guests of qemu-system-x86_64 and qemu-system-aarch64 (-M virt), not {program}"
         )));
+    };
+    if arch == glass_format::Arch::Aarch64 {
+        aarch64::check_command(command)?;
     }
     if !args.libcalls.is_empty() || !args.lib.is_empty() || args.pmc.is_some() {
         return Err(Failure::bad_input(
@@ -118,18 +127,38 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         })?,
         None => 128,
     };
-    if ram_mib > MAX_RAM_MIB {
+    if arch == glass_format::Arch::X86_64 && ram_mib > MAX_RAM_MIB {
         return Err(Failure::bad_input(format!(
             "--vm: a guest of {ram_mib} MiB has RAM above 4 GiB, where glass puts its region (at most {MAX_RAM_MIB} MiB for now)"
         )));
     }
-    let (choice, skipped) = choose(&symbols, &args.functions)?;
+    let (choice, skipped) = choose_for(arch, &symbols, &args.functions)?;
     let file = glass_record::PendingOutput::open(&args.output)?;
 
-    let region = region_memfd()?;
+    // x86-64: the memfd is the region (a pc-dimm); AArch64: the guest's RAM and the
+    // region after it (see `aarch64`).
+    let (region_offset, memfd_bytes, region_gpa) = match arch {
+        glass_format::Arch::X86_64 => (0, layout::REGION_BYTES, REGION_GPA),
+        glass_format::Arch::Aarch64 => {
+            let (offset, total) = aarch64::ram_layout(ram_mib);
+            (offset, total, aarch64::RAM_BASE + offset)
+        }
+    };
+    let dtb = match arch {
+        glass_format::Arch::Aarch64 => {
+            Some(aarch64::write_device_tree(command, ram_mib, memfd_bytes)?)
+        }
+        glass_format::Arch::X86_64 => None,
+    };
+    let region = region_memfd(memfd_bytes)?;
     // SAFETY: glass's own memfd, sized; shared with QEMU, which maps it as guest RAM.
-    let mut shared = unsafe { memmap2::MmapMut::map_mut(&region) }
-        .map_err(|e| Failure::runtime(format!("cannot map the trace region: {e}")))?;
+    let mut shared = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(region_offset)
+            .len(layout::REGION_BYTES as usize)
+            .map_mut(&region)
+    }
+    .map_err(|e| Failure::runtime(format!("cannot map the trace region: {e}")))?;
     let socket = std::env::temp_dir().join(format!("glass-trace-vm-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
     // The stop bound: a glass stopped (SIGSTOP, Ctrl-Z) or stalled while it holds the VM
@@ -145,18 +174,36 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         glass_record::stop_bound()?,
     )
     .map_err(|e| Failure::runtime(e.to_string()))?;
-    let mut qemu = launch(command, ram_mib, &region, &socket, guardian.pipe_fd())?;
+    let launched = launch(
+        command,
+        (ram_mib, memfd_bytes, dtb.as_deref()),
+        &region,
+        &socket,
+        guardian.pipe_fd(),
+    );
+    let mut qemu = match launched {
+        Ok(qemu) => qemu,
+        Err(failure) => {
+            if let Some(dtb) = &dtb {
+                let _ = std::fs::remove_file(dtb);
+            }
+            return Err(failure);
+        }
+    };
     end_on_signals();
     let traced = trace_launched(
         args,
         notes,
         (&mut qemu, &mark),
         &socket,
-        &mut shared,
+        (&mut shared, region_gpa, arch == glass_format::Arch::Aarch64),
         (&symbols, choice, skipped),
         file,
     );
     let _ = std::fs::remove_file(&socket);
+    if let Some(dtb) = &dtb {
+        let _ = std::fs::remove_file(dtb);
+    }
     if qemu.try_wait().ok().flatten().is_none() {
         let _ = qemu.kill();
         let _ = qemu.wait();
@@ -189,10 +236,22 @@ fn parse_ram_mib(value: &str) -> Option<u64> {
     }
 }
 
-/// The functions to patch, with their plans, and those left alone.
+/// The functions of an x86-64 guest to patch, with their plans, and those left alone.
 fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
+    choose_for(glass_format::Arch::X86_64, symbols, patterns)
+}
+
+/// The functions of a guest of `arch` to patch, with their plans, and those left alone.
+fn choose_for(
+    arch: glass_format::Arch,
+    symbols: &Path,
+    patterns: &[String],
+) -> Result<(select::ModuleChoice, Vec<Skip>)> {
     let mut choice = select::read_module_of(
-        object::Architecture::X86_64,
+        match arch {
+            glass_format::Arch::X86_64 => object::Architecture::X86_64,
+            glass_format::Arch::Aarch64 => object::Architecture::Aarch64,
+        },
         symbols,
         patterns,
         &[],
@@ -224,7 +283,9 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
         })
         .collect();
     // Why a function cannot be called from a trampoline: the trampoline's call shifts
-    // arguments passed on the stack.
+    // arguments passed on the stack (on AArch64 by the 16 bytes of its frame record:
+    // the x86-64 rule refuses whatever AAPCS64 may pass on the stack, see
+    // glass_patch::aarch64_call).
     let unsafe_to_call = |function: &glass_patch::Function| -> Option<String> {
         if function.name.contains(".isra") || function.name.contains(".part") {
             Some("a compiler's clone, whose arguments are not the ones DWARF declares".into())
@@ -256,7 +317,9 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
     patchable.retain(|(function, _, _)| callable(function));
     let mut redirected = std::mem::take(&mut choice.redirected);
     redirected.retain(|(function, _, _)| callable(function));
-    if patchable.is_empty() && redirected.is_empty() {
+    let mut arm_patchable = std::mem::take(&mut choice.arm_patchable);
+    arm_patchable.retain(|(function, _, _)| callable(function));
+    if patchable.is_empty() && redirected.is_empty() && arm_patchable.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "{}; nothing in the VM was touched",
             crate::nothing_patchable(&skipped)
@@ -265,8 +328,10 @@ fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, 
     let most = usize::from(call_trampoline::MAX_ID) + 1;
     patchable.truncate(most);
     redirected.truncate(most - patchable.len());
+    arm_patchable.truncate(most);
     choice.patchable = patchable;
     choice.redirected = redirected;
+    choice.arm_patchable = arm_patchable;
     Ok((choice, skipped))
 }
 
@@ -318,8 +383,9 @@ fn check_code(
     Ok(())
 }
 
-/// The region's memory: a memfd QEMU inherits (it never has a name in the file system).
-fn region_memfd() -> Result<OwnedFd> {
+/// The region's memory (`bytes`: on AArch64 the guest's RAM too): a memfd QEMU
+/// inherits (it never has a name in the file system).
+fn region_memfd(bytes: u64) -> Result<OwnedFd> {
     // SAFETY: memfd_create with a static name; the descriptor is owned at once.
     let fd = unsafe { libc::memfd_create(c"glass-trace-region".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -331,7 +397,7 @@ fn region_memfd() -> Result<OwnedFd> {
     // SAFETY: fd was just created and is ours.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: sizing our own memfd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), layout::REGION_BYTES as libc::off_t) } != 0 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) } != 0 {
         return Err(Failure::runtime(format!(
             "cannot size the trace region: {}",
             std::io::Error::last_os_error()
@@ -340,11 +406,12 @@ fn region_memfd() -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Starts QEMU with its stub on `socket` and the region as a pc-dimm; waits for the
+/// Starts QEMU with its stub on `socket` and the region as a pc-dimm (AArch64: as the
+/// RAM's last 2 MiB, `total` bytes of it, with the device tree `dtb`); waits for the
 /// stub.
 fn launch(
     command: &[String],
-    ram_mib: u64,
+    (ram_mib, total, dtb): (u64, u64, Option<&Path>),
     region: &OwnedFd,
     socket: &Path,
     guardian_pipe: std::os::fd::RawFd,
@@ -352,29 +419,33 @@ fn launch(
     use std::os::unix::process::CommandExt;
     let program = &command[0];
     let raw = region.as_raw_fd();
-    let mut arguments: Vec<String> = Vec::with_capacity(command.len() + 10);
-    let mut rest = command[1..].iter();
-    while let Some(argument) = rest.next() {
-        if argument == "-m" {
-            rest.next();
-            continue;
-        }
-        arguments.push(argument.clone());
-    }
     let mut qemu = std::process::Command::new(program);
-    qemu.args(&arguments)
-        .arg("-m")
-        .arg(format!("{ram_mib}M,slots=1,maxmem={}M", ram_mib + 1024))
-        .arg("-object")
-        .arg(format!(
-            "memory-backend-file,id=glass-region,size={}M,mem-path=/proc/self/fd/{raw},share=on",
-            layout::REGION_BYTES >> 20
-        ))
-        .arg("-device")
-        .arg(format!(
-            "pc-dimm,id=glass-dimm,memdev=glass-region,addr={REGION_GPA:#x}"
-        ))
-        .arg("-gdb")
+    if dtb.is_some() {
+        qemu.args(aarch64::arguments(command, raw, total, dtb));
+    } else {
+        let mut arguments: Vec<String> = Vec::with_capacity(command.len() + 10);
+        let mut rest = command[1..].iter();
+        while let Some(argument) = rest.next() {
+            if argument == "-m" {
+                rest.next();
+                continue;
+            }
+            arguments.push(argument.clone());
+        }
+        qemu.args(&arguments)
+            .arg("-m")
+            .arg(format!("{ram_mib}M,slots=1,maxmem={}M", ram_mib + 1024))
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=glass-region,size={}M,mem-path=/proc/self/fd/{raw},share=on",
+                layout::REGION_BYTES >> 20
+            ))
+            .arg("-device")
+            .arg(format!(
+                "pc-dimm,id=glass-dimm,memdev=glass-region,addr={REGION_GPA:#x}"
+            ));
+    }
+    qemu.arg("-gdb")
         .arg(format!("unix:{},server=on,wait=off", socket.display()))
         // Ctrl-C at the terminal is glass's to handle: it ends the trace, then the VM.
         .process_group(0);
@@ -421,13 +492,20 @@ fn trace_launched(
     notes: &mut dyn TraceNotes,
     (qemu, mark): (&mut std::process::Child, &glass_target::stop_mark::StopMark),
     socket: &Path,
-    shared: &mut memmap2::MmapMut,
+    (shared, region_gpa, started_stopped): (&mut memmap2::MmapMut, u64, bool),
     (symbols, choice, skipped): (&Path, select::ModuleChoice, Vec<Skip>),
     output: glass_record::PendingOutput,
 ) -> Result<Traced> {
     let clock_start = (glass_probe_abi::rdtsc(), monotonic_now_ns());
-    let mut client = Client::connect_marked(&socket.to_string_lossy(), Some(mark))
-        .map_err(|e| stub_failure("cannot connect to the VM's GDB stub", e))?;
+    // A VM started stopped (`-S`: an AArch64 kernel loaded by QEMU itself reaches its
+    // first traced call within milliseconds) stays so until the breakpoints are set.
+    let connected = if started_stopped {
+        Client::connect_held(&socket.to_string_lossy(), Some(mark))
+    } else {
+        Client::connect_marked(&socket.to_string_lossy(), Some(mark))
+    };
+    let mut client =
+        connected.map_err(|e| stub_failure("cannot connect to the VM's GDB stub", e))?;
     mark.end();
     let (text_low, text_high) = text_span(&choice);
     let vcpus = client.vcpus.len();
@@ -436,12 +514,35 @@ fn trace_launched(
         .patchable
         .iter()
         .map(|(_, plan, _)| plan.patch_at)
+        .chain(
+            choice
+                .arm_patchable
+                .iter()
+                .map(|(_, plan, _)| plan.patch_at),
+        )
         .collect();
     wait_for_guest(&mut client, qemu, &entries, &mut regs)?;
     // From the breakpoint's stop to the resume after patching, glass holds the VM.
     mark.begin();
-    let layout = match choose_layout(&mut client, &regs, (text_low, text_high), REGION_GPA) {
-        Ok(layout) => layout,
+    let arch = client.arch();
+    let chosen = match arch {
+        glass_format::Arch::X86_64 => {
+            choose_layout(&mut client, &regs, (text_low, text_high), region_gpa)
+        }
+        glass_format::Arch::Aarch64 => {
+            aarch64::choose_layout(&mut client, &regs, (text_low, text_high), region_gpa)
+        }
+    };
+    // AArch64 records are timed by the generic timer: its frequency is the guest's.
+    let counter_hz = match arch {
+        glass_format::Arch::X86_64 => Ok(None),
+        glass_format::Arch::Aarch64 => client
+            .register("CNTFRQ_EL0")
+            .map(Some)
+            .map_err(|e| stub_failure("cannot read the guest's timer frequency (CNTFRQ_EL0)", e)),
+    };
+    let (layout, counter_hz) = match chosen.and_then(|layout| counter_hz.map(|hz| (layout, hz))) {
+        Ok(chosen) => chosen,
         Err(failure) => {
             let _ = client.resume();
             mark.end();
@@ -467,7 +568,14 @@ fn trace_launched(
             return Err(Failure::runtime(why));
         }
     };
+    // The guest's code is read and written through a vCPU that maps it (the stub's
+    // memory packets go through the selected vCPU's translation: an AArch64 vCPU 1 that
+    // PSCI has not started yet has its MMU off).
+    let mapping = regs.iter().position(runs_own_code).unwrap_or(0);
     let patched = image_code(symbols, &patches).and_then(|image| {
+        client
+            .select(mapping)
+            .map_err(|e| stub_failure("cannot select a vCPU", e))?;
         let mut found = Vec::with_capacity(patches.len());
         for (at, bytes) in &patches {
             let code = client
@@ -496,7 +604,7 @@ fn trace_launched(
     notes.instrumented(&installed, &skipped);
 
     let mut out = Output::new(file, 1);
-    write_header(&mut out, args, qemu.id(), &installed, &skipped);
+    write_header_of(&mut out, args, (qemu.id(), arch), &installed, &skipped);
     let mut replay = replay::Replay::default();
     let mut ring = layout::RingReader::default();
     let pid = qemu.id();
@@ -531,10 +639,10 @@ fn trace_launched(
         Ended::Exited(status) => status,
         Ended::Signal | Ended::Duration => 0,
     };
-    let summary = finish(
+    let summary = finish_timed(
         &mut out,
         args,
-        clock_start,
+        (clock_start, counter_hz),
         &ring,
         &replay,
         installed.len(),
@@ -599,6 +707,12 @@ fn text_span(choice: &select::ModuleChoice) -> (u64, u64) {
         .patchable
         .iter()
         .map(|(f, _, _)| (f.address, f.address + f.size))
+        .chain(
+            choice
+                .arm_patchable
+                .iter()
+                .map(|(f, _, _)| (f.address, f.address + f.size)),
+        )
         .chain(choice.redirected.iter().flat_map(|(_, _, sites)| {
             sites
                 .iter()
@@ -657,9 +771,9 @@ fn wait_for_guest(
             client
                 .stop_with_registers(regs)
                 .map_err(|e| stub_failure("cannot read the vCPUs", e))?;
-            let hit = regs.iter().any(|r| {
-                caught.contains(&r.ip()) && matches!(r, VcpuRegs::X86_64(x) if x.long_mode())
-            });
+            let hit = regs
+                .iter()
+                .any(|r| caught.contains(&r.ip()) && runs_own_code(r));
             if hit {
                 break;
             }
@@ -681,15 +795,22 @@ fn wait_for_guest(
     client
         .stop_with_registers(regs)
         .map_err(|e| stub_failure("cannot read the vCPUs", e))?;
-    let long_mode = regs
-        .iter()
-        .all(|r| !r.paging_on() || matches!(r, VcpuRegs::X86_64(x) if x.long_mode()));
+    let long_mode = regs.iter().all(|r| !r.paging_on() || runs_own_code(r));
     if !long_mode {
         return Err(Failure::bad_input(
             "the guest runs the functions to trace outside long mode: glass traces 64-bit guests",
         ));
     }
     Ok(())
+}
+
+/// Whether a vCPU runs the guest's own code as glass patches it: x86-64 in long mode,
+/// AArch64 with its MMU on.
+fn runs_own_code(regs: &VcpuRegs) -> bool {
+    match regs {
+        VcpuRegs::X86_64(x) => x.long_mode(),
+        VcpuRegs::Aarch64(a) => a.mmu_on(),
+    }
 }
 
 /// With every vCPU stopped: the region's top-level entry, the entry jumps (through the
@@ -712,10 +833,13 @@ fn patch(
         .write_physical(entry_at, &entry.to_le_bytes())
         .map_err(|e| Failure::runtime(format!("cannot map glass's region in the guest: {e}")))?;
     // Before the jumps are written: a backend that lets the guest run a moment to have
-    // a vCPU leave the bytes they replace (Xen) needs those bytes still whole.
-    target.move_vcpus(moves).map_err(|e| {
-        Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}"))
-    })?;
+    // a vCPU leave the bytes they replace (Xen) needs those bytes still whole. (None to
+    // move, no vCPU is looked at: the stub's vCPU selected for the writes stays.)
+    if !moves.is_empty() {
+        target.move_vcpus(moves).map_err(|e| {
+            Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}"))
+        })?;
+    }
     for (at, bytes) in patches {
         target
             .write_virtual(*at, bytes)
@@ -768,6 +892,23 @@ fn write_header(
     installed: &[Installed],
     skipped: &[Skip],
 ) {
+    write_header_of(
+        out,
+        args,
+        (qemu_pid, glass_format::Arch::X86_64),
+        installed,
+        skipped,
+    );
+}
+
+/// [`write_header`] for a guest of `arch`.
+fn write_header_of(
+    out: &mut Output,
+    args: &TraceOptions,
+    (qemu_pid, arch): (u32, glass_format::Arch),
+    installed: &[Installed],
+    skipped: &[Skip],
+) {
     let start_unix_ns = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -775,7 +916,7 @@ fn write_header(
     out.write(&Record::Meta(Meta {
         start_unix_ns,
         backend: glass_format::Backend::Trace,
-        arch: glass_format::Arch::host(),
+        arch,
         unwind: String::new(),
         frequency_hz: 0,
         max_depth: 0,
@@ -809,6 +950,31 @@ fn finish(
     not_patched: usize,
     exit_status: i32,
 ) -> Result<TraceSummary> {
+    finish_timed(
+        out,
+        args,
+        (clock_start, None),
+        ring,
+        replay,
+        patched,
+        not_patched,
+        exit_status,
+    )
+}
+
+/// [`finish`], the records timed at `counter_hz` where it is known (an AArch64 guest's
+/// CNTFRQ_EL0), else at the host's time-stamp counter rate.
+#[allow(clippy::too_many_arguments)]
+fn finish_timed(
+    out: &mut Output,
+    args: &TraceOptions,
+    (clock_start, counter_hz): ((u64, u64), Option<u64>),
+    ring: &layout::RingReader,
+    replay: &replay::Replay,
+    patched: usize,
+    not_patched: usize,
+    exit_status: i32,
+) -> Result<TraceSummary> {
     let mut clock_end = (glass_probe_abi::rdtsc(), monotonic_now_ns());
     if clock_end.1 - clock_start.1 < 50_000_000 {
         std::thread::sleep(Duration::from_millis(50));
@@ -817,8 +983,10 @@ fn finish(
     // Under TCG the guest's time-stamp counter is the host's plus an offset: the host's
     // rate is the guest's.
     let summary = TraceSummary {
-        tsc_hz: ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64)
-            as u64,
+        tsc_hz: counter_hz.unwrap_or(
+            ((clock_end.0 - clock_start.0) as f64 * 1e9 / (clock_end.1 - clock_start.1) as f64)
+                as u64,
+        ),
         tsc_start: ring.first_tsc().saturating_sub(1 << 32),
         threads: replay.stacks() as u32,
         patched: patched as u32,
