@@ -35,4 +35,9 @@ pub trait GuestCode {
     fn is_gone(&mut self) -> bool {
         false
     }
+    /// An AArch64 guest's generic timer frequency (CNTFRQ_EL0), which times the records
+    /// of its trampolines; None where the backend cannot read it.
+    fn counter_hz(&mut self) -> Option<u64> {
+        None
+    }
 }

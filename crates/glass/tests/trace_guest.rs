@@ -457,7 +457,13 @@ fn text_of(elf: &Path, dir: &Path) -> (u64, Vec<u8>) {
         })
         .expect(".text in readelf -S");
     let out = dir.join("text.bin");
-    let status = Command::new("objcopy")
+    let header = Command::new("readelf").arg("-h").arg(elf).output().unwrap();
+    let objcopy = if String::from_utf8_lossy(&header.stdout).contains("AArch64") {
+        "aarch64-linux-gnu-objcopy"
+    } else {
+        "objcopy"
+    };
+    let status = Command::new(objcopy)
         .args(["-O", "binary", "--only-section=.text"])
         .arg(elf)
         .arg(&out)
@@ -495,9 +501,10 @@ fn left_as_found_with(
     }
     let saved = dir.join("text-now.bin");
     let _ = std::fs::remove_file(&saved);
+    // QMP's `val` is an int64: an upper-half address goes as a negative one.
     monitor.execute(&format!(
         r#"{{"execute":"memsave","arguments":{{"val":{},"size":{},"filename":"{}"}}}}"#,
-        text.0,
+        text.0 as i64,
         text.1.len(),
         saved.display()
     ));
@@ -543,6 +550,107 @@ fn assert_guest_works(serial: &Path) {
     let before = rates(serial);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(rates(serial) > before, "the guest stopped after glass");
+}
+
+/// The AArch64 demo running (forever) under `qemu-system-aarch64 -M virt` with a GDB stub
+/// of its own and a QMP socket, traced through the stub (`--gdb`, in RAM the guest does
+/// not use) twice, the second time in the first one's region: each call counted once,
+/// the code put back (its .text read through QMP as the image has it) and the guest
+/// running on.
+#[test]
+fn a_running_aarch64_vm_behind_a_gdb_stub_is_traced_and_left_as_it_was() {
+    let _alone = exclusive();
+    let dir = scratch("trace_guest_aarch64_gdb");
+    let guest = build_guest_image("aarch64", &dir, &[]);
+    let elf = guest.join("uk-fp.elf");
+    let serial = dir.join("serial");
+    let stub = dir.join("gdb.sock");
+    let socket = dir.join("qmp.sock");
+    let command = qemu_aarch64(&elf, &serial);
+    let _qemu = Qemu(
+        Command::new(&command[0])
+            .args(&command[1..])
+            .arg("-gdb")
+            .arg(format!("unix:{},server=on,wait=off", stub.display()))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    while rates(&serial) < 1 {
+        assert!(started.elapsed().as_secs() < 60, "the guest did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let text = text_of(&elf, &dir);
+    let recording = dir.join("gdb.glass");
+    for round in 0..2 {
+        // The guest's RAM is 128 MiB from 0x4000_0000; its image and stacks take the
+        // first few.
+        let output = glass(&[
+            "trace",
+            "--gdb",
+            stub.to_str().unwrap(),
+            "--guest-scratch",
+            "0x46000000,2M",
+            "--symbols",
+            elf.to_str().unwrap(),
+            "-f",
+            "dispatch,alpha,beta,gamma,descend,delta",
+            "-d",
+            "2",
+            "-o",
+            recording.to_str().unwrap(),
+        ]);
+        let err = stderr(&output);
+        assert!(output.status.success(), "{err}");
+        assert!(err.contains("instrumented 6 functions, skipped 0"), "{err}");
+        assert!(err.contains("the code reads as before"), "{err}");
+        assert!(err.contains(" 0 lost"), "{err}");
+        assert_eq!(
+            err.contains("in glass's region of an earlier trace"),
+            round == 1,
+            "{err}"
+        );
+        let calls = calls_and_self(&recording);
+        let count = |name: &str| calls.get(name).map_or(0, |c| c.0);
+        assert!(count("dispatch") > 20, "{calls:?}");
+        assert!(count("delta") > 20, "{calls:?}");
+        // Calls under way when glass attached or detached are the only ones missing.
+        for name in ["alpha", "beta", "gamma"] {
+            assert!(
+                count(name).abs_diff(count("dispatch")) <= 1,
+                "{name}: {calls:?}"
+            );
+        }
+        assert!(
+            count("descend").abs_diff(80 * count("dispatch")) <= 160,
+            "{calls:?}"
+        );
+        assert_guest_works(&serial);
+        assert_eq!(left_as_found_with(&socket, &text, &dir, true), None);
+    }
+    // Attached to an AArch64 guest through QMP: refused in one line (virt plugs no
+    // memory for the region without ACPI).
+    assert_clean_failure(
+        &glass(&[
+            "trace",
+            "--qmp",
+            socket.to_str().unwrap(),
+            "--symbols",
+            elf.to_str().unwrap(),
+            "-f",
+            "alpha",
+            "-d",
+            "1",
+            "-o",
+            "/dev/null",
+        ]),
+        2,
+        "attach to an AArch64 guest with --gdb",
+    );
 }
 
 #[test]

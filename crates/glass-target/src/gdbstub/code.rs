@@ -79,4 +79,11 @@ impl GuestCode for Client {
     fn is_gone(&mut self) -> bool {
         self.is_closed()
     }
+
+    fn counter_hz(&mut self) -> Option<u64> {
+        (self.arch() == crate::arch::Arch::Aarch64)
+            .then(|| self.register("CNTFRQ_EL0").ok())
+            .flatten()
+            .filter(|&hz| hz != 0)
+    }
 }

@@ -36,8 +36,8 @@ use serde_json::json;
 
 use super::layout::{self, RegionAccess};
 use super::{
-    check_code, choose, drain_until, finish, image_code, patch, replay, stub_failure, text_span,
-    write_header, Ended,
+    check_code, choice_arch, choose, counter_hz, drain_until, finish, image_code, patch, replay,
+    stub_failure, text_span, write_header, Ended,
 };
 use crate::{Failure, Output, Result, TraceNotes, TraceOptions, Traced};
 
@@ -89,6 +89,11 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Tra
         Failure::bad_input("--qmp and --libvirt need --symbols: the guest's ELF image")
     })?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
+    if choice_arch(&choice) == glass_format::Arch::Aarch64 {
+        return Err(Failure::bad_input(
+            "--qmp and --libvirt trace x86-64 guests: QEMU's virt machine hot-plugs no memory for glass's region without ACPI (firmware); attach to an AArch64 guest with --gdb and --guest-scratch, or launch it with --vm",
+        ));
+    }
     let (mut monitor, guardian_args) =
         open_monitor(args.qmp.as_deref(), args.libvirt.as_deref()).map_err(Failure::from)?;
     let named = monitor.describe();
@@ -296,24 +301,26 @@ pub(super) fn trace_attached(
     let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
     let span = text_span(&choice);
     let vcpus = target.borrow().vcpu_count();
-    let mut regs = vec![VcpuRegs::zeroed(glass_target::guest::Arch::X86_64); vcpus];
+    let arch = choice_arch(&choice);
+    let mut regs = vec![VcpuRegs::zeroed(arch); vcpus];
     // A first short stop to read the guest's page tables, so that the trampolines are
     // written with the VM running and the stop that patches stays short.
-    let layout = {
+    let (layout, counter_hz) = {
         let mut target = target.borrow_mut();
         mark.begin();
         let looked = target
             .stop_with_registers(&mut regs)
             .map_err(Failure::runtime)
             .and_then(|()| {
-                check_long_mode(&regs)?;
-                super::choose_layout(&mut *target, &regs, span, region_gpa)
+                check_long_mode(&regs, arch)?;
+                let layout = super::choose_layout(&mut *target, &regs, span, region_gpa)?;
+                Ok((layout, counter_hz(&mut *target, arch)?))
             });
         let resumed = target.resume();
         mark.end();
-        let layout = looked?;
+        let looked = looked?;
         resumed.map_err(Failure::runtime)?;
-        layout
+        looked
     };
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
     if reused {
@@ -339,7 +346,7 @@ pub(super) fn trace_attached(
         .map_err(Failure::runtime)?;
     test_hook("guest-attach-stopped");
     let held = (|| {
-        check_long_mode(&regs)?;
+        check_long_mode(&regs, arch)?;
         let originals = read_originals(&mut *guest, &installation.patches)?;
         check_code(symbols, &originals, &image_code, &installation.installed)?;
         let ledger = installation.ledger(originals);
@@ -389,7 +396,7 @@ pub(super) fn trace_attached(
     ));
 
     let mut out = Output::new(file, 1);
-    write_header(&mut out, args, qemu, &installed, &skipped);
+    write_header(&mut out, args, (qemu, arch), &installed, &skipped);
     // As `glass trace --pid` says what it attached to: the process record's name.
     out.write(&Record::Process(glass_format::Process {
         time_ns: 0,
@@ -448,7 +455,7 @@ pub(super) fn trace_attached(
     let summary = finish(
         &mut out,
         args,
-        clock_start,
+        (clock_start, counter_hz),
         &ring,
         &replay,
         installed.len(),
@@ -467,16 +474,25 @@ pub(super) fn trace_attached(
 /// or not 64-bit) would leave glass reading page tables that are not there, and one on
 /// other page tables would fault at its first traced call. A vCPU not yet started (in
 /// the firmware's real mode, paging off) runs none of the guest's code.
-fn check_long_mode(regs: &[VcpuRegs]) -> Result<()> {
+fn check_long_mode(regs: &[VcpuRegs], arch: glass_format::Arch) -> Result<()> {
     let long = |r: &VcpuRegs| matches!(r, VcpuRegs::X86_64(x) if x.long_mode());
     let cr3 = |r: &VcpuRegs| match r {
         VcpuRegs::X86_64(x) => x.cr3 & 0x000f_ffff_ffff_f000,
         _ => 0,
     };
-    if matches!(regs.first(), Some(VcpuRegs::Aarch64(_))) {
-        return Err(Failure::bad_input(
-            "an AArch64 guest: glass trace patches x86-64 guests (docs/guests.md, \"Timing every call inside a guest\", says what AArch64 needs)",
-        ));
+    match (regs.first(), arch) {
+        (Some(VcpuRegs::Aarch64(_)), glass_format::Arch::Aarch64) => return check_aarch64(regs),
+        (Some(VcpuRegs::Aarch64(_)), _) => {
+            return Err(Failure::bad_input(
+                "an AArch64 guest, and --symbols is an x86-64 image: give the guest's own",
+            ))
+        }
+        (_, glass_format::Arch::Aarch64) => {
+            return Err(Failure::bad_input(
+                "an x86-64 guest, and --symbols is an AArch64 image: give the guest's own",
+            ))
+        }
+        _ => {}
     }
     if !regs.first().is_some_and(long) {
         return Err(Failure::bad_input(
@@ -489,6 +505,34 @@ fn check_long_mode(regs: &[VcpuRegs]) -> Result<()> {
     {
         return Err(Failure::bad_input(format!(
             "vCPU {other} runs on other page tables than vCPU 0 (or outside long mode): glass maps its region into one set of page tables, as a unikernel has"
+        )));
+    }
+    Ok(())
+}
+
+/// An AArch64 guest's counterpart of [`check_long_mode`]: vCPU 0 has its MMU on, and
+/// every vCPU that has shares its translation tables (glass maps its region into vCPU
+/// 0's); a vCPU not yet started (MMU off) runs none of the guest's code.
+fn check_aarch64(regs: &[VcpuRegs]) -> Result<()> {
+    let tables = |r: &VcpuRegs| match r {
+        VcpuRegs::Aarch64(a) if a.mmu_on() => Some((
+            a.ttbr0_el1 & 0x0000_ffff_ffff_fffe,
+            a.ttbr1_el1 & 0x0000_ffff_ffff_fffe,
+            a.tcr_el1,
+        )),
+        _ => None,
+    };
+    let Some(first) = regs.first().and_then(tables) else {
+        return Err(Failure::bad_input(
+            "vCPU 0 has its MMU off (a guest still booting): glass traces guests that map their code; attach once the guest runs its own code",
+        ));
+    };
+    if let Some(other) = regs
+        .iter()
+        .position(|r| tables(r).is_some_and(|t| t != first))
+    {
+        return Err(Failure::bad_input(format!(
+            "vCPU {other} runs on other translation tables than vCPU 0: glass maps its region into one set of tables, as a unikernel has"
         )));
     }
     Ok(())

@@ -236,9 +236,36 @@ fn parse_ram_mib(value: &str) -> Option<u64> {
     }
 }
 
-/// The functions of an x86-64 guest to patch, with their plans, and those left alone.
+/// The functions of a guest to patch, with their plans, and those left alone: an
+/// x86-64 or AArch64 guest as its image (`symbols`) is.
 fn choose(symbols: &Path, patterns: &[String]) -> Result<(select::ModuleChoice, Vec<Skip>)> {
-    choose_for(glass_format::Arch::X86_64, symbols, patterns)
+    choose_for(image_arch(symbols)?, symbols, patterns)
+}
+
+/// The architecture of the guest image `symbols`.
+fn image_arch(symbols: &Path) -> Result<glass_format::Arch> {
+    use object::Object;
+    let bytes = std::fs::read(symbols)
+        .map_err(|e| Failure::bad_input(format!("cannot read {}: {e}", symbols.display())))?;
+    let elf = object::File::parse(&*bytes)
+        .map_err(|_| Failure::bad_input(format!("{} is not an ELF file", symbols.display())))?;
+    match elf.architecture() {
+        object::Architecture::X86_64 => Ok(glass_format::Arch::X86_64),
+        object::Architecture::Aarch64 => Ok(glass_format::Arch::Aarch64),
+        other => Err(Failure::bad_input(format!(
+            "{} is built for {other:?}: glass traces x86-64 and AArch64 guests",
+            symbols.display()
+        ))),
+    }
+}
+
+/// The architecture `choose` planned for.
+fn choice_arch(choice: &select::ModuleChoice) -> glass_format::Arch {
+    if choice.arm_patchable.is_empty() {
+        glass_format::Arch::X86_64
+    } else {
+        glass_format::Arch::Aarch64
+    }
 }
 
 /// The functions of a guest of `arch` to patch, with their plans, and those left alone.
@@ -247,6 +274,13 @@ fn choose_for(
     symbols: &Path,
     patterns: &[String],
 ) -> Result<(select::ModuleChoice, Vec<Skip>)> {
+    let built_for = image_arch(symbols)?;
+    if built_for != arch {
+        return Err(Failure::bad_input(format!(
+            "{} is an {built_for:?} image, the VM an {arch:?} one",
+            symbols.display()
+        )));
+    }
     let mut choice = select::read_module_of(
         match arch {
             glass_format::Arch::X86_64 => object::Architecture::X86_64,
@@ -525,22 +559,8 @@ fn trace_launched(
     // From the breakpoint's stop to the resume after patching, glass holds the VM.
     mark.begin();
     let arch = client.arch();
-    let chosen = match arch {
-        glass_format::Arch::X86_64 => {
-            choose_layout(&mut client, &regs, (text_low, text_high), region_gpa)
-        }
-        glass_format::Arch::Aarch64 => {
-            aarch64::choose_layout(&mut client, &regs, (text_low, text_high), region_gpa)
-        }
-    };
-    // AArch64 records are timed by the generic timer: its frequency is the guest's.
-    let counter_hz = match arch {
-        glass_format::Arch::X86_64 => Ok(None),
-        glass_format::Arch::Aarch64 => client
-            .register("CNTFRQ_EL0")
-            .map(Some)
-            .map_err(|e| stub_failure("cannot read the guest's timer frequency (CNTFRQ_EL0)", e)),
-    };
+    let chosen = choose_layout(&mut client, &regs, (text_low, text_high), region_gpa);
+    let counter_hz = counter_hz(&mut client, arch);
     let (layout, counter_hz) = match chosen.and_then(|layout| counter_hz.map(|hz| (layout, hz))) {
         Ok(chosen) => chosen,
         Err(failure) => {
@@ -604,7 +624,7 @@ fn trace_launched(
     notes.instrumented(&installed, &skipped);
 
     let mut out = Output::new(file, 1);
-    write_header_of(&mut out, args, (qemu.id(), arch), &installed, &skipped);
+    write_header(&mut out, args, (qemu.id(), arch), &installed, &skipped);
     let mut replay = replay::Replay::default();
     let mut ring = layout::RingReader::default();
     let pid = qemu.id();
@@ -639,7 +659,7 @@ fn trace_launched(
         Ended::Exited(status) => status,
         Ended::Signal | Ended::Duration => 0,
     };
-    let summary = finish_timed(
+    let summary = finish(
         &mut out,
         args,
         (clock_start, counter_hz),
@@ -870,13 +890,28 @@ fn long_mode_cr3(regs: &[VcpuRegs]) -> Result<u64> {
         .ok_or_else(|| Failure::bad_input("no vCPU runs in long mode: glass traces 64-bit guests"))
 }
 
-/// The region's place in the guest that `target` reaches, stopped with `regs`.
+/// The frequency of the clock an `arch` guest's records are timed by, where it is not
+/// the host's time-stamp counter's: an AArch64 guest's generic timer (CNTFRQ_EL0).
+fn counter_hz(target: &mut dyn GuestCode, arch: glass_format::Arch) -> Result<Option<u64>> {
+    match arch {
+        glass_format::Arch::X86_64 => Ok(None),
+        glass_format::Arch::Aarch64 => target.counter_hz().map(Some).ok_or_else(|| {
+            Failure::runtime("cannot read the guest's timer frequency (CNTFRQ_EL0)")
+        }),
+    }
+}
+
+/// The region's place in the guest that `target` reaches, stopped with `regs` (an
+/// AArch64 guest's: see `aarch64`).
 fn choose_layout(
     target: &mut dyn GuestCode,
     regs: &[VcpuRegs],
     (low, high): (u64, u64),
     region_gpa: u64,
 ) -> Result<Layout> {
+    if matches!(regs.first(), Some(VcpuRegs::Aarch64(_))) {
+        return aarch64::choose_layout(target, regs, (low, high), region_gpa);
+    }
     let cr3 = long_mode_cr3(regs)?;
     Layout::choose(low, high, region_gpa, cr3, &mut |at| {
         read_u64_physical(target, at)
@@ -884,25 +919,8 @@ fn choose_layout(
     .map_err(Failure::bad_input)
 }
 
-/// The recording's first records: what is traced and what is not.
+/// The recording's first records: what is traced and what is not (a guest of `arch`).
 fn write_header(
-    out: &mut Output,
-    args: &TraceOptions,
-    qemu_pid: u32,
-    installed: &[Installed],
-    skipped: &[Skip],
-) {
-    write_header_of(
-        out,
-        args,
-        (qemu_pid, glass_format::Arch::X86_64),
-        installed,
-        skipped,
-    );
-}
-
-/// [`write_header`] for a guest of `arch`.
-fn write_header_of(
     out: &mut Output,
     args: &TraceOptions,
     (qemu_pid, arch): (u32, glass_format::Arch),
@@ -938,34 +956,11 @@ fn write_header_of(
     out.flush();
 }
 
-/// The final summary and the end of the recording.
+/// The final summary and the end of the recording, the records timed at `counter_hz`
+/// where it is known (an AArch64 guest's CNTFRQ_EL0), else at the host's time-stamp
+/// counter rate.
 #[allow(clippy::too_many_arguments)]
 fn finish(
-    out: &mut Output,
-    args: &TraceOptions,
-    clock_start: (u64, u64),
-    ring: &layout::RingReader,
-    replay: &replay::Replay,
-    patched: usize,
-    not_patched: usize,
-    exit_status: i32,
-) -> Result<TraceSummary> {
-    finish_timed(
-        out,
-        args,
-        (clock_start, None),
-        ring,
-        replay,
-        patched,
-        not_patched,
-        exit_status,
-    )
-}
-
-/// [`finish`], the records timed at `counter_hz` where it is known (an AArch64 guest's
-/// CNTFRQ_EL0), else at the host's time-stamp counter rate.
-#[allow(clippy::too_many_arguments)]
-fn finish_timed(
     out: &mut Output,
     args: &TraceOptions,
     (clock_start, counter_hz): ((u64, u64), Option<u64>),

@@ -31,6 +31,11 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
         .clone()
         .ok_or_else(|| Failure::bad_input("--xen needs --symbols: the guest's ELF image"))?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
+    if super::choice_arch(&choice) == glass_format::Arch::Aarch64 {
+        return Err(Failure::bad_input(
+            "--xen traces x86-64 guests: Xen on ARM64 guests are not traced yet",
+        ));
+    }
     let file = glass_record::PendingOutput::open(&args.output)?;
     let (mut code, name) = XenCode::open(spec, None).map_err(Failure::starting)?;
     let domid = code.domid();
