@@ -556,7 +556,8 @@ fn assert_guest_works(serial: &Path) {
 /// of its own and a QMP socket, traced through the stub (`--gdb`, in RAM the guest does
 /// not use) twice, the second time in the first one's region: each call counted once,
 /// the code put back (its .text read through QMP as the image has it) and the guest
-/// running on.
+/// running on; then glass killed while it traces, and its guardian putting the code
+/// back.
 #[test]
 fn a_running_aarch64_vm_behind_a_gdb_stub_is_traced_and_left_as_it_was() {
     let _alone = exclusive();
@@ -586,10 +587,11 @@ fn a_running_aarch64_vm_behind_a_gdb_stub_is_traced_and_left_as_it_was() {
     }
     let text = text_of(&elf, &dir);
     let recording = dir.join("gdb.glass");
-    for round in 0..2 {
+    let trace_gdb = |seconds: &str| {
+        let mut command = Command::new(GLASS);
         // The guest's RAM is 128 MiB from 0x4000_0000; its image and stacks take the
         // first few.
-        let output = glass(&[
+        command.args([
             "trace",
             "--gdb",
             stub.to_str().unwrap(),
@@ -600,10 +602,14 @@ fn a_running_aarch64_vm_behind_a_gdb_stub_is_traced_and_left_as_it_was() {
             "-f",
             "dispatch,alpha,beta,gamma,descend,delta",
             "-d",
-            "2",
+            seconds,
             "-o",
             recording.to_str().unwrap(),
         ]);
+        command
+    };
+    for round in 0..2 {
+        let output = trace_gdb("2").output().unwrap();
         let err = stderr(&output);
         assert!(output.status.success(), "{err}");
         assert!(err.contains("instrumented 6 functions, skipped 0"), "{err}");
@@ -632,6 +638,45 @@ fn a_running_aarch64_vm_behind_a_gdb_stub_is_traced_and_left_as_it_was() {
         assert_guest_works(&serial);
         assert_eq!(left_as_found_with(&socket, &text, &dir, true), None);
     }
+    // Killed while tracing: the guardian puts the code back through the stub.
+    let log = dir.join("killed.log");
+    let mut killed = trace_gdb("10")
+        .env("GLASS_TEST_STOP_AT", "guest-tracing")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = |what: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    let started = std::time::Instant::now();
+    while !said("stopped at guest-tracing") {
+        assert!(
+            killed.try_wait().unwrap().is_none() && started.elapsed().as_secs() < 60,
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let started = std::time::Instant::now();
+    while !said("its guardian") {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        said("its guardian put back the 6 patched code ranges"),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_guest_works(&serial);
+    assert_eq!(left_as_found_with(&socket, &text, &dir, true), None);
     // Attached to an AArch64 guest through QMP: refused in one line (virt plugs no
     // memory for the region without ACPI).
     assert_clean_failure(
