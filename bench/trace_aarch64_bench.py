@@ -357,7 +357,13 @@ def markdown(r):
         "`glass_enter`, the shadow entry, the exit stub, two ring records published with a store-release) "
         "costs against the two timestamps that any tracer of calls must take (the floor loop's own add "
         "and branch are in the floor, which makes it a little high); *uprobes / glass* is what the "
-        "kernel's way costs against glass's.",
+        "kernel's way costs against glass's. Neither ratio is a hardware core's: under TCG every indirect "
+        "branch (glass's `blr` to the probe, its `ret`s, the exit stub's) leaves QEMU's chain of translated "
+        "blocks for a lookup of the next one, which a core's branch predictor does not charge, so the probe "
+        "path weighs more against the two timer reads here than it would on hardware. glass's cost per call "
+        f"ran from {min(r['glass_round_ns']):.0f} to {max(r['glass_round_ns']):.0f} ns over the rounds and the "
+        f"uprobe runs' loops (tracing on) from {min(r['on']):.2f} to {max(r['on']):.2f} s: the host's other work "
+        "moves single rounds, hence the medians.",
         "",
         f"uprobes: `p:glassbench/entry /work/callloop:0x{r['offset']:x}` and `r:glassbench/exit` at the same "
         "offset (`tiny`'s file offset, from nm and the LOAD segment's offset and address), written to "
