@@ -82,6 +82,11 @@ pub mod header {
     /// (`glass_site_return`), whose entries `glass_enter` records with
     /// [`SITE_ID_BIT`](crate::SITE_ID_BIT) set.
     pub const SITE_RETURN: usize = 232;
+    /// AArch64: `glass_probe_as_held(held, stub, value, key)`, which signs `value` as
+    /// `held` (the exit stub, signed or not with `key` as modifier) was signed: glass
+    /// calls it when it gives a signed return address back at detach, the keys being
+    /// the process's own. 0 elsewhere.
+    pub const AS_HELD: usize = 240;
     pub const SIZE: usize = 4096;
 }
 
@@ -231,6 +236,47 @@ impl TscUnwrapper {
     }
 }
 
+/// AArch64: where the function of a shadow entry keeps its x30, in words below its key
+/// (its entry stack pointer), from its CFI (see [`LR_SAVE_SHIFT`]); 0 when not known.
+pub fn lr_save_words(entry_word: u64) -> u64 {
+    (entry_word >> LR_SAVE_SHIFT) & ((1 << LR_SAVE_BITS) - 1)
+}
+
+/// AArch64: a user code address without its pointer-authentication code (user
+/// addresses lie below 2^48; the code sits above them).
+pub fn stripped(address: u64) -> u64 {
+    address & ((1u64 << 48) - 1)
+}
+
+/// AArch64: calls `visit(first, last, low)` for each run of a thread's shadow entries
+/// that share a key (a tail call's), from the deepest of `depth` entries up: `first` is
+/// the run's first entry (whose real return address the frame must get back), `last` its
+/// last (the function running at that key now, whose frame holds the saved x30), `low`
+/// the lowest address that frame can hold it at (the deeper run's key, or `low` for the
+/// deepest). Runs below `low` are not visited. Shared by the probe runtime's exception
+/// hooks and glass's detach; allocates nothing (the runtime runs it in whatever thread
+/// calls the unwinder).
+pub fn each_shadow_run(
+    depth: u64,
+    key_of: impl Fn(u64) -> u64,
+    mut low: u64,
+    mut visit: impl FnMut(u64, u64, u64),
+) {
+    let mut index = depth;
+    while index > 0 {
+        let key = key_of(index - 1);
+        let mut first = index - 1;
+        while first > 0 && key_of(first - 1) == key {
+            first -= 1;
+        }
+        if key >= low {
+            visit(first, index - 1, low);
+            low = key;
+        }
+        index = first;
+    }
+}
+
 /// Reads the time-stamp counter.
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -254,6 +300,23 @@ pub fn rdtsc() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shadow_runs_are_visited_deepest_first_with_their_frame_bounds() {
+        // Keys of entries 0..5: 0x900; 0x800 and 0x800 (a tail call); 0x700; 0x100 (below
+        // the thread's stack pointer: a frame that is gone).
+        let keys = [0x900u64, 0x800, 0x800, 0x700, 0x100];
+        let mut seen = Vec::new();
+        each_shadow_run(
+            5,
+            |i| keys[i as usize],
+            0x600,
+            |first, last, low| seen.push((first, last, low)),
+        );
+        assert_eq!(seen, [(3, 3, 0x600), (1, 2, 0x700), (0, 0, 0x800)]);
+        assert_eq!(lr_save_words(7 | 3 << LR_SAVE_SHIFT), 3);
+        assert_eq!(stripped(0x0012_ffff_0000_1234), 0xffff_0000_1234);
+    }
 
     #[test]
     fn records_round_trip_across_a_wrap_of_the_kept_bits() {

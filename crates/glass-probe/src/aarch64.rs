@@ -429,6 +429,11 @@ pub(crate) fn site_probes() -> [u64; 3] {
     [0; 3]
 }
 
+/// What glass calls to sign a return address it gives back (see header::AS_HELD).
+pub(crate) fn as_held_entry() -> u64 {
+    glass_probe_as_held as *const () as u64
+}
+
 /// Where a fatal fault happened.
 pub(crate) fn fault_pc(context: &libc::ucontext_t) -> u64 {
     context.uc_mcontext.pc
@@ -441,11 +446,7 @@ pub(crate) fn open_counters(_area: *mut u8) {}
 // Pointer authentication, with the instructions of the hint space only: they run as NOPs
 // where the CPU has none, and assemble without the pauth feature.
 
-/// A code address without its pointer-authentication code (user addresses are below
-/// 2^48; the code sits above them).
-fn stripped(word: u64) -> u64 {
-    word & ((1u64 << 48) - 1)
-}
+use glass_probe_abi::stripped;
 
 /// `value` signed as `paciasp` (key A) or `pacibsp` (key B) would sign it with `modifier`
 /// as the stack pointer.
@@ -477,12 +478,20 @@ fn as_held(held: u64, stub: u64, value: u64, key: u64) -> Option<u64> {
         .map(|key_b| signed(value, key, key_b))
 }
 
+/// [`as_held`] for glass, which calls it in the process when it gives a signed return
+/// address back at detach (the keys are the process's own); `held` itself when neither
+/// key signed it.
+#[no_mangle]
+pub extern "C" fn glass_probe_as_held(held: u64, stub: u64, value: u64, key: u64) -> u64 {
+    as_held(held, stub, value, key).unwrap_or(held)
+}
+
 /// The stack word where the function of shadow entry `entry` keeps its x30, if it holds
 /// `looked_for` (stripped): where its CFI said, else the lowest such word in
 /// `[low, key)`, the frame's part below the entry's key and above any deeper entry's.
-unsafe fn saved_x30(entry: &[u64; 3], low: u64, looked_for: u64) -> Option<*mut u64> {
+pub(crate) unsafe fn saved_x30(entry: &[u64; 3], low: u64, looked_for: u64) -> Option<*mut u64> {
     let key = entry[0];
-    let words = (entry[2] >> LR_SAVE_SHIFT) & ((1 << LR_SAVE_BITS) - 1);
+    let words = glass_probe_abi::lr_save_words(entry[2]);
     if words != 0 {
         let at = key.wrapping_sub(words * 8);
         return (at >= low && stripped(*(at as *const u64)) == looked_for)
@@ -498,44 +507,17 @@ unsafe fn saved_x30(entry: &[u64; 3], low: u64, looked_for: u64) -> Option<*mut 
     None
 }
 
-/// Calls `visit(first, low)` for each run of shadow entries sharing a key (a tail call's),
-/// from the deepest of `depth` entries up: `first` is the run's first entry (whose real
-/// return address its frame must get back), `low` the lowest address the frame can hold
-/// its saved x30 at (the deeper run's key, or `low` for the deepest). Runs below `low`
-/// are not visited. Nothing is allocated: this runs in whatever thread calls the
-/// unwinder, on whatever stack it has.
-fn each_run(
-    depth: u64,
-    key_of: impl Fn(u64) -> u64,
-    mut low: u64,
-    mut visit: impl FnMut(u64, u64),
-) {
-    let mut index = depth;
-    while index > 0 {
-        let key = key_of(index - 1);
-        let mut first = index - 1;
-        while first > 0 && key_of(first - 1) == key {
-            first -= 1;
-        }
-        if key >= low {
-            visit(first, low);
-            low = key;
-        }
-        index = first;
-    }
-}
-
 /// Puts the real return address back in the frame of every entry from `low` up whose
 /// saved x30 is the stub, marking them restored.
 unsafe fn restore_from(area: *mut u8, depth: u64, low: u64) {
     let stub = stub_address();
-    each_run(
+    glass_probe_abi::each_shadow_run(
         depth,
         |i| (*shadow_entry(area, i))[0],
         low,
-        |first, low| {
+        |first, last, low| {
             let entry = shadow_entry(area, first);
-            if let Some(at) = saved_x30(&*entry, low, stub) {
+            if let Some(at) = saved_x30(&*shadow_entry(area, last), low, stub) {
                 if let Some(value) = as_held(*at, stub, (*entry)[1], (*entry)[0]) {
                     *at = value;
                     (*entry)[2] |= RESTORED;
@@ -584,18 +566,18 @@ extern "C" fn after_catch(catcher_sp: u64) {
             }
         }
         let stub = stub_address();
-        each_run(
+        glass_probe_abi::each_shadow_run(
             depth,
             |i| (*shadow_entry(area, i))[0],
             catcher_sp,
-            |first, low| {
+            |first, last, low| {
                 let entry = shadow_entry(area, first);
                 if (*entry)[2] & RESTORED == 0 {
                     return;
                 }
                 (*entry)[2] &= !RESTORED;
                 let real = (*entry)[1];
-                if let Some(at) = saved_x30(&*entry, low, stripped(real)) {
+                if let Some(at) = saved_x30(&*shadow_entry(area, last), low, stripped(real)) {
                     let held = *at;
                     let signed_real = [false, true]
                         .into_iter()
@@ -621,13 +603,13 @@ pub(crate) unsafe fn give_back_returns(entries: &[[u64; 3]]) {
     let stub = stub_address();
     let here = 0u64;
     let low = &here as *const u64 as u64;
-    each_run(
+    glass_probe_abi::each_shadow_run(
         entries.len() as u64,
         |i| entries[i as usize][0],
         low,
-        |first, low| {
+        |first, last, low| {
             let entry = &entries[first as usize];
-            if let Some(at) = saved_x30(entry, low, stub) {
+            if let Some(at) = saved_x30(&entries[last as usize], low, stub) {
                 if let Some(value) = as_held(*at, stub, entry[1], entry[0]) {
                     *at = value;
                 }

@@ -166,6 +166,7 @@ unsafe fn start_session(path: *const c_char) -> i64 {
     word(shm, header::SITE_ENTER).store(site_enter, Ordering::Relaxed);
     word(shm, header::SITE_EXIT).store(site_exit, Ordering::Relaxed);
     word(shm, header::SITE_RETURN).store(site_return, Ordering::Relaxed);
+    word(shm, header::AS_HELD).store(arch::as_held_entry(), Ordering::Relaxed);
     word(shm, header::TLS_OFFSET).store(glass_thread_area_offset() as u64, Ordering::Relaxed);
     word(shm, header::MAPPED_AT).store(shm as u64, Ordering::Relaxed);
     SHM.store(shm, Ordering::Release);

@@ -850,6 +850,11 @@ pub(crate) fn site_probes() -> [u64; 3] {
     ]
 }
 
+/// Return addresses are never signed on x86-64 (see header::AS_HELD).
+pub(crate) fn as_held_entry() -> u64 {
+    0
+}
+
 /// Where a fatal fault happened.
 pub(crate) fn fault_pc(context: &libc::ucontext_t) -> u64 {
     context.uc_mcontext.gregs[libc::REG_RIP as usize] as u64

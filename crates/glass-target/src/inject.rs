@@ -33,10 +33,20 @@ use crate::TargetError;
 mod aarch64;
 #[cfg(target_arch = "aarch64")]
 use aarch64 as arch;
+#[cfg(target_arch = "aarch64")]
+pub use aarch64::landing_code;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
 use x86_64 as arch;
+
+/// The landing's code (see the architecture's `landing_code`), for this machine.
+pub fn landing_bytes() -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    return landing_code(xstate_kind());
+    #[cfg(target_arch = "aarch64")]
+    return landing_code();
+}
 #[cfg(target_arch = "x86_64")]
 pub use x86_64::{landing_code, resumable, xstate_kind, XstateKind};
 
@@ -57,8 +67,12 @@ pub struct StoppedProcess {
     landing: std::cell::Cell<u64>,
     /// An injected call was left under way (it did not return in time): the thread must
     /// not be given another one; it restores itself when the call returns.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     busy: std::cell::Cell<bool>,
+    /// AArch64: the thread's registers after a landing restored it (see
+    /// `aarch64::StoppedProcess::call`): it sits at a system call stop, where ptrace
+    /// shows x7 as the stop's marker rather than its value.
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    after_landing: std::cell::RefCell<Option<arch::Saved>>,
     /// The process's other threads, seized by glass and running (see
     /// [`StoppedProcess::answer_peers_during_calls`]), and those they created meanwhile.
     peers: std::cell::RefCell<Peers>,
@@ -180,6 +194,7 @@ impl StoppedProcess {
             libc: None,
             landing: std::cell::Cell::new(0),
             busy: std::cell::Cell::new(false),
+            after_landing: Default::default(),
             peers: Default::default(),
         };
         let entry = entry_point(pid).map_err(TargetError::Io)?;
@@ -226,6 +241,7 @@ impl StoppedProcess {
             libc: None,
             landing: std::cell::Cell::new(0),
             busy: std::cell::Cell::new(false),
+            after_landing: Default::default(),
             peers: Default::default(),
         })
     }
@@ -256,7 +272,6 @@ impl StoppedProcess {
 
     /// Answers each peer's pending ptrace stop (see
     /// [`StoppedProcess::answer_peers_during_calls`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn answer_peers(&self) {
         let mut peers = self.peers.borrow_mut();
         let mut index = 0;
@@ -305,9 +320,8 @@ impl StoppedProcess {
 
     /// Uses the landing page a previous attach left in the process (see
     /// [`StoppedProcess::map_landing`]) if `at` still holds glass's landing code.
-    #[cfg(target_arch = "x86_64")]
     pub fn reuse_landing(&self, at: u64) -> bool {
-        let code = landing_code(xstate_kind());
+        let code = landing_bytes();
         let same = at != 0 && self.read(at, code.len()).is_ok_and(|bytes| bytes == code);
         if same {
             self.landing.set(at);
@@ -320,9 +334,8 @@ impl StoppedProcess {
     /// the mapping's last page), so that not even the first injected call has to return
     /// to a place that kills the thread if glass dies. The bytes stay (the page was
     /// already a private copy of the file's, or becomes one): a later attach reuses them.
-    #[cfg(target_arch = "x86_64")]
     pub fn place_landing(&self, at: u64) -> io::Result<()> {
-        self.write(at, &landing_code(xstate_kind()))?;
+        self.write(at, &landing_bytes())?;
         self.landing.set(at);
         Ok(())
     }
@@ -331,10 +344,9 @@ impl StoppedProcess {
     /// its address. The page stays mapped for the life of the process (a later attach
     /// finds it through the probe runtime and reuses it): unmapping it would need a call
     /// that returns through it.
-    #[cfg(target_arch = "x86_64")]
     pub fn map_landing(&self) -> io::Result<u64> {
         let at = self.map_anonymous(4096, libc::PROT_READ | libc::PROT_EXEC)?;
-        let code = landing_code(xstate_kind());
+        let code = landing_bytes();
         if let Err(e) = self.write(at, &code) {
             self.unmap(at, 4096);
             return Err(e);
@@ -489,8 +501,25 @@ impl Drop for StoppedProcess {
     }
 }
 
+/// How an injected call ended without returning.
+enum CallEnd {
+    /// It faulted, or ptrace failed: the thread's registers are put back.
+    Faulted(io::Error),
+    /// It did not return in time: the thread is stopped inside it.
+    TimedOut(io::Error),
+    /// The process is gone.
+    Ended(io::Error),
+}
+
+impl CallEnd {
+    fn into_error(self) -> io::Error {
+        match self {
+            CallEnd::Faulted(e) | CallEnd::TimedOut(e) | CallEnd::Ended(e) => e,
+        }
+    }
+}
+
 /// How often an injected call's wait answers the peers' stops.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PEER_ANSWER: Duration = Duration::from_millis(2);
 
 /// Longest a system call made through the C library may take.

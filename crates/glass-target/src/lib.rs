@@ -21,6 +21,7 @@ pub mod python;
 pub mod qmp;
 mod regs;
 pub mod stop_mark;
+pub mod thread_state;
 pub mod xen;
 
 pub use regs::SampleRegs;

@@ -149,7 +149,6 @@ fn write_patches(
 }
 
 /// How to take one module's instrumentation out again.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub struct Undo {
     pub restore: Vec<(u64, Vec<u8>)>,
     pub region: (u64, u64),
@@ -172,7 +171,6 @@ pub fn uninstall(process: &StoppedProcess, undo: &[Undo]) -> std::io::Result<()>
 /// The bytes of the process that patching `choice` (loaded at `bias`) may overwrite:
 /// (start, length) of each entry patch and redirected call site. A thread stopped at an
 /// instruction boundary strictly inside one of them must be moved out first.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub fn overwritten_ranges(choice: &ModuleChoice, bias: u64) -> Vec<(u64, u64)> {
     let mut ranges: Vec<(u64, u64)> = choice
         .patchable

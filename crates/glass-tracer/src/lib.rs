@@ -15,13 +15,8 @@
 //!   the process's user, and why it could not map it when it cannot;
 //! - this file: the options, the session from launch to the summary, and the drain loop.
 //
-// x86-64 and AArch64: on AArch64, launch mode; `--pid` (whose injected calls glass-target
-// builds for x86-64 only so far) refuses in attach_other_arch.rs.
+// x86-64 and AArch64 processes; guests of either (see guest/).
 
-#[cfg(target_arch = "x86_64")]
-mod attach;
-#[cfg(not(target_arch = "x86_64"))]
-#[path = "attach_other_arch.rs"]
 mod attach;
 pub mod embedded;
 mod error;
@@ -29,9 +24,7 @@ mod goroutines;
 pub mod guardian;
 mod guest;
 mod install;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 mod ledger;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 mod owner;
 mod replay;
 mod select;

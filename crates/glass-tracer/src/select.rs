@@ -33,13 +33,22 @@ pub struct ModuleChoice {
     pub go_g_offset: Option<i64>,
     /// Built by Go's toolchain: the runtime's slice of every goroutine (`runtime.allgs`), its file
     /// address.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    // used by --pid (x86-64 only so far)
     pub go_allgs: Option<u64>,
     /// AArch64 functions with their entry patch plans (addresses are the file's) and where
     /// each keeps its return address, in words below its entry stack pointer (0: not
     /// known; see glass_patch::lr_save_words).
     pub arm_patchable: Vec<(Function, glass_patch::aarch64::Plan, u64)>,
+}
+
+impl ModuleChoice {
+    /// None of its functions, short functions or library calls can be patched.
+    pub fn nothing_to_patch(&self) -> bool {
+        self.patchable.is_empty()
+            && self.arm_patchable.is_empty()
+            && self.site_patchable.is_empty()
+            && self.redirected.is_empty()
+            && self.libcalls.is_empty()
+    }
 }
 
 /// A symbol as reports show it: Rust's and C++'s demangled (Rust's without its hash), as
@@ -251,7 +260,6 @@ fn go_g_offset(elf: &object::File) -> i64 {
 
 /// Where a Go program's running goroutine lies relative to the thread pointer (see
 /// [`go_g_offset`]); None for a program Go did not build, or one glass cannot read.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by --pid (x86-64 only so far)
 pub fn go_g_offset_of(path: &Path) -> Option<i64> {
     let bytes = std::fs::read(path).ok()?;
     let elf = object::File::parse(&*bytes).ok()?;

@@ -42,6 +42,7 @@ pair() {
     echo $? >$OUT/$name.traced.status
     echo "trace $name: $(cat $OUT/$name.traced.status)"
 }
+echo "pairs $(cut -d' ' -f1 /proc/uptime)" >>$OUT/phases
 pair nf '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
 pair nf-pac '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac 200
 pair nf-pac-entry '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac-entry 200
@@ -58,10 +59,62 @@ pair crash '-f work' ./crash
 for variant in lazy now_relro no_plt; do
     pair libcalls-$variant '--libcalls malloc,free,mem*' ./libcalls-$variant
 done
-./glass trace --pid 1 -f main -o $OUT/pid.glass >$OUT/pid.out 2>$OUT/pid.err
-echo $? >$OUT/pid.status
 ./glass trace --pmc cycles -f descend -o $OUT/pmc.glass -- ./recursion >$OUT/pmc.out 2>$OUT/pmc.err
 echo $? >$OUT/pmc.status
+"#;
+
+/// `glass trace --pid` in the guest: inflight.c (calls in flight at every attach and
+/// detach; plain, and built with `paciasp` first) attached three times each; states.c
+/// (a thread in every state a tracer meets, x7 and vector registers held across a spin)
+/// attached again and again; then glass killed at the steps where AArch64 differs (an
+/// injected call under way, the probes in, the code half restored, the returns given
+/// back), its guardian alive or killed too, each followed by an attach that must work.
+const PID_SCRIPT: &str = r#"set +f
+phase() { echo "$1 $(cut -d' ' -f1 /proc/uptime)" >>$OUT/phases; }
+phase pid
+ready() { i=0; while ! grep -q ready $1 && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; }
+guardians_gone() { i=0; while grep -qs __trace-guardian /proc/[0-9]*/cmdline && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; }
+for prog in inflight inflight-pac; do
+    ./$prog >$OUT/$prog.out 2>$OUT/$prog.err &
+    pid=$!
+    ready $OUT/$prog.err
+    for round in 1 2 3; do
+        ./glass trace --max-threads 8 --pid $pid -f hold -d 0.3 -o $OUT/$prog-$round.glass 2>$OUT/$prog-$round.log
+        echo "$prog $round $?" >>$OUT/inflight.status
+    done
+    sleep 0.2
+    kill -TERM $pid; wait $pid; echo "$prog exit $?" >>$OUT/inflight.status
+done
+phase states
+./states >$OUT/states.out 2>$OUT/states.err &
+spid=$!
+ready $OUT/states.err
+for round in 1 2 3 4 5 6; do
+    ./glass trace --max-threads 16 --pid $spid -f mix -d 0.1 -o $OUT/states.glass 2>>$OUT/states-attach.log
+    echo "attach $round $?" >>$OUT/states-attach.status
+done
+for step in inject-call attach-patched detach-code-restored detach-restored; do
+    for guardian in lives killed; do
+        phase "$step-$guardian"
+        GLASS_TEST_STOP_AT=$step ./glass trace --max-threads 16 --pid $spid -f mix -d 0.2 -o $OUT/killed.glass 2>$OUT/killed-$step-$guardian.log &
+        g=$!
+        i=0
+        while [ "$(cut -d' ' -f3 /proc/$g/stat 2>/dev/null)" != T ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+        reached=$(cut -d' ' -f3 /proc/$g/stat 2>/dev/null)
+        if [ $guardian = killed ]; then
+            for c in /proc/[0-9]*/cmdline; do
+                if grep -qs __trace-guardian $c; then p=${c#/proc/}; kill -9 ${p%/cmdline}; fi
+            done
+        fi
+        kill -9 $g; wait $g 2>/dev/null
+        guardians_gone
+        kill -0 $spid 2>/dev/null && alive=alive || alive=dead
+        ./glass trace --max-threads 16 --pid $spid -f mix -d 0.1 -o $OUT/next.glass 2>$OUT/next-$step-$guardian.log
+        echo "$step $guardian reached=$reached $alive next=$?" >>$OUT/killed.status
+    done
+done
+kill -TERM $spid; wait $spid; echo "states exit $?" >>$OUT/states-attach.status
+phase end
 "#;
 
 fn harness_run() -> &'static HarnessRun {
@@ -102,6 +155,19 @@ fn harness_run() -> &'static HarnessRun {
         let tailcall = compile_aarch64(&dir, "trace/tailcall.c", "tailcall", &[]);
         let signal = compile_aarch64(&dir, "trace/signal.c", "signal", &[]);
         let crash = compile_aarch64(&dir, "trace/crash.c", "crash", &[]);
+        let inflight = compile_aarch64(&dir, "trace/inflight.c", "inflight", &["-pthread"]);
+        let inflight_pac = compile_aarch64(
+            &dir,
+            "trace/inflight.c",
+            "inflight-pac",
+            &[
+                "-pthread",
+                "-mbranch-protection=standard",
+                "-fno-schedule-insns2",
+                "-fno-shrink-wrap",
+            ],
+        );
+        let states = compile_aarch64(&dir, "trace/states.c", "states", &["-pthread"]);
         let libcalls = [
             ("libcalls-lazy", "-Wl,-z,lazy"),
             ("libcalls-now_relro", "-Wl,-z,now,-z,relro"),
@@ -119,7 +185,7 @@ echo \"throw: $?\" | tee $OUT/throw.status
 ./glass record -o $OUT/x.glass -- ./split {SPLIT_ROUNDS} >$OUT/record.log 2>&1
 echo \"record: $?\" | tee $OUT/record.status
 ./glass report $OUT/x.glass --format folded >$OUT/x.folded 2>$OUT/report.log
-{TRACE_PAIRS}"
+{TRACE_PAIRS}{PID_SCRIPT}"
         );
         let run = run_in_aarch64_vm(
             "trace-aarch64-harness",
@@ -138,6 +204,9 @@ echo \"record: $?\" | tee $OUT/record.status
                 &tailcall,
                 &signal,
                 &crash,
+                &inflight,
+                &inflight_pac,
+                &states,
                 &libcalls[0],
                 &libcalls[1],
                 &libcalls[2],
@@ -402,16 +471,99 @@ fn library_calls_through_the_got_on_aarch64_lazy_bind_now_and_no_plt() {
 }
 
 #[test]
-fn what_aarch64_does_not_trace_yet_is_refused_in_one_line() {
+fn calls_in_flight_at_attach_and_detach_keep_their_returns_with_and_without_pac() {
     let HarnessRun { run, .. } = harness_run();
-    for (name, says) in [("pid", "--pid is built for x86-64 only"), ("pmc", "--pmc")] {
-        let err = run.read(&format!("{name}.err"));
-        assert_eq!(
-            run.read(&format!("{name}.status")).trim(),
-            "2",
-            "{name}: {err}"
-        );
-        assert_eq!(err.lines().count(), 1, "{name}: {err}");
-        assert!(err.contains(says), "{name}: {err}");
+    let status = run.read("inflight.status");
+    for prog in ["inflight", "inflight-pac"] {
+        for round in 1..=3 {
+            let log = run.read(&format!("{prog}-{round}.log"));
+            assert!(
+                status.contains(&format!("{prog} {round} 0\n")),
+                "{prog} attach {round}: {status}\n{log}"
+            );
+            assert!(log.contains("detached from pid"), "{log}");
+            assert!(!log.contains("panicked"), "{log}");
+        }
+        // Threads asleep inside hold(), its return address replaced, at each detach:
+        // given back (signed again, for the PAC build, by the process itself).
+        let in_flight: u64 = (1..=3)
+            .filter_map(|round| {
+                let log = run.read(&format!("{prog}-{round}.log"));
+                let line = log
+                    .lines()
+                    .find(|l| l.contains("calls in flight"))?
+                    .to_string();
+                line.split("; ")
+                    .find(|part| part.ends_with("calls in flight finish untimed"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        assert!(in_flight > 0, "{prog}: no call was in flight at a detach");
+        assert!(status.contains(&format!("{prog} exit 0\n")), "{status}");
+        assert_eq!(run.read(&format!("{prog}.out")), "errors: 0 calls: ok\n");
+        let counted = counts(&run.path(&format!("{prog}-1.glass")));
+        assert!(counted.calls("hold") > 0, "{prog}");
     }
+}
+
+#[test]
+fn every_thread_state_survives_repeated_attaches_and_glass_killed_at_each_step() {
+    let HarnessRun { run, .. } = harness_run();
+    let status = run.read("states-attach.status");
+    let log = run.read("states-attach.log");
+    for round in 1..=6 {
+        assert!(
+            status.contains(&format!("attach {round} 0\n")),
+            "{status}\n{log}"
+        );
+    }
+    assert!(!log.contains("panicked"), "{log}");
+    // SIGTERM at the end: every thread checked every call, x7 and the vector registers
+    // held across their spin included, and found no error.
+    assert!(status.contains("states exit 0\n"), "{status}");
+    assert_eq!(run.read("states.out"), "errors: 0\n");
+    let killed = run.read("killed.status");
+    for step in [
+        "inject-call",
+        "attach-patched",
+        "detach-code-restored",
+        "detach-restored",
+    ] {
+        for guardian in ["lives", "killed"] {
+            let line = killed
+                .lines()
+                .find(|l| l.starts_with(&format!("{step} {guardian} ")))
+                .unwrap_or_else(|| panic!("{step} {guardian} not run: {killed}"));
+            let said = run.read(&format!("killed-{step}-{guardian}.log"));
+            let next = run.read(&format!("next-{step}-{guardian}.log"));
+            assert_eq!(
+                line,
+                format!("{step} {guardian} reached=T alive next=0"),
+                "glass said: {said}\nthe next attach said: {next}"
+            );
+            if guardian == "lives" {
+                assert!(
+                    said.contains("glass ended while tracing pid"),
+                    "{step}: {said}"
+                );
+                assert!(!said.contains("could not"), "{step}: {said}");
+                assert!(!next.contains("died attached"), "{step}: {next}");
+            }
+        }
+    }
+}
+
+#[test]
+fn hardware_counters_are_refused_on_aarch64_in_one_line() {
+    let HarnessRun { run, .. } = harness_run();
+    let err = run.read("pmc.err");
+    assert_eq!(run.read("pmc.status").trim(), "2", "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--pmc cycles: hardware counters are read by the x86-64 probes only"),
+        "{err}"
+    );
 }

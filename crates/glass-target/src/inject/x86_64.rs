@@ -212,24 +212,6 @@ impl StoppedProcess {
 const TRAP_FLAG: u64 = 0x100;
 const GETPID: u64 = libc::SYS_getpid as u64;
 
-/// How an injected call ended without returning.
-enum CallEnd {
-    /// It faulted, or ptrace failed: the thread's registers are put back.
-    Faulted(io::Error),
-    /// It did not return in time: the thread is stopped inside it.
-    TimedOut(io::Error),
-    /// The process is gone.
-    Ended(io::Error),
-}
-
-impl CallEnd {
-    fn into_error(self) -> io::Error {
-        match self {
-            CallEnd::Faulted(e) | CallEnd::TimedOut(e) | CallEnd::Ended(e) => e,
-        }
-    }
-}
-
 /// A stopped thread's registers as the kernel would resume it, with no system call
 /// left for the kernel to restart: stopped in an interrupted system call that is to be
 /// restarted (rax -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND or
@@ -410,6 +392,9 @@ pub fn landing_code(kind: XstateKind) -> Vec<u8> {
     code.extend_from_slice(&[0x48, 0xcf]);
     code
 }
+
+/// Nothing is kept between calls on x86-64 (see the AArch64 `Saved`).
+pub(super) type Saved = ();
 
 /// `int3`, written at the entry point by the launch mode; its trap leaves the
 /// instruction pointer just past it.

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use glass_target::attach::{registers, Attachment};
+use glass_target::attach::Attachment;
 use glass_target::inject::StoppedProcess;
+use glass_target::thread_state::thread_state;
 
 use super::*;
 
@@ -96,11 +97,20 @@ pub(super) fn take_out(process: &StoppedProcess, tids: &[i32], session_at: u64) 
             continue;
         };
         in_flight += depth;
+        #[cfg(target_arch = "x86_64")]
         for entry in entries.chunks_exact(area::SHADOW_ENTRY).rev() {
             let slot = u64::from_le_bytes(entry[..8].try_into().unwrap());
             let real = &entry[8..16];
             if word(slot) == stub {
                 let _ = process.write(slot, real);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            let tid = word(base + area::TID as u64) as i32;
+            if tids.contains(&tid) {
+                let as_held = word(session_at + header::AS_HELD as u64);
+                give_back_arm(process, tid, &entries, stub, as_held);
             }
         }
         let _ = process.write(base + area::DEPTH as u64, &0u64.to_le_bytes());
@@ -109,8 +119,11 @@ pub(super) fn take_out(process: &StoppedProcess, tids: &[i32], session_at: u64) 
     // thread's own TCB pointer: never written.)
     let offset = word(session_at + header::TLS_OFFSET as u64);
     for &tid in tids.iter().filter(|_| offset != 0) {
-        if let Ok(regs) = registers(tid) {
-            let _ = process.write(regs.fs_base.wrapping_add(offset), &0u64.to_le_bytes());
+        if let Ok(state) = thread_state(tid) {
+            let _ = process.write(
+                state.thread_pointer.wrapping_add(offset),
+                &0u64.to_le_bytes(),
+            );
         }
     }
     Ok(in_flight)
@@ -176,4 +189,70 @@ pub(super) fn detach(pid: i32, attached: &Attached, session_at: u64) -> Result<D
         in_flight,
         moved,
     })
+}
+
+/// AArch64: gives each call in flight of thread `tid` (its shadow entries, as read) its
+/// real return address back where the hijacked one is now: in the frame's saved x30
+/// (where the function's CFI saves it, else the lowest word of the frame holding the
+/// stub) and, for the innermost call, in the x30 register if the function has not saved
+/// it (or has reloaded it to return). The address goes back signed as the stub was: a
+/// function that signed the stub after the probe took x30 authenticates what it finds,
+/// and only the process can sign with its keys (`as_held`, the runtime's
+/// glass_probe_as_held, is called in it for those).
+#[cfg(target_arch = "aarch64")]
+fn give_back_arm(process: &StoppedProcess, tid: i32, entries: &[u8], stub: u64, as_held: u64) {
+    use glass_probe_abi::{area, lr_save_words, stripped};
+    use glass_target::inject::CallArg;
+    let entry = |i: u64| -> [u64; 3] {
+        let at = i as usize * area::SHADOW_ENTRY;
+        [0, 1, 2]
+            .map(|w| u64::from_le_bytes(entries[at + 8 * w..at + 8 * w + 8].try_into().unwrap()))
+    };
+    let Ok(mut regs) = process.thread_registers(tid) else {
+        return;
+    };
+    let give = |held: u64, real: u64, key: u64| -> Option<u64> {
+        if held == stub {
+            return Some(real);
+        }
+        let args = [held, stub, real, key].map(CallArg::Value);
+        process.call(as_held, &args, CALL_LIMIT).ok()
+    };
+    let depth = (entries.len() / area::SHADOW_ENTRY) as u64;
+    let mut innermost = true;
+    let mut changed = false;
+    glass_probe_abi::each_shadow_run(
+        depth,
+        |i| entry(i)[0],
+        regs.sp,
+        |first, last, low| {
+            let [key, real, _] = entry(first);
+            if std::mem::take(&mut innermost) && stripped(regs.regs[30]) == stub {
+                if let Some(value) = give(regs.regs[30], real, key) {
+                    regs.regs[30] = value;
+                    changed = true;
+                }
+            }
+            let words = lr_save_words(entry(last)[2]);
+            let slot = if words != 0 {
+                let at = key.wrapping_sub(8 * words);
+                (at >= low).then_some(at)
+            } else {
+                (low.next_multiple_of(8)..key)
+                    .step_by(8)
+                    .find(|&at| process.read_u64(at).is_ok_and(|w| stripped(w) == stub))
+            };
+            if let Some(at) = slot {
+                let held = process.read_u64(at).unwrap_or(0);
+                if stripped(held) == stub {
+                    if let Some(value) = give(held, real, key) {
+                        let _ = process.write(at, &value.to_le_bytes());
+                    }
+                }
+            }
+        },
+    );
+    if changed {
+        let _ = process.set_thread_registers(tid, &regs);
+    }
 }

@@ -14,6 +14,7 @@
 //!   return addresses), so the functions they are stopped inside are left unpatched.
 
 use glass_target::inject::StoppedProcess;
+use glass_target::thread_state::ThreadState;
 
 /// `g.m`: after stack (16 bytes), stackguard0, stackguard1, _panic, _defer.
 const G_M: u64 = 0x30;
@@ -30,14 +31,14 @@ fn read_u64(pid: i32, address: u64) -> Option<u64> {
 /// Whether a stopped thread runs on a goroutine's stack (a user goroutine, or the signal
 /// stack): its `g`, from its TLS at `g_offset`, is not its M's `g0`, and the stack
 /// pointer lies in that g's stack. Unknown counts as on one.
-pub(super) fn on_goroutine_stack(pid: i32, regs: &libc::user_regs_struct, g_offset: i64) -> bool {
+pub(super) fn on_goroutine_stack(pid: i32, state: &ThreadState, g_offset: i64) -> bool {
     let known = || -> Option<bool> {
-        let g = read_u64(pid, regs.fs_base.wrapping_add(g_offset as u64))?;
+        let g = read_u64(pid, state.thread_pointer.wrapping_add(g_offset as u64))?;
         if g == 0 {
             return Some(false);
         }
         let (lo, hi) = (read_u64(pid, g)?, read_u64(pid, g + 8)?);
-        if regs.rsp < lo || regs.rsp >= hi {
+        if state.sp < lo || state.sp >= hi {
             return Some(false);
         }
         let m = read_u64(pid, g + G_M)?;
@@ -96,8 +97,8 @@ pub(super) fn thread_for_calls(pid: i32, tids: &[i32], g_offset: Option<i64>) ->
     tids.iter()
         .copied()
         .find(|&tid| {
-            glass_target::attach::registers(tid)
-                .is_ok_and(|regs| !on_goroutine_stack(pid, &regs, offset))
+            glass_target::thread_state::thread_state(tid)
+                .is_ok_and(|state| !on_goroutine_stack(pid, &state, offset))
         })
         .unwrap_or(tids[0])
 }

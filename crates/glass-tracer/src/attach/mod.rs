@@ -357,7 +357,7 @@ fn hold_loader_thread(
     go_g_offset: Option<i64>,
 ) -> Result<Held> {
     let mut attachment = Attachment::seize(pid).map_err(Failure::starting)?;
-    let loader_code = spans_of(mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let loader_code = not_for_calls(mappings);
     let libc_code = spans_of(mappings, &["libc.so", "libc-", "libdl"]);
     let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code, go_g_offset)?;
     glass_target::test_hook("attach-safe-point");
@@ -470,12 +470,7 @@ struct Patched {
 /// Refuses, in the one line a launched trace gives, an attach none of whose functions,
 /// short functions or library calls can be patched.
 fn refuse_if_nothing_patchable(modules: &[select::ModuleChoice]) -> Result<()> {
-    let nothing = modules.iter().all(|m| {
-        m.patchable.is_empty()
-            && m.site_patchable.is_empty()
-            && m.redirected.is_empty()
-            && m.libcalls.is_empty()
-    });
+    let nothing = modules.iter().all(select::ModuleChoice::nothing_to_patch);
     if !nothing {
         return Ok(());
     }

@@ -113,7 +113,7 @@ pub fn take_over(pid: i32) -> Result<Option<u64>> {
         return Ok(None);
     };
     let mut attachment = Attachment::seize(pid)?;
-    let loader_code = spans_of(&mappings, &["ld-linux", "ld-2.", "ld64"]);
+    let loader_code = not_for_calls(&mappings);
     let libc_code = spans_of(&mappings, &["libc.so", "libc-", "libdl"]);
     let go_g_offset = crate::select::go_g_offset_of(Path::new(&format!("/proc/{pid}/exe")));
     let loader_tid = pick_loader_thread(&mut attachment, &loader_code, &libc_code, go_g_offset)?;

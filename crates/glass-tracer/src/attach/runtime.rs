@@ -133,7 +133,7 @@ pub(super) struct LandingSite {
 }
 
 pub(super) fn landing_site(pid: i32) -> Option<LandingSite> {
-    let room = glass_target::inject::landing_code(glass_target::inject::xstate_kind()).len();
+    let room = glass_target::inject::landing_bytes().len();
     let mut mappings = glass_target::procfs::executable_mappings(pid).ok()?;
     mappings.retain(|m| m.path.starts_with('/') && !m.deleted);
     mappings.sort_by_key(|m| !file_name(&m.path).starts_with("libc.so"));

@@ -5,24 +5,10 @@
 
 use std::time::Duration;
 
-use glass_target::attach::{registers, Attachment};
+use glass_target::attach::Attachment;
+use glass_target::thread_state::{set_pc, thread_state};
 
 use super::*;
-
-/// Where a stopped thread resumes: its instruction pointer and, when it was stopped in a
-/// system call the kernel will restart (rax still holds -ERESTARTSYS, -ERESTARTNOINTR,
-/// -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), the 2-byte `syscall` before it, to which
-/// the kernel moves it back when it runs again: a thread blocked right after bytes glass
-/// replaces would otherwise restart inside the new ones. Both must be outside code glass
-/// changes.
-pub(super) fn resume_points(regs: &libc::user_regs_struct) -> [u64; 2] {
-    const RESTARTING: [i64; 4] = [-512, -513, -514, -516];
-    let restarts = (regs.orig_rax as i64) >= 0 && RESTARTING.contains(&(regs.rax as i64));
-    [
-        regs.rip,
-        regs.rip.wrapping_sub(if restarts { 2 } else { 0 }),
-    ]
-}
 
 /// How many times glass stops every thread looking for a moment when none is where it
 /// must not be (inside the probe runtime or the trampolines, at detach), letting them
@@ -52,10 +38,14 @@ pub(super) fn move_out(
     let mut planned = Vec::new();
     let mut in_the_way = Vec::new();
     for tid in attachment.tids() {
-        let Ok(regs) = registers(tid) else {
+        // Where it resumes: its pc and, stopped in a system call the kernel will restart,
+        // the system call instruction before it, to which the kernel moves it back when
+        // it runs again: a thread blocked right after bytes glass replaces would
+        // otherwise restart inside the new ones.
+        let Ok(state) = thread_state(tid) else {
             continue;
         };
-        let points = resume_points(&regs);
+        let points = state.resume_points();
         if points.iter().any(|&p| within(leave.spans, p)) {
             in_the_way.push(tid);
             continue;
@@ -63,19 +53,18 @@ pub(super) fn move_out(
         if !points.into_iter().any(leave.inside) {
             continue;
         }
-        // The thread's own instruction pointer moves; a restart the kernel has yet to
-        // make goes 2 bytes back from there, to the other copy's `syscall`.
-        match leave.moves.get(&regs.rip) {
-            Some(&to) => planned.push((tid, libc::user_regs_struct { rip: to, ..regs })),
+        // The thread's own pc moves; a restart the kernel has yet to make goes back
+        // from there, to the other copy's system call instruction.
+        match leave.moves.get(&state.pc) {
+            Some(&to) => planned.push((tid, to)),
             None => in_the_way.push(tid),
         }
     }
     if !in_the_way.is_empty() {
         return Ok(Err(in_the_way));
     }
-    for (tid, regs) in &planned {
-        glass_target::attach::set_registers(*tid, regs)
-            .map_err(|e| Failure::runtime(format!("cannot move thread {tid}: {e}")))?;
+    for &(tid, to) in &planned {
+        set_pc(tid, to).map_err(|e| Failure::runtime(format!("cannot move thread {tid}: {e}")))?;
     }
     Ok(Ok(planned.len()))
 }

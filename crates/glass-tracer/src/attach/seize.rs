@@ -6,18 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use glass_target::attach::{registers, Attachment};
+use glass_target::attach::Attachment;
 use glass_target::inject::LibcCalls;
 use glass_target::procfs::Mapping;
+use glass_target::thread_state::{thread_state, WAITING_SYSCALLS};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::*;
-
-/// System calls a thread may be waiting in while glass uses it to load the runtime:
-/// waits that hold no lock of libc's (read, poll, sleep, futex, wait, accept, ...).
-pub(super) const WAITING_SYSCALLS: &[i64] = &[
-    0, 7, 23, 34, 35, 43, 45, 47, 61, 128, 130, 202, 230, 232, 247, 270, 271, 281, 288,
-];
 
 /// An address range of the target and what it is.
 #[derive(Clone, Copy)]
@@ -128,6 +123,26 @@ pub(super) fn runtime_text(mappings: &[Mapping]) -> Vec<Span> {
         .collect()
 }
 
+/// Where the thread injected calls run in must not be stopped, besides the loader: in the
+/// probe runtime or in anonymous code (an earlier glass's trampolines among it). The
+/// calls would run; but that thread is held while glass moves every other one out of
+/// the code it changes, and it could not be moved itself. Under emulation a thread that
+/// calls a traced function in a loop is inside its probe a good part of the time.
+pub(super) fn not_for_calls(mappings: &[Mapping]) -> Vec<Span> {
+    let mut spans = spans_of(mappings, &["ld-linux", "ld-2.", "ld64"]);
+    spans.extend(runtime_text(mappings));
+    spans.extend(
+        mappings
+            .iter()
+            .filter(|m| m.path == "[anon]")
+            .map(|m| Span {
+                start: m.start,
+                end: m.end,
+            }),
+    );
+    spans
+}
+
 /// The process's `dlopen`, `dlerror` and `dlsym`, and the `mmap` and `munmap` its
 /// system calls are made through.
 pub(super) struct LoaderFunctions {
@@ -197,17 +212,17 @@ pub(super) fn pick_loader_thread(
                 Ok(false) => continue,
                 Err(e) => return Err(e.into()),
             }
-            let Ok(regs) = registers(tid) else {
+            let Ok(state) = thread_state(tid) else {
                 attachment.resume(tid);
                 continue;
             };
-            let waiting = WAITING_SYSCALLS.contains(&(regs.orig_rax as i64));
+            let waiting = state.syscall.is_some_and(|n| WAITING_SYSCALLS.contains(&n));
             // In a Go program, not on a goroutine's small stack (see go_stacks).
             let own_stack = go_g_offset.is_none_or(|offset| {
-                !super::go_stacks::on_goroutine_stack(attachment.pid(), &regs, offset)
+                !super::go_stacks::on_goroutine_stack(attachment.pid(), &state, offset)
             });
             let safe =
-                !within(unsafe_code, regs.rip) && (!within(libc, regs.rip) || waiting) && own_stack;
+                !within(unsafe_code, state.pc) && (!within(libc, state.pc) || waiting) && own_stack;
             if safe || round == 399 {
                 return Ok(tid);
             }
