@@ -85,6 +85,9 @@ pub struct Traced {
     pub summary: TraceSummary,
     /// Call records written.
     pub records: u64,
+    /// The records are timed by AArch64's generic timer (CNTVCT_EL0, its frequency
+    /// known), not by a time-stamp counter whose rate glass measured.
+    pub generic_timer: bool,
 }
 
 /// A function glass did not patch, and why.
@@ -315,6 +318,7 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         exit_status: exit_status.max(0),
         summary,
         records,
+        generic_timer: cfg!(target_arch = "aarch64"),
     })
 }
 

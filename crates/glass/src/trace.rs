@@ -46,14 +46,9 @@ pub fn run(args: &TraceArgs) -> Result<i32> {
     let traced = glass_tracer::trace(&options, &mut notes)?;
     if !args.quiet {
         let s = &traced.summary;
-        // A process's records are timed by its CPU's counter: the time-stamp counter on
-        // x86-64, the generic timer (CNTVCT_EL0, tens of MHz) on AArch64.
-        let guest = args.vm
-            || args.qmp.is_some()
-            || args.libvirt.is_some()
-            || args.gdb.is_some()
-            || args.xen.is_some();
-        let rate = if cfg!(target_arch = "aarch64") && !guest {
+        // Records are timed by the CPU's counter: the time-stamp counter on x86-64, whose
+        // rate glass measures, or AArch64's generic timer (CNTVCT_EL0, tens of MHz).
+        let rate = if traced.generic_timer {
             format!("timer rate {:.1} MHz", s.tsc_hz as f64 / 1e6)
         } else {
             format!("cycle rate {:.3} GHz", s.tsc_hz as f64 / 1e9)

@@ -275,6 +275,7 @@ pub fn run(
         exit_status: 0,
         summary,
         records,
+        generic_timer: cfg!(target_arch = "aarch64"),
     })
 }
 

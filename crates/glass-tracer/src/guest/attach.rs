@@ -466,6 +466,7 @@ pub(super) fn trace_attached(
         exit_status: 0,
         records: out.records,
         summary,
+        generic_timer: counter_hz.is_some(),
     })
 }
 

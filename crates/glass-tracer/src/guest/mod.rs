@@ -679,6 +679,7 @@ fn trace_launched(
         exit_status,
         records: out.records,
         summary,
+        generic_timer: counter_hz.is_some(),
     })
 }
 
