@@ -424,6 +424,52 @@ impl StoppedProcess {
 }
 
 impl StoppedProcess {
+    /// Resumes the thread running an injected call (`request`: PTRACE_CONT, or
+    /// PTRACE_SYSCALL to see its system calls, with `signal` delivered) and waits for its
+    /// next stop, answering the peers' stops in between: the wait status of a ptrace stop,
+    /// None for another status to go on from, or how the call ended (the process gone,
+    /// or `deadline` passed: the thread is then interrupted where it is).
+    fn resume_in_call(
+        &self,
+        request: libc::c_uint,
+        signal: usize,
+        first: &mut bool,
+        deadline: std::time::Instant,
+    ) -> Result<Option<i32>, CallEnd> {
+        use std::time::Instant;
+        ptrace(request, self.tid, 0, signal)
+            .map_err(|e| CallEnd::Faulted(io::Error::from_raw_os_error(e)))?;
+        if std::mem::take(first) {
+            crate::test_hook(match self.landing.get() {
+                0 => "inject-bootstrap",
+                _ => "inject-call",
+            });
+        }
+        // Waits in short slices, answering the peers' stops between them.
+        let status = loop {
+            let slice = (Instant::now() + PEER_ANSWER).min(deadline);
+            match crate::attach::wait_thread(self.tid, slice).map_err(CallEnd::Faulted)? {
+                Some(status) => break Some(status),
+                None if Instant::now() >= deadline => break None,
+                None => self.answer_peers(),
+            }
+        };
+        let Some(status) = status else {
+            let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
+            let _ = crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
+            return Err(CallEnd::TimedOut(io::Error::other(
+                "the injected call did not return in time",
+            )));
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(CallEnd::Ended(io::Error::other(format!(
+                "the process ended during the injected call ({})",
+                shell_status(status)
+            ))));
+        }
+        Ok(libc::WIFSTOPPED(status).then_some(status))
+    }
+
     /// Maps `len` bytes of read+execute memory within `reach` bytes of every address
     /// in `[low, high)` (x86-64's rel32: 2 GiB; AArch64's B: 128 MiB), from the nearest
     /// free gap in the process's address space.

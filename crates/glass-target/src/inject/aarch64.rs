@@ -189,40 +189,11 @@ impl StoppedProcess {
         let mut result = None;
         let mut returning = false;
         loop {
-            ptrace(request, self.tid, 0, signal)
-                .map_err(|e| io(io::Error::from_raw_os_error(e)))?;
-            if std::mem::take(&mut first) {
-                crate::test_hook(match landing {
-                    0 => "inject-bootstrap",
-                    _ => "inject-call",
-                });
-            }
-            signal = 0;
-            let status = loop {
-                let slice = (Instant::now() + PEER_ANSWER).min(deadline);
-                match crate::attach::wait_thread(self.tid, slice).map_err(io)? {
-                    Some(status) => break Some(status),
-                    None if Instant::now() >= deadline => break None,
-                    None => self.answer_peers(),
-                }
-            };
-            let Some(status) = status else {
-                let _ = ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0);
-                let _ =
-                    crate::attach::wait_thread(self.tid, Instant::now() + Duration::from_secs(5));
-                return Err(CallEnd::TimedOut(io::Error::other(
-                    "the injected call did not return in time",
-                )));
-            };
-            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                return Err(CallEnd::Ended(io::Error::other(format!(
-                    "the process ended during the injected call ({})",
-                    shell_status(status)
-                ))));
-            }
-            if !libc::WIFSTOPPED(status) {
+            let Some(status) =
+                self.resume_in_call(request, std::mem::take(&mut signal), &mut first, deadline)?
+            else {
                 continue;
-            }
+            };
             let stop = libc::WSTOPSIG(status);
             if stop == libc::SIGTRAP | 0x80 {
                 let regs = self.registers().map_err(io)?;
