@@ -75,7 +75,7 @@ echo "uk is domain $(xl domid uk)"
 # The guest's split lines carry cumulative cycles: the window glass recorded is checked
 # against the difference of the last lines before and after it.
 tr -d '\r' <"$(console uk)" >"$OUT/pv.console.before"
-"$GLASS" record --xen uk -F 499 -d 20 --symbols "$PV_ELF" -o "$OUT/pv.glass" 2>"$OUT/pv.err"
+"$GLASS" record --xen uk -F 499 -d 12 --symbols "$PV_ELF" -o "$OUT/pv.glass" 2>"$OUT/pv.err"
 echo "$?" >"$OUT/pv.rc"
 tr -d '\r' <"$(console uk)" >"$OUT/pv.console"
 cat "$OUT/pv.err"
@@ -193,7 +193,7 @@ EOF
     wait_lines "$kind" 120 1 || { echo "$kind printed no split line"; cat "$(console "$kind")"; xl dmesg | tail -40; exit 1; }
     echo "$kind is domain $(xl domid "$kind")"
     tr -d '\r' <"$(console "$kind")" >"$OUT/$kind.console.before"
-    "$GLASS" record --xen "$kind" -F 499 -d 20 --symbols "$HVM_ELF" -o "$OUT/$kind.glass" 2>"$OUT/$kind.err"
+    "$GLASS" record --xen "$kind" -F 499 -d 12 --symbols "$HVM_ELF" -o "$OUT/$kind.glass" 2>"$OUT/$kind.err"
     echo "$?" >"$OUT/$kind.rc"
     tr -d '\r' <"$(console "$kind")" >"$OUT/$kind.console"
     cat "$OUT/$kind.err"
