@@ -20,7 +20,8 @@
 # a 4 KiB arm64 Image header in front of objcopy -O binary of the ELF. The header's
 # text_offset puts the binary at the ELF's PHYS_BASE (libxenguest loads an Image at
 # GUEST_RAM0_BASE + text_offset and enters it at its first byte, a branch over the header).
-# CROSS_COMPILE (default aarch64-linux-gnu-) selects the toolchain.
+# CROSS_COMPILE (default aarch64-linux-gnu-) selects the toolchain; AARCH64_DEFINES adds
+# -D flags (kernel.c's exact-count build: START_IDLE_MS, EXACT_ROUNDS, HOLD_MS).
 set -euo pipefail
 fail() { echo "guests/aarch64/build.sh: $*" >&2; exit 1; }
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -41,6 +42,8 @@ mkdir -p "$out"
 common=(-O2 -g -std=gnu11 -ffreestanding -fno-builtin -nostdlib -fno-pic -fno-pie
         -fno-stack-protector -march=armv8-a -mgeneral-regs-only -mno-outline-atomics
         -mbranch-protection=none -mcmodel=small -Wall -Wextra -DROUNDS="$rounds" "${platform_flags[@]}")
+# shellcheck disable=SC2206 # -D flags, split on spaces
+common+=(${AARCH64_DEFINES:-})
 "${cross}cpp" -P -undef "${platform_flags[@]}" -I"$here" "$here/link.ld.S" -o "$out/$uk-link.ld"
 for variant in fp nofp; do
     if [ $variant = fp ]; then

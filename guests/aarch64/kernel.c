@@ -37,12 +37,32 @@
  * themselves (alpha/beta/gamma/halted/all), so that a profiler started later takes the
  * split of its own window from two lines.
  * Powers off (PSCI SYSTEM_OFF: QEMU exits 0) after ROUNDS rounds, or runs forever if
- * ROUNDS is 0; on an unexpected exception prints "fault ..." and powers off. */
+ * ROUNDS is 0; on an unexpected exception prints "fault ..." and powers off.
+ *
+ * The exact-count build (build.sh's AARCH64_DEFINES="-DSTART_IDLE_MS=.. -DEXACT_ROUNDS=..
+ * -DHOLD_MS=..", as guests/xenpv's): vCPU0 idles START_IDLE_MS before its first round
+ * and HOLD_MS after round EXACT_ROUNDS, so that a tracer attached in the first idle and
+ * detached in the second sees exactly EXACT_ROUNDS rounds; and it hashes its own .text
+ * (FNV-1a, read as its MMU maps it) with every split line, so that a test sees code
+ * patched and put back without trusting the tool that did it. Lines:
+ *   idle before the work / work begins                            around START_IDLE_MS
+ *   exact rounds=N done / work goes on                            around HOLD_MS
+ *   text fnv=HASH                                                 after "idle before the
+ *                                                                 work" and each split */
 #include <stdint.h>
 #include "serial.h"
 
 #ifndef ROUNDS
 #define ROUNDS 0
+#endif
+#ifndef START_IDLE_MS
+#define START_IDLE_MS 0
+#endif
+#ifndef EXACT_ROUNDS
+#define EXACT_ROUNDS 0
+#endif
+#ifndef HOLD_MS
+#define HOLD_MS 0
 #endif
 #define UNIT_ITERATIONS 500000  /* as guests/unikernel: a round is ~10 ms busy under TCG */
 #include "../demo/work.h"
@@ -65,6 +85,7 @@
 extern uint64_t mix_block(uint64_t seed, uint64_t iterations);
 extern const uint64_t secondary_start_pa;
 extern char stack0_top[];
+extern const unsigned char __text_start[], __text_end[];
 
 #define SYSREG(name) ({ uint64_t v_; __asm__ volatile("mrs %0, " #name : "=r"(v_)); v_; })
 
@@ -247,13 +268,57 @@ static void print_split(uint64_t rounds, uint64_t wall) {
     serial_puts("\n");
 }
 
+#if START_IDLE_MS
+/* "text fnv=HASH": FNV-1a of .text as vCPU0 reads it now (serial lock held). */
+static void print_text_hash(void) {
+    uint64_t hash = 0xcbf29ce484222325ULL;
+    for (const volatile unsigned char *p = __text_start; p < __text_end; p++)
+        hash = (hash ^ *p) * 0x100000001b3ULL;
+    serial_puts("text fnv=");
+    serial_putx(hash);
+    serial_puts("\n");
+}
+
+/* Idles `ms` milliseconds of the virtual count in idle_wait's ticks. */
+static void idle_for(uint64_t ms) {
+    for (uint64_t until = counter() + ms * (counter_hz() / 1000); counter() < until;)
+        idle_wait(IDLE_TICKS);
+}
+#endif
+
 __attribute__((noinline, noclone)) void run(void) {
+#if START_IDLE_MS
+    /* Idle first (the exact-count build): a tracer attaches before the first round. */
+    serial_lock();
+    serial_puts("idle before the work\n");
+    print_text_hash();
+    serial_unlock();
+    idle_for(START_IDLE_MS);
+    serial_lock();
+    serial_puts("work begins\n");
+    serial_unlock();
+    ticks_halted = 0;   /* halted= is a share of the time from here */
+#endif
     uint64_t checksum = 0, rounds_done = 0, start = split_clock(), last = counter();
     const uint64_t max_rounds = ROUNDS;
     for (uint64_t round = 0; max_rounds == 0 || round < max_rounds; round++) {
         checksum ^= dispatch(round);
         work_sink = checksum;
         idle_wait(IDLE_TICKS);
+#if EXACT_ROUNDS
+        if (rounds_done + 1 == EXACT_ROUNDS) {
+            /* Its tracer detaches now, while nothing it traces runs. */
+            serial_lock();
+            serial_puts("exact rounds=");
+            serial_putu(EXACT_ROUNDS);
+            serial_puts(" done\n");
+            serial_unlock();
+            idle_for(HOLD_MS);
+            serial_lock();
+            serial_puts("work goes on\n");
+            serial_unlock();
+        }
+#endif
         if (++rounds_done == 1) {
             serial_lock();
             serial_puts("stack depth=");
@@ -272,6 +337,9 @@ __attribute__((noinline, noclone)) void run(void) {
             serial_putu(now - last);
             serial_puts("\n");
             print_split(rounds_done, wall);
+#if START_IDLE_MS
+            print_text_hash();
+#endif
             serial_unlock();
             last = now;
         }

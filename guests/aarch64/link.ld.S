@@ -12,7 +12,9 @@ SECTIONS {
 
     . = ALIGN(4096) + KERNEL_OFFSET;
     __kernel_start = PHYS_BASE + KERNEL_OFFSET;          /* first 2 MiB block */
-    .text : AT(ADDR(.text) - KERNEL_OFFSET) { *(.text.vectors) *(.text*) }
+    .text : AT(ADDR(.text) - KERNEL_OFFSET) {
+        __text_start = .; *(.text.vectors) *(.text*) __text_end = .;
+    }
     /* Code, read-only data and written data on 4 KiB pages of their own: a store to a
      * page holding translated code sends QEMU's TCG down its slow path (self-modifying
      * code checks), which would skew the guest's timing of the code there. */

@@ -1,8 +1,9 @@
-# demo-domu.sh [-k KIT] [-n LINES] [-t TIMEOUT_S] [-f fp|nofp] [-c VCPUS] [NAME] — for use
+# demo-domu.sh [-k KIT] [-n LINES] [-t TIMEOUT_S] [-f fp|nofp|exact] [-c VCPUS] [NAME] — for use
 # INSIDE the ARM64 kit's dom0 (busybox sh): creates the demo unikernel domU NAME (default
 # "uk") from domu.cfg.in with `xl create`, waits until its vUART log shows LINES (default 1)
 # `split alpha=` lines, and prints the domid on stdout (all else on stderr). The build is
-# uk-xen-nofp (CFI only) unless -f fp. KIT defaults to $GLASS_KIT.
+# uk-xen-nofp (CFI only) unless -f fp (frame records) or -f exact (the exact-count build;
+# -n 0 returns once it is created). KIT defaults to $GLASS_KIT.
 KIT="${GLASS_KIT:-}" LINES=1 TIMEOUT=180 VARIANT=nofp VCPUS=2
 while getopts "k:n:t:f:c:" o; do
     case "$o" in
@@ -11,7 +12,7 @@ while getopts "k:n:t:f:c:" o; do
     t) TIMEOUT="$OPTARG" ;;
     f) VARIANT="$OPTARG" ;;
     c) VCPUS="$OPTARG" ;;
-    *) echo "usage: demo-domu.sh [-k KIT] [-n LINES] [-t S] [-f fp|nofp] [-c VCPUS] [NAME]" >&2; exit 2 ;;
+    *) echo "usage: demo-domu.sh [-k KIT] [-n LINES] [-t S] [-f fp|nofp|exact] [-c VCPUS] [NAME]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))

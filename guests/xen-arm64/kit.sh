@@ -4,8 +4,8 @@
 # an arm64 Image QEMU boots as -kernel), OUT/Image (Debian's arm64 linux-image, dom0's kernel),
 # OUT/dom0.cpio.gz (arm64 busybox + modules; see dom0/init), OUT/rootfs (dom0's root: the
 # arm64 .debs of xen-utils-4.17, its libraries, libc and busybox, extracted with dpkg-deb -x,
-# never installed; dom0 mounts it over 9p), and the domU: OUT/uk-xen-{fp,nofp}.{img,elf}
-# (guests/aarch64 built for Xen's guest memory map), OUT/domu.cfg.in and OUT/demo-domu.sh.
+# never installed; dom0 mounts it over 9p), and the domU: OUT/uk-xen-{fp,nofp,exact}.{img,elf}
+# (guests/aarch64 built for Xen's guest memory map; exact: the exact-count build), OUT/domu.cfg.in and OUT/demo-domu.sh.
 # Installs the host packages it needs first (dpkg --add-architecture arm64 for the
 # downloads). Idempotent: a step whose output is newer than its sources is skipped.
 set -euo pipefail
@@ -133,6 +133,16 @@ UK_SRC=("$HERE"/../aarch64/*.[chS] "$HERE"/../aarch64/build.sh "$HERE"/../demo/w
 if ! fresh "$OUT/uk-xen-nofp.img" "${UK_SRC[@]}"; then
     log "uk-xen (guests/aarch64/build.sh $OUT 0 xen)"
     "$HERE/../aarch64/build.sh" "$OUT" 0 xen >&2
+fi
+# The exact-count build that glass trace --xen traces whole (crates/glass/tests/
+# xen_arm64_dom0.sh): idle 12 s, 20 rounds, idle 6 s, then rounds forever, hashing its
+# own .text with every split line (guests/aarch64/kernel.c).
+if ! fresh "$OUT/uk-xen-exact.img" "${UK_SRC[@]}"; then
+    log "uk-xen-exact (the exact-count build)"
+    AARCH64_DEFINES="-DSTART_IDLE_MS=12000 -DEXACT_ROUNDS=20 -DHOLD_MS=6000" \
+        "$HERE/../aarch64/build.sh" "$OUT/exact" 0 xen >&2
+    for f in img elf; do cp -f "$OUT/exact/uk-xen-fp.$f" "$OUT/uk-xen-exact.$f"; done
+    rm -rf "$OUT/exact"
 fi
 # dom0 sees the kit at its host path whatever else it is given: scripts find these there.
 cp -f "$HERE/domu.cfg.in" "$HERE/demo-domu.sh" "$OUT/"

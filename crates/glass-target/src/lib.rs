@@ -11,6 +11,7 @@ pub mod gdbstub;
 pub mod guest;
 pub mod guest_code;
 pub mod guest_os;
+pub mod host_cpu;
 pub mod inject;
 pub mod launch;
 pub mod libvirt;

@@ -94,6 +94,8 @@ fn a_copied_glass_alone_traces() {
         calls.get("process_batch").copied().unwrap_or(0) > 0,
         "{calls:?}"
     );
+    // The copy of glass (150 MB unoptimized) and all: disk a CI machine lacked.
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Copies `from` into `to`, leaving out build output.
@@ -148,8 +150,8 @@ fn seed_build_directory(target_dir: &Path) {
 /// The sources are copied afresh each run (no probe runtime built anywhere in them) and
 /// installed with `cargo install --debug`, which builds glass and, through
 /// glass-tracer's build script, the probe runtime it embeds. The build directory,
-/// target/tmp/install-target, is kept between runs (a later run with nothing changed
-/// took 7 s), and a new one is seeded from the workspace's build.
+/// target/tmp/install-target, is seeded from the workspace's build and removed when the
+/// install worked: it held 1.8 GB, which a CI machine's disk did not have to spare.
 #[test]
 fn cargo_install_gives_a_working_glass() {
     let dir = scratch("install_cargo");
@@ -187,6 +189,8 @@ fn cargo_install_gives_a_working_glass() {
         .map(|e| e.path())
         .collect();
     assert_eq!(installed, [root.join("bin/glass")]);
+    let _ = std::fs::remove_dir_all(&target_dir);
     let nf = compile(&dir, "trace/nf.c", "nf", &[]);
     trace_launched(&root.join("bin/glass"), &nf, &dir);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

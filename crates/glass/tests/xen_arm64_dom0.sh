@@ -5,6 +5,7 @@
 #   nofp.glass, nofp.err, nofp.rc, nofp.console{.before,}   the CFI-only build, 30 s
 #   fp.glass, fp.err, fp.rc, fp.console{.before,}           the frame-record build, 20 s
 #   endings.txt, end.*.glass, end.*.err                     SIGINT/SIGTERM/SIGKILL of glass
+#   trace.*                                                 glass trace --xen (see below)
 # The host writes $GLASS_OUT/env first (GLASS: the aarch64 binary, KIT).
 # Placement (Xen has 2 pCPUs): dom0's vCPU on pCPU 0 (run.sh pins it) with credit weight
 # 4096, domU vCPU 0 alone on pCPU 1, vCPU 1 on pCPU 0 (as bench/xen_dom0.sh places the PV
@@ -64,7 +65,7 @@ for variant in nofp fp; do
     [ $variant = fp ] || xl destroy "$name"
 done
 
-echo "== endings (domU ukfp)"
+echo "== endings (domU ukfp) ($(date +%T))"
 : >"$OUT/endings.txt"
 for signal in INT TERM KILL KILL KILL; do
     n=$(ls "$OUT"/end.*.err 2>/dev/null | wc -l)
@@ -90,5 +91,94 @@ for signal in INT TERM KILL KILL KILL; do
     echo "$signal n=$n rc=$rc state=$st progressed=$progressed" >>"$OUT/endings.txt"
 done
 cat "$OUT/endings.txt"
+xl destroy ukfp
+
+# glass trace --xen: the exact-count build (kit.sh's uk-xen-exact: idle 12 s, 20 rounds,
+# idle 6 s, then rounds forever; a "text fnv=" hash of its own .text with every split
+# line) as domU tr, traced from dom0:
+#   trace.exact.glass, .err, .rc, .calls   attached in the first idle, detached in the
+#                                       second: the 20 rounds whole
+#   trace.exact.late                    what went wrong with that timing, if anything
+#   trace.kill.err, .rc                 glass SIGKILLed while it traces (its guardian
+#                                       puts the code back)
+#   trace.again.glass, .err, .rc, .calls   a trace of 3 s in the earlier traces' region
+#   trace.text.after.WHEN               the guest's hash of its .text after each trace
+#                                       (WHEN: exact, kill, again)
+#   trace.console                       the guest's console at the end (its hashes)
+echo "== glass trace --xen: the exact-count build as domU tr ($(date +%T))"
+sh "$DEMO" -f exact -n 0 -t 120 tr >/dev/null || { echo "domU tr did not start"; exit 1; }
+xl vcpu-pin tr 0 1 >/dev/null 2>&1
+xl vcpu-pin tr 1 0 >/dev/null 2>&1
+said() { console tr | grep -c "^$1"; }
+# wait_said LINE SECONDS: until the guest printed a line starting with LINE.
+wait_said() {
+    limit=$(($(date +%s) + $2))
+    until [ "$(said "$1")" -gt 0 ]; do
+        [ "$(date +%s)" -lt "$limit" ] || return 1
+        sleep 0.2
+    done
+}
+# text_after WHEN: waits (up to 120 s) until the guest printed two more hashes of its
+# .text than it had (the first may have been under way while glass put the code back),
+# and writes the last to trace.text.after.WHEN.
+text_after() {
+    want=$(($(said "text fnv=") + 2))
+    limit=$(($(date +%s) + 120))
+    until [ "$(said "text fnv=")" -ge "$want" ]; do
+        [ "$(date +%s)" -lt "$limit" ] || break
+        sleep 0.5
+    done
+    console tr | grep '^text fnv=' | tail -1 | cut -d= -f2 >"$OUT/trace.text.after.$1"
+    echo "text after $1: $(cat "$OUT/trace.text.after.$1")"
+}
+wait_said "idle before the work" 120 || { echo "tr did not boot"; console tr; exit 1; }
+functions="dispatch,alpha,beta,gamma,descend,spin_block"
+"$GLASS" trace --xen tr --symbols "$GLASS_KIT/uk-xen-exact.elf" -f "$functions" -d 300 \
+    -o "$OUT/trace.exact.glass" 2>"$OUT/trace.exact.err" &
+pid=$!
+limit=$(($(date +%s) + 60))
+until grep -q "attached to" "$OUT/trace.exact.err" 2>/dev/null; do
+    [ "$(date +%s)" -lt "$limit" ] && kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+[ "$(said "work begins")" -eq 0 ] || echo "glass attached after the work began" >>"$OUT/trace.exact.late"
+wait_said "exact rounds=" 240 || echo "the guest never finished its exact rounds" >>"$OUT/trace.exact.late"
+kill -INT "$pid"
+wait "$pid"
+echo "$?" >"$OUT/trace.exact.rc"
+[ "$(said "work goes on")" -eq 0 ] || echo "glass detached after the work went on" >>"$OUT/trace.exact.late"
+cat "$OUT/trace.exact.err" "$OUT/trace.exact.late" 2>/dev/null
+"$GLASS" report "$OUT/trace.exact.glass" --format calls >"$OUT/trace.exact.calls" 2>&1
+cat "$OUT/trace.exact.calls"
+wait_said "work goes on" 60
+text_after exact
+echo "== glass trace --xen killed while it traces ($(date +%T))"
+GLASS_TEST_STOP_AT=guest-tracing "$GLASS" trace --xen tr --symbols "$GLASS_KIT/uk-xen-exact.elf" \
+    -f "$functions" -d 60 -o /run/kill.glass 2>"$OUT/trace.kill.err" &
+pid=$!
+limit=$(($(date +%s) + 60))
+until grep -q "test hook: stopped at guest-tracing" "$OUT/trace.kill.err" 2>/dev/null; do
+    [ "$(date +%s)" -lt "$limit" ] && kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+kill -KILL "$pid"
+wait "$pid"
+echo "$?" >"$OUT/trace.kill.rc"
+limit=$(($(date +%s) + 30))
+until grep -q "its guardian" "$OUT/trace.kill.err" 2>/dev/null; do
+    [ "$(date +%s)" -lt "$limit" ] || break
+    sleep 0.2
+done
+cat "$OUT/trace.kill.err"
+text_after kill
+echo "== glass trace --xen again, in the region of the traces before ($(date +%T))"
+"$GLASS" trace --xen tr --symbols "$GLASS_KIT/uk-xen-exact.elf" -f "$functions" -d 3 \
+    -o "$OUT/trace.again.glass" 2>"$OUT/trace.again.err"
+echo "$?" >"$OUT/trace.again.rc"
+cat "$OUT/trace.again.err"
+"$GLASS" report "$OUT/trace.again.glass" --format calls >"$OUT/trace.again.calls" 2>&1
+text_after again
+console tr >"$OUT/trace.console"
+grep '^text fnv=' "$OUT/trace.console"
 xl list
 exit 0

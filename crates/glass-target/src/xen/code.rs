@@ -1,15 +1,23 @@
-//! A Xen HVM/PVH guest as the guest `glass trace` patches ([`GuestCode`]), and the
-//! memory glass adds to it for its trampolines and ring.
+//! A Xen HVM/PVH guest (x86-64), or an ARM64 domU (Xen on ARM64, glass's aarch64 build in
+//! its dom0), as the guest `glass trace` patches ([`GuestCode`]), and the memory glass
+//! adds to it for its trampolines and ring.
 //!
 //! - Stops and registers: the sampling backend's (`XEN_DOMCTL_pausedomain` and each
-//!   vCPU's HVM CPU record in one multicall, under the stop mark its guardian watches).
+//!   vCPU's HVM CPU record, or its ARM vCPU context, in one multicall, under the stop
+//!   mark its guardian watches).
 //! - Memory: guest frames mapped with libxenforeignmemory, read through the sampling
 //!   backend's frame cache and written through a writable mapping of the one frame,
 //!   with the domain paused. Virtual addresses are walked through the stopped vCPUs'
-//!   page tables (glass-mem), as the guest's own MMU would. Under hardware
-//!   virtualisation a paused vCPU re-enters the guest through VMRUN/VMRESUME, which
-//!   serialise, so it runs the bytes written; under nested TCG, QEMU sees dom0's
-//!   stores and drops what it translated of those pages.
+//!   page tables (glass-mem, x86-64 or VMSAv8-64), as the guest's own MMU would. Under
+//!   hardware virtualisation an x86 vCPU re-enters the guest through VMRUN/VMRESUME,
+//!   which serialise, so it runs the bytes written; under nested TCG, QEMU sees dom0's
+//!   stores and drops what it translated of those pages. On ARM the instruction cache
+//!   is not coherent with stores: glass cleans the written lines to the point of
+//!   unification and invalidates them in the instruction cache, by the address of its
+//!   own mapping ([`crate::host_cpu::written`]); both operations reach every CPU of
+//!   the inner shareable domain, so the pCPU that runs the vCPU too, and its entry to
+//!   the guest (an exception return) is the context synchronisation that makes it
+//!   fetch anew.
 //! - Moving a vCPU: Xen sets an HVM vCPU's registers only through
 //!   `XEN_DOMCTL_setvcpucontext`, which also reloads its FPU from the context's legacy
 //!   FXSAVE area (dropping AVX state), or `sethvmcontext`, which reloads its TSC. glass
@@ -24,13 +32,14 @@
 //!   as it traces.
 //!
 //! PV guests are refused: their page tables hold machine frames that Xen validates, so
-//! mapping the region into them would take `mmu_update` on the guest's behalf.
+//! mapping the region into them would take `mmu_update` on the guest's behalf. (ARM has
+//! no PV: every ARM domain carries the HVM flag.)
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use glass_mem::{PagingMode, PhysicalMemory, X86Paging};
+use glass_mem::{GuestPaging, PageWalk, PhysicalMemory};
 
 use super::abi::*;
 use super::libs::XenLibs;
@@ -68,11 +77,6 @@ impl XenCode {
     /// Opens domain `spec` (a domid or a name), refusing what glass cannot patch;
     /// `mark` is shared with glass's guardian. The domain's name as well.
     pub fn open(spec: &str, mark: Option<StopMark>) -> Result<(XenCode, String), TargetError> {
-        if super::GUEST_ARCH != crate::guest::Arch::X86_64 {
-            return Err(TargetError::BadInput(
-                "glass trace --xen patches x86-64 guests: on Xen on ARM64 it samples only (glass record --xen)".into(),
-            ));
-        }
         let mut hv = Hypervisor::open()?;
         let (info, name) = hv.find(spec)?;
         if !info.hvm() {
@@ -85,7 +89,7 @@ impl XenCode {
         Ok((
             XenCode {
                 backend,
-                regs: vec![VcpuRegs::zeroed(crate::guest::Arch::X86_64); vcpus],
+                regs: vec![VcpuRegs::zeroed(super::GUEST_ARCH); vcpus],
                 stopped: false,
             },
             name,
@@ -104,26 +108,25 @@ impl XenCode {
             .map_err(|e| format!("cannot query domain {domid}: {}", super::errno_text(e)))
     }
 
-    /// The paging of the first vCPU in long mode at the last stop.
-    fn paging(&self) -> Result<X86Paging, String> {
+    /// The paging of the first vCPU in long mode (x86-64) or with its MMU on (AArch64)
+    /// at the last stop.
+    fn paging(&self) -> Result<GuestPaging, String> {
         self.regs
             .iter()
-            .find_map(|r| match r {
-                VcpuRegs::X86_64(x) if x.long_mode() => Some(X86Paging {
-                    cr3: x.cr3,
-                    mode: PagingMode::from_registers(x.cr0, x.cr4, x.efer),
-                }),
-                _ => None,
+            .find(|r| match r {
+                VcpuRegs::X86_64(x) => x.long_mode(),
+                VcpuRegs::Aarch64(a) => a.mmu_on(),
             })
-            .ok_or_else(|| "no vCPU of the guest runs in long mode".to_string())
+            .map(crate::guest::paging_of)
+            .ok_or_else(|| "no vCPU of the guest runs in long mode or with its MMU on".to_string())
     }
 
     /// The guest-physical address of guest-virtual `address`.
     fn physical(&self, address: u64) -> Result<u64, String> {
-        let paging = self.paging()?;
-        glass_mem::x86_64::translate(&self.backend.frames, paging.cr3, paging.mode, address)
+        self.paging()?
+            .walk(&self.backend.frames, address)
             .map(|t| t.physical)
-            .map_err(|e| format!("the guest does not map {address:#x}: {e:?}"))
+            .map_err(|e| format!("the guest does not map {address:#x}: {e}"))
     }
 
     /// Finds glass's region in the domain, or adds one: 2 MiB (`bytes`) of new frames at
@@ -261,8 +264,9 @@ impl XenCode {
         let offset = (gpa % PAGE) as usize;
         // SAFETY: one writable page; offset + len <= PAGE (the caller splits at pages).
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), page.pointer.add(offset), bytes.len())
-        };
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), page.pointer.add(offset), bytes.len());
+            crate::host_cpu::written(page.pointer.add(offset), bytes.len());
+        }
         Ok(())
     }
 }
@@ -372,6 +376,13 @@ impl GuestCode for XenCode {
             stopped?;
         }
         Ok(first)
+    }
+
+    /// The generic timer's frequency, which the guest's CNTVCT_EL0 counts at: CNTFRQ_EL0
+    /// is one system-wide register, read here in dom0 (Xen offsets each domain's count,
+    /// not its rate). None on x86-64, whose records are timed by the TSC.
+    fn counter_hz(&mut self) -> Option<u64> {
+        crate::host_cpu::generic_timer_hz()
     }
 
     /// Gone when Xen says so: the domain is shutting down, dying, or another domain has

@@ -444,6 +444,14 @@ impl RegionAccess for Words<'_> {
             value[..chunk.len()].copy_from_slice(chunk);
             word(self.0, offset + 8 * i as u64).store(u64::from_le_bytes(value), Ordering::Release);
         }
+        // Code among the bytes (trampolines): on AArch64 the instruction cache is
+        // made to see them (glass_target::host_cpu).
+        if (offset as usize).saturating_add(bytes.len()) <= self.0.len() {
+            // SAFETY: inside the mapping (checked), which lives as long as the borrow.
+            unsafe {
+                glass_target::host_cpu::written(self.0.as_ptr().add(offset as usize), bytes.len())
+            };
+        }
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! `glass trace --xen DOMAIN --symbols ELF -f GLOBS -d SECONDS`: a Xen PVH or HVM guest
-//! traced from dom0, through the hypervisor alone.
+//! (x86-64), or an ARM64 domU (glass's aarch64 build in an ARM64 dom0), traced from
+//! dom0, through the hypervisor alone.
 //!
 //! glass adds 2 MiB of frames to the domain above all its memory (`XEN_DOMCTL_max_mem`,
 //! `XENMEM_populate_physmap`: glass_target's `xen::code`), maps them writable into
@@ -9,6 +10,11 @@
 //! of `--qmp` (the parent's `attach` module): patch in one pause, put back in one pause,
 //! the guardian holding the ledger and putting the code back if glass dies. A second
 //! trace finds the region by its mark and uses it again.
+//!
+//! On ARM64 the region is mapped into the guest as for `--vm` on `virt` (the parent's
+//! `aarch64` module: one 2 MiB block in a free entry of a level-2 table of the guest's,
+//! within a branch of the code), the frames being the 2 MiB Xen added at 4 GiB, above
+//! the domU's RAM bank 0 (Xen's guest memory map puts bank 1 at 8 GiB).
 //!
 //! What differs from QEMU: Xen has no call that moves an HVM vCPU's pc without
 //! reloading other state (see `xen::code`), so a vCPU inside the bytes about to be
@@ -31,11 +37,6 @@ pub(crate) fn run(args: &TraceOptions, notes: &mut dyn TraceNotes, spec: &str) -
         .clone()
         .ok_or_else(|| Failure::bad_input("--xen needs --symbols: the guest's ELF image"))?;
     let (choice, skipped) = choose(&symbols, &args.functions)?;
-    if super::choice_arch(&choice) == glass_format::Arch::Aarch64 {
-        return Err(Failure::bad_input(
-            "--xen traces x86-64 guests: Xen on ARM64 guests are not traced yet",
-        ));
-    }
     let file = glass_record::PendingOutput::open(&args.output)?;
     let (mut code, name) = XenCode::open(spec, None).map_err(Failure::starting)?;
     let domid = code.domid();
