@@ -274,8 +274,9 @@ pub fn prepare(
         },
     );
     // Where a trampoline must lie for the patch's jump to reach it: rel32 on x86-64, B's
-    // ±128 MiB on AArch64.
-    let reach = if choice.arm_patchable.is_empty() {
+    // ±128 MiB on AArch64, adrp's ±4 GiB where the module's code is too far apart for B
+    // (select's far plans; ±2 GiB asked, as on x86-64).
+    let reach = if choice.arm_patchable.is_empty() || choice.far_patches() {
         1 << 31
     } else {
         1 << 27
@@ -302,6 +303,7 @@ pub fn prepare(
         outcome,
         go: choice.go_g_offset.is_some(),
         enter: probes.enter,
+        guarded: choice.bti_guarded,
     };
     for (function, file_plan, padding) in &choice.patchable {
         building.entry(function, file_plan, *padding);
@@ -390,6 +392,8 @@ struct Building<'a> {
     go: bool,
     /// `glass_enter`, which AArch64 trampolines load from a literal of their own.
     enter: u64,
+    /// The module is BTI-guarded (select's `bti_guarded`).
+    guarded: bool,
 }
 
 impl Building<'_> {
@@ -537,8 +541,8 @@ impl Building<'_> {
         };
         let at = self.next_at();
         // Pages of a BTI-guarded module accept an indirect jump only onto a landing pad:
-        // the way back must be a direct B (assumed of every module; glass maps its
-        // trampolines within B's reach anyway).
+        // the way back must then be a direct B (a far plan's trampoline beyond B's reach
+        // is refused with that reason).
         // The probe keeps where the function saves x30 beside its id (0: not known, or
         // too far for the field: the exception hooks then search the frame).
         let lr_save = if lr_save < 1 << glass_probe_abi::LR_SAVE_BITS {
@@ -547,10 +551,11 @@ impl Building<'_> {
             0
         };
         let word = self.id as u64 | lr_save << glass_probe_abi::LR_SAVE_SHIFT;
-        let built = glass_patch::aarch64::entry_trampoline(&plan, word, at, self.enter, true)
-            .and_then(|(bytes, moves)| {
-                glass_patch::aarch64::patch_words(&plan, at).map(|patch| (bytes, moves, patch))
-            });
+        let built =
+            glass_patch::aarch64::entry_trampoline(&plan, word, at, self.enter, self.guarded)
+                .and_then(|(bytes, moves)| {
+                    glass_patch::aarch64::patch_words(&plan, at).map(|patch| (bytes, moves, patch))
+                });
         match built {
             Ok((bytes, moves, patch)) => {
                 self.outcome.moves.extend(moves);

@@ -200,6 +200,9 @@ pub fn trace(args: &TraceOptions, notes: &mut dyn TraceNotes) -> Result<Traced> 
         !args.return_address_probe,
     )
     .map_err(Failure::bad_input)?;
+    if let Some(note) = main_module.far_note() {
+        notes.note(&note);
+    }
     if main_module.matched == 0 && main_module.libcalls.is_empty() && args.lib.is_empty() {
         return Err(Failure::NothingToPatch(format!(
             "no function of {} matches {}{}",

@@ -38,9 +38,34 @@ pub struct ModuleChoice {
     /// each keeps its return address, in words below its entry stack pointer (0: not
     /// known; see glass_patch::lr_save_words).
     pub arm_patchable: Vec<(Function, glass_patch::aarch64::Plan, u64)>,
+    /// An AArch64 module marked BTI-compatible (its code mapped guarded): see
+    /// [`bti_marked`].
+    pub bti_guarded: bool,
+    /// Why its AArch64 functions were planned with far patches, if they were.
+    pub far_because: Option<String>,
 }
 
 impl ModuleChoice {
+    /// The module's AArch64 entries take far patches (see [`arm_needs_far_patches`]).
+    pub fn far_patches(&self) -> bool {
+        self.arm_patchable
+            .iter()
+            .any(|(_, plan, _)| plan.reach != glass_patch::aarch64::Reach::Near)
+    }
+
+    /// What to tell the user when the module's AArch64 entries take far patches.
+    pub fn far_note(&self) -> Option<String> {
+        let far = self.arm_patchable.len();
+        let why = self.far_because.as_deref().unwrap_or_default();
+        self.far_patches().then(|| {
+            format!(
+                "{}: {far} function{} patched with adrp, add and br x16 ({why}); functions whose first instructions use x16 or x17 are skipped",
+                self.path,
+                if far == 1 { "" } else { "s" }
+            )
+        })
+    }
+
     /// None of its functions, short functions or library calls can be patched.
     pub fn nothing_to_patch(&self) -> bool {
         self.patchable.is_empty()
@@ -408,6 +433,8 @@ pub fn read_module_of(
             })
             .flatten(),
         arm_patchable: Vec::new(),
+        bti_guarded: false,
+        far_because: None,
     };
     let entry = elf.entry();
     let lr_saves = if arm {
@@ -416,10 +443,7 @@ pub fn read_module_of(
         Default::default()
     };
     let targets = if arm {
-        all.iter()
-            .filter_map(|f| Some((f.address, function_bytes(&elf, f)?)))
-            .flat_map(|(address, code)| glass_patch::aarch64::branch_targets(code, address))
-            .collect()
+        arm_branch_targets(&elf, &all)
     } else {
         glass_patch::branch_targets(&elf, &all)
     };
@@ -574,10 +598,132 @@ pub fn read_module_of(
         }
     }
     redirect_call_sites(&elf, &all, short, &mut choice);
+    if arm && arm_needs_far_patches(&choice.arm_patchable) {
+        let because = if forced_far() {
+            "GLASS_TEST_AARCH64_REACH=page"
+        } else {
+            "the code spans more than a B's ±128 MiB reach of one place for the trampolines"
+        };
+        replan_far(&elf, &targets, &mut choice, because);
+    }
+    if arm {
+        choice.bti_guarded = bti_marked(&bytes);
+    }
     if !libcalls.is_empty() {
         choice.libcalls = got_slots(&elf, libcalls);
     }
     Ok(choice)
+}
+
+/// The span of AArch64 code above which one B (±128 MiB) cannot reach trampolines from
+/// all of it: glass maps them in one place within reach of every patched function, and
+/// needs room for them beside the code (see glass_target's `map_code_near`).
+const FAR_SPAN: u64 = 192 << 20;
+
+/// Whether the module's patched functions lie too far apart for B patches, or a test
+/// asks for far patches anyway (GLASS_TEST_AARCH64_REACH=page: the path a module of
+/// several hundred MiB takes, on a fixture of a few KiB).
+fn arm_needs_far_patches(patchable: &[(Function, glass_patch::aarch64::Plan, u64)]) -> bool {
+    if forced_far() {
+        return true;
+    }
+    let low = patchable.iter().map(|(f, ..)| f.address).min();
+    let high = patchable.iter().map(|(f, ..)| f.address + f.size).max();
+    matches!((low, high), (Some(low), Some(high)) if high - low > FAR_SPAN)
+}
+
+fn forced_far() -> bool {
+    std::env::var_os("GLASS_TEST_AARCH64_REACH").is_some_and(|v| v == "page")
+}
+
+/// Where the direct branches of an AArch64 module's functions land.
+fn arm_branch_targets(elf: &object::File, all: &[Function]) -> std::collections::BTreeSet<u64> {
+    all.iter()
+        .filter_map(|f| Some((f.address, function_bytes(elf, f)?)))
+        .flat_map(|(address, code)| glass_patch::aarch64::branch_targets(code, address))
+        .collect()
+}
+
+/// Plans the AArch64 functions of `choice` (its module read again from its path) with
+/// far patches: what a guest takes whose tables have no free slot for glass's region
+/// within B's reach of its code. The functions the far patch refuses join
+/// `choice.skipped`.
+pub fn replan_far_at(choice: &mut ModuleChoice, because: &str) -> Result<(), String> {
+    let bytes =
+        std::fs::read(&choice.path).map_err(|e| format!("cannot read {}: {e}", choice.path))?;
+    let elf =
+        object::File::parse(&*bytes).map_err(|_| format!("{} is not an ELF file", choice.path))?;
+    let targets = arm_branch_targets(&elf, &functions(&elf));
+    replan_far(&elf, &targets, choice, because);
+    Ok(())
+}
+
+/// Plans every AArch64 function again with `adrp x16; add x16; br x16` (±4 GiB): three
+/// displaced instructions, so a function whose first three name x16 or x17 (which the
+/// patch clobbers), or hold a call before the last, or into which a branch lands, is
+/// skipped with that reason.
+fn replan_far(
+    elf: &object::File,
+    targets: &std::collections::BTreeSet<u64>,
+    choice: &mut ModuleChoice,
+    because: &str,
+) {
+    choice.far_because = Some(because.to_string());
+    let reach = glass_patch::aarch64::Reach::Page;
+    for (function, _, lr_save) in std::mem::take(&mut choice.arm_patchable) {
+        let Some(code) = function_bytes(elf, &function) else {
+            choice.skipped.push((function, SkipReason::NoCode));
+            continue;
+        };
+        match glass_patch::aarch64::analyze(code, function.address, reach) {
+            Ok(plan) => match targets
+                .range(function.address + 1..plan.patch_at + plan.reach.bytes())
+                .next()
+            {
+                Some(&target) => choice
+                    .skipped
+                    .push((function, SkipReason::BranchIntoPatch { target })),
+                None => choice.arm_patchable.push((function, plan, lr_save)),
+            },
+            Err(reason) => choice.skipped.push((function, SkipReason::Patch(reason))),
+        }
+    }
+}
+
+/// Whether the ELF's GNU property note marks it BTI-compatible, which makes the loader
+/// map its code guarded (PROT_BTI): an indirect jump into it must then land on a
+/// landing pad, so a trampoline's way back to the instruction after a patch must be a
+/// direct B (glass_patch::aarch64::relocated_body's `guarded`).
+fn bti_marked(bytes: &[u8]) -> bool {
+    use object::read::elf::{ElfFile64, FileHeader, SectionHeader};
+    let Ok(file) = ElfFile64::<object::Endianness>::parse(bytes) else {
+        return false;
+    };
+    let endian = file.endian();
+    let header = file.elf_header();
+    let Ok(sections) = header.sections(endian, bytes) else {
+        return false;
+    };
+    for section in sections.iter() {
+        let Ok(Some(mut notes)) = section.notes(endian, bytes) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            let Some(mut properties) = note.gnu_properties(endian) else {
+                continue;
+            };
+            while let Ok(Some(property)) = properties.next() {
+                if property.pr_type() == object::elf::GNU_PROPERTY_AARCH64_FEATURE_1_AND
+                    && property.data_u32(endian).is_ok_and(|features| {
+                        features & object::elf::GNU_PROPERTY_AARCH64_FEATURE_1_BTI != 0
+                    })
+                {
+                    return true;
+                }
+            }
+        }
+    }
+    false
 }
 
 /// Functions too short for the entry jump are traced at their direct call sites instead:

@@ -59,6 +59,13 @@ pair crash '-f work' ./crash
 for variant in lazy now_relro no_plt; do
     pair libcalls-$variant '--libcalls malloc,free,mem*' ./libcalls-$variant
 done
+# Far patches (adrp, add, br x16), which a module spanning more than B's reach takes,
+# forced on these small ones.
+export GLASS_TEST_AARCH64_REACH=page
+pair nf-far '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf 200
+pair nf-pac-entry-far '-f process_batch,parse_*,classify,rule_match,rewrite,forward' ./nf-pac-entry 200
+pair recursion-far '-f descend' ./recursion
+unset GLASS_TEST_AARCH64_REACH
 ./glass trace --pmc cycles -f descend -o $OUT/pmc.glass -- ./recursion >$OUT/pmc.out 2>$OUT/pmc.err
 echo $? >$OUT/pmc.status
 "#;
@@ -84,6 +91,8 @@ for prog in inflight inflight-pac; do
         ./glass trace --max-threads 8 --pid $pid -f hold -d 0.3 -o $OUT/$prog-$round.glass 2>$OUT/$prog-$round.log
         echo "$prog $round $?" >>$OUT/inflight.status
     done
+    GLASS_TEST_AARCH64_REACH=page ./glass trace --max-threads 8 --pid $pid -f hold -d 0.3 -o $OUT/$prog-far.glass 2>$OUT/$prog-far.log
+    echo "$prog far $?" >>$OUT/inflight.status
     sleep 0.2
     kill -TERM $pid; wait $pid; echo "$prog exit $?" >>$OUT/inflight.status
 done
@@ -469,6 +478,44 @@ fn library_calls_through_the_got_on_aarch64_lazy_bind_now_and_no_plt() {
             assert_eq!(counted.calls(call), 10_000, "{variant}: {call}");
             assert_eq!(counted.ended(call), 10_000, "{variant}: {call}");
         }
+    }
+}
+
+/// Far patches (`adrp x16; add x16; br x16`, ±4 GiB), which glass takes where a module's
+/// code spans more than a B's ±128 MiB of one place for its trampolines, forced on the
+/// fixtures by a test hook: every call counted as with B, launched (plain, and with
+/// `paciasp` first: the patch follows it) and attached with calls in flight.
+#[test]
+fn far_patches_through_x16_count_every_call_exactly_on_aarch64() {
+    let HarnessRun { run, .. } = harness_run();
+    for name in ["nf-far", "nf-pac-entry-far"] {
+        let counted = traced_same(run, name);
+        let err = run.read(&format!("{name}.err"));
+        assert!(
+            err.contains("6 functions patched with adrp, add and br x16"),
+            "{err}"
+        );
+        assert_eq!(counted.lost(), 0, "{name}");
+        let expected = printed_counts(&run.read(&format!("{name}.native")));
+        assert_eq!(expected.len(), 6, "{expected:?}");
+        for (function, n) in &expected {
+            assert_eq!(counted.calls(function), *n, "{name}: entries of {function}");
+            assert_eq!(counted.ended(function), *n, "{name}: exits of {function}");
+        }
+    }
+    let counted = traced_same(run, "recursion-far");
+    assert_eq!(counted.calls("descend"), 100 * 1000);
+    assert_eq!(counted.ended("descend"), 100 * 1000);
+    let status = run.read("inflight.status");
+    for prog in ["inflight", "inflight-pac"] {
+        let log = run.read(&format!("{prog}-far.log"));
+        assert!(
+            status.contains(&format!("{prog} far 0\n")),
+            "{status}\n{log}"
+        );
+        assert!(log.contains("patched with adrp, add and br x16"), "{log}");
+        assert!(log.contains("detached from pid"), "{log}");
+        assert!(counts(&run.path(&format!("{prog}-far.glass"))).calls("hold") > 0);
     }
 }
 

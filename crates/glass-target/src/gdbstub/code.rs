@@ -58,10 +58,18 @@ impl GuestCode for Client {
     fn move_vcpus(&mut self, moves: &[(u64, u64)]) -> Result<usize, String> {
         let pc = VcpuRegs::pc_name(self.arch());
         let mut moved = 0;
+        // Reading each vCPU's registers selects it; the memory packets that follow go
+        // through the selected vCPU's translation, so one that maps the guest's code is
+        // selected again at the end (an AArch64 vCPU PSCI has not started has its MMU
+        // off, and the code's addresses would not be found through it).
+        let mut mapping = None;
         for index in 0..self.vcpus.len() {
             let regs = self
                 .registers(index)
                 .map_err(|e| format!("cannot read a vCPU: {e}"))?;
+            if mapping.is_none() && regs.paging_on() {
+                mapping = Some(index);
+            }
             if let Some(&(_, to)) = moves.iter().find(|&&(from, _)| from == regs.ip()) {
                 self.select(index)
                     .and_then(|()| self.set_register(pc, to))
@@ -69,6 +77,8 @@ impl GuestCode for Client {
                 moved += 1;
             }
         }
+        self.select(mapping.unwrap_or(0))
+            .map_err(|e| format!("cannot select a vCPU: {e}"))?;
         Ok(moved)
     }
 

@@ -129,6 +129,9 @@ pub fn run(
         mappings,
         loader,
     } = examine(args, pid, patterns, libcalls)?;
+    if let Some(note) = main_module.far_note() {
+        notes.note(&note);
+    }
     if !counters_note.is_empty() {
         notes.note(&format!("--pmc: {counters_note}; recording time only"));
     }

@@ -18,8 +18,9 @@
 //! ±128 MiB of every patched function ([`super::layout::Layout::aarch64`]). A kernel's
 //! image sits in a 1 GiB slot whose level-2 table maps it with blocks or pages; the rest
 //! of that table is usually empty (the demo's is). Where no such entry is free glass
-//! refuses in one line (Page or Anywhere reach, through x16, would lift that limit at the
-//! cost of refusing more functions: not done yet).
+//! refuses in one line. Code spread over more than B's reach takes far patches (`adrp,
+//! add, br x16`, select's far plans, as a process's does): the slot is then looked for
+//! within ±2 GiB.
 //!
 //! **Caches.** Under TCG there are none to maintain: the trampolines are written into the
 //! memfd before any vCPU runs there (QEMU holds no translation of them), and the entry
@@ -252,18 +253,24 @@ const UXN: u64 = 1 << 54;
 const OUTPUT: u64 = 0x0000_ffff_ffff_f000;
 /// B's reach: ±128 MiB.
 const REACH: i128 = 1 << 27;
+/// What far patches (adrp, ±4 GiB by pages) are given: ±2 GiB, as x86-64's rel32.
+const FAR_REACH: i128 = 1 << 31;
 
 /// The region's place for code at `low..high` in the guest `target` reaches, stopped
 /// with `regs`, the region being at guest-physical `gpa`: the nearest 2 MiB slot within
 /// a `B` of all of it whose entry in an existing level-2 table of the guest's is
 /// invalid (see the module comment); the block descriptor glass writes there takes the
 /// memory attributes of the code's own mapping, writable and executable at EL1.
+///
+/// `far`: the entries take far patches (adrp), and the slot may be within ±2 GiB.
+/// Ok(None): no free entry within reach (the caller may plan far patches and ask again).
 pub fn choose_layout(
     target: &mut dyn GuestCode,
     regs: &[VcpuRegs],
     (low, high): (u64, u64),
     gpa: u64,
-) -> Result<Layout> {
+    far: bool,
+) -> Result<Option<Layout>> {
     let paging = regs
         .iter()
         .find_map(|r| match r {
@@ -280,7 +287,12 @@ pub fn choose_layout(
             bytes[..8].try_into().unwrap_or_default(),
         ))
     };
-    place(&tables, low, high, gpa, &mut read).map_err(Failure::bad_input)
+    // A test hook: the guest as one with no free entry near its code.
+    if !far && std::env::var_os("GLASS_TEST_AARCH64_REACH").is_some_and(|v| v == "no-near-slot") {
+        return Ok(None);
+    }
+    let reach = if far { FAR_REACH } else { REACH };
+    place(&tables, low, high, gpa, reach, &mut read).map_err(Failure::bad_input)
 }
 
 /// One half of an AArch64 guest's address space, with a 4 KiB granule.
@@ -377,8 +389,9 @@ fn place(
     low: u64,
     high: u64,
     gpa: u64,
+    reach: i128,
     read: &mut dyn FnMut(u64) -> std::result::Result<u64, String>,
-) -> std::result::Result<Layout, String> {
+) -> std::result::Result<Option<Layout>, String> {
     let region = REGION_BYTES as i128;
     if !gpa.is_multiple_of(REGION_BYTES) {
         return Err(format!(
@@ -396,8 +409,8 @@ fn place(
     // Every slot whose 2 MiB lie within a branch of every function, and every function
     // within a branch back of the slot: nearest the code first.
     let (low_signed, high_signed) = (low as i64 as i128, high as i64 as i128);
-    let lowest = high_signed + 4 - REACH + 4096;
-    let highest = low_signed + REACH - region - 4096;
+    let lowest = high_signed + 4 - reach + 4096;
+    let highest = low_signed + reach - region - 4096;
     let middle = (low_signed + high_signed) / 2;
     let first = (lowest + region - 1).div_euclid(region) * region;
     let mut slots: Vec<i128> = (0..)
@@ -405,9 +418,7 @@ fn place(
         .take_while(|&slot| slot <= highest)
         .collect();
     if slots.is_empty() {
-        return Err(format!(
-            "the code to trace spans {low:#x}..{high:#x}, more than a branch's ±128 MiB: no place for glass's region within reach of all of it"
-        ));
+        return Ok(None);
     }
     slots.sort_by_key(|&slot| (slot - middle).abs());
     for slot in slots {
@@ -421,7 +432,7 @@ fn place(
         // as free.)
         if level == 2 && (value == 0 || value == entry) {
             let table = at & !0xfff;
-            return Ok(Layout::aarch64(
+            return Ok(Some(Layout::aarch64(
                 base,
                 gpa,
                 at,
@@ -430,12 +441,10 @@ fn place(
                     "entry {} of the guest's level-2 table at guest-physical {table:#x}",
                     (at & 0xfff) / 8
                 ),
-            ));
+            )));
         }
     }
-    Err(format!(
-        "the guest's level-2 tables have no free 2 MiB entry within a branch (±128 MiB) of the code to trace ({low:#x}..{high:#x}): no room for glass's region"
-    ))
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -535,7 +544,9 @@ mod tests {
         };
         let (low, high) = (offset + 0x4020_1000, offset + 0x4020_3000);
         let gpa = 0x4800_0000;
-        let layout = place(&tables, low, high, gpa, &mut read).unwrap();
+        let layout = place(&tables, low, high, gpa, REACH, &mut read)
+            .unwrap()
+            .unwrap();
         // Next to the image's block: the slot after it.
         assert_eq!(layout.base(), offset + 0x4040_0000);
         let (at, entry) = layout.entry();
@@ -553,9 +564,21 @@ mod tests {
             root: 0x1000,
             bits: 39,
         };
-        assert!(place(&huge, low, high, gpa, &mut bare).is_err());
+        assert!(place(&huge, low, high, gpa, REACH, &mut bare)
+            .unwrap()
+            .is_none());
         // Code spread over more than a branch reaches: refused.
-        assert!(place(&tables, low, low + (300 << 20), gpa, &mut read).is_err());
+        assert!(
+            place(&tables, low, low + (300 << 20), gpa, REACH, &mut read)
+                .unwrap()
+                .is_none()
+        );
+        // With far patches (adrp): placed, within their ±2 GiB.
+        assert!(
+            place(&tables, low, low + (300 << 20), gpa, FAR_REACH, &mut read)
+                .unwrap()
+                .is_some()
+        );
         let starts = |bits| Tables { root: 0, bits }.start_level();
         assert_eq!((starts(48), starts(39), starts(30)), (0, 1, 2));
     }

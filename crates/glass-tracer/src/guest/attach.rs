@@ -37,7 +37,7 @@ use serde_json::json;
 use super::layout::{self, RegionAccess};
 use super::{
     check_code, choice_arch, choose, counter_hz, drain_until, finish, image_code, patch, replay,
-    stub_failure, text_span, write_header, Ended,
+    stub_failure, write_header, Ended,
 };
 use crate::{Failure, Output, Result, TraceNotes, TraceOptions, Traced};
 
@@ -280,7 +280,7 @@ pub(super) fn trace_attached(
     notes: &mut dyn TraceNotes,
     reached: Reached,
     (mark, guardian): (&StopMark, &mut glass_record::guardian::Guardian),
-    (symbols, choice, mut skipped): (
+    (symbols, mut choice, mut skipped): (
         &std::path::Path,
         crate::select::ModuleChoice,
         Vec<crate::Skip>,
@@ -299,7 +299,6 @@ pub(super) fn trace_attached(
     } = reached;
     super::end_on_signals();
     let clock_start = (glass_probe_abi::rdtsc(), glass_record::monotonic_now_ns());
-    let span = text_span(&choice);
     let vcpus = target.borrow().vcpu_count();
     let arch = choice_arch(&choice);
     let mut regs = vec![VcpuRegs::zeroed(arch); vcpus];
@@ -313,7 +312,13 @@ pub(super) fn trace_attached(
             .map_err(Failure::runtime)
             .and_then(|()| {
                 check_long_mode(&regs, arch)?;
-                let layout = super::choose_layout(&mut *target, &regs, span, region_gpa)?;
+                let layout = super::place_region(
+                    &mut *target,
+                    &regs,
+                    region_gpa,
+                    &mut choice,
+                    &mut skipped,
+                )?;
                 Ok((layout, counter_hz(&mut *target, arch)?))
             });
         let resumed = target.resume();
@@ -322,6 +327,9 @@ pub(super) fn trace_attached(
         resumed.map_err(Failure::runtime)?;
         looked
     };
+    if let Some(note) = choice.far_note() {
+        notes.note(&note);
+    }
     let mut image = vec![0u8; layout::IMAGE_BYTES as usize];
     if reused {
         region.read(0, &mut image[..layout::HEADER_BYTES as usize]);

@@ -314,10 +314,10 @@ impl Layout {
             let address = self.address(at);
             let (code, moves) = match plan {
                 Planned::X86(plan) => call_trampoline::build(plan, id, address, &ring),
-                // Guarded: a relocated branch out of reach is refused rather than taken
-                // through x16 (the patch is near: none is).
+                // A BTI-marked image's way back must be a direct B (a far trampoline out
+                // of its reach is refused); an unmarked one's may go through x16.
                 Planned::Aarch64(plan) => {
-                    glass_patch::aarch64_call::build(plan, id, address, &ring, true)
+                    glass_patch::aarch64_call::build(plan, id, address, &ring, choice.bti_guarded)
                 }
             }
             .map_err(|e| format!("{}: {e}", function.name))?;

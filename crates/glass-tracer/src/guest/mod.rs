@@ -541,7 +541,6 @@ fn trace_launched(
     let mut client =
         connected.map_err(|e| stub_failure("cannot connect to the VM's GDB stub", e))?;
     mark.end();
-    let (text_low, text_high) = text_span(&choice);
     let vcpus = client.vcpus.len();
     let mut regs = vec![VcpuRegs::zeroed(client.arch()); vcpus];
     let entries: Vec<u64> = choice
@@ -559,7 +558,9 @@ fn trace_launched(
     // From the breakpoint's stop to the resume after patching, glass holds the VM.
     mark.begin();
     let arch = client.arch();
-    let chosen = choose_layout(&mut client, &regs, (text_low, text_high), region_gpa);
+    let mut choice = choice;
+    let mut skipped = skipped;
+    let chosen = place_region(&mut client, &regs, region_gpa, &mut choice, &mut skipped);
     let counter_hz = counter_hz(&mut client, arch);
     let (layout, counter_hz) = match chosen.and_then(|layout| counter_hz.map(|hz| (layout, hz))) {
         Ok(chosen) => chosen,
@@ -569,7 +570,9 @@ fn trace_launched(
             return Err(failure);
         }
     };
-    let mut skipped = skipped;
+    if let Some(note) = choice.far_note() {
+        notes.note(&note);
+    }
     let layout::Installation {
         installed,
         patches,
@@ -855,7 +858,8 @@ fn patch(
         .map_err(|e| Failure::runtime(format!("cannot map glass's region in the guest: {e}")))?;
     // Before the jumps are written: a backend that lets the guest run a moment to have
     // a vCPU leave the bytes they replace (Xen) needs those bytes still whole. (None to
-    // move, no vCPU is looked at: the stub's vCPU selected for the writes stays.)
+    // move, no vCPU is looked at; the stub's looks at every vCPU and selects one that
+    // maps the code again for the writes.)
     if !moves.is_empty() {
         target.move_vcpus(moves).map_err(|e| {
             Failure::runtime(format!("cannot move a vCPU out of the patched bytes: {e}"))
@@ -902,22 +906,52 @@ fn counter_hz(target: &mut dyn GuestCode, arch: glass_format::Arch) -> Result<Op
     }
 }
 
-/// The region's place in the guest that `target` reaches, stopped with `regs` (an
-/// AArch64 guest's: see `aarch64`).
-fn choose_layout(
+/// The region's place in the guest that `target` reaches, stopped with `regs`, for the
+/// functions `choice` plans. An AArch64 guest (see `aarch64`) whose tables have no free
+/// entry within B's reach of its code has its functions planned again with far patches
+/// (adrp, add, br x16) and the entry looked for within ±2 GiB; the functions the far
+/// patch refuses join `skipped`.
+fn place_region(
     target: &mut dyn GuestCode,
     regs: &[VcpuRegs],
-    (low, high): (u64, u64),
     region_gpa: u64,
+    choice: &mut select::ModuleChoice,
+    skipped: &mut Vec<Skip>,
 ) -> Result<Layout> {
-    if matches!(regs.first(), Some(VcpuRegs::Aarch64(_))) {
-        return aarch64::choose_layout(target, regs, (low, high), region_gpa);
+    let (low, high) = text_span(choice);
+    if !matches!(regs.first(), Some(VcpuRegs::Aarch64(_))) {
+        let cr3 = long_mode_cr3(regs)?;
+        return Layout::choose(low, high, region_gpa, cr3, &mut |at| {
+            read_u64_physical(target, at)
+        })
+        .map_err(Failure::bad_input);
     }
-    let cr3 = long_mode_cr3(regs)?;
-    Layout::choose(low, high, region_gpa, cr3, &mut |at| {
-        read_u64_physical(target, at)
-    })
-    .map_err(Failure::bad_input)
+    let far = choice.far_patches();
+    if let Some(layout) = aarch64::choose_layout(target, regs, (low, high), region_gpa, far)? {
+        return Ok(layout);
+    }
+    let refused = |(low, high): (u64, u64)| {
+        Failure::bad_input(format!(
+            "the guest's level-2 tables have no free 2 MiB entry within ±2 GiB of the code to trace ({low:#x}..{high:#x}): no room for glass's region"
+        ))
+    };
+    if far {
+        return Err(refused((low, high)));
+    }
+    select::replan_far_at(
+        choice,
+        "the guest's level-2 tables have no free entry for glass's region within a B's ±128 MiB of the code",
+    )
+    .map_err(Failure::bad_input)?;
+    let module = choice.path.clone();
+    skipped.extend(choice.skipped.drain(..).map(|(function, reason)| Skip {
+        module: module.clone(),
+        address: function.address,
+        name: function.name,
+        reason,
+    }));
+    let span = text_span(choice);
+    aarch64::choose_layout(target, regs, span, region_gpa, true)?.ok_or_else(|| refused(span))
 }
 
 /// The recording's first records: what is traced and what is not (a guest of `arch`).

@@ -398,6 +398,22 @@ pub fn python_split_rounds(python: &str, seconds: f64) -> String {
 
 /// `glass report --format calls`: (calls, median time per call in ns) per function.
 pub fn calls_and_self(recording: &Path) -> std::collections::BTreeMap<String, (u64, f64)> {
+    calls_table(recording)
+        .into_iter()
+        .map(|row| (row.name, (row.calls, row.median_ns)))
+        .collect()
+}
+
+/// One line of `glass report --format calls`.
+pub struct CallsRow {
+    pub name: String,
+    pub calls: u64,
+    pub total_ns: f64,
+    pub median_ns: f64,
+}
+
+/// `glass report --format calls` of a recording, row by row.
+pub fn calls_table(recording: &Path) -> Vec<CallsRow> {
     let output = glass(&["report", recording.to_str().unwrap(), "--format", "calls"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let unit = |value: &str, unit: &str| -> Option<f64> {
@@ -415,9 +431,12 @@ pub fn calls_and_self(recording: &Path) -> std::collections::BTreeMap<String, (u
         .filter_map(|line| {
             // calls, total, self, self cycles, min, p50, ...; the name last.
             let f: Vec<&str> = line.split_whitespace().collect();
-            let calls: u64 = f.first()?.parse().ok()?;
-            let median = unit(f.get(8)?, f.get(9)?)?;
-            Some((f.last()?.to_string(), (calls, median)))
+            Some(CallsRow {
+                calls: f.first()?.parse().ok()?,
+                total_ns: unit(f.get(1)?, f.get(2)?)?,
+                median_ns: unit(f.get(8)?, f.get(9)?)?,
+                name: f.last()?.to_string(),
+            })
         })
         .collect()
 }
