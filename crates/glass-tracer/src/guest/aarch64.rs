@@ -17,10 +17,11 @@
 //! level-2 table the guest already has (4 KiB granule), at the nearest 2 MiB slot within
 //! ±128 MiB of every patched function ([`super::layout::Layout::aarch64`]). A kernel's
 //! image sits in a 1 GiB slot whose level-2 table maps it with blocks or pages; the rest
-//! of that table is usually empty (the demo's is). Where no such entry is free glass
-//! refuses in one line. Code spread over more than B's reach takes far patches (`adrp,
-//! add, br x16`, select's far plans, as a process's does): the slot is then looked for
-//! within ±2 GiB.
+//! of that table is usually empty (the demo's is). Code spread over more than B's reach
+//! takes far patches (`adrp, add, br x16`, select's far plans, as a process's does), and
+//! so does code with no free entry within B's reach (`super::place_region` plans it
+//! again): the slot is then looked for within ±2 GiB, and where none is free glass
+//! refuses in one line.
 //!
 //! **Caches.** Under TCG there are none to maintain: the trampolines are written into the
 //! memfd before any vCPU runs there (QEMU holds no translation of them), and the entry
