@@ -135,11 +135,11 @@ if ! fresh "$OUT/uk-xen-nofp.img" "${UK_SRC[@]}"; then
     "$HERE/../aarch64/build.sh" "$OUT" 0 xen >&2
 fi
 # The exact-count build that glass trace --xen traces whole (crates/glass/tests/
-# xen_arm64_dom0.sh): idle 12 s, 20 rounds, idle 6 s, then rounds forever, hashing its
+# xen_arm64_dom0.sh): idle 12 s, 20 rounds, idle 4 s, then rounds forever, hashing its
 # own .text with every split line (guests/aarch64/kernel.c).
 if ! fresh "$OUT/uk-xen-exact.img" "${UK_SRC[@]}"; then
     log "uk-xen-exact (the exact-count build)"
-    AARCH64_DEFINES="-DSTART_IDLE_MS=12000 -DEXACT_ROUNDS=20 -DHOLD_MS=6000" \
+    AARCH64_DEFINES="-DSTART_IDLE_MS=12000 -DEXACT_ROUNDS=20 -DHOLD_MS=4000" \
         "$HERE/../aarch64/build.sh" "$OUT/exact" 0 xen >&2
     for f in img elf; do cp -f "$OUT/exact/uk-xen-fp.$f" "$OUT/uk-xen-exact.$f"; done
     rm -rf "$OUT/exact"

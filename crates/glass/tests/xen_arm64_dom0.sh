@@ -94,7 +94,7 @@ cat "$OUT/endings.txt"
 xl destroy ukfp
 
 # glass trace --xen: the exact-count build (kit.sh's uk-xen-exact: idle 12 s, 20 rounds,
-# idle 6 s, then rounds forever; a "text fnv=" hash of its own .text with every split
+# idle 4 s, then rounds forever; a "text fnv=" hash of its own .text with every split
 # line) as domU tr, traced from dom0:
 #   trace.exact.glass, .err, .rc, .calls   attached in the first idle, detached in the
 #                                       second: the 20 rounds whole

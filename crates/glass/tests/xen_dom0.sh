@@ -278,7 +278,7 @@ tr -d '\r' <"$(console lin)" >"$OUT/linux.console.before"
 # At 199 Hz: this guest's clock (the TSC) runs on while glass holds the domain paused, so
 # its own split counts glass's pauses, which are longer in beta's deeper stack; a low
 # rate keeps that small.
-"$GLASS" record --xen lin -F 199 -d 25 --symbols "$GLASS_KIT/split" -o "$OUT/linux.glass" 2>"$OUT/linux.err"
+"$GLASS" record --xen lin -F 199 -d 15 --symbols "$GLASS_KIT/split" -o "$OUT/linux.glass" 2>"$OUT/linux.err"
 echo "$?" >"$OUT/linux.rc"
 tr -d '\r' <"$(console lin)" >"$OUT/linux.console"
 cat "$OUT/linux.err"
@@ -333,7 +333,7 @@ pvhl_state before >"$OUT/pvhl.state"
 # of kernel time still exceeds the kernel's own accounting by 8-12 points: hypercalls and
 # interrupts (xen_hypercall_amd, the APIC EOI), which the guest's ticks never see and
 # glass's pauses add to; docs/guests.md has the figures.
-"$GLASS" record --xen pvhl -F 19 -d 30 --symbols "$OUT/pvhl.kallsyms" -o "$OUT/pvhl.glass" 2>"$OUT/pvhl.err"
+"$GLASS" record --xen pvhl -F 19 -d 25 --symbols "$OUT/pvhl.kallsyms" -o "$OUT/pvhl.glass" 2>"$OUT/pvhl.err"
 echo "$?" >"$OUT/pvhl.rc"
 # One more line, so that the guest's own window covers the whole recording.
 want=$(($(ksplits) + 1))
