@@ -99,7 +99,7 @@ fn boot_and_run() -> Result<PathBuf, String> {
         .arg("hvm")
         .env(
             "XENPV_DEFINES",
-            "-DSTART_IDLE_MS=6000 -DEXACT_ROUNDS=200 -DHOLD_MS=3000",
+            "-DSTART_IDLE_MS=10000 -DEXACT_ROUNDS=200 -DHOLD_MS=3000",
         )
         .stdout(std::process::Stdio::null())
         .status()

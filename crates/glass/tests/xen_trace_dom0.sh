@@ -3,7 +3,7 @@
 # crates/glass/tests/xen.rs). The demo unikernel's PVH build (guests/xenpv, linked in the
 # top 2 GiB, no room at the top-level entry: glass's region hangs from its own table),
 # 2 vCPUs both calling checkpoint, traced from dom0 and left as found. It is the
-# exact-count build ($EXACT_ELF: idle 6 s, 200 rounds, idle 3 s, then rounds forever).
+# exact-count build ($EXACT_ELF: idle 10 s, 200 rounds, idle 3 s, then rounds forever).
 # In $GLASS_OUT:
 #   trace.exact.glass, .err, .rc, .calls   attached in the first idle, detached in the
 #                                       second: the 200 rounds whole
