@@ -521,22 +521,12 @@ pub fn read_module_of(
             // One B over the entry (after a landing pad), to a trampoline within its
             // reach: the region is mapped within ±128 MiB of the module.
             let reach = glass_patch::aarch64::Reach::Near;
-            match glass_patch::aarch64::analyze(code, function.address, reach) {
-                Ok(plan) => match targets
-                    .range(function.address + 1..plan.patch_at + plan.reach.bytes())
-                    .next()
-                {
-                    Some(&target) => choice
-                        .skipped
-                        .push((function.clone(), SkipReason::BranchIntoPatch { target })),
-                    None => {
-                        let lr_save = lr_saves.get(&function.address).copied().unwrap_or(0);
-                        choice.arm_patchable.push((function.clone(), plan, lr_save));
-                    }
-                },
-                Err(reason) => choice
-                    .skipped
-                    .push((function.clone(), SkipReason::Patch(reason))),
+            match arm_plan(code, function, reach, &targets) {
+                Ok(plan) => {
+                    let lr_save = lr_saves.get(&function.address).copied().unwrap_or(0);
+                    choice.arm_patchable.push((function.clone(), plan, lr_save));
+                }
+                Err(reason) => choice.skipped.push((function.clone(), reason)),
             }
             continue;
         }
@@ -675,18 +665,29 @@ fn replan_far(
             choice.skipped.push((function, SkipReason::NoCode));
             continue;
         };
-        match glass_patch::aarch64::analyze(code, function.address, reach) {
-            Ok(plan) => match targets
-                .range(function.address + 1..plan.patch_at + plan.reach.bytes())
-                .next()
-            {
-                Some(&target) => choice
-                    .skipped
-                    .push((function, SkipReason::BranchIntoPatch { target })),
-                None => choice.arm_patchable.push((function, plan, lr_save)),
-            },
-            Err(reason) => choice.skipped.push((function, SkipReason::Patch(reason))),
+        match arm_plan(code, &function, reach, targets) {
+            Ok(plan) => choice.arm_patchable.push((function, plan, lr_save)),
+            Err(reason) => choice.skipped.push((function, reason)),
         }
+    }
+}
+
+/// An AArch64 function's entry patch of `reach`, or why it has none: what the patch
+/// displaces refused, or a branch of the module landing inside it.
+fn arm_plan(
+    code: &[u8],
+    function: &Function,
+    reach: glass_patch::aarch64::Reach,
+    targets: &std::collections::BTreeSet<u64>,
+) -> Result<glass_patch::aarch64::Plan, SkipReason> {
+    let plan =
+        glass_patch::aarch64::analyze(code, function.address, reach).map_err(SkipReason::Patch)?;
+    match targets
+        .range(function.address + 1..plan.patch_at + plan.reach.bytes())
+        .next()
+    {
+        Some(&target) => Err(SkipReason::BranchIntoPatch { target }),
+        None => Ok(plan),
     }
 }
 

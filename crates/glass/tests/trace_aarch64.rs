@@ -324,6 +324,20 @@ fn traced_same(run: &VmRun, name: &str) -> Counts {
     counts(&run.path(&format!("{name}.glass")))
 }
 
+/// nf's traced run NAME behaved as the native one, and counted every call of its six
+/// traced functions as nf printed them, entries and exits, none lost.
+fn nf_counted_exactly(run: &VmRun, name: &str) -> Counts {
+    let counted = traced_same(run, name);
+    assert_eq!(counted.lost(), 0, "{name}");
+    let expected = printed_counts(&run.read(&format!("{name}.native")));
+    assert_eq!(expected.len(), 6, "{expected:?}");
+    for (function, n) in &expected {
+        assert_eq!(counted.calls(function), *n, "{name}: entries of {function}");
+        assert_eq!(counted.ended(function), *n, "{name}: exits of {function}");
+    }
+    counted
+}
+
 #[test]
 fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentication() {
     let HarnessRun {
@@ -339,14 +353,7 @@ fn trace_counts_every_call_exactly_on_aarch64_with_and_without_pointer_authentic
         "{summary}"
     );
     for name in ["nf", "nf-pac", "nf-pac-entry"] {
-        let counted = traced_same(run, name);
-        assert_eq!(counted.lost(), 0, "{name}");
-        let expected = printed_counts(&run.read(&format!("{name}.native")));
-        assert_eq!(expected.len(), 6, "{expected:?}");
-        for (function, n) in &expected {
-            assert_eq!(counted.calls(function), *n, "{name}: entries of {function}");
-            assert_eq!(counted.ended(function), *n, "{name}: exits of {function}");
-        }
+        let counted = nf_counted_exactly(run, name);
         assert!(counted.unwound.is_empty(), "{name}: {:?}", counted.unwound);
     }
     // Both PAC builds sign in the traced functions that call others. In nf-pac the
@@ -489,19 +496,12 @@ fn library_calls_through_the_got_on_aarch64_lazy_bind_now_and_no_plt() {
 fn far_patches_through_x16_count_every_call_exactly_on_aarch64() {
     let HarnessRun { run, .. } = harness_run();
     for name in ["nf-far", "nf-pac-entry-far"] {
-        let counted = traced_same(run, name);
+        nf_counted_exactly(run, name);
         let err = run.read(&format!("{name}.err"));
         assert!(
             err.contains("6 functions patched with adrp, add and br x16"),
             "{err}"
         );
-        assert_eq!(counted.lost(), 0, "{name}");
-        let expected = printed_counts(&run.read(&format!("{name}.native")));
-        assert_eq!(expected.len(), 6, "{expected:?}");
-        for (function, n) in &expected {
-            assert_eq!(counted.calls(function), *n, "{name}: entries of {function}");
-            assert_eq!(counted.ended(function), *n, "{name}: exits of {function}");
-        }
     }
     let counted = traced_same(run, "recursion-far");
     assert_eq!(counted.calls("descend"), 100 * 1000);
