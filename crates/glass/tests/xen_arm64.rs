@@ -443,18 +443,23 @@ fn the_arm64_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
         "{again}"
     );
     assert!(again.contains(" 0 lost"), "{again}");
+    // The killed trace's calls after its last read (while its glass was stopped, until
+    // its guardian put the code back) are still in the ring: read and set aside, not
+    // taken for this trace's. (Taken, they once showed a round whose gamma came after
+    // the code went back: a dispatch without its gamma.)
+    assert!(again.contains("set aside "), "{again}");
     let again = counts(&out.join("trace.again.glass"));
     let count = |f: &str| again.entries.get(f).copied().unwrap_or(0);
-    assert!(count("dispatch") >= 1, "{:?}", again.entries);
-    // Every function timed in the reused region. Not held to one call each of the
-    // others per dispatch, as on x86-64: in one fresh clone's run of two, 2 of 196 gamma
-    // calls of this mid-run trace had no records at all, with no loss counted (one in a
-    // round that stalled 41 ms in descend), which is not explained yet (issue 35's
-    // closing note). The exact trace above is held to every call.
-    for f in ["alpha", "beta", "gamma", "spin_block"] {
-        assert!(count(f) >= 1, "{f}: {:?}", again.entries);
+    assert!(count("dispatch") >= 10, "{:?}", again.entries);
+    // One round: dispatch calls alpha, beta and gamma once each, alpha spin_block, beta
+    // 80 descend frames; a round under way at attach or detach is not counted whole.
+    for f in ["alpha", "beta", "gamma"] {
+        assert!(
+            count(f).abs_diff(count("dispatch")) <= 1,
+            "{f}: {:?}",
+            again.entries
+        );
     }
-    // A call under way at attach or detach is the only one missing here.
     assert!(
         count("alpha").abs_diff(count("spin_block")) <= 1,
         "{:?}",

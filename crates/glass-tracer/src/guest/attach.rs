@@ -388,6 +388,11 @@ pub(super) fn trace_attached(
             return Err(failure);
         }
     };
+    // Still stopped: the records reserved so far are an earlier trace's. (The region's
+    // reads go through the stub connection `guest` holds, with `--gdb`.)
+    drop(guest);
+    let patched_at = layout::ring_head(region);
+    let mut guest = target.borrow_mut();
     guest.resume().map_err(Failure::runtime)?;
     mark.end();
     drop(guest);
@@ -418,7 +423,7 @@ pub(super) fn trace_attached(
         },
     }));
     let mut replay = replay::Replay::default();
-    let mut ring = layout::RingReader::resuming(region);
+    let mut ring = layout::RingReader::resuming(region, patched_at);
     let mut hooked = false;
     let why = drain_until(
         (region, &mut ring, &mut replay, &mut out),
@@ -449,6 +454,12 @@ pub(super) fn trace_attached(
     let _ = target.borrow_mut().detach();
     mark.end();
     let restored = restored?;
+    if ring.set_aside() > 0 {
+        notes.note(&format!(
+            "set aside {} records an earlier trace of this VM left in the ring (calls it timed after its last read)",
+            ring.set_aside()
+        ));
+    }
     notes.note(&format!(
         "detached: the VM stopped {:.1} ms to restore {} patched byte ranges ({} vCPUs moved out of the trampolines); the code reads as before",
         detach_started.elapsed().as_secs_f64() * 1e3,

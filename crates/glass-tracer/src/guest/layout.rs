@@ -490,6 +490,10 @@ fn word(shared: &[u8], offset: u64) -> &AtomicU64 {
 #[derive(Default)]
 pub struct RingReader {
     tail: u64,
+    /// Records reserved before this trace's patches went in (below this head) are an
+    /// earlier trace's: read, to keep the ring moving, and set aside.
+    earlier_until: u64,
+    set_aside: u64,
     first_tsc: Option<u64>,
     dropped: u64,
     /// The drop count an earlier trace of the same region left.
@@ -497,12 +501,24 @@ pub struct RingReader {
     batch: Vec<u8>,
 }
 
+/// The ring's head: how many records were ever reserved in the region.
+pub fn ring_head(region: &dyn RegionAccess) -> u64 {
+    region.load(HEAD)
+}
+
 impl RingReader {
     /// A reader that goes on where an earlier trace's left the region's ring (a new
-    /// region reads 0s: from the start).
-    pub fn resuming(region: &dyn RegionAccess) -> RingReader {
+    /// region reads 0s: from the start). `patched_at` is the ring's head when this
+    /// trace's patches went in ([`ring_head`], read with the guest stopped): the records
+    /// before it are an earlier trace's, which this one does not replay. They are calls
+    /// that earlier trace timed after its last read: while its glass was stopped before
+    /// it was killed, or before its guardian put the code back, or returning after it
+    /// detached; their ids are its ids, not this trace's, and a call it was in when its
+    /// patches went shows some of its callees, not all.
+    pub fn resuming(region: &dyn RegionAccess, patched_at: u64) -> RingReader {
         RingReader {
             tail: region.load(TAIL),
+            earlier_until: patched_at,
             dropped_before: region.load(DROPPED),
             ..RingReader::default()
         }
@@ -527,6 +543,7 @@ impl RingReader {
             self.batch.resize((count * RECORD_BYTES) as usize, 0);
             region.read(RECORDS + index * RECORD_BYTES, &mut self.batch);
             let mut published = 0;
+            let earlier = self.earlier_until.saturating_sub(self.tail + taken);
             for record in self.batch.chunks_exact(RECORD_BYTES as usize) {
                 let tsc = u64::from_le_bytes(record[..8].try_into().unwrap_or_default());
                 let word = u64::from_le_bytes(record[8..].try_into().unwrap_or_default());
@@ -541,8 +558,12 @@ impl RingReader {
                 let Some(record) = Record::decode(tsc, word) else {
                     break;
                 };
-                self.first_tsc.get_or_insert(record.tsc);
-                replay.add(record);
+                if published < earlier {
+                    self.set_aside += 1;
+                } else {
+                    self.first_tsc.get_or_insert(record.tsc);
+                    replay.add(record);
+                }
                 published += 1;
             }
             region.zero(RECORDS + index * RECORD_BYTES, published * RECORD_BYTES);
@@ -557,6 +578,11 @@ impl RingReader {
         }
         self.dropped = region.load(DROPPED).saturating_sub(self.dropped_before);
         taken as usize
+    }
+
+    /// Records of an earlier trace read and not replayed (see [`RingReader::resuming`]).
+    pub fn set_aside(&self) -> u64 {
+        self.set_aside
     }
 
     /// The first record's time stamp (0 before any).
@@ -586,6 +612,65 @@ mod tests {
 
     fn reach(from: u64, to: u64) -> bool {
         (to.wrapping_sub(from + 5) as i64).unsigned_abs() < 1 << 31
+    }
+
+    /// A published record at ring index `index`: its time stamp, then its word.
+    fn publish(region: &Words, index: u64, tsc: u64, slot: u64, id: u64, exit: bool) {
+        let at = RECORDS + index * RECORD_BYTES;
+        region.store(at, tsc);
+        region.store(at + 8, slot << 16 | id << 1 | u64::from(exit));
+    }
+
+    fn events(replay: &mut Replay) -> Vec<(u32, glass_probe_abi::EventKind)> {
+        let mut events = Vec::new();
+        replay.take(|_, words| {
+            let mut unwrap = glass_probe_abi::TscUnwrapper::new(0);
+            events.extend(words.iter().map(|&w| {
+                let event = unwrap.decode(w);
+                (event.function, event.kind)
+            }));
+        });
+        events
+    }
+
+    #[test]
+    fn an_earlier_traces_records_are_read_and_set_aside() {
+        use glass_probe_abi::EventKind::{Entry, Exit};
+        let memory = vec![0u64; (REGION_BYTES / 8) as usize];
+        // SAFETY: the vector's own bytes, 8-aligned, borrowed as long as it lives.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(memory.as_ptr().cast::<u8>(), REGION_BYTES as usize)
+        };
+        let region = Words(bytes);
+        // The earlier trace read record 0. Then, before its code went back: a call of
+        // its function 3 whole, and the entry of its function 2, whose callee after the
+        // code went back was not timed. This trace patched with the head at 4, then
+        // timed its function 0; record 6 is reserved, not yet written.
+        let (stack, deeper) = (0xffff_0000_0010_0000, 0xffff_0000_0010_0000 - 64);
+        publish(&region, 1, 100, deeper, 3, false);
+        publish(&region, 2, 110, deeper, 3, true);
+        publish(&region, 3, 120, stack, 2, false);
+        publish(&region, 4, 200, deeper, 0, false);
+        publish(&region, 5, 210, deeper, 0, true);
+        region.store(TAIL, 1);
+        region.store(HEAD, 7);
+        let mut reader = RingReader::resuming(&region, 4);
+        let mut replay = Replay::default();
+        assert_eq!(reader.drain(&region, &mut replay), 5);
+        assert_eq!(reader.set_aside(), 3);
+        assert_eq!(reader.first_tsc(), 200);
+        assert_eq!(events(&mut replay), [(0, Entry), (0, Exit)]);
+        assert_eq!(region.load(TAIL), 6);
+        for index in 1..6 {
+            let at = RECORDS + index * RECORD_BYTES;
+            assert_eq!((region.load(at), region.load(at + 8)), (0, 0));
+        }
+        // The earlier trace's call returns now, after this trace's own records: an exit
+        // this trace never saw enter, not replayed.
+        publish(&region, 6, 220, stack, 2, true);
+        assert_eq!(reader.drain(&region, &mut replay), 1);
+        assert_eq!(replay.unmatched_exits, 1);
+        assert!(events(&mut replay).is_empty());
     }
 
     #[test]
