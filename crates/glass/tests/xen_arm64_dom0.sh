@@ -80,8 +80,9 @@ for signal in INT TERM KILL KILL KILL; do
             sleep 0.1
         done
     fi
-    # KILLs land at spread moments: while starting, and while sampling.
-    sleep $((2 + n))
+    # INT and TERM a second into sampling; KILLs at spread moments (2, 3 and 4 s
+    # after the start: while starting, and while sampling).
+    if [ "$signal" = KILL ]; then sleep "$n"; else sleep 1; fi
     kill -"$signal" "$pid"
     wait "$pid"
     rc=$?

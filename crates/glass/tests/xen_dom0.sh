@@ -21,10 +21,10 @@
 #                                       ... nofp: no frame pointers, the C's CFI only in
 #                                       .debug_frame) as KIND = pv and pvh, 5 s each
 #   trace.*                             glass trace --xen of the PVH build (xen_trace_dom0.sh)
-#   pvhl.glass, pvhl.err, pvhl.console(.before), pvhl.kallsyms
+#   pvhl.glass, pvhl.err, pvhl.console(.before), pvhl.kallsyms, pvhl.text
 #                                       Debian's kernel as a PVH domU (1 vCPU) running a
 #                                       known kernel/user split (guests/xen/linux/
-#                                       kernel-split.sh), recorded with its own kallsyms
+#                                       kernel-split.sh), recorded with the Linux kit's kallsyms
 # The host writes $GLASS_OUT/env first (GLASS: the binary, PV_ELF: the unikernel, HVM_ELF:
 # its PVH/HVM build, PV_NOFP_ELF and PVH_NOFP_ELF: their Unikraft-style builds). Xen must
 # offer hvm (run.sh with GLASS_XEN_CPU=max,-smap,-avx,-avx2).
@@ -90,7 +90,8 @@ echo "== endings"
 for signal in INT TERM; do
     "$GLASS" record --xen uk -F 499 --symbols "$PV_ELF" -o "$OUT/end.$signal.glass" 2>"$OUT/end.$signal.err" &
     pid=$!
-    sleep 3
+    wait_sampling "$OUT/end.$signal.err" 30
+    sleep 1
     kill -"$signal" "$pid"
     wait "$pid"
     rc=$?
@@ -107,7 +108,7 @@ for i in 1 2 3 4 5 6 7 8; do
     sleep "$delay"
     kill -KILL "$pid"
     wait "$pid" 2>/dev/null
-    sleep 1
+    wait_guardian 2
     echo "KILL$i delay=$delay state=$(state uk)" >>"$OUT/endings.txt"
 done
 # And by construction: glass stops itself while it holds the domain paused
@@ -122,7 +123,7 @@ done
 held="$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) $(state uk)"
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-sleep 1
+wait_guardian 2
 echo "PAUSED-KILL before=$held after=$(state uk)" >>"$OUT/endings.txt"
 # The stop bound (the default, 50 ms): glass stopped inside the pause is killed by its
 # guardian, which unpauses the domain; nobody else touches it.
@@ -130,7 +131,7 @@ GLASS_STOP_BOUND_MS=50 GLASS_XEN_STOP_WHILE_PAUSED=1 "$GLASS" record --xen uk -F
 pid=$!
 wait "$pid" 2>/dev/null
 status=$?
-sleep 1
+wait_guardian 2
 echo "BOUND status=$status after=$(state uk)" >>"$OUT/endings.txt"
 wait_lines uk 60 2 && progressed=yes || progressed=no
 echo "after-kills state=$(state uk) progressed=$progressed" >>"$OUT/endings.txt"
@@ -201,7 +202,8 @@ EOF
     for signal in INT TERM; do
         "$GLASS" record --xen "$kind" -F 499 --symbols "$HVM_ELF" -o "$OUT/end.$kind.$signal.glass" 2>"$OUT/end.$kind.$signal.err" &
         pid=$!
-        sleep 3
+        wait_sampling "$OUT/end.$kind.$signal.err" 30
+        sleep 1
         kill -"$signal" "$pid"
         wait "$pid"
         rc=$?
@@ -215,7 +217,7 @@ EOF
         sleep "$delay"
         kill -KILL "$pid"
         wait "$pid" 2>/dev/null
-        sleep 1
+        wait_guardian 2
         echo "KILL$i delay=$delay state=$(state "$kind")" >>"$OUT/endings.$kind.txt"
     done
     wait_lines "$kind" 60 1 && progressed=yes || progressed=no
@@ -286,7 +288,8 @@ cat "$OUT/linux.err"
 echo "== a domain destroyed while recorded"
 "$GLASS" record --xen lin -F 499 --symbols "$GLASS_KIT/split" -o "$OUT/gone.glass" 2>"$OUT/gone.err" &
 pid=$!
-sleep 4
+wait_sampling "$OUT/gone.err" 30
+sleep 1
 xl destroy "$domid"
 wait "$pid"
 echo "rc=$?" >"$OUT/gone.txt"
@@ -296,7 +299,7 @@ echo "== Linux PVH domU"
 # Debian's kernel booted as PVH (no KASLR: the kallsyms it prints hold while it runs),
 # running kernel-split.sh: busybox dd from /dev/zero to /dev/null (kernel time) beside a
 # shell loop of builtins (user time), one vCPU, with each process's utime/stime printed
-# every 2 s. It prints the text symbols of its /proc/kallsyms first (gzip, base64).
+# every 2 s. It prints its _text line of /proc/kallsyms first.
 cat >/run/pvhl.cfg <<EOF
 name = "pvhl"
 type = "pvh"
@@ -319,9 +322,16 @@ while [ "$(ksplits)" -lt 2 ]; do
     sleep 0.5
 done
 echo "pvhl ran its workload $(($(date +%s) - pvhl_started)) s after xl create"
-tr -d '\r' <"$(console pvhl)" | sed -n '/^kallsyms-begin/,/^kallsyms-end/p' | sed '1d;$d' |
-    base64 -d | gunzip >"$OUT/pvhl.kallsyms"
-echo "kallsyms: $(wc -l <"$OUT/pvhl.kallsyms") text symbols, $(grep -w _text "$OUT/pvhl.kallsyms")"
+# The kit's table of the same kernel (its text symbols and the few data symbols that place
+# the ORC tables and the IRQ stacks; not its modules', this domU loads none), and the
+# domU's own _text line beside the kit's: equal when the table holds.
+awk 'NF == 3 && ($2 ~ /^[tTwW]$/ || $3 ~ /^(__start_orc_unwind|__start_orc_unwind_ip|__stop_orc_unwind_ip|hardirq_stack_ptr)$/)' \
+    "$LINUX_KALLSYMS" >"$OUT/pvhl.kallsyms"
+{
+    echo "domU: $(tr -d '\r' <"$(console pvhl)" | sed -n 's/^kallsyms //p' | head -n1)"
+    echo "kit: $(awk '$3 == "_text" { print; exit }' "$LINUX_KALLSYMS")"
+} >"$OUT/pvhl.text"
+echo "kallsyms: $(wc -l <"$OUT/pvhl.kallsyms") text symbols; _text: $(tr '\n' ' ' <"$OUT/pvhl.text")"
 tr -d '\r' <"$(console pvhl)" >"$OUT/pvhl.console.before"
 # The domain's state and its vCPU's run time (Xen's own count) before and after, so that a
 # guest that printed nothing over the recording is told apart: paused, stopped running, or

@@ -12,3 +12,25 @@ wait_lines() {
         sleep 0.2
     done
 }
+
+# Waits up to $1 s until no guardian of glass runs (each ends once it has put back what
+# its dead glass left: unpaused the domain, restored the code; when it finds nothing to
+# do it says nothing), in place of a fixed sleep after each kill. The bracket keeps grep
+# from finding its own command line.
+wait_guardian() {
+    local limit=$(($(date +%s%N) / 1000000 + $1 * 1000))
+    while grep -qsa -- '__guard[i]an' /proc/[0-9]*/cmdline; do
+        [ "$(($(date +%s%N) / 1000000))" -lt "$limit" ] || return 1
+        sleep 0.05
+    done
+}
+
+# Waits up to $2 s until glass's stderr $1 says it is sampling (it prints its unwind
+# tables just before the first pause).
+wait_sampling() {
+    local limit=$(($(date +%s) + $2))
+    until grep -q 'unwind tables of' "$1" 2>/dev/null; do
+        [ "$(date +%s)" -lt "$limit" ] || return 1
+        sleep 0.1
+    done
+}

@@ -119,7 +119,7 @@ for hook in guest-tracing guest-attach-stopped guest-attach-patched guest-detach
     case $hook in guest-tracing | guest-attach-patched) kill -KILL "$pid" ;; esac
     wait "$pid"
     echo "$?" >"$OUT/trace.kill.$hook.rc"
-    sleep 2
+    wait_guardian 10
     cat "$OUT/trace.kill.$hook.err"
     after "kill.$hook"
 done
