@@ -66,6 +66,7 @@
 #endif
 #define UNIT_ITERATIONS 500000  /* as guests/unikernel: a round is ~10 ms busy under TCG */
 #include "../demo/work.h"
+#include "../demo/text_hash.h"
 #define DESCEND_FRAMES 80       /* descend frames on the stack at the bottom */
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
 #define TICK_HZ 1000
@@ -271,11 +272,8 @@ static void print_split(uint64_t rounds, uint64_t wall) {
 #if START_IDLE_MS
 /* "text fnv=HASH": FNV-1a of .text as vCPU0 reads it now (serial lock held). */
 static void print_text_hash(void) {
-    uint64_t hash = 0xcbf29ce484222325ULL;
-    for (const volatile unsigned char *p = __text_start; p < __text_end; p++)
-        hash = (hash ^ *p) * 0x100000001b3ULL;
     serial_puts("text fnv=");
-    serial_putx(hash);
+    serial_putx(text_fnv(__text_start, __text_end));
     serial_puts("\n");
 }
 

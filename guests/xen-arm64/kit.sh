@@ -129,7 +129,7 @@ if ! fresh "$OUT/dom0.cpio.gz" "$HERE/dom0/init" "$OUT/modules/load.order" "$ROO
 fi
 
 # --- 6. the domU: guests/aarch64 for Xen's guest memory map -------------------------------------
-UK_SRC=("$HERE"/../aarch64/*.[chS] "$HERE"/../aarch64/build.sh "$HERE"/../demo/work.h)
+UK_SRC=("$HERE"/../aarch64/*.[chS] "$HERE"/../aarch64/build.sh "$HERE"/../demo/work.h "$HERE"/../demo/text_hash.h)
 if ! fresh "$OUT/uk-xen-nofp.img" "${UK_SRC[@]}"; then
     log "uk-xen (guests/aarch64/build.sh $OUT 0 xen)"
     "$HERE/../aarch64/build.sh" "$OUT" 0 xen >&2

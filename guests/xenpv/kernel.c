@@ -35,6 +35,10 @@
  *                                                                 idling first, when set
  *   exact rounds=N done / work goes on                            around HOLD_MS of idling
  *                                                                 after EXACT_ROUNDS rounds
+ *   text fnv=HASH                                                 the exact-count build:
+ *                                                                 after "idle before the
+ *                                                                 work" and before each
+ *                                                                 rate line
  * alpha/beta/gamma are shares of busy time (each function's inclusive time around its
  * call in dispatch, in ns of Xen system time the vCPU was not offline: see active_ns;
  * TA/TB/TG are those ns), halted is the share of all TSC cycles since run
@@ -56,6 +60,7 @@
 #endif
 #define UNIT_ITERATIONS 500000  /* as guests/unikernel: under TCG a round is ~7 ms busy */
 #include "../demo/work.h"
+#include "../demo/text_hash.h"
 #define DESCEND_FRAMES 80       /* descend frames on the stack at the bottom */
 #define FRAME_WORDS 72          /* 576 bytes of locals in each descend frame */
 /* The exact-count build (build.sh's XENPV_DEFINES): idle START_IDLE_MS before the first
@@ -87,6 +92,7 @@ static inline uint64_t rdtsc(void) {
 
 /* head.S */
 extern char hypercall_page[];
+extern const unsigned char _text[], __text_end[];
 extern void hypervisor_callback(void);
 extern void failsafe_callback(void);
 extern void ap_entry(void);
@@ -352,10 +358,23 @@ static void print_split(uint64_t rounds, uint64_t wall) {
     cons_puts("\n");
 }
 
+#if START_IDLE_MS
+/* "text fnv=HASH" (decimal): FNV-1a of .text as vCPU0 reads it now, through its own page
+ * tables: a witness of its code that owes nothing to the tracer nor to dom0's tools (the
+ * hypercall page in it is Xen's, filled at boot). Printed before the rate line, so that a
+ * reader who sees a new split line has the hash taken just before it. */
+static void print_text_hash(void) {
+    cons_puts("text fnv=");
+    cons_putu(text_fnv(_text, __text_end));
+    cons_puts("\n");
+}
+#endif
+
 __attribute__((noinline, noclone)) void run(void) {
 #if START_IDLE_MS
     /* Idle first (the exact-count build): a tracer attaches before the first round. */
     cons_puts("idle before the work\n");
+    print_text_hash();
     for (uint64_t until = xen_now() + START_IDLE_MS * 1000000ULL; xen_now() < until;)
         idle_wait(IDLE_NS);
     cons_puts("work begins\n");
@@ -385,6 +404,9 @@ __attribute__((noinline, noclone)) void run(void) {
             cons_puts(" (bottom of descend)\n");
         }
         if (rounds_done % REPORT_ROUNDS == 0) {
+#if START_IDLE_MS
+            print_text_hash();
+#endif
             uint64_t now = rdtsc();
             cons_puts("rate rounds=");
             cons_putu(REPORT_ROUNDS);

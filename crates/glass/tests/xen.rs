@@ -874,14 +874,12 @@ fn calls_of(out: &Path, name: &str) -> (std::collections::BTreeMap<String, u64>,
 fn the_pvh_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
     let out = xen_run();
     let before = read(out, "trace.text.before");
-    assert_eq!(
-        before.trim().len(),
-        64,
-        "no hash of the guest's text: {before}"
-    );
+    // The guest's own FNV-1a of its .text (the exact-count build prints it), in decimal.
+    let a_hash = |h: &str| !h.trim().is_empty() && h.trim().bytes().all(|b| b.is_ascii_digit());
+    assert!(a_hash(&before), "no hash of the guest's text: {before}");
     // The hash sees glass's patch while a trace runs.
     let patched = read(out, "trace.text.patched");
-    assert_eq!(patched.trim().len(), 64, "{patched}");
+    assert!(a_hash(&patched), "{patched}");
     assert_ne!(
         patched.trim(),
         before.trim(),
@@ -901,7 +899,10 @@ fn the_pvh_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
     assert_eq!(calls.get("descend"), Some(&16_000), "{text}");
     assert!(calls.get("checkpoint").is_some_and(|&c| c >= 600), "{text}");
     let after = read(out, "trace.text.after.exact");
-    assert!(after.starts_with(before.trim()), "text changed: {after}");
+    assert!(
+        after.split_whitespace().next() == Some(before.trim()),
+        "text changed: {after}"
+    );
     for n in 1..=2 {
         let err = read(out, &format!("trace.{n}.err"));
         assert_eq!(read(out, &format!("trace.{n}.rc")).trim(), "0", "{err}");
@@ -936,7 +937,10 @@ fn the_pvh_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
             "{text}"
         );
         let after = read(out, &format!("trace.text.after.{n}"));
-        assert!(after.starts_with(before.trim()), "text changed: {after}");
+        assert!(
+            after.split_whitespace().next() == Some(before.trim()),
+            "text changed: {after}"
+        );
         assert!(after.contains("progressed=yes"), "{after}");
     }
     // glass SIGKILLed while tracing and with the domain patched, and stopped past the
@@ -961,7 +965,7 @@ fn the_pvh_unikernel_has_every_call_timed_from_dom0_and_is_left_as_found() {
         }
         let after = read(out, &format!("trace.text.after.kill.{hook}"));
         assert!(
-            after.starts_with(before.trim()),
+            after.split_whitespace().next() == Some(before.trim()),
             "{hook}: text changed: {after}"
         );
         assert!(after.contains("progressed=yes"), "{hook}: {after}");
