@@ -30,7 +30,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/xen_dom0_lib.sh"
 
 # The guest's own hash of its .text (the exact-count build prints `text fnv=HASH`, FNV-1a
 # of .text read through its page tables, in its first idle and before each rate line):
-# the last one once two more were printed, so that it was taken after what came before.
+# the last one once $2 more (2 unless given; at least one in all) were printed, so that
+# it was taken after what came before.
 # (xenctx -m read the same words from dom0 in 3-4 s a call; this takes a split line.)
 text_hash() {
     local limit=$(($(date +%s) + 60)) want=$(($(said "text fnv=") + ${2:-2}))
